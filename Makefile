@@ -1,0 +1,33 @@
+# stampd — the two commands of the quick start are `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+## Run the server on 127.0.0.1:8080 with the embedded defaults (data in ./var).
+serve: $(STAMP)
+	$(BIN)/stampd serve
+
+## Run the whole test suite (lint first).
+test: $(STAMP)
+	$(BIN)/ruff check server workers migrations tests bench
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check server workers migrations tests bench
+
+## Side-by-side benchmark against zeitgitterd (see bench/README.md).
+bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) var

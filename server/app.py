@@ -1,0 +1,196 @@
+"""The HTTP edge: Zeitgitter protocol v1 at ``/``.
+
+`create_app(settings)` builds the application; its lifespan starts the journal, the dispatcher
+(workers connect to it) and the log committer. The secret key never enters this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from server import db
+from server.dispatch import Dispatcher
+from server.errors import (
+    BadRequest,
+    BodyTooLarge,
+    LengthRequired,
+    RequestTimeout,
+    StampError,
+    Unavailable,
+    UnknownRequest,
+    UnsupportedMediaType,
+)
+from server.journal import Journal
+from server.logcommitter import LogCommitter
+from server.settings import Settings
+from server.zeitgitter import GET_PUBLIC_KEY, Fields, parse_stamp_request
+from workers import gitobjects
+from workers.gitlog import LogRepository
+from workers.gitobjects import BranchRequest, TagRequest
+from workers.keys import KeyStore, PublicKey
+
+log = logging.getLogger(__name__)
+
+URLENCODED = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
+GIT_OBJECT = "application/x-git-object"
+PGP_KEYS = "application/pgp-keys"
+MAX_FIELDS = 16
+
+
+@dataclass
+class Services:
+    settings: Settings
+    journal: Journal
+    dispatcher: Dispatcher
+    committer: LogCommitter
+    key: PublicKey
+    clock: Callable[[], float]
+
+
+def _job(req: TagRequest | BranchRequest, t: int, url: str) -> dict[str, Any]:
+    if isinstance(req, TagRequest):
+        return {"op": "tag", "commit": req.commit, "tagname": req.tagname, "time": t,
+                "message": gitobjects.tag_message(req.commit, url, t)}
+    parents = [req.parent, req.commit] if req.parent else [req.commit]
+    return {"op": "commit", "tree": req.tree, "parents": parents, "time": t,
+            "message": gitobjects.branch_message(req.commit, url, t)}
+
+
+async def read_form(request: Request, settings: Settings) -> Fields:
+    """Read and parse a form body within the size and time limits."""
+    mtype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if mtype not in (URLENCODED, MULTIPART):
+        raise UnsupportedMediaType(f"send {URLENCODED} or {MULTIPART}")
+    length = request.headers.get("content-length")
+    if length is None:
+        raise LengthRequired("Content-Length is required")
+    if not length.isdigit():
+        raise BadRequest("malformed Content-Length")
+    if int(length) > settings.max_body:
+        raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
+    try:
+        body = await asyncio.wait_for(request.body(), settings.body_timeout)
+    except TimeoutError:
+        raise RequestTimeout("body not received in time") from None
+    if len(body) > settings.max_body:
+        raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
+    fields: dict[str, list[str]] = {}
+    if mtype == URLENCODED:
+        try:
+            pairs = urllib.parse.parse_qsl(body.decode("ascii"), keep_blank_values=True,
+                                           errors="strict", max_num_fields=MAX_FIELDS)
+        except (UnicodeError, ValueError):
+            raise BadRequest("malformed form body") from None
+    else:
+        try:
+            form = await request.form(max_files=0, max_fields=MAX_FIELDS)
+        except Exception:
+            raise BadRequest("malformed multipart body") from None
+        pairs = []
+        for name, value in form.multi_items():
+            if not isinstance(value, str):
+                raise BadRequest("file uploads are not accepted")
+            pairs.append((name, value))
+    for name, value in pairs:
+        fields.setdefault(name, []).append(value)
+    return fields
+
+
+def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    services: dict[str, Services] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        key = KeyStore(settings.keys_dir).public_key()
+        engine = db.make_engine(settings.db_url)
+        journal = Journal(engine)
+        dispatcher = Dispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
+                                sign_timeout=settings.sign_timeout,
+                                max_attempts=settings.max_attempts)
+        committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
+                                 key.armored, settings.commit_interval, clock)
+        await dispatcher.start()
+        journal.start()
+        committer.start()
+        services["s"] = Services(settings, journal, dispatcher, committer, key, clock)
+        app.state.services = services["s"]
+        try:
+            yield
+        finally:
+            await committer.stop()
+            await dispatcher.stop()
+            await journal.stop()
+            engine.dispose()
+
+    app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.exception_handler(StampError)
+    async def stamp_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StampError)
+        headers = {}
+        if isinstance(exc, Unavailable):
+            headers["Retry-After"] = str(exc.retry_after)
+        return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=headers)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        s = services["s"]
+        workers = sorted(s.dispatcher.workers)
+        ready = bool(workers)
+        return JSONResponse(
+            {"ready": ready, "workers": workers, "queue": s.dispatcher.queue_depth},
+            status_code=200 if ready else 503,
+        )
+
+    @app.get("/")
+    async def root_get(request: Request) -> Response:
+        s = services["s"]
+        requests = request.query_params.getlist("request")
+        if not requests:
+            return PlainTextResponse(
+                f"stampd timestamping server\nkey {s.key.fingerprint} {s.key.uid}\n"
+                "Zeitgitter protocol v1: POST request=stamp-tag-v1 | stamp-branch-v1\n"
+            )
+        if requests != [GET_PUBLIC_KEY]:
+            raise UnknownRequest("unknown request type")
+        return Response(s.key.armored, media_type=PGP_KEYS)
+
+    @app.post("/")
+    async def root_post(request: Request) -> Response:
+        s = services["s"]
+        req = parse_stamp_request(await read_form(request, s.settings))
+        t = int(s.clock())
+        stamp_id = await s.journal.record(req, t)
+        try:
+            signed = await asyncio.wait_for(
+                s.dispatcher.sign(_job(req, t, s.settings.public_url)),
+                s.settings.request_timeout,
+            )
+        except TimeoutError:
+            s.journal.failed(stamp_id, "timed out")
+            raise Unavailable("no worker could sign in time; retry later") from None
+        except StampError as e:
+            s.journal.failed(stamp_id, e.message)
+            raise
+        kind = "tag" if isinstance(req, TagRequest) else "commit"
+        s.journal.signed(stamp_id, signed.worker,
+                         gitobjects.git_object_id(kind, signed.text.encode("ascii")))
+        return Response(signed.text, media_type=GIT_OBJECT)
+
+    return app

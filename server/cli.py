@@ -1,0 +1,247 @@
+"""The ``stampd`` command line. Only this module (and ``__main__`` blocks) may exit."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from server.settings import Settings
+
+log = logging.getLogger("stampd")
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that reproduces ``settings`` in a child process."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, Path):
+            value = value.resolve()
+        env[f"STAMPD_{name.upper()}"] = str(value)
+    return env
+
+
+def build_settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    for name in ("host", "port", "data_dir", "workers", "database_url", "commit_interval",
+                 "own_url", "key_uid", "key_algo"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    return Settings(**overrides)
+
+
+def _setup_logging(level: str | None = None) -> None:
+    logging.basicConfig(
+        level=level or os.environ.get("STAMPD_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _prepare(settings: Settings) -> None:
+    """Data directory, key (generated on first start), migrated database, log repository."""
+    from server import db
+    from workers.gitlog import LogRepository
+    from workers.keys import KeyStore
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = KeyStore(settings.keys_dir)
+    if store.ensure(settings.key_uid, settings.key_algo, settings.read_passphrase()):
+        log.info("generated signing key %s", store.public_key().fingerprint)
+    engine = db.make_engine(settings.db_url)
+    try:
+        db.upgrade(engine)
+    finally:
+        engine.dispose()
+    LogRepository(settings.log_repo)
+
+
+class PoolProcess:
+    """Runs the worker supervisor as a child process and restarts it if it dies."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "workers.pool"],
+                                     env=settings_env(self.settings))
+
+    def start(self) -> None:
+        self._spawn()
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            assert self.proc is not None
+            code = self.proc.wait()
+            if self._stopping.is_set():
+                return
+            log.error("worker supervisor exited with %s; restarting it", code)
+            if self._stopping.wait(1.0):
+                return
+            self._spawn()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import create_app
+
+    settings = build_settings(args)
+    _prepare(settings)
+    pool = None if args.no_workers else PoolProcess(settings)
+    if pool is not None:
+        pool.start()
+    try:
+        uvicorn.run(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            loop="uvloop",
+            http="httptools",
+            timeout_keep_alive=int(settings.keepalive_timeout),
+            access_log=False,
+            backlog=4096,
+            log_level="warning",
+        )
+    finally:
+        if pool is not None:
+            pool.stop()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.pool import WorkerPool
+
+    settings = build_settings(args)
+    return WorkerPool(settings).run()
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from server import db
+
+    settings = build_settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = db.make_engine(settings.db_url)
+    try:
+        if args.db_command == "upgrade":
+            db.upgrade(engine, args.revision)
+        elif args.db_command == "downgrade":
+            db.downgrade(engine, args.revision)
+        else:
+            db.check(engine)
+            print("schema matches the models")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from workers.keys import KeyStore
+
+    settings = build_settings(args)
+    store = KeyStore(settings.keys_dir)
+    if args.keys_command == "generate":
+        if store.exists() and not args.force:
+            print(f"a key exists in {store.dir}; use --force to replace it", file=sys.stderr)
+            return 1
+        store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
+    elif args.keys_command == "import":
+        store.import_key(args.file, settings.read_passphrase())
+    key = store.public_key()
+    print(f"fingerprint: {key.fingerprint}\nuser id:     {key.uid}\n"
+          f"algorithm:   {key.algorithm}\npublic key:  {store.public_key_file}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="stampd", description=__doc__)
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (STAMPD_LOG_LEVEL)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", type=Path, help="data directory (STAMPD_DATA_DIR)")
+        p.add_argument("--database-url", help="SQLAlchemy URL (STAMPD_DATABASE_URL)")
+
+    serve = sub.add_parser("serve", help="HTTP API, worker pool and log committer")
+    common(serve)
+    serve.add_argument("--host", help="listen address (STAMPD_HOST)")
+    serve.add_argument("--port", type=int, help="listen port (STAMPD_PORT)")
+    serve.add_argument("--workers", type=int, help="signing processes, 0 = CPUs (STAMPD_WORKERS)")
+    serve.add_argument("--commit-interval", type=float,
+                       help="seconds between log commits (STAMPD_COMMIT_INTERVAL)")
+    serve.add_argument("--own-url", help="public URL written into stamps (STAMPD_OWN_URL)")
+    serve.add_argument("--no-workers", action="store_true",
+                       help="run no worker pool here (workers come from `stampd worker`)")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="only the signing worker pool")
+    common(worker)
+    worker.add_argument("--workers", type=int, help="signing processes (STAMPD_WORKERS)")
+    worker.set_defaults(func=cmd_worker)
+
+    dbp = sub.add_parser("db", help="database migrations")
+    common(dbp)
+    dbsub = dbp.add_subparsers(dest="db_command", required=True)
+    up = dbsub.add_parser("upgrade")
+    up.add_argument("revision", nargs="?", default="head")
+    down = dbsub.add_parser("downgrade")
+    down.add_argument("revision")
+    dbsub.add_parser("check", help="fail if the schema differs from the models")
+    dbp.set_defaults(func=cmd_db)
+
+    keys = sub.add_parser("keys", help="the signing key")
+    common(keys)
+    keysub = keys.add_subparsers(dest="keys_command", required=True)
+    keysub.add_parser("show", help="fingerprint, user id, algorithm")
+    gen = keysub.add_parser("generate", help="generate a new key (STAMPD_KEY_UID, _KEY_ALGO)")
+    gen.add_argument("--key-uid", help="user id, 'Name <email>'")
+    gen.add_argument("--key-algo", help="gpg algorithm name, e.g. ed25519, rsa4096")
+    gen.add_argument("--force", action="store_true")
+    imp = keysub.add_parser("import", help="import a secret key file")
+    imp.add_argument("file", type=Path)
+    keys.set_defaults(func=cmd_keys)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    from pydantic import ValidationError
+
+    from server.errors import StampError
+
+    try:
+        return int(args.func(args))
+    except ValidationError as e:
+        print(f"stampd: invalid setting: {e}", file=sys.stderr)
+        return 2
+    except StampError as e:
+        print(f"stampd: {e.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

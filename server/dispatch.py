@@ -1,0 +1,218 @@
+"""The dispatcher: hands signing jobs from the HTTP process to worker processes and back.
+
+Workers connect to a Unix socket (``<data_dir>/run/dispatch.sock``) and receive jobs over it.
+Each connection keeps up to ``depth`` jobs in flight, so a worker never waits for a round trip;
+there is no polling anywhere. When a connection drops (the worker or its agent died) or a job
+times out, the jobs that were in flight go back to the front of the queue and another worker
+signs them. A job that failed ``max_attempts`` times fails with `SigningFailed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.errors import QueueFull, SigningFailed, Unavailable
+from workers import wire
+
+log = logging.getLogger(__name__)
+
+RETRY, NEW = 0, 1  # queue priorities: retried jobs first
+
+
+@dataclass(frozen=True)
+class Signed:
+    text: str  # the signed git object
+    worker: str  # name of the worker that signed it
+
+
+@dataclass
+class Job:
+    payload: dict[str, Any]
+    future: asyncio.Future[Signed]
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    pid: int
+    fingerprint: str
+    jobs_done: int = 0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        max_queue: int = 5000,
+        sign_timeout: float = 30.0,
+        max_attempts: int = 3,
+        depth: int = 2,
+    ) -> None:
+        self.socket_path = socket_path
+        self.max_queue = max_queue
+        self.sign_timeout = sign_timeout
+        self.max_attempts = max_attempts
+        self.depth = depth
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Job]] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self._outstanding = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self.workers: dict[str, WorkerInfo] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        log.info("dispatcher listening on %s", self.socket_path)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._conn_tasks):
+            task.cancel()
+        await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        while not self._queue.empty():
+            _, _, job = self._queue.get_nowait()
+            if not job.future.done():
+                job.future.set_exception(Unavailable("server is shutting down"))
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    # -- the API for the HTTP side -------------------------------------------------------
+    async def sign(self, payload: dict[str, Any]) -> Signed:
+        """Have a worker build and sign the object described by ``payload``."""
+        if self._outstanding >= self.max_queue:
+            raise QueueFull("too many stamps waiting; retry shortly")
+        job = Job(payload=payload, future=asyncio.get_running_loop().create_future())
+        self._outstanding += 1
+        try:
+            self._queue.put_nowait((NEW, next(self._seq), job))
+            return await job.future
+        finally:
+            self._outstanding -= 1
+
+    # -- worker connections --------------------------------------------------------------
+    def _requeue(self, job: Job, reason: str) -> None:
+        if job.future.done():
+            return
+        job.errors.append(reason)
+        if job.attempts >= self.max_attempts:
+            log.error("giving up on job after %d attempts: %s", job.attempts, job.errors)
+            job.future.set_exception(
+                SigningFailed(f"signing failed {job.attempts} times; retry later")
+            )
+            return
+        self._queue.put_nowait((RETRY, next(self._seq), job))
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conn_tasks.add(task)
+        inflight: dict[int, Job] = {}
+        info: WorkerInfo | None = None
+        try:
+            hello = await asyncio.wait_for(_read_frame(reader), 30)
+            h = hello.get("hello") or {}
+            info = WorkerInfo(
+                name=str(h.get("worker")), pid=int(h.get("pid", 0)),
+                fingerprint=str(h.get("fingerprint")),
+            )
+            self.workers[info.name] = info
+            log.info("worker %s (pid %d) connected", info.name, info.pid)
+            await self._serve(info, reader, writer, inflight)
+        except (asyncio.IncompleteReadError, ConnectionError, wire.ProtocolError, ValueError,
+                TimeoutError) as e:
+            log.warning("worker %s connection lost: %r", info.name if info else "?", e)
+        finally:
+            if info is not None:
+                self.workers.pop(info.name, None)
+            for job in inflight.values():
+                self._requeue(job, f"worker {info.name if info else '?'} went away")
+            inflight.clear()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._conn_tasks.discard(task)
+
+    async def _serve(
+        self,
+        info: WorkerInfo,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        inflight: dict[int, Job],
+    ) -> None:
+        slots = asyncio.Semaphore(self.depth)
+        loop = asyncio.get_running_loop()
+        deadlines: dict[int, float] = {}
+
+        async def feed() -> None:
+            while True:
+                await slots.acquire()
+                _, _, job = await self._queue.get()
+                if job.future.done():  # the client went away or it timed out
+                    slots.release()
+                    continue
+                job_id = next(self._ids)
+                job.attempts += 1
+                inflight[job_id] = job
+                deadlines[job_id] = loop.time() + self.sign_timeout
+                writer.write(wire.encode({"id": job_id, **job.payload}))
+
+        async def watchdog() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                now = loop.time()
+                if any(d < now for d in deadlines.values()):
+                    log.error("worker %s did not answer in time; dropping it", info.name)
+                    writer.transport.abort()  # the read below fails; jobs are requeued
+                    return
+
+        feeder = asyncio.create_task(feed())
+        dog = asyncio.create_task(watchdog())
+        try:
+            while True:
+                msg = await _read_frame(reader)
+                job_id = int(msg["id"])
+                job = inflight.pop(job_id, None)
+                deadlines.pop(job_id, None)
+                slots.release()
+                if job is None or job.future.done():
+                    continue
+                if "object" in msg:
+                    info.jobs_done += 1
+                    job.future.set_result(Signed(str(msg["object"]), info.name))
+                else:
+                    # The worker judged the job itself bad: no other worker will do better.
+                    job.future.set_exception(SigningFailed(str(msg.get("error"))))
+        finally:
+            feeder.cancel()
+            dog.cancel()
+            await asyncio.gather(feeder, dog, return_exceptions=True)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    header = await reader.readexactly(wire.HEADER.size)
+    (size,) = wire.HEADER.unpack(header)
+    if size > wire.MAX_FRAME:
+        raise wire.ProtocolError(f"frame of {size} bytes is too large")
+    return wire.decode(await reader.readexactly(size))

@@ -1,0 +1,147 @@
+"""Periodic log commits: the period's stamped hashes become a signed commit of the public log.
+
+Exactly one process (the one running ``stampd serve``) runs this. The database drives it:
+
+1. In one transaction, a `LogCommit` row is created (state ``pending``) and every stamp not yet
+   logged is assigned to it.
+2. The tree (``hashes.log``, ``pubkey.asc``) is written, a worker signs the commit object, and
+   ``main`` advances to it.
+3. The row becomes ``committed`` with the git commit id.
+
+A crash between 1 and 3 leaves a pending row; on the next run its stamps are committed under the
+same number (or, if the git commit was already written, the row is only marked). Stamps recorded
+during an unfinished period are simply not assigned yet, so they reach the next commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Engine, func, insert, select, update
+
+from server.dispatch import Dispatcher
+from server.errors import StampError
+from server.models import LogCommit, LogCommitState, Stamp
+from workers.gitlog import LogRepository
+
+log = logging.getLogger(__name__)
+
+
+def log_message(number: int, count: int, t: int) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    return f"stampd log commit {number}\n\n{count} hashes stamped until {when}\n"
+
+
+class LogCommitter:
+    def __init__(
+        self,
+        engine: Engine,
+        repo: LogRepository,
+        dispatcher: Dispatcher,
+        pubkey: str,
+        interval: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.repo = repo
+        self.dispatcher = dispatcher
+        self.pubkey = pubkey
+        self.interval = interval
+        self.clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="log-committer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.commit_now()
+            except Exception:
+                log.exception("log commit failed; retrying at the next interval")
+
+    async def commit_now(self) -> str | None:
+        """Commit pending and newly stamped hashes; return the new head (None if nothing)."""
+        async with self._lock:
+            head = None
+            for lc_id in await asyncio.to_thread(self._pending_ids):
+                head = await self._finish(lc_id)
+            lc_id = await asyncio.to_thread(self._assign)
+            if lc_id is not None:
+                head = await self._finish(lc_id)
+            return head
+
+    # -- database steps (run in a thread) -------------------------------------------------
+    def _pending_ids(self) -> list[int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(LogCommit.id).where(LogCommit.state == LogCommitState.PENDING)
+                .order_by(LogCommit.id)
+            )
+            return [r[0] for r in rows]
+
+    def _assign(self) -> int | None:
+        with self.engine.begin() as conn:
+            last = conn.execute(
+                select(func.max(Stamp.id)).where(Stamp.log_commit_id.is_(None))
+            ).scalar()
+            if last is None:
+                return None
+            lc_id = conn.execute(
+                insert(LogCommit).values(created_at=int(self.clock()),
+                                         state=LogCommitState.PENDING, hash_count=0)
+                .returning(LogCommit.id)
+            ).scalar_one()
+            conn.execute(
+                update(Stamp).where(Stamp.log_commit_id.is_(None), Stamp.id <= last)
+                .values(log_commit_id=lc_id)
+            )
+            return int(lc_id)
+
+    def _hashes(self, lc_id: int) -> list[str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Stamp.commit).where(Stamp.log_commit_id == lc_id))
+            return [r[0] for r in rows]
+
+    def _mark(self, lc_id: int, git_commit: str, count: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(LogCommit).where(LogCommit.id == lc_id)
+                .values(state=LogCommitState.COMMITTED, git_commit=git_commit, hash_count=count)
+            )
+
+    # -- one commit --------------------------------------------------------------------------
+    async def _finish(self, lc_id: int) -> str:
+        hashes = await asyncio.to_thread(self._hashes, lc_id)
+        count = len(set(hashes))
+        head = self.repo.head()
+        if head is not None and self.repo.message(head).startswith(
+            f"stampd log commit {lc_id}\n"
+        ):
+            await asyncio.to_thread(self._mark, lc_id, head, count)  # written before a crash
+            return head
+        t = int(self.clock())
+        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey)
+        try:
+            signed = await self.dispatcher.sign({
+                "op": "commit", "tree": tree, "parents": [head] if head else [],
+                "message": log_message(lc_id, count, t), "time": t,
+            })
+        except StampError as e:
+            raise RuntimeError(f"could not sign log commit {lc_id}: {e.message}") from e
+        commit_id = await asyncio.to_thread(
+            self.repo.store_commit, signed.text.encode("ascii"), head
+        )
+        await asyncio.to_thread(self._mark, lc_id, commit_id, count)
+        log.info("log commit %d: %s with %d hashes", lc_id, commit_id, count)
+        return commit_id

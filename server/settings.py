@@ -1,0 +1,95 @@
+"""Runtime configuration: one `Settings` object, built at the entry point and passed down.
+
+Every field can be set from the environment with the `STAMPD_` prefix (``STAMPD_DATA_DIR``,
+``STAMPD_WORKERS``...) and most from the command line (see ``server.cli``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STAMPD_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: Path = Path("var")
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/stampd.sqlite3",
+    )
+    workers: int = Field(default=0, ge=0, description="signing processes; 0 = one per CPU")
+    own_url: str | None = Field(
+        default=None, description="public URL of this server, written into stamps"
+    )
+
+    # Signing key generated on first start.
+    key_uid: str = DEFAULT_UID
+    key_algo: str = Field(default="ed25519", description="gpg --quick-gen-key algorithm")
+    passphrase_file: Path | None = None
+    passphrase: str | None = Field(default=None, repr=False)
+
+    # Public log.
+    commit_interval: float = Field(default=3600.0, gt=0, description="seconds between log commits")
+
+    # Limits and timeouts.
+    max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")
+    body_timeout: float = Field(default=10.0, gt=0, description="seconds to receive a body")
+    keepalive_timeout: float = Field(default=15.0, gt=0)
+    max_queue: int = Field(default=5000, gt=0, description="waiting stamps before 503")
+    sign_timeout: float = Field(default=10.0, gt=0, description="seconds per signing attempt")
+    request_timeout: float = Field(
+        default=20.0, gt=0, le=25, description="seconds before 503 (stamps must stay fresh)"
+    )
+    max_attempts: int = Field(default=3, ge=1, description="signing attempts per stamp")
+    runtime_dir: Path | None = Field(
+        default=None, description="where worker homes and agent sockets live; default a tmp dir"
+    )
+
+    @field_validator("key_uid")
+    @classmethod
+    def _uid_is_printable(cls, v: str) -> str:
+        if not v or any(not (" " <= c <= "~") for c in v) or "<" not in v or not v.endswith(">"):
+            raise ValueError("key_uid must be printable ASCII of the form 'Name <email>'")
+        return v
+
+    @property
+    def worker_count(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'stampd.sqlite3').resolve()}"
+
+    @property
+    def public_url(self) -> str:
+        if self.own_url:
+            return self.own_url
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.data_dir / "keys"
+
+    @property
+    def log_repo(self) -> Path:
+        return self.data_dir / "log.git"
+
+    @property
+    def dispatch_socket(self) -> Path:
+        return self.data_dir / "run" / "dispatch.sock"
+
+    def read_passphrase(self) -> str | None:
+        if self.passphrase_file is not None:
+            return self.passphrase_file.read_text().rstrip("\n")
+        return self.passphrase

@@ -1,0 +1,78 @@
+"""The public log: a bare git repository written with pygit2.
+
+Each log commit on ``refs/heads/main`` holds two files: ``hashes.log`` (the period's stamped
+object ids, sorted and unique, one per line) and ``pubkey.asc`` (the server's public key). The
+commit object itself is built and signed by a worker; this module only stores it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import pygit2
+from pygit2.enums import FileMode, ObjectType, Option
+
+MAIN = "refs/heads/main"
+
+_fsync_lock = threading.Lock()
+_fsync_on = False
+
+
+def _enable_fsync() -> None:
+    global _fsync_on
+    with _fsync_lock:
+        if not _fsync_on:
+            pygit2.option(Option.ENABLE_FSYNC_GITDIR, True)
+            _fsync_on = True
+
+
+def hashes_log(hashes: Iterable[str]) -> bytes:
+    return "".join(f"{h}\n" for h in sorted(set(hashes))).encode("ascii")
+
+
+class LogRepository:
+    def __init__(self, path: Path) -> None:
+        _enable_fsync()
+        self.path = path
+        if (path / "HEAD").exists():
+            self.repo = pygit2.Repository(str(path))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.repo = pygit2.init_repository(str(path), bare=True, initial_head="main")
+            self.repo.config["core.logAllRefUpdates"] = "true"
+
+    def head(self) -> str | None:
+        try:
+            return str(self.repo.references[MAIN].target)
+        except KeyError:
+            return None
+
+    def tree(self, hashes: Iterable[str], pubkey: str) -> str:
+        builder = self.repo.TreeBuilder()
+        builder.insert("hashes.log", self.repo.create_blob(hashes_log(hashes)), FileMode.BLOB)
+        builder.insert("pubkey.asc", self.repo.create_blob(pubkey.encode()), FileMode.BLOB)
+        return str(builder.write())
+
+    def store_commit(self, raw: bytes, expected_parent: str | None) -> str:
+        """Write a signed commit object and advance main to it (compare-and-swap)."""
+        oid = self.repo.odb.write(ObjectType.COMMIT, raw)
+        commit = self.repo[oid]
+        assert isinstance(commit, pygit2.Commit)
+        parents = [str(p) for p in commit.parent_ids]
+        if parents != ([expected_parent] if expected_parent else []):
+            raise ValueError(f"log commit {oid} has parents {parents}, expected {expected_parent}")
+        if expected_parent is None:
+            self.repo.references.create(MAIN, oid, force=False)
+        else:
+            ref = self.repo.references[MAIN]
+            if str(ref.target) != expected_parent:
+                raise ValueError("log main branch moved while committing")
+            ref.set_target(oid, "stampd log commit")
+        return str(oid)
+
+    def message(self, commit_id: str) -> str:
+        commit = self.repo[commit_id]
+        assert isinstance(commit, pygit2.Commit)
+        return commit.message

@@ -1,0 +1,154 @@
+"""One signing worker process: its own gpg-agent, a persistent Assuan connection, one loop.
+
+Started by `workers.pool.WorkerPool` with a private 0700 home directory. The worker
+
+1. starts a gpg-agent in that home and imports the secret key from the key store,
+2. connects to the dispatcher's Unix socket and says hello,
+3. builds and signs every job it receives (no process spawn per signature),
+4. exits non-zero as soon as its agent is gone, and stops its agent when it exits.
+
+The supervisor removes the home (and kills a left-over agent) after the process is reaped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workers import gitobjects, openpgp, wire
+from workers.agents import AgentError, AssuanConnection, GpgAgent
+from workers.keys import KeyStore
+
+log = logging.getLogger(__name__)
+
+EXIT_AGENT_DIED = 3
+EXIT_NO_DISPATCHER = 4
+AGENT_PID_FILE = "agent.pid"
+
+
+class Signer:
+    """Builds and signs git objects with one key held by one agent."""
+
+    def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection) -> None:
+        self.key = key
+        self.conn = conn
+
+    def signature(self, payload: bytes, t: int) -> str:
+        return openpgp.detached_signature(
+            payload, self.key, t, lambda h, d: self.conn.sign(self.key.keygrip, h, d)
+        )
+
+    def build(self, job: dict[str, Any]) -> str:
+        t = int(job["time"])
+        message = str(job["message"])
+        op = job["op"]
+        if op == "tag":
+            payload = gitobjects.tag_payload(job["commit"], job["tagname"], self.key.uid, t,
+                                             message)
+            obj = gitobjects.embed_tag_signature(payload, self.signature(payload, t))
+        elif op == "commit":
+            payload = gitobjects.commit_payload(job["tree"], job["parents"], self.key.uid, t,
+                                                message)
+            obj = gitobjects.embed_commit_signature(payload, self.signature(payload, t))
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return obj.decode("ascii")
+
+
+def connect(path: Path, deadline: float) -> socket.socket:
+    """Connect to the dispatcher, waiting (bounded) for it to come up."""
+    delay = 0.05
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def serve(sock: socket.socket, signer: Signer, agent_pid: int, name: str) -> int:
+    reader = wire.FrameReader(sock)
+    parent = os.getppid()
+    while True:
+        while not reader.has_frame():
+            ready, _, _ = select.select([sock], [], [], 1.0)
+            if not ready:
+                if not _alive(agent_pid):
+                    log.error("worker %s: gpg-agent %d is gone", name, agent_pid)
+                    return EXIT_AGENT_DIED
+                if os.getppid() != parent:
+                    log.error("worker %s: supervisor is gone", name)
+                    return EXIT_NO_DISPATCHER
+                continue
+            if not reader.fill():
+                log.warning("worker %s: dispatcher closed the connection", name)
+                return EXIT_NO_DISPATCHER
+        job = reader.next_frame()
+        try:
+            reply: dict[str, Any] = {"id": job["id"], "object": signer.build(job)}
+        except AgentError:
+            log.exception("worker %s: signing failed; exiting so that another worker signs",
+                          name)
+            return EXIT_AGENT_DIED
+        except (KeyError, ValueError, TypeError, UnicodeError) as e:
+            reply = {"id": job.get("id"), "error": f"malformed job: {e!r}"}
+        sock.sendall(wire.encode(reply))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    from server.settings import Settings
+
+    ap = argparse.ArgumentParser(prog="stampd-worker")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--home", required=True, type=Path)
+    args = ap.parse_args(argv)
+    settings = Settings()
+    logging.basicConfig(level=os.environ.get("STAMPD_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s worker[{args.name}] %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    agent = GpgAgent(args.home, passphrase=settings.read_passphrase())
+    try:
+        agent.start()
+        (args.home / AGENT_PID_FILE).write_text(str(agent.pid))
+        key = agent.import_secret_key(KeyStore(settings.keys_dir).secret_key_file)
+        conn = agent.connect()
+        sock = connect(settings.dispatch_socket, time.monotonic() + 120)
+        sock.sendall(wire.encode({"hello": {"worker": args.name, "pid": os.getpid(),
+                                            "fingerprint": key.fingerprint}}))
+        log.info("ready: key %s, agent pid %d", key.fingerprint, agent.pid)
+        return serve(sock, Signer(key, conn), agent.pid, args.name)
+    except AgentError:
+        log.exception("gpg-agent failed")
+        return EXIT_AGENT_DIED
+    except (FileNotFoundError, ConnectionRefusedError):
+        log.exception("cannot reach the dispatcher at %s", settings.dispatch_socket)
+        return EXIT_NO_DISPATCHER
+    finally:
+        agent.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
