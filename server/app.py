@@ -154,7 +154,8 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
         workers = sorted(s.dispatcher.workers)
         ready = bool(workers)
         return JSONResponse(
-            {"ready": ready, "workers": workers, "queue": s.dispatcher.queue_depth},
+            {"ready": ready, "workers": workers, "queue": s.dispatcher.queue_depth,
+             "requeued": s.dispatcher.requeued},
             status_code=200 if ready else 503,
         )
 

@@ -108,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.httpproto import StampdHttpProtocol
 
     settings = build_settings(args)
     _prepare(settings)
@@ -120,7 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host=settings.host,
             port=settings.port,
             loop="uvloop",
-            http="httptools",
+            http=StampdHttpProtocol,
             timeout_keep_alive=int(settings.keepalive_timeout),
             access_log=False,
             backlog=4096,

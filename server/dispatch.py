@@ -70,6 +70,7 @@ class Dispatcher:
         self._server: asyncio.AbstractServer | None = None
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self.workers: dict[str, WorkerInfo] = {}
+        self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,6 +123,7 @@ class Dispatcher:
                 SigningFailed(f"signing failed {job.attempts} times; retry later")
             )
             return
+        self.requeued += 1
         self._queue.put_nowait((RETRY, next(self._seq), job))
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

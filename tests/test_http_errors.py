@@ -8,7 +8,6 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -217,3 +216,28 @@ def test_multipart_accepted(server: Server) -> None:
     assert headers["content-type"] == "application/x-git-object"
     assert text.startswith(f"object {C}\ntype commit\ntag mp\ntagger ")
     assert journal_rows(server) == before + 1
+
+
+def test_slow_headers_are_cut_off(server: Server) -> None:
+    """Headers dribbled a byte at a time do not keep a connection open past the timeout."""
+    request = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: " + FORM.encode() + b"\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
+        t0 = time.monotonic()
+        closed = False
+        for byte in request:
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.25)
+            if time.monotonic() - t0 > 8:
+                break
+        if not closed:
+            s.settimeout(10)
+            try:
+                closed = s.recv(1) == b""
+            except ConnectionResetError:
+                closed = True
+        assert closed
+        assert time.monotonic() - t0 < 8

@@ -1,0 +1,91 @@
+"""The public log: periodic signed commits of the stamped hashes."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+import pygit2
+
+from tests.conftest import TEST_FPR, Server, start_server
+from tests.gpgcheck import keyring
+
+
+def stamp_tag(server: Server, commit: str, tagname: str = "t") -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    body = urllib.parse.urlencode({"request": "stamp-tag-v1", "commit": commit,
+                                   "tagname": tagname})
+    conn.request("POST", "/", body=body,
+                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200, text
+    return text
+
+
+def log_commits(data_dir: Path) -> list[pygit2.Commit]:
+    repo = pygit2.Repository(str(data_dir / "log.git"))
+    try:
+        head = repo.references["refs/heads/main"].target
+    except KeyError:
+        return []
+    return list(repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL))
+
+
+def logged_hashes(data_dir: Path) -> set[str]:
+    hashes: set[str] = set()
+    for c in log_commits(data_dir):
+        blob = c.tree["hashes.log"]
+        hashes.update(blob.data.decode().split())  # type: ignore[attr-defined]
+    return hashes
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_log_commits_signed_sorted_and_not_empty(seeded_dir: Path, server_factory: list[Server],
+                                                 tmp_path: Path) -> None:
+    server = start_server(seeded_dir, workers=1, commit_interval=2)
+    server_factory.append(server)
+    commits = [f"{i:040x}" for i in (5, 3, 9, 3)]
+    for c in commits:
+        stamp_tag(server, c)
+    wait_for(lambda: len(log_commits(seeded_dir)) == 1, what="the first log commit")
+    first = log_commits(seeded_dir)[0]
+    blob = first.tree["hashes.log"].data.decode()  # type: ignore[attr-defined]
+    assert blob == "".join(f"{c}\n" for c in sorted(set(commits)))
+    assert first.tree["pubkey.asc"].data == (seeded_dir / "keys/pubkey.asc").read_bytes()  # type: ignore[attr-defined]
+    assert not first.parents
+
+    # Nothing stamped: no empty commit in the next intervals.
+    time.sleep(5)
+    assert len(log_commits(seeded_dir)) == 1
+
+    stamp_tag(server, "f" * 40)
+    wait_for(lambda: len(log_commits(seeded_dir)) == 2, what="the second log commit")
+    second = log_commits(seeded_dir)[0]
+    assert second.parents[0].id == first.id
+    assert second.tree["hashes.log"].data == b"f" * 40 + b"\n"  # type: ignore[attr-defined]
+
+    # Every log commit, the first included, verifies with git and the server key.
+    home = keyring(seeded_dir / "keys/pubkey.asc", tmp_path / "verify-gnupg")
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    for c in (first, second):
+        r = subprocess.run(["git", "--git-dir", str(seeded_dir / "log.git"), "verify-commit",
+                            "--raw", str(c.id)], capture_output=True, text=True, env=env,
+                           timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        assert f"VALIDSIG {TEST_FPR}" in r.stderr
+    r = subprocess.run(["git", "--git-dir", str(seeded_dir / "log.git"), "fsck", "--strict"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
