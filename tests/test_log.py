@@ -89,3 +89,34 @@ def test_log_commits_signed_sorted_and_not_empty(seeded_dir: Path, server_factor
     r = subprocess.run(["git", "--git-dir", str(seeded_dir / "log.git"), "fsck", "--strict"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_interrupted_log_commit_is_finished_after_restart(
+    seeded_dir: Path, server_factory: list[Server]
+) -> None:
+    """Stamps assigned to a log commit that was never written (crash) reach the log."""
+    import sqlite3
+
+    server = start_server(seeded_dir, workers=1, commit_interval=3600)
+    server_factory.append(server)
+    stamped = [f"{i:040x}" for i in (11, 12, 13)]
+    for c in stamped:
+        stamp_tag(server, c)
+    server.stop()
+    # Simulate a crash after step 1 of a log commit: a pending row owning the stamps.
+    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+        cur = db.execute("insert into log_commits (created_at, state, hash_count) "
+                         "values (1, 'pending', 0)")
+        db.execute("update stamps set log_commit_id = ?", (cur.lastrowid,))
+        pending_id = cur.lastrowid
+    assert log_commits(seeded_dir) == []
+
+    again = start_server(seeded_dir, workers=1, commit_interval=2)
+    server_factory.append(again)
+    wait_for(lambda: len(log_commits(seeded_dir)) == 1, what="the recovered log commit")
+    head = log_commits(seeded_dir)[0]
+    assert head.message.startswith(f"stampd log commit {pending_id}\n")
+    assert logged_hashes(seeded_dir) == set(stamped)
+    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+        row = db.execute("select state, git_commit, hash_count from log_commits").fetchall()
+    assert row == [("committed", str(head.id), 3)]
