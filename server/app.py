@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from server import db
 from server.dispatch import Dispatcher
@@ -67,12 +68,38 @@ def _job(req: TagRequest | BranchRequest, t: int, url: str) -> dict[str, Any]:
             "message": gitobjects.branch_message(req.commit, url, t)}
 
 
-async def read_form(request: Request, settings: Settings) -> Fields:
+def _content_type(headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None]:
+    """(media type, Content-Length) from raw ASGI headers."""
+    mtype, length = "", None
+    for name, value in headers:
+        if name == b"content-type":
+            mtype = value.decode("latin-1").split(";")[0].strip().lower()
+        elif name == b"content-length":
+            length = value.decode("latin-1")
+    return mtype, length
+
+
+async def _receive_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestTimeout("client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Fields:
     """Read and parse a form body within the size and time limits."""
-    mtype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    mtype, length = _content_type(scope["headers"])
     if mtype not in (URLENCODED, MULTIPART):
         raise UnsupportedMediaType(f"send {URLENCODED} or {MULTIPART}")
-    length = request.headers.get("content-length")
     if length is None:
         raise LengthRequired("Content-Length is required")
     if not length.isdigit():
@@ -80,11 +107,10 @@ async def read_form(request: Request, settings: Settings) -> Fields:
     if int(length) > settings.max_body:
         raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
     try:
-        body = await asyncio.wait_for(request.body(), settings.body_timeout)
+        async with asyncio.timeout(settings.body_timeout):
+            body = await _receive_body(receive, settings.max_body)
     except TimeoutError:
         raise RequestTimeout("body not received in time") from None
-    if len(body) > settings.max_body:
-        raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
     fields: dict[str, list[str]] = {}
     if mtype == URLENCODED:
         try:
@@ -93,6 +119,8 @@ async def read_form(request: Request, settings: Settings) -> Fields:
         except (UnicodeError, ValueError):
             raise BadRequest("malformed form body") from None
     else:
+        request = Request(scope)
+        request._body = body  # Starlette parses the cached body
         try:
             form = await request.form(max_files=0, max_fields=MAX_FIELDS)
         except Exception:
@@ -107,7 +135,70 @@ async def read_form(request: Request, settings: Settings) -> Fields:
     return fields
 
 
-def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> FastAPI:
+async def _send(send: Send, status: int, body: bytes, ctype: bytes,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status,
+                "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, exc: StampError) -> None:
+    extra = [(b"retry-after", str(exc.retry_after).encode())] if isinstance(
+        exc, Unavailable) else []
+    await _send(send, exc.status, exc.message.encode() + b"\n", b"text/plain; charset=utf-8",
+                extra)
+
+
+class Stamper:
+    """The stamping path shared by every front end: journal first, then a worker signs."""
+
+    def __init__(self, services: Services) -> None:
+        self.s = services
+
+    async def stamp(self, req: TagRequest | BranchRequest) -> str:
+        s = self.s
+        t = int(s.clock())
+        stamp_id = await s.journal.record(req, t)
+        try:
+            async with asyncio.timeout(s.settings.request_timeout):
+                signed = await s.dispatcher.sign(_job(req, t, s.settings.public_url))
+        except TimeoutError:
+            s.journal.failed(stamp_id, "timed out")
+            raise Unavailable("no worker could sign in time; retry later") from None
+        except StampError as e:
+            s.journal.failed(stamp_id, e.message)
+            raise
+        kind = "tag" if isinstance(req, TagRequest) else "commit"
+        s.journal.signed(stamp_id, signed.worker,
+                         gitobjects.git_object_id(kind, signed.text.encode("ascii")))
+        return signed.text
+
+
+class ZeitgitterPost:
+    """Raw ASGI handler for ``POST /`` (the hot path), in front of the FastAPI app."""
+
+    def __init__(self, app: FastAPI, services: dict[str, Services]) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
+            await self.app(scope, receive, send)
+            return
+        s = self.services["s"]
+        try:
+            req = parse_stamp_request(await read_form(scope, receive, s.settings))
+            text = await Stamper(s).stamp(req)
+        except StampError as e:
+            await send_error(send, e)
+            return
+        await _send(send, 200, text.encode("ascii"), GIT_OBJECT.encode())
+
+
+def create_app(
+    settings: Settings, *, clock: Callable[[], float] = time.time
+) -> ZeitgitterPost:
     services: dict[str, Services] = {}
 
     @asynccontextmanager
@@ -172,26 +263,4 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
             raise UnknownRequest("unknown request type")
         return Response(s.key.armored, media_type=PGP_KEYS)
 
-    @app.post("/")
-    async def root_post(request: Request) -> Response:
-        s = services["s"]
-        req = parse_stamp_request(await read_form(request, s.settings))
-        t = int(s.clock())
-        stamp_id = await s.journal.record(req, t)
-        try:
-            signed = await asyncio.wait_for(
-                s.dispatcher.sign(_job(req, t, s.settings.public_url)),
-                s.settings.request_timeout,
-            )
-        except TimeoutError:
-            s.journal.failed(stamp_id, "timed out")
-            raise Unavailable("no worker could sign in time; retry later") from None
-        except StampError as e:
-            s.journal.failed(stamp_id, e.message)
-            raise
-        kind = "tag" if isinstance(req, TagRequest) else "commit"
-        s.journal.signed(stamp_id, signed.worker,
-                         gitobjects.git_object_id(kind, signed.text.encode("ascii")))
-        return Response(signed.text, media_type=GIT_OBJECT)
-
-    return app
+    return ZeitgitterPost(app, services)

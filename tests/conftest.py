@@ -245,3 +245,20 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.delenv("GNUPGHOME", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _stop_stray_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """gpg starts agents on its own (e.g. on import into a verifying keyring); after each test,
+    stop by PID every gpg-agent whose home lies in this session's temporary directories."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    kill_pids([p for p in pids_mentioning(base)
+               if b"gpg-agent" in _cmdline(p)])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
