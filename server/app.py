@@ -17,13 +17,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sqlalchemy import Engine
 from starlette.types import Receive, Scope, Send
 
 from server import db
-from server.dispatch import Dispatcher
+from server.digests import add_digest_routes, problem
+from server.dispatch import Dispatcher, Signed
 from server.errors import (
     BadRequest,
     BodyTooLarge,
+    JournalError,
     LengthRequired,
     RequestTimeout,
     StampError,
@@ -33,6 +36,7 @@ from server.errors import (
 )
 from server.journal import Journal
 from server.logcommitter import LogCommitter
+from server.receipts import DigestRequest, Statement
 from server.settings import Settings
 from server.zeitgitter import GET_PUBLIC_KEY, Fields, parse_stamp_request
 from workers import gitobjects
@@ -57,6 +61,7 @@ class Services:
     committer: LogCommitter
     key: PublicKey
     clock: Callable[[], float]
+    engine: Engine
 
 
 def _job(req: TagRequest | BranchRequest, t: int, url: str) -> dict[str, Any]:
@@ -156,23 +161,45 @@ class Stamper:
     def __init__(self, services: Services) -> None:
         self.s = services
 
-    async def stamp(self, req: TagRequest | BranchRequest) -> str:
+    async def _sign(self, stamp_id: int, payload: dict[str, Any]) -> Signed:
         s = self.s
-        t = int(s.clock())
-        stamp_id = await s.journal.record(req, t)
         try:
             async with asyncio.timeout(s.settings.request_timeout):
-                signed = await s.dispatcher.sign(_job(req, t, s.settings.public_url))
+                return await s.dispatcher.sign(payload)
         except TimeoutError:
             s.journal.failed(stamp_id, "timed out")
             raise Unavailable("no worker could sign in time; retry later") from None
         except StampError as e:
             s.journal.failed(stamp_id, e.message)
             raise
+
+    async def stamp(self, req: TagRequest | BranchRequest) -> str:
+        """A signed git tag or commit for a Zeitgitter request."""
+        s = self.s
+        t = int(s.clock())
+        stamp_id = await s.journal.record(req, t)
+        signed = await self._sign(stamp_id, _job(req, t, s.settings.public_url))
         kind = "tag" if isinstance(req, TagRequest) else "commit"
         s.journal.signed(stamp_id, signed.worker,
                          gitobjects.git_object_id(kind, signed.text.encode("ascii")))
         return signed.text
+
+    async def receipt(self, req: DigestRequest) -> tuple[Statement, str]:
+        """A signed receipt for a digest; returned once the receipt itself is stored."""
+        s = self.s
+        t = int(s.clock())
+        stamp_id = await s.journal.record(req, t)
+        statement = Statement(algorithm=req.algorithm, digest=req.digest, time=t,
+                              server=s.settings.public_url, serial=stamp_id,
+                              key=s.key.fingerprint)
+        signed = await self._sign(stamp_id, {"op": "clearsign", "text": statement.text(),
+                                             "time": t})
+        try:
+            async with asyncio.timeout(s.settings.request_timeout):
+                await s.journal.signed_durably(stamp_id, signed.worker, signed.text)
+        except TimeoutError:
+            raise JournalError("the receipt could not be stored; retry later") from None
+        return statement, signed.text
 
 
 class ZeitgitterPost:
@@ -214,7 +241,7 @@ def create_app(
         await dispatcher.start()
         journal.start()
         committer.start()
-        services["s"] = Services(settings, journal, dispatcher, committer, key, clock)
+        services["s"] = Services(settings, journal, dispatcher, committer, key, clock, engine)
         app.state.services = services["s"]
         try:
             yield
@@ -228,12 +255,16 @@ def create_app(
                   openapi_url=None)
 
     @app.exception_handler(StampError)
-    async def stamp_error(_request: Request, exc: Exception) -> Response:
+    async def stamp_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StampError)
+        if request.url.path.startswith("/v1/"):
+            return problem(exc)
         headers = {}
         if isinstance(exc, Unavailable):
             headers["Retry-After"] = str(exc.retry_after)
         return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=headers)
+
+    add_digest_routes(app, lambda: services["s"])
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -224,7 +224,48 @@ def parser() -> argparse.ArgumentParser:
     imp = keysub.add_parser("import", help="import a secret key file")
     imp.add_argument("file", type=Path)
     keys.set_defaults(func=cmd_keys)
+
+    verify = sub.add_parser(
+        "verify", help="check a digest receipt, or a git tag/commit stamp in a repository",
+        description="Exit status: 0 valid, 1 invalid (bad signature, wrong key, digest "
+        "mismatch), 2 malformed (not a receipt or stamp of a known format).")
+    verify.add_argument("target", help="a receipt file ('-' for stdin), or a git tag/commit")
+    what = verify.add_mutually_exclusive_group()
+    what.add_argument("--file", type=Path, help="check that the receipt's digest is this file's")
+    what.add_argument("--digest", help="check that the receipt is for this hex digest")
+    verify.add_argument("--key", type=Path,
+                        help="public key file of the server (offline); default: fetch it "
+                        "from the server URL in the receipt")
+    verify.add_argument("--repo", type=Path, default=Path("."),
+                        help="git repository holding a tag/commit target (default: .)")
+    verify.set_defaults(func=_cmd("server.verify", "cmd_verify"))
+
+    hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
+    hooksub = hook.add_subparsers(dest="hook_command", required=True)
+    install = hooksub.add_parser("install", help="install the post-commit hook")
+    install.add_argument("--server", default="http://127.0.0.1:8080",
+                         help="stampd (or any Zeitgitter) server URL")
+    install.add_argument("--branch", default=None,
+                         help="timestamp branch (default: <server host>-timestamps)")
+    install.add_argument("--repo", type=Path, default=Path("."))
+    install.add_argument("--force", action="store_true",
+                         help="replace an existing post-commit hook that is not ours")
+    install.set_defaults(func=_cmd("server.hook", "cmd_install"))
+    uninstall = hooksub.add_parser("uninstall", help="remove stampd's post-commit hook")
+    uninstall.add_argument("--repo", type=Path, default=Path("."))
+    uninstall.set_defaults(func=_cmd("server.hook", "cmd_uninstall"))
     return ap
+
+
+def _cmd(module: str, name: str) -> Any:
+    """A command implemented in another module, imported only when it runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), name)(args))
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ class StampError(Exception):
     """Base class. `status` is the HTTP status the edge answers with."""
 
     status = 500
+    title = "Internal Server Error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -17,6 +18,19 @@ class BadRequest(StampError):
     """A field is missing or malformed, or the request type is unknown (Zeitgitter: 406)."""
 
     status = 406
+    title = "Not Acceptable"
+
+
+class ValidationFailed(StampError):
+    """Malformed input to the /v1 API (400)."""
+
+    status = 400
+    title = "Bad Request"
+
+
+class NotFound(StampError):
+    status = 404
+    title = "Not Found"
 
 
 class InvalidCommitId(BadRequest):
@@ -33,24 +47,29 @@ class UnknownRequest(BadRequest):
 
 class LengthRequired(StampError):
     status = 411
+    title = "Length Required"
 
 
 class BodyTooLarge(StampError):
     status = 413
+    title = "Content Too Large"
 
 
 class UnsupportedMediaType(StampError):
     status = 415
+    title = "Unsupported Media Type"
 
 
 class RequestTimeout(StampError):
     status = 408
+    title = "Request Timeout"
 
 
 class Unavailable(StampError):
     """The server cannot take the request now; the client should retry later (503)."""
 
     status = 503
+    title = "Service Unavailable"
     retry_after = 5
 
 

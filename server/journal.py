@@ -19,6 +19,7 @@ from sqlalchemy import Engine, bindparam, insert, update
 
 from server.errors import JournalError
 from server.models import Stamp, StampState
+from server.receipts import DigestRequest
 from workers.gitobjects import BranchRequest, TagRequest
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,19 @@ class _Pending:
     future: asyncio.Future[int]
 
 
-def stamp_row(req: TagRequest | BranchRequest, t: int) -> dict[str, Any]:
+AnyRequest = TagRequest | BranchRequest | DigestRequest
+
+
+def stamp_row(req: AnyRequest, t: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"commit": None, "tagname": None, "tree": None, "parent": None,
+                           "algorithm": None, "digest": None, "stamped_at": t}
     if isinstance(req, TagRequest):
-        return {"kind": "tag", "commit": req.commit, "tagname": req.tagname,
-                "tree": None, "parent": None, "stamped_at": t}
-    return {"kind": "branch", "commit": req.commit, "tree": req.tree, "parent": req.parent,
-            "tagname": None, "stamped_at": t}
+        row.update(kind="tag", commit=req.commit, tagname=req.tagname)
+    elif isinstance(req, BranchRequest):
+        row.update(kind="branch", commit=req.commit, tree=req.tree, parent=req.parent)
+    else:
+        row.update(kind="digest", algorithm=req.algorithm, digest=req.digest)
+    return row
 
 
 class Journal:
@@ -43,6 +51,7 @@ class Journal:
         self.engine = engine
         self._inserts: list[_Pending] = []
         self._updates: list[dict[str, Any]] = []
+        self._update_waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal")
         self._task: asyncio.Task[None] | None = None
@@ -61,21 +70,30 @@ class Journal:
             await self._write_once()
         self._executor.shutdown(wait=True)
 
-    async def record(self, req: TagRequest | BranchRequest, t: int) -> int:
+    async def record(self, req: AnyRequest, t: int) -> int:
         """Commit the request durably; return its stamp id. Raises `JournalError`."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._inserts.append(_Pending(stamp_row(req, t), fut))
         self._wake.set()
         return await fut
 
-    def signed(self, stamp_id: int, worker: str | None, object_id: str) -> None:
+    def signed(self, stamp_id: int, worker: str | None, object_id: str | None,
+               receipt: str | None = None) -> None:
+        """Record the outcome in a later group commit (not awaited)."""
         self._updates.append({"sid": stamp_id, "state": StampState.SIGNED, "worker": worker,
-                              "object_id": object_id, "error": None})
+                              "object_id": object_id, "error": None, "receipt": receipt})
         self._wake.set()
+
+    async def signed_durably(self, stamp_id: int, worker: str | None, receipt: str) -> None:
+        """Record the outcome and wait until it is committed (receipts can be fetched again)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._update_waiters.append(fut)
+        self.signed(stamp_id, worker, None, receipt)
+        await fut
 
     def failed(self, stamp_id: int, error: str) -> None:
         self._updates.append({"sid": stamp_id, "state": StampState.FAILED, "worker": None,
-                              "object_id": None, "error": error[:1000]})
+                              "object_id": None, "error": error[:1000], "receipt": None})
         self._wake.set()
 
     async def _run(self) -> None:
@@ -88,6 +106,7 @@ class Journal:
     async def _write_once(self) -> bool:
         inserts, self._inserts = self._inserts, []
         updates, self._updates = self._updates, []
+        waiters, self._update_waiters = self._update_waiters, []
         if not inserts and not updates:
             return True
         loop = asyncio.get_running_loop()
@@ -102,11 +121,15 @@ class Journal:
             self._updates = (updates + self._updates)[-100_000:]
             if self._updates:
                 self._wake.set()
+            self._update_waiters = waiters + self._update_waiters
             for p in inserts:
                 if not p.future.done():
                     p.future.set_exception(JournalError(f"journal unavailable: {type(e).__name__}"))
             return False
         self.commits += 1
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
         for p, sid in zip(inserts, ids, strict=True):
             if not p.future.done():
                 p.future.set_result(sid)
@@ -127,7 +150,8 @@ class Journal:
                     update(table)
                     .where(table.c.id == bindparam("sid"))
                     .values(state=bindparam("state"), worker=bindparam("worker"),
-                            object_id=bindparam("object_id"), error=bindparam("error")),
+                            object_id=bindparam("object_id"), error=bindparam("error"),
+                            receipt=bindparam("receipt")),
                     updates,
                 )
         return ids

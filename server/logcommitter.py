@@ -2,6 +2,9 @@
 
 Exactly one process (the one running ``stampd serve``) runs this. The database drives it:
 
+Git object ids go to ``hashes.log`` (Zeitgitter's format); digest stamps go to ``digests.log``
+(``<algorithm> <hex>`` per line, sorted, unique; only present when the period has digests).
+
 1. In one transaction, a `LogCommit` row is created (state ``pending``) and every stamp not yet
    logged is assigned to it.
 2. The tree (``hashes.log``, ``pubkey.asc``) is written, a worker signs the commit object, and
@@ -28,6 +31,8 @@ from server.models import LogCommit, LogCommitState, Stamp
 from workers.gitlog import LogRepository
 
 log = logging.getLogger(__name__)
+
+SIGN_TIMEOUT = 120.0
 
 
 def log_message(number: int, count: int, t: int) -> str:
@@ -108,10 +113,19 @@ class LogCommitter:
             )
             return int(lc_id)
 
-    def _hashes(self, lc_id: int) -> list[str]:
+    def _hashes(self, lc_id: int) -> tuple[list[str], list[str]]:
+        """(git object ids, "<algorithm> <digest>" lines) of a log commit's stamps."""
+        commits: list[str] = []
+        digests: list[str] = []
         with self.engine.connect() as conn:
-            rows = conn.execute(select(Stamp.commit).where(Stamp.log_commit_id == lc_id))
-            return [r[0] for r in rows]
+            rows = conn.execute(select(Stamp.kind, Stamp.commit, Stamp.algorithm, Stamp.digest)
+                                .where(Stamp.log_commit_id == lc_id))
+            for kind, commit, algorithm, digest in rows:
+                if kind == "digest":
+                    digests.append(f"{algorithm} {digest}")
+                else:
+                    commits.append(commit)
+        return commits, digests
 
     def _mark(self, lc_id: int, git_commit: str, count: int) -> None:
         with self.engine.begin() as conn:
@@ -122,8 +136,8 @@ class LogCommitter:
 
     # -- one commit --------------------------------------------------------------------------
     async def _finish(self, lc_id: int) -> str:
-        hashes = await asyncio.to_thread(self._hashes, lc_id)
-        count = len(set(hashes))
+        hashes, digests = await asyncio.to_thread(self._hashes, lc_id)
+        count = len(set(hashes)) + len(set(digests))
         head = self.repo.head()
         if head is not None and self.repo.message(head).startswith(
             f"stampd log commit {lc_id}\n"
@@ -131,12 +145,15 @@ class LogCommitter:
             await asyncio.to_thread(self._mark, lc_id, head, count)  # written before a crash
             return head
         t = int(self.clock())
-        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey)
+        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests)
         try:
-            signed = await self.dispatcher.sign({
-                "op": "commit", "tree": tree, "parents": [head] if head else [],
-                "message": log_message(lc_id, count, t), "time": t,
-            })
+            async with asyncio.timeout(SIGN_TIMEOUT):
+                signed = await self.dispatcher.sign({
+                    "op": "commit", "tree": tree, "parents": [head] if head else [],
+                    "message": log_message(lc_id, count, t), "time": t,
+                })
+        except TimeoutError:
+            raise RuntimeError(f"no worker signed log commit {lc_id} in time") from None
         except StampError as e:
             raise RuntimeError(f"could not sign log commit {lc_id}: {e.message}") from e
         commit_id = await asyncio.to_thread(

@@ -25,8 +25,10 @@ class Stamp(Base):
     __tablename__ = "stamps"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    kind: Mapped[str] = mapped_column(String(16))  # "tag" | "branch"
-    commit: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # "tag" | "branch" | "digest"
+    commit: Mapped[str | None] = mapped_column(String(64))  # git stamps
+    algorithm: Mapped[str | None] = mapped_column(String(16))  # digest stamps: sha256 | sha512
+    digest: Mapped[str | None] = mapped_column(String(128))  # digest stamps: lowercase hex
     tree: Mapped[str | None] = mapped_column(String(64))
     parent: Mapped[str | None] = mapped_column(String(64))
     tagname: Mapped[str | None] = mapped_column(String(100))
@@ -36,9 +38,13 @@ class Stamp(Base):
     worker: Mapped[str | None] = mapped_column(String(64))
     object_id: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
+    receipt: Mapped[str | None] = mapped_column(Text)  # digest stamps: the signed receipt
     log_commit_id: Mapped[int | None] = mapped_column(ForeignKey("log_commits.id"), index=True)
 
-    __table_args__ = (Index("ix_stamps_commit", "commit"),)
+    __table_args__ = (
+        Index("ix_stamps_commit", "commit"),
+        Index("ix_stamps_digest", "algorithm", "digest"),
+    )
 
 
 class LogCommitState:

@@ -1,7 +1,8 @@
 """The public log: a bare git repository written with pygit2.
 
-Each log commit on ``refs/heads/main`` holds two files: ``hashes.log`` (the period's stamped
-object ids, sorted and unique, one per line) and ``pubkey.asc`` (the server's public key). The
+Each log commit on ``refs/heads/main`` holds ``hashes.log`` (the period's stamped git object
+ids, sorted and unique, one per line), ``pubkey.asc`` (the server's public key) and, when the
+period had digest stamps, ``digests.log`` (``<algorithm> <hex>`` lines, sorted and unique). The
 commit object itself is built and signed by a worker; this module only stores it.
 """
 
@@ -49,9 +50,12 @@ class LogRepository:
         except KeyError:
             return None
 
-    def tree(self, hashes: Iterable[str], pubkey: str) -> str:
+    def tree(self, hashes: Iterable[str], pubkey: str, digests: Iterable[str] = ()) -> str:
         builder = self.repo.TreeBuilder()
         builder.insert("hashes.log", self.repo.create_blob(hashes_log(hashes)), FileMode.BLOB)
+        digest_lines = hashes_log(digests)
+        if digest_lines:
+            builder.insert("digests.log", self.repo.create_blob(digest_lines), FileMode.BLOB)
         builder.insert("pubkey.asc", self.repo.create_blob(pubkey.encode()), FileMode.BLOB)
         return str(builder.write())
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers import gitobjects, openpgp, wire
+from workers import cleartext, gitobjects, openpgp, wire
 from workers.agents import AgentError, AssuanConnection, GpgAgent
 from workers.keys import KeyStore
 
@@ -48,8 +48,8 @@ class Signer:
 
     def build(self, job: dict[str, Any]) -> str:
         t = int(job["time"])
-        message = str(job["message"])
         op = job["op"]
+        message = str(job.get("message", ""))
         if op == "tag":
             payload = gitobjects.tag_payload(job["commit"], job["tagname"], self.key.uid, t,
                                              message)
@@ -58,6 +58,11 @@ class Signer:
             payload = gitobjects.commit_payload(job["tree"], job["parents"], self.key.uid, t,
                                                 message)
             obj = gitobjects.embed_commit_signature(payload, self.signature(payload, t))
+        elif op == "clearsign":
+            return cleartext.clearsign(
+                str(job["text"]), self.key, t,
+                lambda h, d: self.conn.sign(self.key.keygrip, h, d),
+            )
         else:
             raise ValueError(f"unknown op {op!r}")
         return obj.decode("ascii")

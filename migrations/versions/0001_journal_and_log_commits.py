@@ -66,7 +66,6 @@ def upgrade() -> None:
         )
 
 
-
 def downgrade() -> None:
     with op.batch_alter_table("stamps", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_stamps_log_commit_id"))

@@ -1,0 +1,142 @@
+"""The ``/v1`` digest API: stamp a sha256/sha512 digest, fetch its receipts again.
+
+    curl -sS --data sha256=<hex> http://127.0.0.1:8080/v1/stamps           (form)
+    curl -sS -H 'Content-Type: application/json' -d '{"sha256":"<hex>"}' ...  (JSON)
+
+The answer is the receipt (an OpenPGP cleartext-signed statement, see `server.receipts`) as
+``text/plain``, or, with ``Accept: application/json``, the receipt and its fields in JSON.
+Errors are ``application/problem+json`` (RFC 9457).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sqlalchemy import select
+
+from server.errors import (
+    BodyTooLarge,
+    LengthRequired,
+    NotFound,
+    RequestTimeout,
+    StampError,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
+from server.models import Stamp, StampState
+from server.receipts import ALGORITHMS, DigestRequest, check_digest, parse_statement, split_receipt
+
+if TYPE_CHECKING:
+    from server.app import Services
+
+PROBLEM = "application/problem+json"
+URLENCODED = "application/x-www-form-urlencoded"
+JSON = "application/json"
+
+
+def problem(exc: StampError) -> JSONResponse:
+    body = {"type": "about:blank", "title": exc.title, "status": exc.status,
+            "detail": exc.message}
+    headers = {"Retry-After": str(exc.retry_after)} if hasattr(exc, "retry_after") else None
+    return JSONResponse(body, status_code=exc.status, media_type=PROBLEM, headers=headers)
+
+
+def parse_digest_body(ctype: str, body: bytes) -> DigestRequest:
+    """One ``sha256`` or ``sha512`` field, from a form or a JSON object."""
+    if not body.strip():
+        raise ValidationFailed("empty body: send sha256=<hex> or sha512=<hex>")
+    fields: dict[str, list[str]] = {}
+    if ctype == URLENCODED:
+        try:
+            for name, value in urllib.parse.parse_qsl(body.decode("ascii"), strict_parsing=True,
+                                                      errors="strict", max_num_fields=8):
+                fields.setdefault(name, []).append(value)
+        except (UnicodeError, ValueError):
+            raise ValidationFailed("malformed form body") from None
+    else:
+        try:
+            data = json.loads(body)
+        except (UnicodeError, ValueError):
+            raise ValidationFailed("malformed JSON body") from None
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise ValidationFailed('send a JSON object like {"sha256": "<hex>"}')
+        fields = {k: [v] for k, v in data.items()}
+    unknown = sorted(set(fields) - set(ALGORITHMS))
+    if unknown:
+        raise ValidationFailed(f"unknown field or algorithm {unknown[0]!r}; use sha256 or sha512")
+    if len(fields) != 1 or any(len(v) != 1 for v in fields.values()):
+        raise ValidationFailed("send exactly one digest")
+    ((algorithm, (digest,)),) = fields.items()
+    try:
+        check_digest(algorithm, digest)
+    except ValueError as e:
+        raise ValidationFailed(str(e)) from None
+    return DigestRequest(algorithm=algorithm, digest=digest)
+
+
+def wants_json(request: Request) -> bool:
+    return JSON in request.headers.get("accept", "")
+
+
+def receipt_json(receipt: str) -> dict[str, Any]:
+    statement = parse_statement(split_receipt(receipt)[0])
+    return {**statement.as_json(), "receipt": receipt}
+
+
+def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    from server.app import Stamper
+
+    @app.post("/v1/stamps")
+    async def stamp_digest(request: Request) -> Response:
+        s = services()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in (URLENCODED, JSON):
+            raise UnsupportedMediaType(f"send {URLENCODED} or {JSON}")
+        length = request.headers.get("content-length")
+        if length is None:
+            raise LengthRequired("Content-Length is required")
+        if not length.isdigit() or int(length) > s.settings.max_body:
+            raise BodyTooLarge(f"body larger than {s.settings.max_body} bytes")
+        try:
+            async with asyncio.timeout(s.settings.body_timeout):
+                body = await request.body()
+        except TimeoutError:
+            raise RequestTimeout("body not received in time") from None
+        if len(body) > s.settings.max_body:
+            raise BodyTooLarge(f"body larger than {s.settings.max_body} bytes")
+        req = parse_digest_body(ctype, body)
+        statement, receipt = await Stamper(s).receipt(req)
+        if wants_json(request):
+            return JSONResponse({**statement.as_json(), "receipt": receipt})
+        return PlainTextResponse(receipt)
+
+    @app.get("/v1/stamps/{algorithm}/{digest}")
+    async def get_receipts(algorithm: str, digest: str, request: Request) -> Response:
+        s = services()
+        try:
+            check_digest(algorithm, digest)
+        except ValueError as e:
+            raise ValidationFailed(str(e)) from None
+
+        def query() -> list[str]:
+            with s.engine.connect() as conn:
+                rows = conn.execute(
+                    select(Stamp.receipt).where(
+                        Stamp.algorithm == algorithm, Stamp.digest == digest,
+                        Stamp.state == StampState.SIGNED, Stamp.receipt.is_not(None),
+                    ).order_by(Stamp.id)
+                )
+                return [r[0] for r in rows]
+
+        receipts = await asyncio.to_thread(query)
+        if not receipts:
+            raise NotFound(f"no receipt for {algorithm} {digest}")
+        if wants_json(request):
+            return JSONResponse({"receipts": [receipt_json(r) for r in receipts]})
+        return PlainTextResponse("".join(receipts))
