@@ -73,6 +73,9 @@ def parse_digest_body(ctype: str, body: bytes) -> DigestRequest:
     if len(fields) != 1 or any(len(v) != 1 for v in fields.values()):
         raise ValidationFailed("send exactly one digest")
     ((algorithm, (digest,)),) = fields.items()
+    # `sha256sum FILE | cut -d' ' -f1 | curl --data-urlencode sha256@- ...` sends a final
+    # newline; surrounding whitespace is not part of a digest.
+    digest = digest.strip(" \t\r\n")
     try:
         check_digest(algorithm, digest)
     except ValueError as e:
