@@ -36,6 +36,8 @@ from server.errors import (
 )
 from server.journal import Journal
 from server.logcommitter import LogCommitter
+from server.peers import CrossStamper
+from server.publish import add_log_routes
 from server.receipts import DigestRequest, Statement
 from server.settings import Settings
 from server.zeitgitter import GET_PUBLIC_KEY, Fields, parse_stamp_request
@@ -236,16 +238,26 @@ def create_app(
         dispatcher = Dispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
                                 sign_timeout=settings.sign_timeout,
                                 max_attempts=settings.max_attempts)
+        cross = CrossStamper(engine, settings, lambda: None, clock)
+
+        def on_commit(head: str) -> None:
+            cross.head_committed(head)
+            loop.call_soon_threadsafe(cross.wake)
+
+        loop = asyncio.get_running_loop()
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
-                                 key.armored, settings.commit_interval, clock)
+                                 key.armored, settings.commit_interval, clock,
+                                 on_commit=on_commit, peer_keys=cross.pinned_keys)
         await dispatcher.start()
         journal.start()
         committer.start()
+        cross.start()
         services["s"] = Services(settings, journal, dispatcher, committer, key, clock, engine)
         app.state.services = services["s"]
         try:
             yield
         finally:
+            await cross.stop()
             await committer.stop()
             await dispatcher.stop()
             await journal.stop()
@@ -265,6 +277,7 @@ def create_app(
         return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=headers)
 
     add_digest_routes(app, lambda: services["s"])
+    add_log_routes(app, settings.log_repo)
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -32,7 +32,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 def build_settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
     for name in ("host", "port", "data_dir", "workers", "database_url", "commit_interval",
-                 "own_url", "key_uid", "key_algo"):
+                 "own_url", "key_uid", "key_algo", "peers"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
@@ -194,6 +194,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--commit-interval", type=float,
                        help="seconds between log commits (STAMPD_COMMIT_INTERVAL)")
     serve.add_argument("--own-url", help="public URL written into stamps (STAMPD_OWN_URL)")
+    serve.add_argument("--peers", help="peers stamping our log: name=URL[#FPR],... "
+                       "(STAMPD_PEERS)")
     serve.add_argument("--no-workers", action="store_true",
                        help="run no worker pool here (workers come from `stampd worker`)")
     serve.set_defaults(func=cmd_serve)

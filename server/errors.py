@@ -87,3 +87,10 @@ class JournalError(Unavailable):
 
 class KeyStoreError(StampError):
     """The key store is missing, unreadable or inconsistent (configuration error)."""
+
+
+class PeerError(StampError):
+    """A peer could not be reached, or its answer failed a check."""
+
+    status = 502
+    title = "Bad Gateway"

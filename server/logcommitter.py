@@ -49,6 +49,8 @@ class LogCommitter:
         pubkey: str,
         interval: float,
         clock: Callable[[], float] = time.time,
+        on_commit: Callable[[str], None] | None = None,
+        peer_keys: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.engine = engine
         self.repo = repo
@@ -56,6 +58,8 @@ class LogCommitter:
         self.pubkey = pubkey
         self.interval = interval
         self.clock = clock
+        self.on_commit = on_commit  # called in a thread with each new head
+        self.peer_keys = peer_keys or dict
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -143,9 +147,11 @@ class LogCommitter:
             f"stampd log commit {lc_id}\n"
         ):
             await asyncio.to_thread(self._mark, lc_id, head, count)  # written before a crash
+            await self._announce(head)
             return head
         t = int(self.clock())
-        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests)
+        peer_keys = await asyncio.to_thread(self.peer_keys)
+        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests, peer_keys)
         try:
             async with asyncio.timeout(SIGN_TIMEOUT):
                 signed = await self.dispatcher.sign({
@@ -161,4 +167,12 @@ class LogCommitter:
         )
         await asyncio.to_thread(self._mark, lc_id, commit_id, count)
         log.info("log commit %d: %s with %d hashes", lc_id, commit_id, count)
+        await self._announce(commit_id)
         return commit_id
+
+    async def _announce(self, head: str) -> None:
+        if self.on_commit is not None:
+            try:
+                await asyncio.to_thread(self.on_commit, head)
+            except Exception:
+                log.exception("could not schedule cross-stamps for %s", head)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments INTEGER PRIMARY KEY columns.
@@ -62,3 +62,43 @@ class LogCommit(Base):
     state: Mapped[str] = mapped_column(String(16), default=LogCommitState.PENDING)
     hash_count: Mapped[int] = mapped_column(Integer, default=0)
     git_commit: Mapped[str | None] = mapped_column(String(64))
+
+
+class Peer(Base):
+    """A peer timestamping server that stamps our log; its key is pinned on first contact."""
+
+    __tablename__ = "peers"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    url: Mapped[str] = mapped_column(String(500))
+    fingerprint: Mapped[str | None] = mapped_column(String(40))  # pinned signing key
+    uid: Mapped[str | None] = mapped_column(String(500))
+    pubkey: Mapped[str | None] = mapped_column(Text)  # armored, as fetched when pinned
+    pinned_at: Mapped[int | None] = mapped_column(BigInteger)
+    pinned_by: Mapped[str | None] = mapped_column(String(16))  # "config" | "tofu"
+
+
+class CrossStampState:
+    PENDING = "pending"  # to be (re)tried at next_attempt_at
+    DONE = "done"
+    SUPERSEDED = "superseded"  # a stamp of a newer log head covers this one
+
+
+class CrossStamp(Base):
+    """One request to a peer to stamp one head of our log: attempts, result, last error."""
+
+    __tablename__ = "cross_stamps"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    peer: Mapped[str] = mapped_column(ForeignKey("peers.name"))
+    log_commit: Mapped[str] = mapped_column(String(64))  # the main-branch commit to stamp
+    state: Mapped[str] = mapped_column(String(16), default=CrossStampState.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    next_attempt_at: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+    stamp_commit: Mapped[str | None] = mapped_column(String(64))  # the peer's stamp, once done
+
+    __table_args__ = (UniqueConstraint("peer", "log_commit", name="uq_cross_stamps_peer_head"),
+                      Index("ix_cross_stamps_state", "state", "next_attempt_at"))

@@ -7,12 +7,40 @@ Every field can be set from the environment with the `STAMPD_` prefix (``STAMPD_
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
+PEER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    name: str
+    url: str
+    fingerprint: str | None = None  # pinned in configuration; else trust on first use
+
+
+def parse_peers(spec: str) -> list[PeerConfig]:
+    """``name=URL[#FINGERPRINT]`` items separated by commas."""
+    peers: list[PeerConfig] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        name, sep, rest = item.partition("=")
+        url, _, fpr = rest.partition("#")
+        if not sep or not PEER_NAME.fullmatch(name):
+            raise ValueError(f"peer {item!r}: use name=URL[#FINGERPRINT], name in [a-z0-9_.-]")
+        if not re.fullmatch(r"https?://[!-~]+", url):
+            raise ValueError(f"peer {name}: URL must start with http:// or https://")
+        if fpr and not re.fullmatch(r"[0-9A-F]{40}", fpr.upper()):
+            raise ValueError(f"peer {name}: fingerprint must be 40 hex digits")
+        if any(p.name == name for p in peers):
+            raise ValueError(f"peer {name} listed twice")
+        peers.append(PeerConfig(name, url, fpr.upper() or None))
+    return peers
 
 
 class Settings(BaseSettings):
@@ -39,6 +67,12 @@ class Settings(BaseSettings):
     # Public log.
     commit_interval: float = Field(default=3600.0, gt=0, description="seconds between log commits")
 
+    # Peers that cross-stamp our log: "name=URL[#FINGERPRINT],name2=URL2".
+    peers: str = Field(default="", description="peer servers that stamp our log")
+    peer_timeout: float = Field(default=30.0, gt=0, description="seconds per peer request")
+    peer_retry_base: float = Field(default=10.0, gt=0, description="first retry delay, seconds")
+    peer_retry_max: float = Field(default=600.0, gt=0, description="longest retry delay")
+
     # Limits and timeouts.
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")
     body_timeout: float = Field(default=10.0, gt=0, description="seconds to receive a body")
@@ -59,6 +93,16 @@ class Settings(BaseSettings):
         if not v or any(not (" " <= c <= "~") for c in v) or "<" not in v or not v.endswith(">"):
             raise ValueError("key_uid must be printable ASCII of the form 'Name <email>'")
         return v
+
+    @field_validator("peers")
+    @classmethod
+    def _peers_parse(cls, v: str) -> str:
+        parse_peers(v)
+        return v
+
+    @property
+    def peer_list(self) -> list[PeerConfig]:
+        return parse_peers(self.peers)
 
     @property
     def worker_count(self) -> int:

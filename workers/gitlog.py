@@ -9,7 +9,7 @@ commit object itself is built and signed by a worker; this module only stores it
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pygit2
@@ -50,8 +50,15 @@ class LogRepository:
         except KeyError:
             return None
 
-    def tree(self, hashes: Iterable[str], pubkey: str, digests: Iterable[str] = ()) -> str:
+    def tree(self, hashes: Iterable[str], pubkey: str, digests: Iterable[str] = (),
+             peer_keys: Mapping[str, str] | None = None) -> str:
         builder = self.repo.TreeBuilder()
+        if peer_keys:
+            peers = self.repo.TreeBuilder()
+            for name, armored in sorted(peer_keys.items()):
+                peers.insert(f"{name}.asc", self.repo.create_blob(armored.encode()),
+                             FileMode.BLOB)
+            builder.insert("peers", peers.write(), FileMode.TREE)
         builder.insert("hashes.log", self.repo.create_blob(hashes_log(hashes)), FileMode.BLOB)
         digest_lines = hashes_log(digests)
         if digest_lines:
@@ -75,6 +82,39 @@ class LogRepository:
                 raise ValueError("log main branch moved while committing")
             ref.set_target(oid, "stampd log commit")
         return str(oid)
+
+    def branch_head(self, branch: str) -> str | None:
+        try:
+            return str(self.repo.references[f"refs/heads/{branch}"].target)
+        except KeyError:
+            return None
+
+    def commit_tree(self, commit_id: str) -> str:
+        commit = self.repo[commit_id]
+        assert isinstance(commit, pygit2.Commit)
+        return str(commit.tree_id)
+
+    def store_on_branch(self, raw: bytes, branch: str, expected_old: str | None) -> str:
+        """Write a commit object and point ``branch`` at it, if the branch is still at
+        ``expected_old`` (None: the branch must not exist)."""
+        oid = self.repo.odb.write(ObjectType.COMMIT, raw)
+        name = f"refs/heads/{branch}"
+        if expected_old is None:
+            self.repo.references.create(name, oid, force=False)
+        else:
+            ref = self.repo.references[name]
+            if str(ref.target) != expected_old:
+                raise ValueError(f"branch {branch} moved while stamping")
+            ref.set_target(oid, "stampd cross-stamp")
+        return str(oid)
+
+    def refs(self) -> list[tuple[str, str]]:
+        """(object id, ref name) of every branch and tag, sorted by name (for info/refs)."""
+        out = []
+        for name in self.repo.references:
+            if name.startswith(("refs/heads/", "refs/tags/")):
+                out.append((str(self.repo.references[name].resolve().target), name))
+        return sorted(out, key=lambda r: r[1])
 
     def message(self, commit_id: str) -> str:
         commit = self.repo[commit_id]

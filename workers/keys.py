@@ -178,12 +178,18 @@ class KeyStore:
         """Describe the public key (no secret material is read)."""
         if not self.public_key_file.exists():
             raise KeyStoreError(f"no public key at {self.public_key_file}")
-        armored = self.public_key_file.read_text()
-        with scratch_gnupghome() as home:
-            r = _gpg(home, "--with-colons", "--fingerprint", "--show-keys",
-                     str(self.public_key_file))
-        if r.returncode != 0:
-            raise KeyStoreError(f"cannot read {self.public_key_file}: {r.stderr.decode()!r}")
-        fpr, uid, algo, bits, curve = _parse_colons(r.stdout.decode())
-        return PublicKey(fingerprint=fpr, uid=uid, algo=algo, bits=bits, curve=curve,
-                         armored=armored)
+        return describe_public_key(self.public_key_file.read_text())
+
+
+def describe_public_key(armored: str) -> PublicKey:
+    """Fingerprint, user id and algorithm of the signing key in an armored public key."""
+    with scratch_gnupghome() as home:
+        r = _gpg(home, "--with-colons", "--fingerprint", "--show-keys",
+                 input=armored.encode("utf-8", "replace"))
+    if r.returncode != 0 or not r.stdout:
+        raise KeyStoreError(f"not a usable OpenPGP public key: {r.stderr.decode()[-300:]!r}")
+    if any(line.startswith("sec") for line in r.stdout.decode().splitlines()):
+        raise KeyStoreError("refusing a secret key where a public key is expected")
+    fpr, uid, algo, bits, curve = _parse_colons(r.stdout.decode())
+    return PublicKey(fingerprint=fpr, uid=uid, algo=algo, bits=bits, curve=curve,
+                     armored=armored)

@@ -1,0 +1,338 @@
+"""Cross-timestamping: peer servers stamp the head of our log after every log commit.
+
+For each configured peer, every new head of ``main`` becomes a `CrossStamp` row. A background
+task asks the peer for a Zeitgitter branch stamp (``stamp-branch-v1``: the head as ``commit``, its
+tree, and the previous stamp on ``<name>-timestamps`` as ``parent``), checks the answer exactly as
+the ``git timestamp`` client would (layout, user id, times within ±30 s, one signature, made by the
+pinned key), and moves ``<name>-timestamps`` to it. Failures are recorded in the row and retried
+with exponential backoff; each peer is handled on its own, so a dead peer delays nothing else. A
+newer head supersedes older pending ones: its stamp covers them, since the branch is a merge
+chain over our history.
+
+A peer's key is pinned from the configuration (``name=URL#FINGERPRINT``) or on first contact
+(trust on first use), recorded in the ``peers`` table and published in the log as
+``peers/<name>.asc``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine, insert, select, update
+
+from server.errors import PeerError
+from server.models import CrossStamp, CrossStampState, Peer
+from server.settings import PeerConfig, Settings
+from workers.gitlog import LogRepository
+from workers.keys import describe_public_key
+
+log = logging.getLogger(__name__)
+
+MAX_STAMP = 8000
+CLOCK_SKEW = 30
+_SIG = re.compile(
+    r"gpgsig -----BEGIN PGP SIGNATURE-----\n \n((?: [!-~]+\n)+) -----END PGP SIGNATURE-----\n"
+)
+
+
+@dataclass(frozen=True)
+class CheckedStamp:
+    text: str
+    payload: bytes  # the object without its signature
+    signature: str  # armored
+    time: int
+
+
+def check_branch_stamp(text: str, *, tree: str, commit: str, parent: str | None, uid: str,
+                       now: int) -> CheckedStamp:
+    """Check a stamp-branch-v1 answer as the git-timestamp client does (all but the signature,
+    which `PeerKeyring.verify` checks). Raises `PeerError`."""
+    if len(text) > MAX_STAMP:
+        raise PeerError(f"stamp longer than {MAX_STAMP} characters")
+    if not re.fullmatch(r"[ -~\n]*", text):
+        raise PeerError("stamp contains characters other than printable ASCII and newline")
+    lead = f"tree {tree}\n" + (f"parent {parent}\n" if parent else "") + f"parent {commit}\n"
+    if not text.startswith(lead):
+        raise PeerError("stamp does not start with the expected tree and parent lines")
+    pos = len(lead)
+    times = []
+    for header in ("author", "committer"):
+        m = re.compile(rf"{header} {re.escape(uid)} (\d{{10}}) \+0000\n").match(text, pos)
+        if not m:
+            raise PeerError(f"stamp's {header} line is not '{header} {uid} <time> +0000'")
+        t = int(m.group(1))
+        if abs(t - now) >= CLOCK_SKEW:
+            raise PeerError(f"stamp's {header} time is {t - now:+d} s off our clock")
+        times.append(t)
+        pos = m.end()
+    m = _SIG.match(text, pos)
+    if not m:
+        raise PeerError("stamp lacks a well-formed gpgsig header after the committer line")
+    if "-----BEGIN PGP SIGNATURE-----" in text[m.end():] or "gpgsig" in text[m.end():]:
+        raise PeerError("stamp carries more than one signature")
+    if not text[m.end():].startswith("\n"):
+        raise PeerError("stamp has extra headers after gpgsig")
+    signature = ("-----BEGIN PGP SIGNATURE-----\n\n"
+                 + m.group(1).replace("\n ", "\n")[1:] + "-----END PGP SIGNATURE-----\n")
+    payload = (text[:pos] + text[m.end():]).encode("ascii")
+    return CheckedStamp(text, payload, signature, times[1])
+
+
+class PeerKeyring:
+    """A private GNUPGHOME holding exactly one peer's pinned public key."""
+
+    def __init__(self, armored: str, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
+        self.home = Path(tempfile.mkdtemp(prefix="stampd-p"))
+        self.home.chmod(0o700)
+        r = self._gpg("--import", input=armored.encode())
+        if r.returncode != 0:
+            raise PeerError(f"cannot import the pinned key: {r.stderr.decode()[-200:]}")
+
+    def _gpg(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["gpg", "--homedir", str(self.home), "--batch", "--no-tty",
+                               "--status-fd", "1", *args], input=input, capture_output=True,
+                              timeout=60, check=False)
+
+    def verify(self, payload: bytes, signature: str) -> int:
+        """Check the signature is by the pinned key; return its creation time."""
+        with tempfile.NamedTemporaryFile("w", suffix=".asc", dir=self.home) as sig:
+            sig.write(signature)
+            sig.flush()
+            r = self._gpg("--verify", sig.name, "-", input=payload)
+        m = re.search(r"^\[GNUPG:\] VALIDSIG ([0-9A-F]{40}) \S+ (\d+) ", r.stdout.decode(),
+                      re.MULTILINE)
+        if r.returncode != 0 or not m:
+            raise PeerError("the stamp's signature does not verify with the pinned key")
+        if m.group(1) != self.fingerprint:
+            raise PeerError(f"stamp signed by {m.group(1)}, pinned key is {self.fingerprint}")
+        return int(m.group(2))
+
+    def close(self) -> None:
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "all"],
+                       capture_output=True, timeout=30, check=False)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _http(url: str, data: dict[str, str] | None, timeout: float) -> str:
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    req = urllib.request.Request(url, data=body, headers={
+        "User-Agent": "stampd", "Content-Type": "application/x-www-form-urlencoded"})
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            if r.status != 200:
+                raise PeerError(f"HTTP {r.status} from {url}")
+            return str(r.read(MAX_STAMP * 4 + 1).decode("ascii", "replace"))
+    except urllib.error.HTTPError as e:
+        raise PeerError(f"HTTP {e.code} from {url}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise PeerError(f"cannot reach {url}: {e}") from None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None  # a Zeitgitter server must not redirect; treated as an error
+
+
+class CrossStamper:
+    def __init__(self, engine: Engine, settings: Settings, pubkey_changed: Callable[[], None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.peers = {p.name: p for p in settings.peer_list}
+        self.repo = LogRepository(settings.log_repo)  # its own handle, used from threads
+        self.clock = clock
+        self.pubkey_changed = pubkey_changed
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._keyrings: dict[str, PeerKeyring] = {}
+        self.attempts = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if not self.peers:
+            return
+        self._sync_peer_rows()
+        self._task = asyncio.create_task(self._run(), name="cross-stamper")
+
+    async def stop(self) -> None:
+        tasks = [t for t in [self._task, *self._inflight.values()] if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for kr in self._keyrings.values():
+            kr.close()
+
+    def _sync_peer_rows(self) -> None:
+        with self.engine.begin() as conn:
+            known = {r.name: r for r in conn.execute(
+                select(Peer.name, Peer.url, Peer.fingerprint)).all()}
+            for p in self.peers.values():
+                row = known.get(p.name)
+                if row is None:
+                    conn.execute(insert(Peer).values(name=p.name, url=p.url))
+                elif row.url != p.url:
+                    conn.execute(update(Peer).where(Peer.name == p.name).values(url=p.url))
+                if (row is not None and p.fingerprint and row.fingerprint
+                        and row.fingerprint != p.fingerprint):
+                    # The operator pinned another key: re-pin on next contact.
+                    conn.execute(update(Peer).where(Peer.name == p.name).values(
+                        fingerprint=None, pubkey=None, uid=None, pinned_at=None))
+
+    # -- the API for the log committer ----------------------------------------------------------
+    def head_committed(self, head: str) -> None:
+        """Called (from a thread) after each log commit: every peer should stamp ``head``."""
+        if not self.peers:
+            return
+        now = int(self.clock())
+        with self.engine.begin() as conn:
+            for name in self.peers:
+                exists = conn.execute(select(CrossStamp.id).where(
+                    CrossStamp.peer == name, CrossStamp.log_commit == head)).first()
+                if exists is None:
+                    conn.execute(insert(CrossStamp).values(
+                        peer=name, log_commit=head, state=CrossStampState.PENDING, attempts=0,
+                        next_attempt_at=0, created_at=now, updated_at=now))
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def pinned_keys(self) -> dict[str, str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Peer.name, Peer.pubkey).where(Peer.pubkey.is_not(None)))
+            return {name: key for name, key in rows if name in self.peers}
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                due = await asyncio.to_thread(self._due)
+            except Exception:
+                log.exception("cannot read cross-stamp rows")
+                continue
+            for name, (row_id, head) in due.items():
+                if name not in self._inflight:
+                    self._inflight[name] = asyncio.create_task(self._attempt(name, row_id, head))
+
+    def _due(self) -> dict[str, tuple[int, str]]:
+        """The newest pending head per peer whose retry time has come; older pending rows of
+        the same peer are superseded."""
+        now = int(self.clock())
+        due: dict[str, tuple[int, str]] = {}
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(CrossStamp.id, CrossStamp.peer, CrossStamp.log_commit,
+                       CrossStamp.next_attempt_at)
+                .where(CrossStamp.state == CrossStampState.PENDING)
+                .order_by(CrossStamp.id.desc())
+            ).all()
+            newest: dict[str, int] = {}
+            for row_id, peer, head, next_at in rows:
+                if peer not in newest:
+                    newest[peer] = row_id
+                    if next_at <= now:
+                        due[peer] = (row_id, head)
+                elif peer not in self._inflight:
+                    conn.execute(update(CrossStamp).where(CrossStamp.id == row_id).values(
+                        state=CrossStampState.SUPERSEDED, updated_at=now))
+        return due
+
+    async def _attempt(self, name: str, row_id: int, head: str) -> None:
+        try:
+            stamp = await asyncio.to_thread(self._stamp, name, head)
+        except PeerError as e:
+            await asyncio.to_thread(self._failed, row_id, e.message)
+        except Exception as e:  # a bug or an I/O error: recorded, retried, never fatal
+            log.exception("cross-stamp by %s failed unexpectedly", name)
+            await asyncio.to_thread(self._failed, row_id, f"{type(e).__name__}: {e}")
+        else:
+            await asyncio.to_thread(self._done, row_id, stamp)
+            log.info("peer %s stamped log head %s: %s", name, head, stamp)
+        finally:
+            self._inflight.pop(name, None)
+            self.attempts += 1
+
+    def _failed(self, row_id: int, error: str) -> None:
+        now = int(self.clock())
+        with self.engine.begin() as conn:
+            attempts = conn.execute(select(CrossStamp.attempts).where(
+                CrossStamp.id == row_id)).scalar_one() + 1
+            delay = min(self.settings.peer_retry_base * 2 ** (attempts - 1),
+                        self.settings.peer_retry_max)
+            conn.execute(update(CrossStamp).where(CrossStamp.id == row_id).values(
+                attempts=attempts, last_error=error[:2000], updated_at=now,
+                next_attempt_at=now + int(delay)))
+        log.warning("cross-stamp row %d failed (attempt %d, retry in %ds): %s",
+                    row_id, attempts, int(delay), error)
+
+    def _done(self, row_id: int, stamp: str) -> None:
+        now = int(self.clock())
+        with self.engine.begin() as conn:
+            conn.execute(update(CrossStamp).where(CrossStamp.id == row_id).values(
+                state=CrossStampState.DONE, stamp_commit=stamp, updated_at=now,
+                attempts=CrossStamp.attempts + 1, last_error=None))
+
+    # -- one attempt (in a thread) -------------------------------------------------------------
+    def _peer_key(self, peer: PeerConfig) -> tuple[str, str, PeerKeyring]:
+        """(fingerprint, uid, keyring) of the pinned key, pinning it on first contact."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(Peer.pubkey, Peer.fingerprint, Peer.uid)
+                               .where(Peer.name == peer.name)).one()
+        if row.pubkey and row.fingerprint and row.uid:
+            if peer.name not in self._keyrings:
+                self._keyrings[peer.name] = PeerKeyring(row.pubkey, row.fingerprint)
+            return row.fingerprint, row.uid, self._keyrings[peer.name]
+        armored = _http(peer.url.rstrip("/") + "/?request=get-public-key-v1", None,
+                        self.settings.peer_timeout)
+        try:
+            key = describe_public_key(armored)
+        except Exception as e:
+            raise PeerError(f"peer {peer.name} sent no usable public key: {e}") from None
+        if peer.fingerprint and key.fingerprint != peer.fingerprint:
+            raise PeerError(f"peer {peer.name} serves key {key.fingerprint}, "
+                            f"configured pin is {peer.fingerprint}")
+        with self.engine.begin() as conn:
+            conn.execute(update(Peer).where(Peer.name == peer.name).values(
+                fingerprint=key.fingerprint, uid=key.uid, pubkey=armored,
+                pinned_at=int(self.clock()), pinned_by="config" if peer.fingerprint else "tofu"))
+        log.info("pinned key %s (%s) for peer %s", key.fingerprint, key.uid, peer.name)
+        self.pubkey_changed()
+        self._keyrings[peer.name] = PeerKeyring(armored, key.fingerprint)
+        return key.fingerprint, key.uid, self._keyrings[peer.name]
+
+    def _stamp(self, name: str, head: str) -> str:
+        peer = self.peers[name]
+        _fpr, uid, keyring = self._peer_key(peer)
+        branch = f"{name}-timestamps"
+        parent = self.repo.branch_head(branch)
+        tree = self.repo.commit_tree(head)
+        fields = {"request": "stamp-branch-v1", "commit": head, "tree": tree}
+        if parent:
+            fields["parent"] = parent
+        text = _http(peer.url, fields, self.settings.peer_timeout)
+        now = int(self.clock())
+        checked = check_branch_stamp(text, tree=tree, commit=head, parent=parent, uid=uid,
+                                     now=now)
+        created = keyring.verify(checked.payload, checked.signature)
+        if abs(created - now) >= CLOCK_SKEW:
+            raise PeerError(f"signature time is {created - now:+d} s off our clock")
+        return self.repo.store_on_branch(text.encode("ascii"), branch, parent)
