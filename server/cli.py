@@ -242,6 +242,16 @@ def parser() -> argparse.ArgumentParser:
                         help="git repository holding a tag/commit target (default: .)")
     verify.set_defaults(func=_cmd("server.verify", "cmd_verify"))
 
+    audit = sub.add_parser(
+        "audit", help="verify a log repository (a clone or its URL) and its peer stamps",
+        description="Exit status: 0 all checks passed, 1 a check failed, 2 the target is not "
+        "a readable log repository.")
+    audit.add_argument("target", help="path of a log clone, or its http(s) URL")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit.add_argument("--peer-keys", type=Path,
+                       help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")
+    audit.set_defaults(func=_cmd("server.audit", "cmd_audit"))
+
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
     hooksub = hook.add_subparsers(dest="hook_command", required=True)
     install = hooksub.add_parser("install", help="install the post-commit hook")

@@ -150,3 +150,33 @@ def test_check_branch_stamp_rejects() -> None:
             check_branch_stamp(text, tree=tree, commit=commit, parent=None, uid=uid, now=now)
     with pytest.raises(PeerError):
         check_branch_stamp(good, tree=tree, commit=commit, parent="d" * 40, uid=uid, now=now)
+
+
+def test_audit_of_cross_stamped_logs(tmp_path: Path, server_factory: list[Server]) -> None:
+    """`stampd audit` passes on both servers' logs, from a URL, with keys from the log."""
+    import sys
+
+    a_dir, b_dir = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    a_port, b_port = free_port(), free_port()
+    a = start_server(seed_data_dir(a_dir), workers=1, commit_interval=2, port=a_port,
+                     extra_env={"STAMPD_PEERS": f"bee=http://127.0.0.1:{b_port}/"})
+    server_factory.append(a)
+    b = start_server(b_dir, workers=1, commit_interval=2, port=b_port,
+                     extra_env={"STAMPD_PEERS": f"ay=http://127.0.0.1:{a_port}/"})
+    server_factory.append(b)
+    for cycle in range(2):
+        stamp_tag(a, f"{cycle + 1:040x}")
+        stamp_tag(b, f"{cycle + 101:040x}")
+        wait_for(lambda c=cycle: len(branch(a_dir, "bee-timestamps")) > c, timeout=30,  # type: ignore[misc]
+                 what="b's stamp")
+        wait_for(lambda c=cycle: len(branch(b_dir, "ay-timestamps")) > c, timeout=30,  # type: ignore[misc]
+                 what="a's stamp")
+    # One more stamp so that the newest log commits carry the pinned peer keys.
+    stamp_tag(a, "e" * 40)
+    stamp_tag(b, "f" * 40)
+    wait_for(lambda: "peers" in branch(a_dir, "main")[0].tree, timeout=15, what="a's pin")
+    wait_for(lambda: "peers" in branch(b_dir, "main")[0].tree, timeout=15, what="b's pin")
+    for server in (a, b):
+        r = subprocess.run([sys.executable, "-m", "server", "audit", server.url + "log.git"],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
