@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 from starlette.types import Receive, Scope, Send
 
@@ -36,6 +37,7 @@ from server.errors import (
 )
 from server.journal import Journal
 from server.logcommitter import LogCommitter
+from server.metrics import StampdCollector, Stats
 from server.peers import CrossStamper
 from server.publish import add_log_routes
 from server.receipts import DigestRequest, Statement
@@ -64,6 +66,8 @@ class Services:
     key: PublicKey
     clock: Callable[[], float]
     engine: Engine
+    cross: CrossStamper
+    stats: Stats
 
 
 def _job(req: TagRequest | BranchRequest, t: int, url: str) -> dict[str, Any]:
@@ -204,6 +208,11 @@ class Stamper:
         return statement, signed.text
 
 
+def _ping(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+
+
 class ZeitgitterPost:
     """Raw ASGI handler for ``POST /`` (the hot path), in front of the FastAPI app."""
 
@@ -216,12 +225,16 @@ class ZeitgitterPost:
             await self.app(scope, receive, send)
             return
         s = self.services["s"]
+        kind = "invalid"
         try:
             req = parse_stamp_request(await read_form(scope, receive, s.settings))
+            kind = "tag" if isinstance(req, TagRequest) else "branch"
             text = await Stamper(s).stamp(req)
         except StampError as e:
+            s.stats.request(kind, e.status)
             await send_error(send, e)
             return
+        s.stats.request(kind, 200)
         await _send(send, 200, text.encode("ascii"), GIT_OBJECT.encode())
 
 
@@ -234,10 +247,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         key = KeyStore(settings.keys_dir).public_key()
         engine = db.make_engine(settings.db_url)
-        journal = Journal(engine)
+        stats = Stats()
+        journal = Journal(engine, stats)
         dispatcher = Dispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
                                 sign_timeout=settings.sign_timeout,
-                                max_attempts=settings.max_attempts)
+                                max_attempts=settings.max_attempts, stats=stats)
         cross = CrossStamper(engine, settings, lambda: None, clock)
 
         def on_commit(head: str) -> None:
@@ -252,7 +266,11 @@ def create_app(
         journal.start()
         committer.start()
         cross.start()
-        services["s"] = Services(settings, journal, dispatcher, committer, key, clock, engine)
+        services["s"] = Services(settings, journal, dispatcher, committer, key, clock, engine,
+                                 cross, stats)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StampdCollector(lambda: services["s"]))
+        app.state.registry = registry
         app.state.services = services["s"]
         try:
             yield
@@ -270,6 +288,7 @@ def create_app(
     async def stamp_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StampError)
         if request.url.path.startswith("/v1/"):
+            services["s"].stats.request("digest", exc.status)
             return problem(exc)
         headers = {}
         if isinstance(exc, Unavailable):
@@ -285,14 +304,37 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
+        """Each check by name, so that an operator sees which one failed."""
         s = services["s"]
         workers = sorted(s.dispatcher.workers)
-        ready = bool(workers)
+        checks: dict[str, dict[str, Any]] = {}
+        try:
+            async with asyncio.timeout(5):
+                await asyncio.to_thread(_ping, s.engine)
+            checks["database"] = {"ok": True}
+        except Exception as e:
+            checks["database"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"[:300]}
+        checks["workers"] = {"ok": bool(workers), "detail": f"{len(workers)} connected"}
+        overdue = s.committer.overdue()
+        checks["log"] = {"ok": not overdue,
+                         "detail": s.committer.last_error or ("overdue" if overdue else "ok")}
+        try:
+            stale = await asyncio.to_thread(s.cross.stale_peers, s.settings.peer_stale_after)
+        except Exception:
+            stale = {}
+        for name in s.cross.peers:
+            checks[f"peer:{name}"] = {"ok": name not in stale, "detail": stale.get(name, "ok")}
+        ready = all(c["ok"] for c in checks.values())
         return JSONResponse(
-            {"ready": ready, "workers": workers, "queue": s.dispatcher.queue_depth,
-             "requeued": s.dispatcher.requeued},
+            {"ready": ready, "checks": checks, "workers": workers,
+             "queue": s.dispatcher.queue_depth, "requeued": s.dispatcher.requeued},
             status_code=200 if ready else 503,
         )
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        body = await asyncio.to_thread(generate_latest, request.app.state.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/")
     async def root_get(request: Request) -> Response:

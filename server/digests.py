@@ -115,6 +115,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             raise BodyTooLarge(f"body larger than {s.settings.max_body} bytes")
         req = parse_digest_body(ctype, body)
         statement, receipt = await Stamper(s).receipt(req)
+        s.stats.request("digest", 200)
         if wants_json(request):
             return JSONResponse({**statement.as_json(), "receipt": receipt})
         return PlainTextResponse(receipt)

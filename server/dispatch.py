@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from server.errors import QueueFull, SigningFailed, Unavailable
+from server.metrics import Stats
 from workers import wire
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,9 @@ class Dispatcher:
         sign_timeout: float = 30.0,
         max_attempts: int = 3,
         depth: int = 2,
+        stats: Stats | None = None,
     ) -> None:
+        self.stats = stats or Stats()
         self.socket_path = socket_path
         self.max_queue = max_queue
         self.sign_timeout = sign_timeout
@@ -148,6 +151,7 @@ class Dispatcher:
         finally:
             if info is not None:
                 self.workers.pop(info.name, None)
+                self.stats.worker_disconnects += 1
             for job in inflight.values():
                 self._requeue(job, f"worker {info.name if info else '?'} went away")
             inflight.clear()
@@ -166,6 +170,8 @@ class Dispatcher:
         slots = asyncio.Semaphore(self.depth)
         loop = asyncio.get_running_loop()
         deadlines: dict[int, float] = {}
+        sent: dict[int, float] = {}
+        signing = self.stats.signing[info.name]
 
         async def feed() -> None:
             while True:
@@ -178,6 +184,7 @@ class Dispatcher:
                 job.attempts += 1
                 inflight[job_id] = job
                 deadlines[job_id] = loop.time() + self.sign_timeout
+                sent[job_id] = loop.time()
                 writer.write(wire.encode({"id": job_id, **job.payload}))
 
         async def watchdog() -> None:
@@ -197,6 +204,7 @@ class Dispatcher:
                 job_id = int(msg["id"])
                 job = inflight.pop(job_id, None)
                 deadlines.pop(job_id, None)
+                signing.observe(loop.time() - sent.pop(job_id, loop.time()))
                 slots.release()
                 if job is None or job.future.done():
                     continue

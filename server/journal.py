@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, bindparam, insert, update
 
 from server.errors import JournalError
+from server.metrics import Stats
 from server.models import Stamp, StampState
 from server.receipts import DigestRequest
 from workers.gitobjects import BranchRequest, TagRequest
@@ -47,8 +48,9 @@ def stamp_row(req: AnyRequest, t: int) -> dict[str, Any]:
 
 
 class Journal:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, stats: Stats | None = None) -> None:
         self.engine = engine
+        self.stats = stats or Stats()
         self._inserts: list[_Pending] = []
         self._updates: list[dict[str, Any]] = []
         self._update_waiters: list[asyncio.Future[None]] = []
@@ -110,6 +112,7 @@ class Journal:
         if not inserts and not updates:
             return True
         loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             ids = await loop.run_in_executor(
                 self._executor, self._write, [p.row for p in inserts], updates
@@ -127,6 +130,7 @@ class Journal:
                     p.future.set_exception(JournalError(f"journal unavailable: {type(e).__name__}"))
             return False
         self.commits += 1
+        self.stats.journal_commit.observe(loop.time() - started)
         for w in waiters:
             if not w.done():
                 w.set_result(None)

@@ -62,6 +62,10 @@ class LogCommitter:
         self.peer_keys = peer_keys or dict
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self.started_at = clock()
+        self.last_commit_at: float | None = None  # time of the newest log commit
+        self.last_ok_at: float | None = None  # last run that committed or had nothing to do
+        self.last_error: str | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="log-committer")
@@ -76,7 +80,10 @@ class LogCommitter:
             await asyncio.sleep(self.interval)
             try:
                 await self.commit_now()
-            except Exception:
+                self.last_ok_at = self.clock()
+                self.last_error = None
+            except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"
                 log.exception("log commit failed; retrying at the next interval")
 
     async def commit_now(self) -> str | None:
@@ -170,7 +177,13 @@ class LogCommitter:
         await self._announce(commit_id)
         return commit_id
 
+    def overdue(self) -> bool:
+        """No successful log run for more than two intervals (plus slack)."""
+        last = self.last_ok_at or self.started_at
+        return self.clock() - last > 2 * self.interval + 30
+
     async def _announce(self, head: str) -> None:
+        self.last_commit_at = self.clock()
         if self.on_commit is not None:
             try:
                 await asyncio.to_thread(self.on_commit, head)

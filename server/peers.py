@@ -148,6 +148,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # a Zeitgitter server must not redirect; treated as an error
 
 
+@dataclass(frozen=True)
+class PeerStatus:
+    name: str
+    last_success: float | None
+    failures: int
+
+
 class CrossStamper:
     def __init__(self, engine: Engine, settings: Settings, pubkey_changed: Callable[[], None],
                  clock: Callable[[], float] = time.time) -> None:
@@ -162,6 +169,8 @@ class CrossStamper:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._keyrings: dict[str, PeerKeyring] = {}
         self.attempts = 0
+        self.failures: dict[str, int] = dict.fromkeys(self.peers, 0)
+        self.last_success: dict[str, float] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -212,6 +221,23 @@ class CrossStamper:
     def wake(self) -> None:
         self._wake.set()
 
+    def peer_status(self) -> list[PeerStatus]:
+        return [PeerStatus(n, self.last_success.get(n), self.failures.get(n, 0))
+                for n in self.peers]
+
+    def stale_peers(self, bound: float) -> dict[str, str]:
+        """Peers with a head waiting for their stamp for longer than ``bound`` seconds."""
+        if not self.peers:
+            return {}
+        cutoff = int(self.clock() - bound)
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(CrossStamp.peer, CrossStamp.created_at, CrossStamp.last_error)
+                .where(CrossStamp.state == CrossStampState.PENDING,
+                       CrossStamp.created_at < cutoff))
+            return {peer: f"waiting since {created}: {err or 'no attempt yet'}"
+                    for peer, created, err in rows if peer in self.peers}
+
     def pinned_keys(self) -> dict[str, str]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Peer.name, Peer.pubkey).where(Peer.pubkey.is_not(None)))
@@ -260,11 +286,14 @@ class CrossStamper:
         try:
             stamp = await asyncio.to_thread(self._stamp, name, head)
         except PeerError as e:
+            self.failures[name] += 1
             await asyncio.to_thread(self._failed, row_id, e.message)
         except Exception as e:  # a bug or an I/O error: recorded, retried, never fatal
             log.exception("cross-stamp by %s failed unexpectedly", name)
+            self.failures[name] += 1
             await asyncio.to_thread(self._failed, row_id, f"{type(e).__name__}: {e}")
         else:
+            self.last_success[name] = self.clock()
             await asyncio.to_thread(self._done, row_id, stamp)
             log.info("peer %s stamped log head %s: %s", name, head, stamp)
         finally:

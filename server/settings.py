@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     peer_timeout: float = Field(default=30.0, gt=0, description="seconds per peer request")
     peer_retry_base: float = Field(default=10.0, gt=0, description="first retry delay, seconds")
     peer_retry_max: float = Field(default=600.0, gt=0, description="longest retry delay")
+    peer_stale_after: float = Field(
+        default=7200.0, gt=0, description="seconds a head may wait for a peer before /readyz fails"
+    )
 
     # Limits and timeouts.
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")

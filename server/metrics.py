@@ -1,0 +1,112 @@
+"""Prometheus metrics, collected at scrape time from plain counters.
+
+The hot path only increments integers and appends to fixed histograms (no locks, no label
+lookups in prometheus-client); `StampdCollector` turns them into metric families when
+``GET /metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from server.app import Services
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0)
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, n in zip((*LATENCY_BUCKETS, float("inf")), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        return out
+
+
+@dataclass
+class Stats:
+    requests: defaultdict[tuple[str, int], int] = field(
+        default_factory=lambda: defaultdict(int))  # (type, status) -> count
+    signing: defaultdict[str, Histogram] = field(
+        default_factory=lambda: defaultdict(Histogram))  # worker -> seconds
+    journal_commit: Histogram = field(default_factory=Histogram)
+    worker_disconnects: int = 0
+
+    def request(self, kind: str, status: int) -> None:
+        self.requests[(kind, status)] += 1
+
+
+def _histogram(name: str, doc: str, labels: list[str],
+               series: dict[tuple[str, ...], Histogram]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    for values, h in series.items():
+        fam.add_metric(list(values), h.buckets(), h.total)
+    return fam
+
+
+class StampdCollector(Collector):
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.services()
+        st = s.stats
+        c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
+                                labels=["type", "status"])
+        for (kind, status), n in sorted(st.requests.items()):
+            c.add_metric([kind, str(status)], n)
+        yield c
+        yield GaugeMetricFamily("stampd_queue_depth", "Signing jobs waiting for a worker",
+                                value=s.dispatcher.queue_depth)
+        yield GaugeMetricFamily("stampd_workers_connected", "Signing workers connected",
+                                value=len(s.dispatcher.workers))
+        key = s.key.fingerprint
+        yield _histogram("stampd_signing_seconds",
+                         "Time from handing a job to a worker until its answer",
+                         ["worker", "key"],
+                         {(w, key): h for w, h in list(st.signing.items())})
+        yield CounterMetricFamily("stampd_worker_restarts",
+                                  "Worker connections lost (a worker or its agent died)",
+                                  value=st.worker_disconnects)
+        yield CounterMetricFamily("stampd_requeued_jobs",
+                                  "Jobs handed to another worker after a fault",
+                                  value=s.dispatcher.requeued)
+        yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
+                         [], {(): st.journal_commit})
+        last = s.committer.last_commit_at
+        yield GaugeMetricFamily("stampd_log_last_commit_age_seconds",
+                                "Seconds since the last log commit (-1: none yet)",
+                                value=(time.time() - last) if last else -1)
+        age = GaugeMetricFamily("stampd_peer_last_success_age_seconds",
+                                "Seconds since the peer last stamped our log (-1: never)",
+                                labels=["peer"])
+        fails = CounterMetricFamily("stampd_peer_failures",
+                                    "Failed cross-stamp attempts", labels=["peer"])
+        for p in s.cross.peer_status():
+            age.add_metric([p.name], (time.time() - p.last_success) if p.last_success else -1)
+            fails.add_metric([p.name], p.failures)
+        yield age
+        yield fails
