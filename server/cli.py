@@ -258,7 +258,8 @@ def parser() -> argparse.ArgumentParser:
     install.add_argument("--server", default="http://127.0.0.1:8080",
                          help="stampd (or any Zeitgitter) server URL")
     install.add_argument("--branch", default=None,
-                         help="timestamp branch (default: <server host>-timestamps)")
+                         help="timestamp branch (default: the name `git timestamp` derives "
+                         "from the server URL, e.g. localhost-8080-timestamps)")
     install.add_argument("--repo", type=Path, default=Path("."))
     install.add_argument("--force", action="store_true",
                          help="replace an existing post-commit hook that is not ours")

@@ -1,0 +1,522 @@
+"""``stampd verify``: check a digest receipt, or a git tag/commit stamp, with the real gpg and git.
+
+A receipt (see `server.receipts`) is valid when its statement parses, exactly one OpenPGP
+signature verifies over exactly that statement, the signing key is the one the statement names
+in ``key:`` (and, with ``--key``, a key of that file), the signature was made in the second the
+statement gives as ``time:``, and -- with ``--file`` or ``--digest`` -- the digest matches.
+
+Without ``--key`` the server's key is fetched from the ``server:`` URL of the receipt (this trusts
+that server's answer; say ``--key`` for an offline check against a key you hold).
+
+A git target (a tag or commit in ``--repo``) is checked with ``git verify-tag --raw`` or
+``git verify-commit --raw`` against the ``--key`` file only, and the tagger/committer time must be
+the signature's creation time.
+
+Exit status: 0 valid, 1 invalid (or could not be checked), 2 malformed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from server.receipts import ALGORITHMS, MalformedReceipt, Statement, parse_statement, split_receipt
+from workers.cleartext import canonical_text
+
+MAX_RECEIPT = 64 * 1024
+MAX_KEY = 256 * 1024
+FETCH_TIMEOUT = 10.0
+SIG_BINARY = "00"
+SIG_TEXT = "01"
+
+
+class VerifyError(Exception):
+    """A target did not verify. ``exit_code`` is the status ``stampd verify`` exits with."""
+
+    exit_code = 1
+    kind = "invalid"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Invalid(VerifyError):
+    """Well-formed, but not valid: bad signature, wrong key, wrong time, digest mismatch."""
+
+
+class CannotCheck(VerifyError):
+    """The check could not be made (key not obtainable, gpg missing): not shown valid."""
+
+    kind = "cannot check"
+
+
+class Malformed(VerifyError):
+    """Not a receipt or stamp of a known format, or an unusable argument."""
+
+    exit_code = 2
+    kind = "malformed"
+
+
+# --------------------------------------------------------------------------- gpg
+
+
+@dataclass(frozen=True)
+class ValidSig:
+    """One ``VALIDSIG`` status line of gpg."""
+
+    fingerprint: str  # the signing (sub)key
+    created: int
+    sig_class: str
+    primary: str  # the primary key of the signing key
+
+
+@dataclass(frozen=True)
+class KeyListing:
+    primary: str
+    fingerprints: tuple[str, ...]  # primary and subkeys
+    uids: tuple[str, ...]
+
+
+@dataclass
+class GpgStatus:
+    """The ``--status-fd`` lines of one verification, reduced to what is checked."""
+
+    newsig: int = 0
+    valid: list[ValidSig] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # BADSIG, ERRSIG, EXPKEYSIG, NO_PUBKEY...
+
+    @classmethod
+    def parse(cls, text: str) -> GpgStatus:
+        st = cls()
+        for line in text.splitlines():
+            if not line.startswith("[GNUPG:] "):
+                continue
+            words = line.split()
+            keyword = words[1] if len(words) > 1 else ""
+            if keyword == "NEWSIG":
+                st.newsig += 1
+            elif keyword == "VALIDSIG" and len(words) >= 12 and words[4].isdigit():
+                st.valid.append(ValidSig(fingerprint=words[2].upper(), created=int(words[4]),
+                                         sig_class=words[10], primary=words[11].upper()))
+            elif keyword in ("BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG", "NO_PUBKEY",
+                             "NODATA", "BADARMOR"):
+                st.errors.append(keyword)
+        return st
+
+    def only_signature(self, ok: bool) -> ValidSig:
+        """The one valid signature; raise `Invalid` for none, a bad one, or several."""
+        if self.newsig > 1 or len(self.valid) > 1:
+            raise Invalid("more than one signature (only one is allowed)")
+        if not ok or len(self.valid) != 1 or self.errors:
+            reason = ", ".join(sorted(set(self.errors))) or "no valid signature"
+            if "NO_PUBKEY" in self.errors or "ERRSIG" in self.errors:
+                reason += " (signed by a key that is not the expected one?)"
+            raise Invalid(f"signature does not verify: {reason}")
+        return self.valid[0]
+
+
+def _unescape_colons(value: str) -> str:
+    """Undo gpg's ``--with-colons`` escaping (``\\x3a`` for ``:`` and so on)."""
+    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), value)
+
+
+class Keyring:
+    """A private, temporary GNUPGHOME (mode 0700) holding only the keys imported into it.
+
+    gpg runs with ``--no-autostart``: verifying needs no agent, so none is left behind.
+    """
+
+    def __init__(self) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="stampd-v"))
+        os.chmod(self.home, 0o700)
+
+    def __enter__(self) -> Keyring:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def gpg(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return run_gpg(self.home, *args, input=input)
+
+    def import_key(self, armored: bytes) -> list[KeyListing]:
+        """Import public keys; return what the keyring holds afterwards."""
+        self.gpg("--import", input=armored)
+        return self.list_keys()
+
+    def fingerprints(self) -> set[str]:
+        """Fingerprints of every key and subkey in the keyring."""
+        return {fpr for key in self.list_keys() for fpr in key.fingerprints}
+
+    def list_keys(self) -> list[KeyListing]:
+        r = self.gpg("--with-colons", "--fingerprint", "--list-keys")
+        return parse_key_listing(r.stdout.decode("utf-8", "replace"))
+
+    def verify_detached(self, payload: bytes, signature: str) -> tuple[bool, GpgStatus]:
+        sig = self.home / "signature.asc"
+        sig.write_text(signature, encoding="ascii")
+        try:
+            r = self.gpg("--trust-model", "always", "--status-fd", "1", "--verify", str(sig), "-",
+                         input=payload)
+        finally:
+            sig.unlink()
+        return r.returncode == 0, GpgStatus.parse(r.stdout.decode("utf-8", "replace"))
+
+
+def run_gpg(home: Path, *args: str, input: bytes | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    cmd = ["gpg", "--homedir", str(home), "--batch", "--no-tty", "--no-autostart", *args]
+    try:
+        return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout,
+                              check=False)
+    except FileNotFoundError:
+        raise CannotCheck("gpg is not installed (GnuPG 2.2 or later is needed)") from None
+    except subprocess.TimeoutExpired:
+        raise CannotCheck("gpg did not finish in time") from None
+
+
+def parse_key_listing(text: str) -> list[KeyListing]:
+    """Keys in ``gpg --with-colons --fingerprint --list-keys`` output."""
+    keys: list[KeyListing] = []
+    fprs: list[str] = []
+    uids: list[str] = []
+    in_key = False
+
+    def flush() -> None:
+        if in_key and fprs:
+            keys.append(KeyListing(primary=fprs[0], fingerprints=tuple(fprs), uids=tuple(uids)))
+
+    for line in text.splitlines():
+        f = line.split(":")
+        if f[0] == "pub":
+            flush()
+            in_key, fprs, uids = True, [], []
+        elif f[0] == "fpr" and in_key and len(f) > 9:
+            fprs.append(f[9].upper())
+        elif f[0] == "uid" and in_key and len(f) > 9:
+            uids.append(_unescape_colons(f[9]))
+    flush()
+    return keys
+
+
+# --------------------------------------------------------------------------- server key
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def public_key_url(server: str) -> str:
+    """``server`` with the query ``request=get-public-key-v1`` (http and https only)."""
+    parts = urllib.parse.urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Malformed(f"server URL must be http:// or https://, not {server[:100]!r}")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
+                                    "request=get-public-key-v1", ""))
+
+
+def fetch_public_key(server: str, timeout: float = FETCH_TIMEOUT) -> bytes:
+    """The armored public key a Zeitgitter server answers to ``get-public-key-v1``."""
+    url = public_key_url(server)
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            if r.status != 200:
+                raise CannotCheck(f"{url} answered HTTP {r.status}")
+            body: bytes = r.read(MAX_KEY + 1)
+    except urllib.error.HTTPError as e:
+        raise CannotCheck(f"{url} answered HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise CannotCheck(f"could not fetch the server key from {url}: {reason}") from None
+    if len(body) > MAX_KEY or b"-----BEGIN PGP PUBLIC KEY BLOCK-----" not in body:
+        raise CannotCheck(f"{url} did not answer with an armored public key")
+    return body
+
+
+def load_keyring(keyring: Keyring, key_file: Path | None, server: str | None) -> str:
+    """Import the ``--key`` file (or the key fetched from ``server``); return where it came
+    from. Raise unless the keyring then holds at least one key."""
+    if key_file is not None:
+        try:
+            data = key_file.read_bytes()[:MAX_KEY + 1]
+        except OSError as e:
+            raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+        origin = f"key file {key_file}"
+        if not keyring.import_key(data):
+            raise Malformed(f"{key_file} holds no OpenPGP public key")
+        return origin
+    assert server is not None
+    origin = f"fetched from {public_key_url(server)}"
+    if not keyring.import_key(fetch_public_key(server)):
+        raise CannotCheck(f"the key {origin} could not be imported")
+    return origin
+
+
+# --------------------------------------------------------------------------- receipts
+
+
+@dataclass(frozen=True)
+class ReceiptResult:
+    statement: Statement
+    signature: ValidSig
+    key_origin: str
+    checked: str | None  # what the digest was compared with, if anything
+
+
+def read_receipt(target: str) -> str:
+    """The receipt text from a file (``-``: standard input); printable ASCII only."""
+    try:
+        if target == "-":
+            data = sys.stdin.buffer.read(MAX_RECEIPT + 1)
+        else:
+            with open(target, "rb") as f:
+                data = f.read(MAX_RECEIPT + 1)
+    except OSError as e:
+        raise Malformed(f"cannot read {target}: {e.strerror}") from None
+    if len(data) > MAX_RECEIPT:
+        raise Malformed(f"larger than {MAX_RECEIPT} bytes: not a receipt")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise Malformed("not ASCII text: not a receipt") from None
+    if any(not (" " <= c <= "~") and c not in "\r\n" for c in text):
+        raise Malformed("control characters in the receipt")
+    return text
+
+
+def parse_receipt(text: str) -> tuple[Statement, str, str]:
+    """(statement, its text, armored signature); `Malformed` if it is not a receipt."""
+    try:
+        statement_text, signature = split_receipt(text)
+        return parse_statement(statement_text), statement_text, signature
+    except MalformedReceipt as e:
+        raise Malformed(str(e)) from None
+
+
+def normalise_digest(digest: str) -> str:
+    value = digest.strip().lower()
+    if len(value) not in ALGORITHMS.values() or not re.fullmatch(r"[0-9a-f]+", value):
+        raise Malformed("--digest must be 64 (sha256) or 128 (sha512) hex digits")
+    return value
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, algorithm).hexdigest()
+    except OSError as e:
+        raise Malformed(f"cannot read {path}: {e.strerror}") from None
+
+
+def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None = None,
+                   digest: str | None = None) -> ReceiptResult:
+    """Check a receipt completely; raise a `VerifyError` unless it is valid."""
+    statement, statement_text, signature = parse_receipt(text)
+    expected = normalise_digest(digest) if digest is not None else None
+    with Keyring() as keyring:
+        origin = load_keyring(keyring, key_file, statement.server)
+        pinned = keyring.fingerprints()
+        # Verify the detached signature over exactly the statement we parsed (in the canonical
+        # form a cleartext signature covers), so what was checked is what is reported.
+        ok, status = keyring.verify_detached(canonical_text(statement_text), signature)
+    sig = status.only_signature(ok)
+    if sig.fingerprint != statement.key:
+        raise Invalid(f"signed by {sig.fingerprint}, but the receipt names key {statement.key}")
+    if sig.primary not in pinned:
+        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
+    if sig.sig_class != SIG_TEXT:
+        raise Invalid(f"signature class {sig.sig_class} is not a text signature (01)")
+    if sig.created != statement.time:
+        raise Invalid(f"signature made at {sig.created}, but the receipt says {statement.time}")
+    checked = None
+    if file is not None:
+        actual = file_digest(file, statement.algorithm)
+        if actual != statement.digest:
+            raise Invalid(f"{statement.algorithm} of {file} is {actual}, not the receipt's "
+                          f"{statement.digest}")
+        checked = f"file {file}"
+    elif expected is not None:
+        if expected != statement.digest:
+            raise Invalid(f"the receipt is for {statement.digest}, not {expected}")
+        checked = "the given digest"
+    return ReceiptResult(statement=statement, signature=sig, key_origin=origin, checked=checked)
+
+
+# --------------------------------------------------------------------------- git stamps
+
+
+@dataclass(frozen=True)
+class GitResult:
+    kind: str  # "tag" or "commit"
+    oid: str
+    name: str  # tag name, or the target as given
+    stamped: str  # the commit the stamp is about
+    signer: str
+    time: int
+    signature: ValidSig
+    key_origin: str
+
+
+def _git(repo: Path, *args: str, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              timeout=60, env=env, check=False)
+    except FileNotFoundError:
+        raise CannotCheck("git is not installed") from None
+
+
+def resolve_git_object(repo: Path, target: str) -> tuple[str, str]:
+    """(object id, type) of a tag or commit named ``target`` in ``repo``."""
+    if target.startswith("-"):
+        raise Malformed(f"{target!r} is not a receipt file, tag or commit")
+    r = _git(repo, "rev-parse", "--verify", "--quiet", f"{target}^{{object}}")
+    oid = r.stdout.strip()
+    if r.returncode != 0 or not oid:
+        raise Malformed(f"{target!r} is neither a receipt file nor a tag or commit in {repo}")
+    kind = _git(repo, "cat-file", "-t", oid).stdout.strip()
+    if kind not in ("tag", "commit"):
+        raise Malformed(f"{target!r} is a {kind or 'unknown object'}, not a tag or commit")
+    return oid, kind
+
+
+def _headers(body: str) -> list[str]:
+    return body.split("\n\n", 1)[0].split("\n")
+
+
+def _identity(line: str) -> tuple[str, int]:
+    m = re.fullmatch(r"\S+ (.*) (\d{1,12}) [+-]\d{4}", line)
+    if not m:
+        raise Malformed(f"bad identity line {line[:100]!r}")
+    return m.group(1), int(m.group(2))
+
+
+def describe_git_object(kind: str, body: str) -> tuple[str, str, int]:
+    """(stamped commit, signer, time) of a tag or commit object; `Malformed` if unsigned."""
+    headers = _headers(body)
+    if kind == "tag":
+        signatures = body.count("\n-----BEGIN PGP SIGNATURE-----\n")
+        if "\n-----BEGIN SSH SIGNATURE-----\n" in body and not signatures:
+            raise Malformed("an SSH-signed tag: only OpenPGP stamps can be checked")
+        if not signatures:
+            raise Malformed("the tag carries no OpenPGP signature: not a stamp")
+        if signatures > 1:
+            raise Invalid("more than one signature (only one is allowed)")
+        stamped = next((h[7:] for h in headers if h.startswith("object ")), "")
+        ident = next((h for h in headers if h.startswith("tagger ")), None)
+    else:
+        sig_headers = [h for h in headers if h.startswith(("gpgsig ", "gpgsig-sha256 "))]
+        if not sig_headers:
+            raise Malformed("the commit carries no signature: not a stamp")
+        if len(sig_headers) > 1:
+            raise Invalid("more than one signature (only one is allowed)")
+        if "-----BEGIN SSH SIGNATURE-----" in sig_headers[0]:
+            raise Malformed("an SSH-signed commit: only OpenPGP stamps can be checked")
+        parents = [h[7:] for h in headers if h.startswith("parent ")]
+        stamped = parents[-1] if parents else ""
+        ident = next((h for h in headers if h.startswith("committer ")), None)
+    if ident is None:
+        raise Malformed(f"the {kind} has no {'tagger' if kind == 'tag' else 'committer'} line")
+    signer, t = _identity(ident)
+    return stamped, signer, t
+
+
+def verify_git(repo: Path, target: str, key_file: Path) -> GitResult:
+    """Check a tag or commit stamp with git against the key file only."""
+    oid, kind = resolve_git_object(repo, target)
+    body = _git(repo, "cat-file", kind, oid).stdout
+    stamped, signer, t = describe_git_object(kind, body)
+    with Keyring() as keyring:
+        origin = load_keyring(keyring, key_file, None)
+        pinned = keyring.fingerprints()
+        env = {**os.environ, "GNUPGHOME": str(keyring.home)}
+        r = _git(repo, "-c", "gpg.format=openpgp", "-c", "gpg.program=gpg",
+                 "-c", "gpg.minTrustLevel=undefined",
+                 "verify-tag" if kind == "tag" else "verify-commit", "--raw", oid, env=env)
+    sig = GpgStatus.parse(r.stderr).only_signature(r.returncode == 0)
+    if sig.primary not in pinned:
+        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
+    if sig.sig_class != SIG_BINARY:
+        raise Invalid(f"signature class {sig.sig_class} is not a binary signature (00)")
+    if sig.created != t:
+        raise Invalid(f"signature made at {sig.created}, but the {kind} says {t}")
+    name = target
+    if kind == "tag":
+        name = next((h[4:] for h in _headers(body) if h.startswith("tag ")), target)
+    return GitResult(kind=kind, oid=oid, name=name, stamped=stamped, signer=signer, time=t,
+                     signature=sig, key_origin=origin)
+
+
+# --------------------------------------------------------------------------- command
+
+
+def iso(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _is_receipt_target(target: str) -> bool:
+    return target == "-" or Path(target).is_file()
+
+
+def report_receipt(res: ReceiptResult) -> Iterator[str]:
+    st = res.statement
+    yield f"valid receipt: {st.algorithm} {st.digest}"
+    if res.checked:
+        yield f"matches:       {res.checked}"
+    yield f"time:          {iso(st.time)} ({st.time})"
+    yield f"key:           {res.signature.fingerprint} ({res.key_origin})"
+    yield f"server:        {st.server} (serial {st.serial})"
+
+
+def report_git(res: GitResult) -> Iterator[str]:
+    what = f"tag {res.name}" if res.kind == "tag" else f"commit {res.oid}"
+    yield f"valid {res.kind} stamp: {what}"
+    yield f"stamps commit: {res.stamped}"
+    yield f"time:          {iso(res.time)} ({res.time})"
+    yield f"key:           {res.signature.primary} ({res.key_origin})"
+    yield f"signer:        {res.signer}"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``stampd verify TARGET [--file F | --digest HEX] [--key KEYFILE] [--repo DIR]``."""
+    try:
+        if _is_receipt_target(args.target):
+            res = verify_receipt(read_receipt(args.target), key_file=args.key, file=args.file,
+                                 digest=args.digest)
+            if args.key is None:
+                print(f"note: the server key was {res.key_origin} (trusting that server); "
+                      "use --key KEYFILE to check against a key you hold", file=sys.stderr)
+            lines = report_receipt(res)
+        else:
+            if args.file is not None or args.digest is not None:
+                raise Malformed("--file and --digest apply to receipts, not to git stamps")
+            if args.key is None:
+                raise Malformed("a git tag or commit stamp needs --key KEYFILE (the server's "
+                                "public key)")
+            lines = report_git(verify_git(args.repo, args.target, args.key))
+    except VerifyError as e:
+        print(f"stampd verify: {e.kind}: {e.message}", file=sys.stderr)
+        return e.exit_code
+    print("\n".join(lines))
+    return 0
