@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 from starlette.types import Receive, Scope, Send
 
-from server import db
+from server import db, status
 from server.digests import add_digest_routes, problem
 from server.dispatch import Dispatcher, Signed
 from server.errors import (
@@ -340,6 +340,9 @@ def create_app(
     async def root_get(request: Request) -> Response:
         s = services["s"]
         requests = request.query_params.getlist("request")
+        if not requests and "text/html" in request.headers.get("accept", ""):
+            snap = await asyncio.to_thread(status.snapshot, s)
+            return HTMLResponse(status.render(s, snap))
         if not requests:
             return PlainTextResponse(
                 f"stampd timestamping server\nkey {s.key.fingerprint} {s.key.uid}\n"

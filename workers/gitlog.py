@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pygit2
-from pygit2.enums import FileMode, ObjectType, Option
+from pygit2.enums import FileMode, ObjectType, Option, SortMode
 
 MAIN = "refs/heads/main"
 
@@ -115,6 +115,18 @@ class LogRepository:
             if name.startswith(("refs/heads/", "refs/tags/")):
                 out.append((str(self.repo.references[name].resolve().target), name))
         return sorted(out, key=lambda r: r[1])
+
+    def recent(self, n: int) -> list[tuple[str, int, str]]:
+        """(id, commit time, first message line) of the newest ``n`` commits on main."""
+        head = self.head()
+        if head is None:
+            return []
+        out = []
+        for commit in self.repo.walk(head, SortMode.TOPOLOGICAL):
+            out.append((str(commit.id), commit.commit_time, commit.message.split("\n")[0]))
+            if len(out) >= n:
+                break
+        return out
 
     def message(self, commit_id: str) -> str:
         commit = self.repo[commit_id]
