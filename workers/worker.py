@@ -84,15 +84,15 @@ def connect(path: Path, deadline: float) -> socket.socket:
             delay = min(delay * 2, 1.0)
 
 
-def serve(sock: socket.socket, signer: Signer, agent_pid: int, name: str) -> int:
+def serve(sock: socket.socket, signer: Signer, agent: GpgAgent, name: str) -> int:
     reader = wire.FrameReader(sock)
     parent = os.getppid()
     while True:
         while not reader.has_frame():
             ready, _, _ = select.select([sock], [], [], 1.0)
             if not ready:
-                if not _alive(agent_pid):
-                    log.error("worker %s: gpg-agent %d is gone", name, agent_pid)
+                if not agent.running:
+                    log.error("worker %s: gpg-agent %s is gone", name, agent.pid)
                     return EXIT_AGENT_DIED
                 if os.getppid() != parent:
                     log.error("worker %s: supervisor is gone", name)
@@ -111,16 +111,6 @@ def serve(sock: socket.socket, signer: Signer, agent_pid: int, name: str) -> int
         except (KeyError, ValueError, TypeError, UnicodeError) as e:
             reply = {"id": job.get("id"), "error": f"malformed job: {e!r}"}
         sock.sendall(wire.encode(reply))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.sendall(wire.encode({"hello": {"worker": args.name, "pid": os.getpid(),
                                             "fingerprint": key.fingerprint}}))
         log.info("ready: key %s, agent pid %d", key.fingerprint, agent.pid)
-        return serve(sock, Signer(key, conn), agent.pid, args.name)
+        return serve(sock, Signer(key, conn), agent, args.name)
     except AgentError:
         log.exception("gpg-agent failed")
         return EXIT_AGENT_DIED
