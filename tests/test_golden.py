@@ -22,7 +22,7 @@ from workers.agents import GpgAgent
 from workers.gitobjects import BranchRequest, TagRequest
 from workers.worker import Signer
 
-T = 1700000000
+T = 1795400000  # after the test key was made (gpg rejects older signatures)
 URL = "http://127.0.0.1:8080/"
 C = "0123456789abcdef0123456789abcdef01234567"
 TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
