@@ -162,8 +162,10 @@ def write_keyring(target: Path, key: PinnedKey) -> None:
     fresh = Path(tempfile.mkdtemp(prefix="gnupg.", dir=target.parent))
     try:
         os.chmod(fresh, 0o700)
-        r = run_gpg(fresh, "--import", input=key.armored)
-        if r.returncode != 0:
+        r = run_gpg(fresh, "--status-fd", "1", "--import", input=key.armored)
+        # gpg 2.2 exits 2 after a good import when it cannot reach an agent, e.g. because
+        # the keyring's path is too long for a socket; the IMPORT_OK status is what counts.
+        if b"IMPORT_OK" not in r.stdout:
             raise HookError(f"gpg could not import the server key: {r.stderr.decode()[-300:]}")
         if target.exists():
             shutil.rmtree(target)

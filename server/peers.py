@@ -99,7 +99,7 @@ class PeerKeyring:
         self.home = Path(tempfile.mkdtemp(prefix="stampd-p"))
         self.home.chmod(0o700)
         r = self._gpg("--import", input=armored.encode())
-        if r.returncode != 0:
+        if b"IMPORT_OK" not in r.stdout:  # (gpg may exit 2 without an agent; see hook.py)
             raise PeerError(f"cannot import the pinned key: {r.stderr.decode()[-200:]}")
 
     def _gpg(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -266,7 +266,8 @@ def test_stamp_signed_by_another_key_is_rejected(
 
     # Trust on first use: re-installing for a server whose key changed is refused.
     repo2 = make_repo(tmp_path / "repo2")
-    assert install(capsys, repo2, proxy.url)[0] == 0
+    first_install = install(capsys, repo2, proxy.url)
+    assert first_install[0] == 0, first_install
     proxy.upstream = other_server
     code, _, err = install(capsys, repo2, proxy.url)
     assert code == 1 and "changed" in err and "--force" in err

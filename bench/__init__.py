@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of stampd against zeitgitterd 1.2.0 (``python -m bench.run``)."""
