@@ -115,6 +115,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pool = None if args.no_workers else PoolProcess(settings)
     if pool is not None:
         pool.start()
+    # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal when it is done; with
+    # this handler in place the re-raised signal unwinds through `finally` (stopping the
+    # pool) instead of killing the process.
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
     try:
         uvicorn.run(
             create_app(settings),
@@ -124,9 +131,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             http=StampdHttpProtocol,
             timeout_keep_alive=int(settings.keepalive_timeout),
             access_log=False,
+            proxy_headers=False,
             backlog=4096,
             log_level="warning",
         )
+    except SystemExit as e:
+        if e.code != 128 + signal.SIGTERM:
+            raise
     finally:
         if pool is not None:
             pool.stop()

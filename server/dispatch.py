@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class Dispatcher:
         self._outstanding = 0
         self._server: asyncio.AbstractServer | None = None
         self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self.workers: dict[str, WorkerInfo] = {}
         self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
 
@@ -88,9 +90,11 @@ class Dispatcher:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._conn_tasks):
-            task.cancel()
-        await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        # Hang up on the workers; their handlers then finish on their own (no cancellation).
+        for writer in list(self._writers):
+            writer.transport.abort()
+        if self._conn_tasks:
+            await asyncio.wait(set(self._conn_tasks), timeout=5)
         while not self._queue.empty():
             _, _, job = self._queue.get_nowait()
             if not job.future.done():
@@ -133,6 +137,7 @@ class Dispatcher:
         task = asyncio.current_task()
         assert task is not None
         self._conn_tasks.add(task)
+        self._writers.add(writer)
         inflight: dict[int, Job] = {}
         info: WorkerInfo | None = None
         try:
@@ -159,6 +164,7 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._conn_tasks.discard(task)
+            self._writers.discard(writer)
 
     async def _serve(
         self,
@@ -167,25 +173,37 @@ class Dispatcher:
         writer: asyncio.StreamWriter,
         inflight: dict[int, Job],
     ) -> None:
-        slots = asyncio.Semaphore(self.depth)
         loop = asyncio.get_running_loop()
         deadlines: dict[int, float] = {}
         sent: dict[int, float] = {}
         signing = self.stats.signing[info.name]
+        free = [self.depth]  # job slots of this worker; the reader below gives them back
+        freed = asyncio.Event()
 
         async def feed() -> None:
             while True:
-                await slots.acquire()
+                while free[0] <= 0:
+                    freed.clear()
+                    await freed.wait()
                 _, _, job = await self._queue.get()
-                if job.future.done():  # the client went away or it timed out
-                    slots.release()
-                    continue
-                job_id = next(self._ids)
-                job.attempts += 1
-                inflight[job_id] = job
-                deadlines[job_id] = loop.time() + self.sign_timeout
-                sent[job_id] = loop.time()
-                writer.write(wire.encode({"id": job_id, **job.payload}))
+                # Hand over every job that is ready and fits, in one write.
+                frames = []
+                now = loop.time()
+                t0 = time.perf_counter()
+                while True:
+                    if not job.future.done():  # else the client went away or timed out
+                        job_id = next(self._ids)
+                        job.attempts += 1
+                        inflight[job_id] = job
+                        deadlines[job_id] = now + self.sign_timeout
+                        sent[job_id] = t0
+                        frames.append(wire.encode({"id": job_id, **job.payload}))
+                        free[0] -= 1
+                    if free[0] <= 0 or self._queue.empty():
+                        break
+                    _, _, job = self._queue.get_nowait()
+                if frames:
+                    writer.write(b"".join(frames))
 
         async def watchdog() -> None:
             while True:
@@ -204,8 +222,10 @@ class Dispatcher:
                 job_id = int(msg["id"])
                 job = inflight.pop(job_id, None)
                 deadlines.pop(job_id, None)
-                signing.observe(loop.time() - sent.pop(job_id, loop.time()))
-                slots.release()
+                t1 = time.perf_counter()
+                signing.observe(t1 - sent.pop(job_id, t1))
+                free[0] += 1
+                freed.set()
                 if job is None or job.future.done():
                     continue
                 if "object" in msg:

@@ -20,7 +20,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self._headers_deadline: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._arm_headers_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -47,3 +47,34 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             max(0.0, self._headers_deadline - now), self.timeout_keep_alive_handler
         )
+
+
+class _CoalescingTransport:
+    """Joins the writes of one event-loop turn into one ``send``: uvicorn writes a response's
+    headers and body separately, which costs a system call and a TCP segment each."""
+
+    __slots__ = ("_buffer", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._buffer: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._buffer:
+            self._loop.call_soon(self._flush)
+        self._buffer.append(bytes(data))
+
+    def _flush(self) -> None:
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self._buffer.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
