@@ -42,11 +42,18 @@ from server.peers import CrossStamper
 from server.publish import add_log_routes
 from server.receipts import DigestRequest, Statement
 from server.settings import Settings
-from server.zeitgitter import GET_PUBLIC_KEY, Fields, parse_stamp_request
+from server.zeitgitter import (
+    GET_PUBLIC_KEY,
+    Fields,
+    choose_key,
+    key_fields,
+    parse_stamp_request,
+)
 from workers import gitobjects
 from workers.gitlog import LogRepository
 from workers.gitobjects import BranchRequest, TagRequest
 from workers.keys import KeyStore, PublicKey
+from workers.keyset import ServedKey, parse_extra_keys, served_keys
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +75,22 @@ class Services:
     engine: Engine
     cross: CrossStamper
     stats: Stats
+    keys: list[ServedKey]  # every signing key, the primary first
 
 
-def _job(req: TagRequest | BranchRequest, t: int, url: str) -> dict[str, Any]:
+def _job(req: TagRequest | BranchRequest, t: int, url: str, uid: str | None = None
+         ) -> dict[str, Any]:
+    job: dict[str, Any]
     if isinstance(req, TagRequest):
-        return {"op": "tag", "commit": req.commit, "tagname": req.tagname, "time": t,
-                "message": gitobjects.tag_message(req.commit, url, t)}
-    parents = [req.parent, req.commit] if req.parent else [req.commit]
-    return {"op": "commit", "tree": req.tree, "parents": parents, "time": t,
-            "message": gitobjects.branch_message(req.commit, url, t)}
+        job = {"op": "tag", "commit": req.commit, "tagname": req.tagname, "time": t,
+               "message": gitobjects.tag_message(req.commit, url, t)}
+    else:
+        parents = [req.parent, req.commit] if req.parent else [req.commit]
+        job = {"op": "commit", "tree": req.tree, "parents": parents, "time": t,
+               "message": gitobjects.branch_message(req.commit, url, t)}
+    if uid is not None:
+        job["uid"] = uid  # for keys without a user id of their own (SSH)
+    return job
 
 
 def _content_type(headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None]:
@@ -167,11 +181,11 @@ class Stamper:
     def __init__(self, services: Services) -> None:
         self.s = services
 
-    async def _sign(self, stamp_id: int, payload: dict[str, Any]) -> Signed:
+    async def _sign(self, stamp_id: int, payload: dict[str, Any], key: ServedKey) -> Signed:
         s = self.s
         try:
             async with asyncio.timeout(s.settings.request_timeout):
-                return await s.dispatcher.sign(payload)
+                return await s.dispatcher.sign(payload, key.id)
         except TimeoutError:
             s.journal.failed(stamp_id, "timed out")
             raise Unavailable("no worker could sign in time; retry later") from None
@@ -179,33 +193,46 @@ class Stamper:
             s.journal.failed(stamp_id, e.message)
             raise
 
-    async def stamp(self, req: TagRequest | BranchRequest) -> str:
+    async def stamp(self, req: TagRequest | BranchRequest, key: ServedKey | None = None) -> str:
         """A signed git tag or commit for a Zeitgitter request."""
         s = self.s
+        key = key or s.keys[0]
         t = int(s.clock())
-        stamp_id = await s.journal.record(req, t)
-        signed = await self._sign(stamp_id, _job(req, t, s.settings.public_url))
+        stamp_id = await s.journal.record(req, t, None if key.primary else key.id)
+        uid = None if key.format == "openpgp" else key.uid
+        signed = await self._sign(stamp_id, _job(req, t, s.settings.public_url, uid), key)
         kind = "tag" if isinstance(req, TagRequest) else "commit"
         s.journal.signed(stamp_id, signed.worker,
                          gitobjects.git_object_id(kind, signed.text.encode("ascii")))
         return signed.text
 
-    async def receipt(self, req: DigestRequest) -> tuple[Statement, str]:
+    async def receipt(self, req: DigestRequest, key: ServedKey | None = None
+                      ) -> tuple[Statement, str]:
         """A signed receipt for a digest; returned once the receipt itself is stored."""
         s = self.s
+        key = key or s.keys[0]
         t = int(s.clock())
-        stamp_id = await s.journal.record(req, t)
+        stamp_id = await s.journal.record(req, t, None if key.primary else key.id)
         statement = Statement(algorithm=req.algorithm, digest=req.digest, time=t,
                               server=s.settings.public_url, serial=stamp_id,
-                              key=s.key.fingerprint)
-        signed = await self._sign(stamp_id, {"op": "clearsign", "text": statement.text(),
-                                             "time": t})
+                              key=key.fingerprint)
+        signed = await self._sign(stamp_id, {"op": "receipt", "text": statement.text(),
+                                             "time": t}, key)
         try:
             async with asyncio.timeout(s.settings.request_timeout):
                 await s.journal.signed_durably(stamp_id, signed.worker, signed.text)
         except TimeoutError:
             raise JournalError("the receipt could not be stored; retry later") from None
         return statement, signed.text
+
+
+def log_key_files(keys: list[ServedKey]) -> dict[str, str]:
+    """Every public key besides pubkey.asc, for the log: keys/<id>.asc|.pub, allowed_signers."""
+    files = {f"keys/{k.log_name}": k.public for k in keys[1:]}
+    signers = "".join(k.allowed_signers("git,stampd") or "" for k in keys)
+    if signers:
+        files["allowed_signers"] = signers
+    return files
 
 
 def _ping(engine: Engine) -> None:
@@ -227,9 +254,11 @@ class ZeitgitterPost:
         s = self.services["s"]
         kind = "invalid"
         try:
-            req = parse_stamp_request(await read_form(scope, receive, s.settings))
+            fields = await read_form(scope, receive, s.settings)
+            req = parse_stamp_request(fields)
             kind = "tag" if isinstance(req, TagRequest) else "branch"
-            text = await Stamper(s).stamp(req)
+            key = choose_key(s.keys, *key_fields(fields))
+            text = await Stamper(s).stamp(req, key)
         except StampError as e:
             s.stats.request(kind, e.status)
             await send_error(send, e)
@@ -246,6 +275,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         key = KeyStore(settings.keys_dir).public_key()
+        keys = served_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys))
         engine = db.make_engine(settings.db_url)
         stats = Stats()
         journal = Journal(engine, stats)
@@ -261,13 +291,14 @@ def create_app(
         loop = asyncio.get_running_loop()
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
                                  key.armored, settings.commit_interval, clock,
-                                 on_commit=on_commit, peer_keys=cross.pinned_keys)
+                                 on_commit=on_commit, peer_keys=cross.pinned_keys,
+                                 key_files=log_key_files(keys))
         await dispatcher.start()
         journal.start()
         committer.start()
         cross.start()
         services["s"] = Services(settings, journal, dispatcher, committer, key, clock, engine,
-                                 cross, stats)
+                                 cross, stats, keys)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StampdCollector(lambda: services["s"]))
         app.state.registry = registry
@@ -315,6 +346,11 @@ def create_app(
         except Exception as e:
             checks["database"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"[:300]}
         checks["workers"] = {"ok": bool(workers), "detail": f"{len(workers)} connected"}
+        served = s.dispatcher.keys_served()
+        for k in s.keys[1:]:
+            checks[f"key:{k.id}"] = {"ok": k.id in served,
+                                     "detail": "worker connected" if k.id in served
+                                     else "no live worker holds this key"}
         overdue = s.committer.overdue()
         checks["log"] = {"ok": not overdue,
                          "detail": s.committer.last_error or ("overdue" if overdue else "ok")}

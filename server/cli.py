@@ -52,11 +52,14 @@ def _prepare(settings: Settings) -> None:
     from server import db
     from workers.gitlog import LogRepository
     from workers.keys import KeyStore
+    from workers.keyset import ensure_extra_keys, parse_extra_keys
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = KeyStore(settings.keys_dir)
     if store.ensure(settings.key_uid, settings.key_algo, settings.read_passphrase()):
         log.info("generated signing key %s", store.public_key().fingerprint)
+    ensure_extra_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys),
+                      store.public_key().uid, settings.read_passphrase())
     engine = db.make_engine(settings.db_url)
     try:
         db.upgrade(engine)
@@ -182,9 +185,22 @@ def cmd_keys(args: argparse.Namespace) -> int:
         store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
     elif args.keys_command == "import":
         store.import_key(args.file, settings.read_passphrase())
+    from workers.keyset import parse_extra_keys, served_keys
+
+    keys = served_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys))
+    if getattr(args, "ssh", False):
+        lines = [k.allowed_signers("git,stampd") for k in keys if k.format == "ssh"]
+        if not lines:
+            print("no SSH key (set STAMPD_EXTRA_KEYS=ssh:ed25519)", file=sys.stderr)
+            return 1
+        print("".join(line for line in lines if line), end="")
+        return 0
     key = store.public_key()
     print(f"fingerprint: {key.fingerprint}\nuser id:     {key.uid}\n"
           f"algorithm:   {key.algorithm}\npublic key:  {store.public_key_file}")
+    for extra in keys[1:]:
+        print(f"\nkey {extra.id}:\n  format:      {extra.format}\n"
+              f"  fingerprint: {extra.fingerprint}\n  algorithm:   {extra.algorithm}")
     return 0
 
 
@@ -229,7 +245,9 @@ def parser() -> argparse.ArgumentParser:
     keys = sub.add_parser("keys", help="the signing key")
     common(keys)
     keysub = keys.add_subparsers(dest="keys_command", required=True)
-    keysub.add_parser("show", help="fingerprint, user id, algorithm")
+    show = keysub.add_parser("show", help="fingerprint, user id, algorithm of every key")
+    show.add_argument("--ssh", action="store_true",
+                      help="print the allowed-signers lines of the SSH keys")
     gen = keysub.add_parser("generate", help="generate a new key (STAMPD_KEY_UID, _KEY_ALGO)")
     gen.add_argument("--key-uid", help="user id, 'Name <email>'")
     gen.add_argument("--key-algo", help="gpg algorithm name, e.g. ed25519, rsa4096")

@@ -31,11 +31,13 @@ from server.errors import (
 )
 from server.models import Stamp, StampState
 from server.receipts import ALGORITHMS, DigestRequest, check_digest, parse_statement, split_receipt
+from server.zeitgitter import choose_key, key_fields
 
 if TYPE_CHECKING:
     from server.app import Services
 
 PROBLEM = "application/problem+json"
+SSH_NAMESPACES = "git,stampd"
 URLENCODED = "application/x-www-form-urlencoded"
 JSON = "application/json"
 
@@ -47,8 +49,9 @@ def problem(exc: StampError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, media_type=PROBLEM, headers=headers)
 
 
-def parse_digest_body(ctype: str, body: bytes) -> DigestRequest:
-    """One ``sha256`` or ``sha512`` field, from a form or a JSON object."""
+def parse_digest_body(ctype: str, body: bytes) -> tuple[DigestRequest, dict[str, list[str]]]:
+    """One ``sha256`` or ``sha512`` field, from a form or a JSON object; plus the optional
+    key choice fields (``format``, ``key``)."""
     if not body.strip():
         raise ValidationFailed("empty body: send sha256=<hex> or sha512=<hex>")
     fields: dict[str, list[str]] = {}
@@ -67,6 +70,7 @@ def parse_digest_body(ctype: str, body: bytes) -> DigestRequest:
         if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
             raise ValidationFailed('send a JSON object like {"sha256": "<hex>"}')
         fields = {k: [v] for k, v in data.items()}
+    choice = {k: fields.pop(k) for k in ("format", "key") if k in fields}
     unknown = sorted(set(fields) - set(ALGORITHMS))
     if unknown:
         raise ValidationFailed(f"unknown field or algorithm {unknown[0]!r}; use sha256 or sha512")
@@ -80,7 +84,7 @@ def parse_digest_body(ctype: str, body: bytes) -> DigestRequest:
         check_digest(algorithm, digest)
     except ValueError as e:
         raise ValidationFailed(str(e)) from None
-    return DigestRequest(algorithm=algorithm, digest=digest)
+    return DigestRequest(algorithm=algorithm, digest=digest), choice
 
 
 def wants_json(request: Request) -> bool:
@@ -113,12 +117,32 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             raise RequestTimeout("body not received in time") from None
         if len(body) > s.settings.max_body:
             raise BodyTooLarge(f"body larger than {s.settings.max_body} bytes")
-        req = parse_digest_body(ctype, body)
-        statement, receipt = await Stamper(s).receipt(req)
+        req, choice = parse_digest_body(ctype, body)
+        key = choose_key(s.keys, *key_fields(choice, ValidationFailed), ValidationFailed)
+        statement, receipt = await Stamper(s).receipt(req, key)
         s.stats.request("digest", 200)
         if wants_json(request):
             return JSONResponse({**statement.as_json(), "receipt": receipt})
         return PlainTextResponse(receipt)
+
+    @app.get("/v1/keys")
+    async def keys() -> Response:
+        """Every signing key: id, format, fingerprint, algorithm, public key, and for SSH
+        keys the allowed-signers line (namespaces git and stampd)."""
+        return JSONResponse({"keys": [
+            {"id": k.id, "format": k.format, "fingerprint": k.fingerprint,
+             "algorithm": k.algorithm, "primary": k.primary, "public_key": k.public,
+             "allowed_signers": k.allowed_signers(SSH_NAMESPACES)}
+            for k in services().keys]})
+
+    @app.get("/v1/keys/allowed_signers")
+    async def allowed_signers() -> Response:
+        """For `git config gpg.ssh.allowedSignersFile` and `ssh-keygen -Y verify -f`."""
+        lines = [k.allowed_signers(SSH_NAMESPACES) for k in services().keys]
+        text = "".join(line for line in lines if line)
+        if not text:
+            raise NotFound("this server has no SSH key")
+        return PlainTextResponse(text)
 
     @app.get("/v1/stamps/{algorithm}/{digest}")
     async def get_receipts(algorithm: str, digest: str, request: Request) -> Response:

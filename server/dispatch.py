@@ -22,6 +22,7 @@ from typing import Any
 from server.errors import QueueFull, SigningFailed, Unavailable
 from server.metrics import Stats
 from workers import wire
+from workers.keyset import PRIMARY
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Signed:
 class Job:
     payload: dict[str, Any]
     future: asyncio.Future[Signed]
+    key: str = PRIMARY
     attempts: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -47,6 +49,7 @@ class WorkerInfo:
     name: str
     pid: int
     fingerprint: str
+    key: str = PRIMARY
     jobs_done: int = 0
 
 
@@ -67,7 +70,8 @@ class Dispatcher:
         self.sign_timeout = sign_timeout
         self.max_attempts = max_attempts
         self.depth = depth
-        self._queue: asyncio.PriorityQueue[tuple[int, int, Job]] = asyncio.PriorityQueue()
+        # One queue per key: a job waits for a worker that holds the key it asked for.
+        self._queues: dict[str, asyncio.PriorityQueue[tuple[int, int, Job]]] = {}
         self._seq = itertools.count()
         self._ids = itertools.count(1)
         self._outstanding = 0
@@ -95,26 +99,36 @@ class Dispatcher:
             writer.transport.abort()
         if self._conn_tasks:
             await asyncio.wait(set(self._conn_tasks), timeout=5)
-        while not self._queue.empty():
-            _, _, job = self._queue.get_nowait()
-            if not job.future.done():
-                job.future.set_exception(Unavailable("server is shutting down"))
+        for queue in self._queues.values():
+            while not queue.empty():
+                _, _, job = queue.get_nowait()
+                if not job.future.done():
+                    job.future.set_exception(Unavailable("server is shutting down"))
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        return sum(q.qsize() for q in self._queues.values())
+
+    def queue(self, key: str) -> asyncio.PriorityQueue[tuple[int, int, Job]]:
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = asyncio.PriorityQueue()
+        return q
+
+    def keys_served(self) -> set[str]:
+        return {w.key for w in self.workers.values()}
 
     # -- the API for the HTTP side -------------------------------------------------------
-    async def sign(self, payload: dict[str, Any]) -> Signed:
-        """Have a worker build and sign the object described by ``payload``."""
+    async def sign(self, payload: dict[str, Any], key: str = PRIMARY) -> Signed:
+        """Have a worker holding ``key`` build and sign the object described by ``payload``."""
         if self._outstanding >= self.max_queue:
             raise QueueFull("too many stamps waiting; retry shortly")
-        job = Job(payload=payload, future=asyncio.get_running_loop().create_future())
+        job = Job(payload=payload, future=asyncio.get_running_loop().create_future(), key=key)
         self._outstanding += 1
         try:
-            self._queue.put_nowait((NEW, next(self._seq), job))
+            self.queue(key).put_nowait((NEW, next(self._seq), job))
             return await job.future
         finally:
             self._outstanding -= 1
@@ -131,7 +145,7 @@ class Dispatcher:
             )
             return
         self.requeued += 1
-        self._queue.put_nowait((RETRY, next(self._seq), job))
+        self.queue(job.key).put_nowait((RETRY, next(self._seq), job))
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -145,7 +159,7 @@ class Dispatcher:
             h = hello.get("hello") or {}
             info = WorkerInfo(
                 name=str(h.get("worker")), pid=int(h.get("pid", 0)),
-                fingerprint=str(h.get("fingerprint")),
+                fingerprint=str(h.get("fingerprint")), key=str(h.get("key", PRIMARY)),
             )
             self.workers[info.name] = info
             log.info("worker %s (pid %d) connected", info.name, info.pid)
@@ -178,6 +192,7 @@ class Dispatcher:
         sent: dict[int, float] = {}
         signing = self.stats.signing[info.name]
         free = [self.depth]  # job slots of this worker; the reader below gives them back
+        queue = self.queue(info.key)
         freed = asyncio.Event()
 
         async def feed() -> None:
@@ -185,7 +200,7 @@ class Dispatcher:
                 while free[0] <= 0:
                     freed.clear()
                     await freed.wait()
-                _, _, job = await self._queue.get()
+                _, _, job = await queue.get()
                 # Hand over every job that is ready and fits, in one write.
                 frames = []
                 now = loop.time()
@@ -199,9 +214,9 @@ class Dispatcher:
                         sent[job_id] = t0
                         frames.append(wire.encode({"id": job_id, **job.payload}))
                         free[0] -= 1
-                    if free[0] <= 0 or self._queue.empty():
+                    if free[0] <= 0 or queue.empty():
                         break
-                    _, _, job = self._queue.get_nowait()
+                    _, _, job = queue.get_nowait()
                 if frames:
                     writer.write(b"".join(frames))
 

@@ -39,9 +39,10 @@ class _Pending:
 AnyRequest = TagRequest | BranchRequest | DigestRequest
 
 
-def stamp_row(req: AnyRequest, t: int) -> dict[str, Any]:
+def stamp_row(req: AnyRequest, t: int, key_id: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"commit": None, "tagname": None, "tree": None, "parent": None,
-                           "algorithm": None, "digest": None, "stamped_at": t}
+                           "algorithm": None, "digest": None, "stamped_at": t,
+                           "key_id": key_id}
     if isinstance(req, TagRequest):
         row.update(kind="tag", commit=req.commit, tagname=req.tagname)
     elif isinstance(req, BranchRequest):
@@ -86,10 +87,10 @@ class Journal:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
         self._executor.shutdown(wait=True)
 
-    async def record(self, req: AnyRequest, t: int) -> int:
+    async def record(self, req: AnyRequest, t: int, key_id: str | None = None) -> int:
         """Commit the request durably; return its stamp id. Raises `JournalError`."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._inserts.append(_Pending(stamp_row(req, t), fut))
+        self._inserts.append(_Pending(stamp_row(req, t, key_id), fut))
         self._wake.set()
         return await fut
 
@@ -172,7 +173,7 @@ class Journal:
 
 
 INSERT_COLUMNS = ("kind", "commit", "tagname", "tree", "parent", "algorithm", "digest",
-                  "stamped_at", "state", "attempts")
+                  "stamped_at", "key_id", "state", "attempts")
 
 
 class _SqlAlchemyWriter:
@@ -225,7 +226,7 @@ class _SqliteWriter:
     match the rows.
     """
 
-    CHUNK = 200  # rows per INSERT (x 10 parameters, far below SQLite's variable limit)
+    CHUNK = 200  # rows per INSERT (x 11 parameters, far below SQLite's variable limit)
     UPDATE = ("UPDATE stamps SET state = ?, worker = ?, object_id = ?, error = ?, receipt = ? "
               "WHERE id = ?")
 
@@ -260,7 +261,8 @@ class _SqliteWriter:
                 chunk = rows[i:i + self.CHUNK]
                 params = [v for r in chunk for v in (
                     r["kind"], r["commit"], r["tagname"], r["tree"], r["parent"],
-                    r["algorithm"], r["digest"], r["stamped_at"], StampState.PENDING, 1)]
+                    r["algorithm"], r["digest"], r["stamped_at"], r["key_id"],
+                    StampState.PENDING, 1)]
                 got = sorted(row[0] for row in conn.execute(self._insert_sql(len(chunk)), params))
                 if len(got) != len(chunk):
                     raise RuntimeError("INSERT returned the wrong number of ids")

@@ -51,6 +51,7 @@ class LogCommitter:
         clock: Callable[[], float] = time.time,
         on_commit: Callable[[str], None] | None = None,
         peer_keys: Callable[[], dict[str, str]] | None = None,
+        key_files: dict[str, str] | None = None,
     ) -> None:
         self.engine = engine
         self.repo = repo
@@ -60,6 +61,7 @@ class LogCommitter:
         self.clock = clock
         self.on_commit = on_commit  # called in a thread with each new head
         self.peer_keys = peer_keys or dict
+        self.key_files = key_files or {}  # the server's further public keys, by log path
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.started_at = clock()
@@ -158,7 +160,8 @@ class LogCommitter:
             return head
         t = int(self.clock())
         peer_keys = await asyncio.to_thread(self.peer_keys)
-        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests, peer_keys)
+        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests, peer_keys,
+                                       self.key_files)
         try:
             async with asyncio.timeout(SIGN_TIMEOUT):
                 signed = await self.dispatcher.sign({

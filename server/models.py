@@ -33,6 +33,7 @@ class Stamp(Base):
     parent: Mapped[str | None] = mapped_column(String(64))
     tagname: Mapped[str | None] = mapped_column(String(100))
     stamped_at: Mapped[int] = mapped_column(BigInteger)  # Unix seconds: the stamp's time
+    key_id: Mapped[str | None] = mapped_column(String(64))  # which signing key (None: primary)
     state: Mapped[str] = mapped_column(String(16), default=StampState.PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(64))

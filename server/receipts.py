@@ -9,9 +9,11 @@ A statement is eight lines, each ending in LF, in this order and nothing else::
     utc: <the same second as YYYY-MM-DDTHH:MM:SSZ>
     server: <the server's URL>
     serial: <decimal journal serial number>
-    key: <40 uppercase hex digits: fingerprint of the signing key>
+    key: <fingerprint of the signing key: 40 uppercase hex (OpenPGP) or SHA256:<base64> (SSH)>
 
-The receipt is the statement as an OpenPGP cleartext-signed message (``gpg --verify`` checks it).
+With an OpenPGP key the receipt is the statement as a cleartext-signed message
+(``gpg --verify`` checks it); with an SSH key it is the statement followed by its armored SSH
+signature, namespace ``stampd`` (``ssh-keygen -Y verify -n stampd`` checks it).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ _LINE = {
     "utc": r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)",
     "server": r"([!-~]{1,500})",
     "serial": r"([1-9][0-9]{0,18})",
-    "key": r"([0-9A-F]{40})",
+    "key": r"([0-9A-F]{40}|SHA256:[A-Za-z0-9+/]{43})",
 }
 
 
@@ -93,9 +95,19 @@ def parse_statement(text: str) -> Statement:
     return st
 
 
+SSH_BEGIN = "-----BEGIN SSH SIGNATURE-----"
+SSH_END = "-----END SSH SIGNATURE-----"
+
+
 def split_receipt(receipt: str) -> tuple[str, str]:
-    """(statement text, armored signature) of a cleartext-signed receipt."""
+    """(statement text, armored signature) of a receipt: an OpenPGP cleartext-signed message,
+    or (SSH keys) the statement followed by its armored SSH signature (namespace stampd)."""
     text = receipt.replace("\r\n", "\n")
+    if text.startswith(HEADER + "\n"):
+        statement, sep, sig = text.partition(SSH_BEGIN + "\n")
+        if not sep or not sig.rstrip("\n").endswith(SSH_END) or SSH_BEGIN in sig:
+            raise MalformedReceipt("not a receipt with one SSH signature")
+        return statement, SSH_BEGIN + "\n" + sig
     if not text.startswith(BEGIN_SIGNED + "\n"):
         raise MalformedReceipt("not a cleartext-signed message")
     head, sep, rest = text[len(BEGIN_SIGNED) + 1:].partition("\n\n")

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     # Signing key generated on first start.
     key_uid: str = Field(default=DEFAULT_UID, description="user id of a generated key")
     key_algo: str = Field(default="ed25519", description="gpg --quick-gen-key algorithm")
+    extra_keys: str = Field(
+        default="", description="more signing keys: openpgp:<algo>,ssh:<type>,..."
+    )
+    extra_key_workers: int = Field(default=1, ge=1, description="workers for each extra key")
     passphrase_file: Path | None = Field(default=None, description="file with the key's passphrase")
     passphrase: str | None = Field(default=None, repr=False, description="the key's passphrase")
 
@@ -97,6 +101,14 @@ class Settings(BaseSettings):
     def _uid_is_printable(cls, v: str) -> str:
         if not v or any(not (" " <= c <= "~") for c in v) or "<" not in v or not v.endswith(">"):
             raise ValueError("key_uid must be printable ASCII of the form 'Name <email>'")
+        return v
+
+    @field_validator("extra_keys")
+    @classmethod
+    def _extra_keys_parse(cls, v: str) -> str:
+        from workers.keyset import parse_extra_keys
+
+        parse_extra_keys(v)
         return v
 
     @field_validator("peers")

@@ -96,6 +96,19 @@ svg rect{fill:#3b7a57}.axis{font-size:10px;fill:#555}.ok{color:#2a6b3f}.bad{colo
 """
 
 
+def extra_keys(s: Services) -> str:
+    if len(s.keys) < 2:
+        return ""
+    e = html.escape
+    rows = "".join(f"<tr><td>{e(k.id)}</td><td>{e(k.format)}</td><td><code>{e(k.fingerprint)}"
+                   f"</code></td><td>{e(k.algorithm)}</td></tr>" for k in s.keys[1:])
+    return ('<p>More keys (ask with <code>key=&lt;fingerprint&gt;</code> or '
+            '<code>format=ssh</code>; <a href="/v1/keys">all keys</a>, '
+            '<a href="/v1/keys/allowed_signers">allowed signers</a>):</p>'
+            f'<table id="extra-keys"><tr><th>id</th><th>format</th><th>fingerprint</th>'
+            f'<th>algorithm</th></tr>{rows}</table>')
+
+
 def render(s: Services, snap: Snapshot) -> str:
     e = html.escape
     url = s.settings.public_url
@@ -125,6 +138,7 @@ recorded before it is signed and published in a <a href="/log.git/info/refs">pub
 <tr><th>algorithm</th><td>{e(key.algorithm)}</td></tr>
 <tr><th>public key</th><td><a href="/?request=get-public-key-v1">download</a></td></tr>
 </table>
+{extra_keys(s)}
 
 <h2>How to use it</h2>
 <p>Timestamp a git commit with the <code>git timestamp</code> client:</p>

@@ -18,6 +18,7 @@ Exit status: 0 valid, 1 invalid (or could not be checked), 2 malformed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -34,8 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from server.receipts import ALGORITHMS, MalformedReceipt, Statement, parse_statement, split_receipt
+from server.receipts import (
+    ALGORITHMS,
+    SSH_BEGIN,
+    MalformedReceipt,
+    Statement,
+    parse_statement,
+    split_receipt,
+)
 from workers.cleartext import canonical_text
+from workers.keyset import RECEIPT_NAMESPACE
+from workers.sshsig import KEY_TYPES as SSH_KEY_TYPES
+from workers.sshsig import SshPublicKey
 
 MAX_RECEIPT = 64 * 1024
 MAX_KEY = 256 * 1024
@@ -329,11 +340,77 @@ def file_digest(path: Path, algorithm: str) -> str:
         raise Malformed(f"cannot read {path}: {e.strerror}") from None
 
 
+def ssh_keys_from(data: str) -> list[SshPublicKey]:
+    """SSH public keys in a ``.pub`` file or an allowed-signers file (options and
+    principals before the key type are skipped)."""
+    keys = []
+    for line in data.splitlines():
+        words = line.split()
+        for i, word in enumerate(words):
+            if word in SSH_KEY_TYPES and i + 1 < len(words):
+                with contextlib.suppress(ValueError):
+                    keys.append(SshPublicKey.from_line(f"{word} {words[i + 1]}"))
+                break
+    return keys
+
+
+def fetch_allowed_signers(server: str, timeout: float = FETCH_TIMEOUT) -> str:
+    parts = urllib.parse.urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Malformed(f"server URL must be http:// or https://, not {server[:100]!r}")
+    url = server.rstrip("/") + "/v1/keys/allowed_signers"
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(url, timeout=timeout) as r:
+            return str(r.read(MAX_KEY + 1).decode("ascii", "replace"))
+    except (urllib.error.URLError, OSError) as e:
+        raise CannotCheck(f"could not fetch the server's SSH keys from {url}: {e}") from None
+
+
+def verify_ssh_receipt(statement: Statement, statement_text: str, signature: str,
+                       key_file: Path | None) -> ReceiptResult:
+    """An SSH-signed receipt: ``ssh-keygen -Y verify -n stampd`` with the key that has the
+    stated fingerprint. (An SSH signature carries no time: the statement's time is the
+    stamp, as with a git object's tagger time.)"""
+    if key_file is not None:
+        try:
+            data, origin = key_file.read_text(errors="replace"), f"key file {key_file}"
+        except OSError as e:
+            raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+    else:
+        data = fetch_allowed_signers(statement.server)
+        origin = f"fetched from {statement.server.rstrip('/')}/v1/keys/allowed_signers"
+    key = next((k for k in ssh_keys_from(data) if k.fingerprint == statement.key), None)
+    if key is None:
+        raise Invalid(f"the receipt names key {statement.key}, which is not in the {origin}")
+    with tempfile.TemporaryDirectory(prefix="stampd-v") as tmp:
+        signers, sig = Path(tmp) / "allowed_signers", Path(tmp) / "receipt.sig"
+        signers.write_text(f'receipt@stampd namespaces="{RECEIPT_NAMESPACE}" '
+                           f"{key.to_line(comment=False)}\n")
+        sig.write_text(signature)
+        try:
+            r = subprocess.run(["ssh-keygen", "-Y", "verify", "-n", RECEIPT_NAMESPACE, "-f",
+                                str(signers), "-I", "receipt@stampd", "-s", str(sig)],
+                               input=statement_text.encode(), capture_output=True, timeout=60,
+                               check=False)
+        except FileNotFoundError:
+            raise CannotCheck("ssh-keygen is not installed (OpenSSH 8.2 or later)") from None
+    if r.returncode != 0:
+        raise Invalid(f"the SSH signature does not verify: {r.stderr.decode()[-200:].strip()}")
+    sig_info = ValidSig(fingerprint=key.fingerprint, created=statement.time, sig_class="ssh",
+                        primary=key.fingerprint)
+    return ReceiptResult(statement=statement, signature=sig_info, key_origin=origin,
+                         checked=None)
+
+
 def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None = None,
                    digest: str | None = None) -> ReceiptResult:
     """Check a receipt completely; raise a `VerifyError` unless it is valid."""
     statement, statement_text, signature = parse_receipt(text)
     expected = normalise_digest(digest) if digest is not None else None
+    if signature.startswith(SSH_BEGIN):
+        res = verify_ssh_receipt(statement, statement_text, signature, key_file)
+        return ReceiptResult(statement, res.signature, res.key_origin,
+                             _check_digest(statement, file, expected))
     with Keyring() as keyring:
         origin = load_keyring(keyring, key_file, statement.server)
         pinned = keyring.fingerprints()
@@ -349,6 +426,12 @@ def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None
         raise Invalid(f"signature class {sig.sig_class} is not a text signature (01)")
     if sig.created != statement.time:
         raise Invalid(f"signature made at {sig.created}, but the receipt says {statement.time}")
+    return ReceiptResult(statement=statement, signature=sig, key_origin=origin,
+                         checked=_check_digest(statement, file, expected))
+
+
+def _check_digest(statement: Statement, file: Path | None, expected: str | None) -> str | None:
+    """What the receipt's digest was compared with (None: nothing); Invalid on a mismatch."""
     checked = None
     if file is not None:
         actual = file_digest(file, statement.algorithm)
@@ -360,7 +443,7 @@ def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None
         if expected != statement.digest:
             raise Invalid(f"the receipt is for {statement.digest}, not {expected}")
         checked = "the given digest"
-    return ReceiptResult(statement=statement, signature=sig, key_origin=origin, checked=checked)
+    return checked
 
 
 # --------------------------------------------------------------------------- git stamps

@@ -9,8 +9,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from server.errors import BadRequest, InvalidCommitId, InvalidTagName, UnknownRequest
+from server.errors import (
+    BadRequest,
+    InvalidCommitId,
+    InvalidTagName,
+    StampError,
+    UnknownRequest,
+)
 from workers.gitobjects import BranchRequest, TagRequest
+from workers.keyset import ServedKey
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
 TAGNAME = re.compile(r"[_a-zA-Z][-._a-zA-Z0-9]{0,99}")
@@ -68,3 +75,37 @@ def parse_stamp_request(fields: Fields) -> TagRequest | BranchRequest:
             raise BadRequest("'parent' and 'commit' must differ")
         return BranchRequest(commit=commit, tree=tree, parent=parent)
     raise UnknownRequest("unknown request type")
+
+
+def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None,
+               error: type[StampError] = BadRequest) -> ServedKey:
+    """The key a request asked for (``format=openpgp|ssh``, ``key=<fingerprint>``); the
+    primary key when it asked for none."""
+    if fmt is not None and fmt not in ("openpgp", "ssh"):
+        raise error("field 'format' must be 'openpgp' or 'ssh'")
+    if fingerprint is not None:
+        want = fingerprint if fingerprint.startswith("SHA256:") else fingerprint.upper()
+        for key in keys:
+            if key.fingerprint == want:
+                if fmt is not None and key.format != fmt:
+                    raise error(f"key {fingerprint} is not an {fmt} key")
+                return key
+        raise error(f"this server has no key {fingerprint}")
+    if fmt is not None:
+        for key in keys:
+            if key.format == fmt:
+                return key
+        raise error(f"this server has no {fmt} key")
+    return keys[0]
+
+
+def key_fields(fields: Fields, error: type[StampError] = BadRequest
+               ) -> tuple[str | None, str | None]:
+    """The optional ``format`` and ``key`` fields."""
+    out = []
+    for name in ("format", "key"):
+        values = fields.get(name)
+        if values and len(values) > 1:
+            raise error(f"field '{name}' given more than once")
+        out.append(values[0] if values else None)
+    return out[0], out[1]

@@ -110,7 +110,7 @@ class Server:
 
     def agent_pids(self) -> list[int]:
         return [p for p in pids_mentioning(str(self.runtime_dir))
-                if b"gpg-agent" in Path(f"/proc/{p}/cmdline").read_bytes()]
+                if b"gpg-agent" in _cmdline(p) or b"ssh-agent" in _cmdline(p)]
 
     def _ours(self, pid: int) -> bool:
         try:

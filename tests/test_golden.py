@@ -20,7 +20,7 @@ from tests.conftest import DATA, TEST_FPR, TEST_PUBLIC_KEY, TEST_SECRET_KEY, TES
 from tests.gpgcheck import keyring, verify_stamp
 from workers.agents import GpgAgent
 from workers.gitobjects import BranchRequest, TagRequest
-from workers.worker import Signer
+from workers.worker import OpenPgpSigner
 
 T = 1795400000  # after the test key was made (gpg rejects older signatures)
 URL = "http://127.0.0.1:8080/"
@@ -36,7 +36,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def signer() -> Iterator[Signer]:
+def signer() -> Iterator[OpenPgpSigner]:
     home = short_tmpdir("sg")
     os.chmod(home, 0o700)
     agent = GpgAgent(home)
@@ -44,14 +44,14 @@ def signer() -> Iterator[Signer]:
         agent.start()
         key = agent.import_secret_key(TEST_SECRET_KEY)
         assert key.fingerprint == TEST_FPR and key.uid == TEST_UID
-        yield Signer(key, agent.connect())
+        yield OpenPgpSigner(key, agent.connect())
     finally:
         agent.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_vector(signer: Signer, name: str, tmp_path: Path) -> None:
+def test_golden_vector(signer: OpenPgpSigner, name: str, tmp_path: Path) -> None:
     text = signer.build(_job(CASES[name], T, URL))
     golden = DATA / f"golden-{name}.txt"
     if os.environ.get("STAMPD_WRITE_GOLDEN") == "1":

@@ -51,8 +51,23 @@ class LogRepository:
             return None
 
     def tree(self, hashes: Iterable[str], pubkey: str, digests: Iterable[str] = (),
-             peer_keys: Mapping[str, str] | None = None) -> str:
+             peer_keys: Mapping[str, str] | None = None,
+             keys: Mapping[str, str] | None = None) -> str:
+        """``keys``: further files of the server's own keys (``keys/<name>`` and
+        ``allowed_signers``), by path."""
         builder = self.repo.TreeBuilder()
+        subtrees: dict[str, dict[str, str]] = {}
+        for path, content in sorted((keys or {}).items()):
+            top, _, name = path.partition("/")
+            if name:
+                subtrees.setdefault(top, {})[name] = content
+            else:
+                builder.insert(top, self.repo.create_blob(content.encode()), FileMode.BLOB)
+        for top, files in subtrees.items():
+            sub = self.repo.TreeBuilder()
+            for name, content in files.items():
+                sub.insert(name, self.repo.create_blob(content.encode()), FileMode.BLOB)
+            builder.insert(top, sub.write(), FileMode.TREE)
         if peer_keys:
             peers = self.repo.TreeBuilder()
             for name, armored in sorted(peer_keys.items()):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.settings import Settings
+from workers.keyset import PRIMARY, key_dir, parse_extra_keys
 from workers.worker import AGENT_PID_FILE
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ MAX_BACKOFF = 5.0
 @dataclass
 class Slot:
     index: int
+    key_id: str = PRIMARY
+    format: str = "openpgp"
+    key_dir: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     home: Path | None = None
     started: float = 0.0
@@ -45,6 +49,11 @@ class WorkerPool:
         self.settings = settings
         self.size = size or settings.worker_count
         self.slots = [Slot(i) for i in range(self.size)]
+        # Every extra key gets workers of its own (each with its own agent).
+        for spec in parse_extra_keys(settings.extra_keys):
+            for _ in range(settings.extra_key_workers):
+                self.slots.append(Slot(len(self.slots), spec.id, spec.format,
+                                       key_dir(settings.keys_dir, spec).resolve()))
         self.runtime = settings.runtime_dir or Path(tempfile.gettempdir())
         self._stopping = False
 
@@ -57,8 +66,12 @@ class WorkerPool:
         env = dict(os.environ)
         env["STAMPD_DATA_DIR"] = str(self.settings.data_dir.resolve())
         env["GNUPGHOME"] = str(home)
+        cmd = [sys.executable, "-m", "workers.worker", "--name", name, "--home", str(home),
+               "--key-id", slot.key_id, "--format", slot.format]
+        if slot.key_dir is not None:
+            cmd += ["--key-dir", str(slot.key_dir)]
         slot.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.worker", "--name", name, "--home", str(home)],
+            cmd,
             env=env,
             preexec_fn=_unblock_signals,  # the supervisor blocks these for sigtimedwait
         )
@@ -155,12 +168,12 @@ def _unblock_signals() -> None:
 
 
 def _is_agent_of(pid: int, home: Path) -> bool:
-    """Is ``pid`` a gpg-agent serving ``home``? (Guards against a reused PID.)"""
+    """Is ``pid`` a gpg-agent or ssh-agent serving ``home``? (Guards against a reused PID.)"""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    is_agent = bool(cmdline) and cmdline[0].endswith(b"gpg-agent")
+    is_agent = bool(cmdline) and cmdline[0].endswith((b"gpg-agent", b"ssh-agent"))
     return is_agent and str(home).encode() in b" ".join(cmdline)
 
 

@@ -26,6 +26,9 @@ from typing import Any
 from workers import cleartext, gitobjects, openpgp, wire
 from workers.agents import AgentError, AssuanConnection, GpgAgent
 from workers.keys import KeyStore
+from workers.keyset import PRIMARY, RECEIPT_NAMESPACE, SshKeyStore
+from workers.sshagent import SshAgent, SshAgentConnection, SshAgentError
+from workers.sshsig import SshPublicKey
 
 log = logging.getLogger(__name__)
 
@@ -35,37 +38,73 @@ AGENT_PID_FILE = "agent.pid"
 
 
 class Signer:
-    """Builds and signs git objects with one key held by one agent."""
+    """Builds and signs git objects and receipts with one key held by one agent.
 
-    def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection) -> None:
-        self.key = key
-        self.conn = conn
+    Subclasses say how a payload is signed (OpenPGP or SSH) and which user id goes into the
+    tagger/committer lines."""
+
+    def uid(self, job: dict[str, Any]) -> str:
+        raise NotImplementedError
 
     def signature(self, payload: bytes, t: int) -> str:
-        return openpgp.detached_signature(
-            payload, self.key, t, lambda h, d: self.conn.sign(self.key.keygrip, h, d)
-        )
+        raise NotImplementedError
+
+    def receipt(self, text: str, t: int) -> str:
+        raise NotImplementedError
 
     def build(self, job: dict[str, Any]) -> str:
         t = int(job["time"])
         op = job["op"]
         message = str(job.get("message", ""))
         if op == "tag":
-            payload = gitobjects.tag_payload(job["commit"], job["tagname"], self.key.uid, t,
+            payload = gitobjects.tag_payload(job["commit"], job["tagname"], self.uid(job), t,
                                              message)
             obj = gitobjects.embed_tag_signature(payload, self.signature(payload, t))
         elif op == "commit":
-            payload = gitobjects.commit_payload(job["tree"], job["parents"], self.key.uid, t,
+            payload = gitobjects.commit_payload(job["tree"], job["parents"], self.uid(job), t,
                                                 message)
             obj = gitobjects.embed_commit_signature(payload, self.signature(payload, t))
-        elif op == "clearsign":
-            return cleartext.clearsign(
-                str(job["text"]), self.key, t,
-                lambda h, d: self.conn.sign(self.key.keygrip, h, d),
-            )
+        elif op == "receipt":
+            return self.receipt(str(job["text"]), t)
         else:
             raise ValueError(f"unknown op {op!r}")
         return obj.decode("ascii")
+
+
+class OpenPgpSigner(Signer):
+    def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection) -> None:
+        self.key = key
+        self.conn = conn
+
+    def _sign(self, hash_algo: int, digest: bytes) -> list[int]:
+        return self.conn.sign(self.key.keygrip, hash_algo, digest)
+
+    def uid(self, job: dict[str, Any]) -> str:
+        return self.key.uid  # the client checks the uid of the key it fetched
+
+    def signature(self, payload: bytes, t: int) -> str:
+        return openpgp.detached_signature(payload, self.key, t, self._sign)
+
+    def receipt(self, text: str, t: int) -> str:
+        return cleartext.clearsign(text, self.key, t, self._sign)
+
+
+class SshSigner(Signer):
+    """SSHSIG signatures: namespace ``git`` for git objects, ``stampd`` for receipts. A
+    receipt is the statement followed by its armored SSH signature."""
+
+    def __init__(self, key: SshPublicKey, conn: SshAgentConnection) -> None:
+        self.key = key
+        self.conn = conn
+
+    def uid(self, job: dict[str, Any]) -> str:
+        return str(job["uid"])
+
+    def signature(self, payload: bytes, t: int) -> str:
+        return self.conn.sshsig(self.key, payload, "git")
+
+    def receipt(self, text: str, t: int) -> str:
+        return text + self.conn.sshsig(self.key, text.encode("utf-8"), RECEIPT_NAMESPACE)
 
 
 def connect(path: Path, deadline: float) -> socket.socket:
@@ -84,7 +123,7 @@ def connect(path: Path, deadline: float) -> socket.socket:
             delay = min(delay * 2, 1.0)
 
 
-def serve(sock: socket.socket, signer: Signer, agent: GpgAgent, name: str) -> int:
+def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name: str) -> int:
     reader = wire.FrameReader(sock)
     parent = os.getppid()
     while True:
@@ -104,7 +143,7 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent, name: str) -> in
         job = reader.next_frame()
         try:
             reply: dict[str, Any] = {"id": job["id"], "object": signer.build(job)}
-        except AgentError:
+        except (AgentError, SshAgentError):
             log.exception("worker %s: signing failed; exiting so that another worker signs",
                           name)
             return EXIT_AGENT_DIED
@@ -119,24 +158,37 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stampd-worker")
     ap.add_argument("--name", required=True)
     ap.add_argument("--home", required=True, type=Path)
+    ap.add_argument("--key-id", default=PRIMARY, help="which key of the key set to serve")
+    ap.add_argument("--format", default="openpgp", choices=["openpgp", "ssh"])
+    ap.add_argument("--key-dir", type=Path, help="key directory (default: the primary key)")
     args = ap.parse_args(argv)
     settings = Settings()
     logging.basicConfig(level=os.environ.get("STAMPD_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s worker[{args.name}] %(levelname)s %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    agent = GpgAgent(args.home, passphrase=settings.read_passphrase())
+    key_dir = args.key_dir or settings.keys_dir
+    agent: GpgAgent | SshAgent
+    if args.format == "ssh":
+        agent = SshAgent(args.home)
+    else:
+        agent = GpgAgent(args.home, passphrase=settings.read_passphrase())
     try:
         agent.start()
         (args.home / AGENT_PID_FILE).write_text(str(agent.pid))
-        key = agent.import_secret_key(KeyStore(settings.keys_dir).secret_key_file)
-        conn = agent.connect()
+        signer: Signer
+        if isinstance(agent, SshAgent):
+            ssh_key = agent.add_key(SshKeyStore(key_dir).private_key_file)
+            signer, fingerprint = SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
+        else:
+            key = agent.import_secret_key(KeyStore(key_dir).secret_key_file)
+            signer, fingerprint = OpenPgpSigner(key, agent.connect()), key.fingerprint
         sock = connect(settings.dispatch_socket, time.monotonic() + 120)
         sock.sendall(wire.encode({"hello": {"worker": args.name, "pid": os.getpid(),
-                                            "fingerprint": key.fingerprint}}))
-        log.info("ready: key %s, agent pid %d", key.fingerprint, agent.pid)
-        return serve(sock, Signer(key, conn), agent, args.name)
-    except AgentError:
-        log.exception("gpg-agent failed")
+                                            "fingerprint": fingerprint, "key": args.key_id}}))
+        log.info("ready: key %s (%s), agent pid %d", fingerprint, args.key_id, agent.pid)
+        return serve(sock, signer, agent, args.name)
+    except (AgentError, SshAgentError):
+        log.exception("the agent failed")
         return EXIT_AGENT_DIED
     except (FileNotFoundError, ConnectionRefusedError):
         log.exception("cannot reach the dispatcher at %s", settings.dispatch_socket)
