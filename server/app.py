@@ -268,8 +268,12 @@ class ZeitgitterPost:
 
 
 def create_app(
-    settings: Settings, *, clock: Callable[[], float] = time.time
+    settings: Settings, *, clock: Callable[[], float] = time.time,
+    before_shutdown: Callable[[], None] | None = None,
 ) -> ZeitgitterPost:
+    """``before_shutdown`` runs (in a thread) when the server stops, after the last request
+    and before the dispatcher closes: `stampd serve` stops its worker pool there, so that
+    workers are stopped rather than cut off and respawned."""
     services: dict[str, Services] = {}
 
     @asynccontextmanager
@@ -306,6 +310,8 @@ def create_app(
         try:
             yield
         finally:
+            if before_shutdown is not None:
+                await asyncio.to_thread(before_shutdown)
             await cross.stop()
             await committer.stop()
             await dispatcher.stop()

@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit)
     try:
         uvicorn.run(
-            create_app(settings),
+            create_app(settings, before_shutdown=pool.stop if pool is not None else None),
             host=settings.host,
             port=settings.port,
             loop="uvloop",

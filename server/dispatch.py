@@ -164,8 +164,12 @@ class Dispatcher:
             self.workers[info.name] = info
             log.info("worker %s (pid %d) connected", info.name, info.pid)
             await self._serve(info, reader, writer, inflight)
-        except (asyncio.IncompleteReadError, ConnectionError, wire.ProtocolError, ValueError,
-                TimeoutError) as e:
+        except asyncio.IncompleteReadError as e:
+            if e.partial or inflight:
+                log.warning("worker %s connection lost: %r", info.name if info else "?", e)
+            else:
+                log.info("worker %s disconnected", info.name if info else "?")
+        except (ConnectionError, wire.ProtocolError, ValueError, TimeoutError) as e:
             log.warning("worker %s connection lost: %r", info.name if info else "?", e)
         finally:
             if info is not None:

@@ -74,3 +74,27 @@ def test_worker_pool_apart_from_api(seeded_dir: Path, server_factory: list[Serve
     assert code == 0
     assert api.worker_pids() == [] and api.agent_pids() == []
     shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_sigterm_stops_everything_in_order(seeded_dir: Path, server_factory: list[Server]
+                                           ) -> None:
+    """SIGTERM: exit status 0, the pool stopped (not orphaned), no process left behind."""
+    import time
+
+    from tests.conftest import start_server
+    from tests.test_log import stamp_tag
+
+    server = start_server(seeded_dir, workers=2)
+    server_factory.append(server)
+    stamp_tag(server, "d" * 40)
+    workers, agents = server.worker_pids(), server.agent_pids()
+    assert len(workers) == 2 and len(agents) == 2
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0
+    deadline = time.monotonic() + 5
+    while (server.worker_pids() or server.agent_pids()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.worker_pids() == [] and server.agent_pids() == []
+    log = server.log()
+    assert "supervisor: stopping on signal 15" in log
+    assert "parent process is gone" not in log
