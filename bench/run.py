@@ -11,6 +11,12 @@ commit ids, every response checked for status and shape, a sample of response bo
 disk); the sampled bodies are checked like the real ``git timestamp`` client checks them and
 their signatures verified with ``gpg --verify`` against the key the server publishes.
 
+Then, stampd only (zeitgitterd has no SSH and serves one key): one stampd holding an ed25519
+OpenPGP key and SSH keys (ed25519, ecdsa-p256), each with its own workers; tag stamps asking for
+each SSH key, and both the OpenPGP and the SSH ed25519 key at once (two wrk processes). Sampled
+SSH signatures are verified with ``ssh-keygen -Y verify -n git`` against the allowed-signers
+line the server publishes for the key asked for.
+
 The table goes to stdout, progress lines to stderr. Exit status: 0 when every response was
 right, 1 when any response was wrong (or a sampled signature did not verify), 2 when the bench
 itself could not run. Missed performance targets are reported, not turned into a failure
@@ -35,7 +41,8 @@ import tempfile
 import threading
 import time
 import types
-from dataclasses import dataclass, field
+import urllib.parse
+from dataclasses import asdict, dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
 
@@ -59,6 +66,18 @@ PLAN: tuple[tuple[str, tuple[str, ...], tuple[int, ...]], ...] = (
     ("rsa4096", ("branch",), (16,)),
 )
 SCALING_CONNS = 16
+# stampd only (zeitgitterd has no SSH and serves one key): one stampd with an ed25519 OpenPGP
+# primary key and these extra SSH keys, each key with --workers workers of its own.
+SSH_KEYS = ("ssh:ed25519", "ssh:ecdsa-p256")
+SSH_PLAN: tuple[tuple[str, str, tuple[int, ...]], ...] = (  # (/v1/keys id, mode, concurrencies)
+    ("ssh-ed25519", "tag", (1, 16)),
+    ("ssh-ecdsa-p256", "tag", (16,)),
+)
+# Two keys at once: two wrk processes at the same time, TWO_KEYS_CONNS connections each, one
+# asking for the primary OpenPGP key and one for the SSH ed25519 key (/v1/keys id, row name).
+TWO_KEYS = (("primary", "pgp-ed25519"), ("ssh-ed25519", "ssh-ed25519"))
+TWO_KEYS_CONNS = 8
+TWO_KEYS_ROW = "2 keys"
 MAX_OBJECT = 8000
 CLOCK_SKEW = 30
 
@@ -201,9 +220,25 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 @dataclass
 class ServerKey:
-    fingerprint: str
-    uid: str
+    fingerprint: str  # 40 hex (OpenPGP) or SHA256:... (SSH)
+    uid: str  # the user id the server writes into stamps made with this key
     home: Path  # a GNUPGHOME holding only the server's public key, for gpg --verify
+    format: str = "openpgp"  # or "ssh"
+    signers: Path | None = None  # SSH: an allowed-signers file holding only this key's line
+    principal: str = ""  # SSH: the principal of that line (its first word)
+
+    @property
+    def armor(self) -> str:
+        return "SSH" if self.format == "ssh" else "PGP"
+
+
+@dataclass
+class Target:
+    """What the requests of a cell ask for (an extra form field choosing the key) and the key
+    every answer must be signed by."""
+
+    key: ServerKey
+    field: str = ""  # URL-encoded, e.g. "key=SHA256%3A..."; empty: the server's default key
 
 
 def gpg_env(home: Path) -> dict[str, str]:
@@ -236,16 +271,25 @@ def import_public_key(armored: bytes, home: Path) -> ServerKey:
     return ServerKey(fpr, uid, home)
 
 
-def split_object(text: str, mode: str, prefix: str, uid: str) -> tuple[str, str, int]:
+def split_object(text: str, mode: str, prefix: str, uid: str,
+                 armor: str = "PGP") -> tuple[str, str, int]:
     """Check a stamp like `git timestamp` does; return (signed payload, armored signature,
-    object time). Raises ValueError with the reason."""
+    object time). Raises ValueError with the reason. `armor` is PGP (an empty line after the
+    BEGIN line: no armor headers) or SSH (git's SSH signatures: base64 right after it)."""
     if len(text) > MAX_OBJECT:
         raise ValueError(f"object longer than {MAX_OBJECT} characters")
     if any(not (" " <= c <= "~" or c == "\n") for c in text):
         raise ValueError("object contains characters other than printable ASCII and newline")
-    if text.count("-----BEGIN ") != 1 or text.count("-----BEGIN PGP SIGNATURE-----") != 1:
-        raise ValueError("not exactly one PGP signature block")
-    tail = "-" * 5 + "END PGP SIGNATURE" + "-" * 5
+    begin = f"-----BEGIN {armor} SIGNATURE-----"
+    if text.count("-----BEGIN ") != 1 or text.count(begin) != 1:
+        raise ValueError(f"not exactly one {armor} signature block")
+    tail = f"-----END {armor} SIGNATURE-----"
+    # Where the signature starts: PGP has an empty line after BEGIN (and no armor headers),
+    # SSH (as git writes it) the base64 right after it.
+    b64 = "[A-Za-z0-9+/]"
+    tag_start = rf"\n{begin}\n\n{b64}" if armor == "PGP" else rf"\n{begin}\n{b64}"
+    commit_start = (rf"gpgsig {begin}\n \n {b64}" if armor == "PGP"
+                    else rf"gpgsig {begin}\n {b64}")
     uid_re = re.escape(uid)
     ours = rf"{prefix}[0-9a-f]{{{40 - len(prefix)}}}"
     if mode == "tag":
@@ -253,8 +297,8 @@ def split_object(text: str, mode: str, prefix: str, uid: str) -> tuple[str, str,
                      rf"tagger {uid_re} (\d+) \+0000\n\n", text)
         if not m:
             raise ValueError("tag header is not object/type/tag/tagger <uid> <time> +0000")
-        at = text.rfind("\n-----BEGIN PGP SIGNATURE-----\n")
-        if not text.startswith("\n-----BEGIN PGP SIGNATURE-----\n\n", at):
+        at = text.rfind(f"\n{begin}\n")
+        if at < 0 or not re.match(tag_start, text[at:]):
             raise ValueError("armor headers present or signature not at a line start")
         payload, sig = text[:at + 1], text[at + 1:]
         if not sig.endswith(tail + "\n"):
@@ -262,7 +306,7 @@ def split_object(text: str, mode: str, prefix: str, uid: str) -> tuple[str, str,
         return payload, sig, int(m.group(1))
     m = re.match(rf"tree [0-9a-f]{{40}}\n(?:parent [0-9a-f]{{40}}\n)?parent {ours}\n"
                  rf"author {uid_re} (\d+) \+0000\ncommitter {uid_re} (\d+) \+0000\n"
-                 r"gpgsig -----BEGIN PGP SIGNATURE-----\n \n", text)
+                 + commit_start, text)
     if not m:
         raise ValueError("commit header is not tree/parent/author/committer/gpgsig")
     if m.group(1) != m.group(2):
@@ -293,7 +337,7 @@ def verify_sample(path: Path, mode: str, prefix: str, key: ServerKey) -> str | N
     """None when the sampled response at `path` is a valid stamp, else the reason."""
     try:
         text = path.read_bytes().decode("ascii")
-        payload, sig, t_obj = split_object(text, mode, prefix, key.uid)
+        payload, sig, t_obj = split_object(text, mode, prefix, key.uid, key.armor)
     except (UnicodeDecodeError, ValueError) as e:
         return f"{path.name}: {e}"
     t_recv = path.stat().st_mtime
@@ -302,6 +346,8 @@ def verify_sample(path: Path, mode: str, prefix: str, key: ServerKey) -> str | N
     pfile, sfile = path.with_suffix(".payload"), path.with_suffix(".sig")
     pfile.write_text(payload)
     sfile.write_text(sig)
+    if key.format == "ssh":
+        return verify_ssh(path.name, payload, sfile, key)
     p = run(["gpg", "--homedir", str(key.home), "--batch", "--status-fd", "1",
              "--trust-model", "always", "--verify", str(sfile), str(pfile)],
             timeout=30, env=gpg_env(key.home), check=False)
@@ -320,6 +366,25 @@ def verify_sample(path: Path, mode: str, prefix: str, key: ServerKey) -> str | N
         return f"{path.name}: hash algorithm {v[9]} is weaker than SHA-256"
     if abs(int(v[4]) - t_recv) > CLOCK_SKEW:
         return f"{path.name}: signature time {v[4]} is {int(v[4]) - t_recv:+.0f}s from receipt"
+    return None
+
+
+def verify_ssh(name: str, payload: str, sfile: Path, key: ServerKey) -> str | None:
+    """`ssh-keygen -Y verify -n git` (what `git verify-tag` runs with gpg.format=ssh) against
+    an allowed-signers file holding only the key this cell asked for. An SSH signature carries
+    no time: the object time, checked by the caller, is the stamp."""
+    assert key.signers is not None
+    p = run(["ssh-keygen", "-Y", "verify", "-n", "git", "-f", str(key.signers),
+             "-I", key.principal, "-s", str(sfile)], input=payload.encode(), timeout=30,
+            check=False)
+    out = (p.stdout + p.stderr).decode(errors="replace")
+    if p.returncode != 0:
+        return f"{name}: ssh-keygen -Y verify failed ({p.returncode}): {out.strip()[-300:]}"
+    m = re.search(r'^Good "git" signature for (\S+) with \S+ key (SHA256:\S+)$', out, re.M)
+    if not m:
+        return f"{name}: ssh-keygen -Y verify said: {out.strip()[-300:]}"
+    if m.group(1) != key.principal or m.group(2) != key.fingerprint:
+        return f"{name}: signed for {m.group(1)} by {m.group(2)}, asked for {key.fingerprint}"
     return None
 
 
@@ -518,7 +583,7 @@ class Server:
         return out
 
     def role(self, p: ProcInfo) -> str:
-        if p.exe == b"gpg-agent":
+        if p.exe in (b"gpg-agent", b"ssh-agent"):
             return "agents"
         return "server" if self.proc is not None and p.pid == self.proc.pid else "other"
 
@@ -536,11 +601,18 @@ class Stampd(Server):
     children_grace = 5.0  # the supervisor stops its workers and their agents itself
 
     def __init__(self, name: str, workdir: Path, data_dir: Path, key_algo: str,
-                 workers: int) -> None:
+                 workers: int, extra_keys: tuple[str, ...] = (), extra_workers: int = 1) -> None:
         super().__init__(name, workdir)
         self.data_dir = data_dir
         self.key_algo = key_algo
-        self.workers = workers
+        self.workers = workers  # for the primary OpenPGP key
+        self.extra_keys = extra_keys  # e.g. ("ssh:ed25519", "ssh:ecdsa-p256")
+        self.extra_workers = extra_workers  # for each extra key
+        self.keys: dict[str, ServerKey] = {}  # by /v1/keys id, after fetch_keys()
+
+    @property
+    def all_workers(self) -> int:
+        return self.workers + len(self.extra_keys) * self.extra_workers
 
     def start(self) -> None:
         rt = self.dir / "rt"
@@ -549,14 +621,49 @@ class Stampd(Server):
         tmp.mkdir(mode=0o700, exist_ok=True)
         env = dict(os.environ)
         env.update(STAMPD_KEY_ALGO=self.key_algo, STAMPD_RUNTIME_DIR=str(rt),
-                   STAMPD_LOG_LEVEL="WARNING", TMPDIR=str(tmp), GNUPGHOME=str(self.dir / "g"))
+                   STAMPD_LOG_LEVEL="WARNING", TMPDIR=str(tmp), GNUPGHOME=str(self.dir / "g"),
+                   STAMPD_EXTRA_KEYS=",".join(self.extra_keys),
+                   STAMPD_EXTRA_KEY_WORKERS=str(self.extra_workers))
         self._spawn([str(BIN / "stampd"), "serve", "--host", "127.0.0.1",
                      "--port", str(self.port), "--data-dir", str(self.data_dir),
                      "--workers", str(self.workers), "--commit-interval", "3600"], env)
 
     def _ready(self) -> bool:
         status, body = http_get(self.port, "/readyz", timeout=2)
-        return status == 200 and len(json.loads(body).get("workers", [])) == self.workers
+        # Every worker connected: the primary key's and each extra key's.
+        return status == 200 and len(json.loads(body).get("workers", [])) == self.all_workers
+
+    def fetch_keys(self, home: Path) -> dict[str, ServerKey]:
+        """Every key from GET /v1/keys, by id: the primary imported into a GNUPGHOME like
+        fetch_key(), each SSH key with an allowed-signers file holding only its own line of
+        GET /v1/keys/allowed_signers (so a signature by another key of the server fails)."""
+        primary = self.fetch_key(home / "primary")
+        status, body = http_get(self.port, "/v1/keys")
+        if status != 200:
+            raise BenchError(f"{self.name}: GET /v1/keys answered {status}")
+        keys = json.loads(body)["keys"]
+        status, signers = http_get(self.port, "/v1/keys/allowed_signers")
+        if status != 200:
+            raise BenchError(f"{self.name}: GET /v1/keys/allowed_signers answered {status}")
+        self.keys = {}
+        for k in keys:
+            if k["primary"]:
+                if k["fingerprint"].upper() != primary.fingerprint.upper():
+                    raise BenchError(f"{self.name}: /v1/keys says the primary key is "
+                                     f"{k['fingerprint']}, get-public-key-v1 {primary.fingerprint}")
+                self.keys[k["id"]] = primary
+            elif k["format"] == "ssh":
+                blob = k["public_key"].split()[1]
+                line = next((ln for ln in signers.decode().splitlines()
+                             if blob in ln.split()), None)
+                if line is None:
+                    raise BenchError(f"{self.name}: key {k['id']} is not in "
+                                     "/v1/keys/allowed_signers")
+                d = make_home(home / k["id"])
+                (d / "allowed_signers").write_text(line + "\n")
+                self.keys[k["id"]] = ServerKey(k["fingerprint"], primary.uid, d, "ssh",
+                                               d / "allowed_signers", line.split()[0])
+        return self.keys
 
     def role(self, p: ProcInfo) -> str:
         if b"workers.worker" in p.cmdline:
@@ -713,9 +820,14 @@ class Cell:
     cpu: dict[str, float] = field(default_factory=dict)
     machine_cpu: float = 0.0  # CPU seconds the whole machine was busy during the cell
     skipped: str = ""
+    # Several wrk processes at once (two keys served at once): one cell per process; this
+    # cell then holds their sums (requests, wrong answers, CPU) and the longest duration.
+    parts: list[Cell] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
+        if self.parts:
+            return sum(p.rate for p in self.parts)
         return self.requests / self.seconds if self.seconds else 0.0
 
     @property
@@ -759,63 +871,138 @@ class Bench:
         return f"{self.nonce}{self.seq:012x}"  # 22 hex digits
 
     def wrk(self, server: Server, mode: str, conns: int, seconds: int,
-            prefix: str, sample_dir: Path | None) -> tuple[dict[str, object], float]:
-        threads = 1 if conns <= 16 else 2
-        argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s",
-                "-s", str(LUA), server.url, "--", mode, prefix]
-        if sample_dir is not None:
-            argv.append(str(sample_dir) + "/")
+            prefix: str, sample_dir: Path | None,
+            target: Target | None = None) -> tuple[dict[str, object], float]:
+        results, cpu = self.wrk_many(server, mode, seconds, [(conns, prefix, sample_dir, target)])
+        return results[0], cpu
+
+    def wrk_many(self, server: Server, mode: str, seconds: int,
+                 runs: list[tuple[int, str, Path | None, Target | None]]
+                 ) -> tuple[list[dict[str, object]], float]:
+        """Run one wrk per (connections, prefix, sample directory, target) at the same time;
+        return each one's BENCH-RESULT and the CPU seconds all of them used."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        p = run(argv, timeout=seconds + 30, check=False)
+        procs: list[subprocess.Popen[bytes]] = []
+        outs: list[tuple[int, str, str]] = []
+        try:
+            for conns, prefix, sample_dir, target in runs:
+                threads = 1 if conns <= 16 else 2
+                argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s",
+                        "-s", str(LUA), server.url, "--", mode, prefix,
+                        "-" if sample_dir is None else str(sample_dir) + "/"]
+                if target is not None:
+                    argv += [target.key.armor, target.field]
+                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            deadline = time.monotonic() + seconds + 30
+            for p in procs:
+                try:
+                    out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired as e:
+                    raise BenchError(f"wrk took longer than {seconds + 30}s") from e
+                outs.append((p.returncode, out.decode(errors="replace"),
+                             err.decode(errors="replace")))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    kill_pids([p.pid], "wrk")
+                    p.wait(timeout=10)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-        out = p.stdout.decode(errors="replace")
-        line = next((ln for ln in out.splitlines() if ln.startswith("BENCH-RESULT ")), None)
-        if p.returncode != 0 or line is None:
-            raise BenchError(f"wrk failed ({p.returncode}): {out[-500:]}"
-                             f"{p.stderr.decode(errors='replace')[-500:]}")
-        return json.loads(line.split(" ", 1)[1]), cpu
+        results = []
+        for rc, out, err in outs:
+            line = next((ln for ln in out.splitlines() if ln.startswith("BENCH-RESULT ")), None)
+            if rc != 0 or line is None:
+                raise BenchError(f"wrk failed ({rc}): {out[-500:]}{err[-500:]}")
+            results.append(json.loads(line.split(" ", 1)[1]))
+        return results, cpu
 
-    def measure(self, server: Server, key: str, mode: str, conns: int, label: str) -> Cell:
+    def measure(self, server: Server, key: str, mode: str, conns: int, label: str,
+                target: Target | None = None) -> Cell:
         cell = Cell(key, mode, conns, label)
         self.cells.append(cell)
+        assert server.key is not None
+        return self.run_cell(server, cell, [(cell, target or Target(server.key))])
+
+    def measure_together(self, server: Server, key: str, mode: str, label: str,
+                         parts: list[tuple[str, int, Target]]) -> Cell:
+        """One cell of several wrk processes at once, each asking for its own key (name,
+        connections, target); the rows of the table show the total and each part."""
+        cell = Cell(key, mode, sum(conns for _, conns, _ in parts), label)
+        cell.parts = [Cell(name, mode, conns, label) for name, conns, _ in parts]
+        self.cells.append(cell)
+        return self.run_cell(server, cell, [(c, t) for c, (_, _, t) in zip(cell.parts, parts,
+                                                                            strict=True)])
+
+    def run_cell(self, server: Server, cell: Cell, parts: list[tuple[Cell, Target]]) -> Cell:
+        key, mode, conns, label = cell.key, cell.mode, cell.conns, cell.server
+        what = f"{label:<12} {key:<14} {mode:<6} c={conns:<3}"
         if not self.have_time():
             cell.skipped = "time budget"
-            progress(f"skip {label} {key} {mode} c={conns}: out of time budget")
+            for p, _ in parts:
+                p.skipped = cell.skipped
+            progress(f"skip {what}: out of time budget")
             return cell
-        progress(f"{label:<12} {key:<8} {mode:<6} c={conns:<3} warm-up + {self.args.duration}s")
+        progress(f"{what} warm-up + {self.args.duration}s"
+                 + (f" ({' + '.join(f'{p.key} c={p.conns}' for p, _ in parts)} at once)"
+                    if cell.parts else ""))
         if self.args.warmup > 0:
-            warm, _ = self.wrk(server, mode, conns, self.args.warmup, self.prefix(), None)
-            self.count(cell, warm)
-        sample_dir = self.root / "samples" / f"{len(self.cells):03d}-{label}-{key}-{mode}-{conns}"
-        sample_dir.mkdir(parents=True)
-        prefix = self.prefix()
+            warm, _ = self.wrk_many(server, mode, self.args.warmup,
+                                    [(p.conns, self.prefix(), None, t) for p, t in parts])
+            for (p, _), res in zip(parts, warm, strict=True):
+                self.count(p, res)
+        runs: list[tuple[int, str, Path | None, Target | None]] = []
+        for p, t in parts:
+            name = f"{len(self.cells):03d}-{label}-{key}-{mode}-{conns}"
+            if cell.parts:
+                name += f"-{p.key}"
+            sample_dir = self.root / "samples" / name.replace(" ", "")
+            sample_dir.mkdir(parents=True)
+            runs.append((p.conns, self.prefix(), sample_dir, t))
         cpu0, busy0 = server.cpu(), cpu_busy()
-        res, wrk_cpu = self.wrk(server, mode, conns, self.args.duration, prefix, sample_dir)
+        results, wrk_cpu = self.wrk_many(server, mode, self.args.duration, runs)
         cpu1, busy1 = server.cpu(), cpu_busy()
         cell.machine_cpu = busy1 - busy0
-        self.count(cell, res)
-        cell.requests = int(res["requests"])  # type: ignore[call-overload]
-        cell.seconds = int(res["duration_us"]) / 1e6  # type: ignore[call-overload]
-        cell.p50_ms = int(res["p50_us"]) / 1000  # type: ignore[call-overload]
-        cell.p99_ms = int(res["p99_us"]) / 1000  # type: ignore[call-overload]
         cell.wrk_cpu = wrk_cpu
         cell.cpu = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
-        assert server.key is not None
-        for path in sorted(sample_dir.glob("*.obj")):
-            cell.samples += 1
-            reason = verify_sample(path, mode, prefix, server.key)
-            if reason:
-                cell.sample_failures.append(reason)
-        if cell.samples == 0 and cell.requests:
-            cell.sample_failures.append("no response body was sampled")
-        status = "ok" if not cell.wrong else f"{cell.wrong} WRONG ({cell.first_bad})"
-        progress(f"{label:<12} {key:<8} {mode:<6} c={conns:<3} {cell.rate:8.1f}/s "
-                 f"p50 {cell.p50_ms:7.1f} ms  p99 {cell.p99_ms:7.1f} ms  "
-                 f"{cell.samples} signatures verified, {status}")
-        for reason in cell.sample_failures:
-            progress(f"  sample: {reason}")
+        for (p, target), res, (_, prefix, sample_dir, _) in zip(parts, results, runs,
+                                                                strict=True):
+            self.count(p, res)
+            p.requests = int(res["requests"])  # type: ignore[call-overload]
+            p.seconds = int(res["duration_us"]) / 1e6  # type: ignore[call-overload]
+            p.p50_ms = int(res["p50_us"]) / 1000  # type: ignore[call-overload]
+            p.p99_ms = int(res["p99_us"]) / 1000  # type: ignore[call-overload]
+            assert sample_dir is not None
+            for path in sorted(sample_dir.glob("*.obj")):
+                p.samples += 1
+                reason = verify_sample(path, mode, prefix, target.key)
+                if reason:
+                    p.sample_failures.append(reason)
+            if p.samples == 0 and p.requests:
+                p.sample_failures.append("no response body was sampled")
+            if cell.parts:
+                self.report_cell(p, f"  {p.key:<12} c={p.conns:<3}")
+        if cell.parts:
+            ps = cell.parts
+            cell.requests = sum(p.requests for p in ps)
+            cell.seconds = max(p.seconds for p in ps)
+            cell.bad = sum(p.bad for p in ps)
+            cell.socket_errors = sum(p.socket_errors for p in ps)
+            cell.samples = sum(p.samples for p in ps)
+            cell.sample_failures = [f"{p.key}: {r}" for p in ps for r in p.sample_failures]
+            cell.first_bad = next((f"{p.key}: {p.first_bad}" for p in ps if p.first_bad), "")
+        self.report_cell(cell, what)
         return cell
+
+    @staticmethod
+    def report_cell(cell: Cell, what: str) -> None:
+        status = "ok" if not cell.wrong else f"{cell.wrong} WRONG ({cell.first_bad})"
+        lat = ("in all (latencies per key above)" if cell.parts else
+               f"p50 {cell.p50_ms:7.1f} ms  p99 {cell.p99_ms:7.1f} ms ")
+        progress(f"{what} {cell.rate:8.1f}/s {lat} {cell.samples} signatures verified, {status}")
+        if not cell.parts:
+            for reason in cell.sample_failures:
+                progress(f"  sample: {reason}")
 
     @staticmethod
     def count(cell: Cell, res: dict[str, object]) -> None:
@@ -937,6 +1124,41 @@ class Bench:
         for key in keys:
             plan = [(m, cs) for k, modes, cs in PLAN if k == key for m in modes]
             self.phase(key, plan)
+        if "ssh" in self.args.keys:
+            self.ssh_phase()
+
+    def ssh_phase(self) -> None:
+        """SSH keys and two keys at once, stampd only: one server holding an ed25519 OpenPGP
+        primary key and the SSH keys of SSH_KEYS, --workers workers for each key."""
+        w = self.args.workers
+        if not self.have_time(extra=10):
+            progress("skip ssh: out of time budget")
+            return
+        progress(f"== ssh: starting stampd with a fresh ed25519 OpenPGP key and "
+                 f"{', '.join(SSH_KEYS)}, {w} workers for each key")
+        base = self.root / "ssh"
+        base.mkdir()
+        st = Stampd("stampd-ssh", make_home(base / "s"), base / "s" / "d", "ed25519", w,
+                    SSH_KEYS, w)
+        self.start(st)
+        st.wait_ready(180)
+        keys = st.fetch_keys(base / "v")
+        progress("stampd: " + ", ".join(f"{kid} {k.fingerprint}" for kid, k in keys.items())
+                 + f"; {st.all_workers} workers")
+
+        def target(kid: str) -> Target:
+            k = keys.get(kid)
+            if k is None:
+                raise BenchError(f"stampd-ssh publishes no key {kid} in /v1/keys")
+            # Ask for the key by fingerprint (URL-encoded: SSH fingerprints hold + and /).
+            return Target(k, "key=" + urllib.parse.quote(k.fingerprint, safe=""))
+
+        for kid, mode, conns_list in SSH_PLAN:
+            for conns in conns_list:
+                self.measure(st, kid, mode, conns, "stampd", target(kid))
+        self.measure_together(st, TWO_KEYS_ROW, "tag", "stampd",
+                              [(name, TWO_KEYS_CONNS, target(kid)) for kid, name in TWO_KEYS])
+        st.stop()
 
     def stop_all(self) -> None:
         for s in reversed(self.servers):
@@ -962,16 +1184,19 @@ class Bench:
             f"other processes kept {self.idle_load:.2f} cores busy before the start; the "
             "'other load' columns say how many cores they took during each cell",
             "",
-            f"{'key':<8} {'mode':<6} {'c':>3} | {'zeitgitterd':^26} | {'stampd':^26} | "
+            f"{'key':<14} {'mode':<6} {'c':>3} | {'zeitgitterd':^26} | {'stampd':^26} | "
             f"{'ratio':>6} | wrong | other load",
-            f"{'':<8} {'':<6} {'':>3} | {'stamps/s':>9} {'p50 ms':>7} {'p99 ms':>8} | "
+            f"{'':<14} {'':<6} {'':>3} | {'stamps/s':>9} {'p50 ms':>7} {'p99 ms':>8} | "
             f"{'stamps/s':>9} {'p50 ms':>7} {'p99 ms':>8} | {'st/zg':>6} | zg/st | zg/st cores",
-            "-" * 100,
+            "-" * 106,
         ]
+        na = f"{'-':>9} {'-':>7} {'-':>8}"  # zeitgitterd has no SSH keys and serves one key
 
         def fmt(c: Cell | None) -> str:
             if c is None:
                 return f"{'skipped':>9} {'':>7} {'':>8}"
+            if c.parts:  # several wrk processes at once: percentiles are per part
+                return f"{c.rate:9.1f} {'-':>7} {'-':>8}"
             return f"{c.rate:9.1f} {c.p50_ms:7.1f} {c.p99_ms:8.1f}"
 
         def wrong(c: Cell | None) -> str:
@@ -988,17 +1213,34 @@ class Bench:
                     z = self.find(key, mode, conns, "zeitgitterd")
                     s = self.find(key, mode, conns, "stampd")
                     ratio = f"{s.rate / z.rate:6.1f}" if z and s and z.rate else f"{'-':>6}"
-                    lines.append(f"{key:<8} {mode:<6} {conns:>3} | {fmt(z)} | {fmt(s)} | "
+                    lines.append(f"{key:<14} {mode:<6} {conns:>3} | {fmt(z)} | {fmt(s)} | "
                                  f"{ratio} | {wrong(z):>2}/{wrong(s):<2} | {bg(z)}/{bg(s)}")
-        lines += ["", f"scaling: stampd, tag stamps, c={SCALING_CONNS}, same data directory "
-                  "and key, measured back to back",
-                  f"{'key':<8} {'workers':>7} | {'stamps/s':>9} {'p50 ms':>7} {'p99 ms':>8} | "
-                  f"{'vs 1 worker':>11} | {'1 gpg-agent raw':>15} | {'vs N x agent':>12} | "
-                  "other load",
-                  "-" * 100]
-        for key in dict.fromkeys(k for k, _, _ in PLAN):
-            if key not in self.args.keys:
-                continue
+        if "ssh" in self.args.keys:
+            w = self.args.workers
+            lines.append(f"stampd only: SSH keys and two keys at once (one stampd, ed25519 "
+                         f"OpenPGP primary + {' + '.join(SSH_KEYS)}, {w} workers per key)")
+            for key, mode, conns_list in SSH_PLAN:
+                for conns in conns_list:
+                    s = self.find(key, mode, conns, "stampd")
+                    lines.append(f"{key:<14} {mode:<6} {conns:>3} | {na} | {fmt(s)} | "
+                                 f"{'-':>6} | {'-':>2}/{wrong(s):<2} | -/{bg(s)}")
+            both = self.find(TWO_KEYS_ROW, "tag", len(TWO_KEYS) * TWO_KEYS_CONNS, "stampd")
+            lines.append(f"{TWO_KEYS_ROW:<14} {'tag':<6} {len(TWO_KEYS) * TWO_KEYS_CONNS:>3} | "
+                         f"{na} | {fmt(both)} | {'-':>6} | {'-':>2}/{wrong(both):<2} | "
+                         f"-/{bg(both)}")
+            for part in (both.parts if both else []):
+                share = part.rate / both.rate if both and both.rate else 0.0
+                lines.append(f"{'  ' + part.key:<14} {'tag':<6} {part.conns:>3} | {na} | "
+                             f"{fmt(part)} | {share:6.0%} | {'-':>2}/{wrong(part):<2} |")
+        scaled = [k for k in dict.fromkeys(k for k, _, _ in PLAN) if k in self.args.keys]
+        if scaled:
+            lines += ["", f"scaling: stampd, tag stamps, c={SCALING_CONNS}, same data directory "
+                      "and key, measured back to back",
+                      f"{'key':<8} {'workers':>7} | {'stamps/s':>9} {'p50 ms':>7} {'p99 ms':>8} | "
+                      f"{'vs 1 worker':>11} | {'1 gpg-agent raw':>15} | {'vs N x agent':>12} | "
+                      "other load",
+                      "-" * 100]
+        for key in scaled:
             one = self.find(key, "tag", SCALING_CONNS, "stampd-w1")
             many = self.find(key, "tag", SCALING_CONNS, f"stampd-w{w}")
             agent = self.agent.get(key)
@@ -1020,7 +1262,7 @@ class Bench:
                 parts = ", ".join(f"{k} {1000 * v / c.requests:.2f}"
                                   for k, v in sorted(c.cpu.items()) if v > 0)
                 total = 1000 * sum(c.cpu.values()) / c.requests
-                lines.append(f"  {c.server:<12} {c.key:<8} {c.mode:<6} total {total:6.2f}: "
+                lines.append(f"  {c.server:<12} {c.key:<14} {c.mode:<6} total {total:6.2f}: "
                              f"{parts}; wrk {1000 * c.wrk_cpu / c.requests:.2f}")
         measured = [c for c in self.cells if c.seconds and c.cpu]
         wrk_share = max((c.wrk_cpu / c.seconds for c in measured), default=0)
@@ -1081,11 +1323,39 @@ class Bench:
         if one and many:
             add(many.rate >= 1.8 * one.rate, f"rsa4096 scaling: {w} workers "
                 f"{many.rate / one.rate:.2f}x 1 worker (>= 1.8x)")
+        out += self.ssh_info()
         e1 = self.find("ed25519", "tag", 16, "stampd-w1")
         en = self.find("ed25519", "tag", 16, f"stampd-w{w}")
         if e1 and en:
             out.append(f"  info ed25519 scaling: {w} workers {en.rate / e1.rate:.2f}x 1 worker "
                        "(the agent is not the bottleneck here)")
+        return out
+
+    def ssh_info(self) -> list[str]:
+        """SSH keys and two keys at once: no targets (issue 6 sets none), the numbers next to
+        the OpenPGP ed25519 stamps of the same run."""
+        out = []
+        pgp = self.find("ed25519", "tag", 16, "stampd")
+
+        def vs(c: Cell) -> str:
+            if not pgp or not pgp.rate:
+                return ""
+            return f" = {c.rate / pgp.rate:.2f}x OpenPGP ed25519 tag c=16 ({pgp.rate:.1f}/s)"
+
+        for key in dict.fromkeys(k for k, _, _ in SSH_PLAN):
+            c = self.find(key, "tag", 16, "stampd")
+            if c:
+                out.append(f"  info {key} tag c=16: {c.rate:.1f}/s, p99 {c.p99_ms:.1f} ms"
+                           f"{vs(c)}")
+        c1 = self.find("ssh-ed25519", "tag", 1, "stampd")
+        if c1:
+            out.append(f"  info ssh-ed25519 tag c=1 (one keep-alive client): p50 "
+                       f"{c1.p50_ms:.2f} ms, p99 {c1.p99_ms:.2f} ms")
+        both = self.find(TWO_KEYS_ROW, "tag", len(TWO_KEYS) * TWO_KEYS_CONNS, "stampd")
+        if both and both.parts:
+            split = " + ".join(f"{p.key} {p.rate:.1f}/s (p99 {p.p99_ms:.1f} ms)"
+                               for p in both.parts)
+            out.append(f"  info two keys at once: {both.rate:.1f}/s = {split}{vs(both)}")
         return out
 
 
@@ -1099,7 +1369,8 @@ def ensure_tools() -> None:
         progress("installing wrk (apt-get install -y wrk)")
         run(["apt-get", "install", "-y", "wrk"], timeout=240,
             env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    for tool in ("gpg", "gpg-agent", "gpg-connect-agent", "gpgconf", "git"):
+    for tool in ("gpg", "gpg-agent", "gpg-connect-agent", "gpgconf", "git", "ssh-keygen",
+                 "ssh-agent"):
         if shutil.which(tool) is None:
             raise BenchError(f"{tool} is missing")
     for exe in ("stampd", "zeitgitterd"):
@@ -1117,8 +1388,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"zeitgitterd --number-of-gpg-agents (default {ZG_AGENTS})")
     ap.add_argument("--zg-parallel", type=int, default=ZG_PARALLEL,
                     help=f"zeitgitterd --max-parallel-signatures (default {ZG_PARALLEL})")
-    ap.add_argument("--keys", default="ed25519,rsa4096",
-                    help="key types to run, comma-separated (default ed25519,rsa4096)")
+    ap.add_argument("--keys", default="ed25519,rsa4096,ssh",
+                    help="key types to run, comma-separated (default ed25519,rsa4096,ssh; "
+                         "ssh: the stampd-only rows for SSH keys and two keys at once)")
     ap.add_argument("--agent-seconds", type=float, default=2.0,
                     help="seconds for each raw gpg-agent rate measurement (default 2)")
     ap.add_argument("--budget", type=float, default=280.0,
@@ -1173,7 +1445,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"first: {lines[0][:200]}")
     if args.json:
         args.json.write_text(json.dumps({
-            "cells": [dict(vars(c), rate=c.rate, wrong=c.wrong) for c in bench.cells],
+            "cells": [dict(asdict(c), rate=c.rate, wrong=c.wrong,
+                           parts=[dict(asdict(p), rate=p.rate, wrong=p.wrong) for p in c.parts])
+                      for c in bench.cells],
             "agent_rates": {k: vars(v) for k, v in bench.agent.items()},
             "server_problems": dict(problems)}, indent=1))
     if wrong:

@@ -1,7 +1,8 @@
 -- wrk script for stampd / zeitgitterd: one Zeitgitter stamp request per call, each with a
 -- distinct commit id, and a shape check of every response.
 --
---   wrk -t1 -c16 -d5s -s bench/stamp.lua http://127.0.0.1:PORT/ -- MODE PREFIX [SAMPLES/]
+--   wrk -t1 -c16 -d5s -s bench/stamp.lua http://127.0.0.1:PORT/ -- MODE PREFIX [SAMPLES/|-]
+--       [ARMOR [FIELDS]]
 --
 -- MODE    "tag" (stamp-tag-v1) or "branch" (stamp-branch-v1)
 -- PREFIX  22 hex digits unique to this wrk run; the commit id of request n of thread t is
@@ -9,7 +10,11 @@
 --         within or across runs.
 -- SAMPLES a directory (with trailing slash): each thread writes the bodies of its 1st, 2nd
 --         and every 100th good response there (at most 4), as <thread>-<n>.obj, for the
---         caller to check and gpg --verify.
+--         caller to check and verify (gpg --verify or ssh-keygen -Y verify); "-" for none.
+-- ARMOR   "PGP" (default) or "SSH": the signature every response must carry
+--         (-----END PGP SIGNATURE----- or -----END SSH SIGNATURE-----).
+-- FIELDS  extra form fields appended to every request, already URL-encoded, e.g.
+--         "key=SHA256%3A..." to ask stampd for one of its extra keys (default: none).
 --
 -- done() prints one line to stdout: "BENCH-RESULT <json>" with the request count, the
 -- number of wrong responses (status other than 200 or a body of the wrong shape), the
@@ -24,7 +29,7 @@ function setup(thread)
    table.insert(threads, thread)
 end
 
-local mode, prefix, expect, tree, sample_dir
+local mode, prefix, expect, tree, sample_dir, armor_tail, extra
 local counter = 0
 local good = 0
 local saved = 0
@@ -38,6 +43,11 @@ local headers = { ["Content-Type"] = "application/x-www-form-urlencoded" }
 function init(args)
    mode = args[1] or "tag"
    sample_dir = args[3]
+   if sample_dir == "-" or sample_dir == "" then sample_dir = nil end
+   local armor = args[4] or "PGP"
+   if armor ~= "PGP" and armor ~= "SSH" then error("armor must be PGP or SSH") end
+   armor_tail = "-----END " .. armor .. " SIGNATURE-----"
+   extra = (args[5] and args[5] ~= "") and ("&" .. args[5]) or ""
    prefix = (args[2] or string.rep("0", 22)) .. string.format("%02x", tid % 256)
    if mode == "tag" then
       expect = "object "
@@ -65,7 +75,7 @@ function request()
    else
       body = "request=stamp-branch-v1&commit=" .. commit .. "&tree=" .. tree
    end
-   return wrk.format("POST", "/", headers, body)
+   return wrk.format("POST", "/", headers, body .. extra)
 end
 
 function response(status, hdrs, body)
@@ -76,7 +86,7 @@ function response(status, hdrs, body)
          first_bad = "status " .. status .. ": " .. string.sub(body or "", 1, 120)
       end
    elseif body == nil or string.sub(body, 1, #expect) ~= expect
-      or not string.find(body, "-----END PGP SIGNATURE-----", 1, true) then
+      or not string.find(body, armor_tail, 1, true) then
       bad = bad + 1
       if first_bad == "" then
          first_bad = "bad body: " .. string.sub(body or "", 1, 120)
