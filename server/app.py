@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 from starlette.types import Receive, Scope, Send
 
 from server import db, status
+from server.dbdispatch import DbDispatcher, psycopg_dsn
 from server.digests import add_digest_routes, problem
 from server.dispatch import Dispatcher, Signed
 from server.errors import (
@@ -36,6 +37,7 @@ from server.errors import (
     UnsupportedMediaType,
 )
 from server.journal import Journal
+from server.leader import AdvisoryLeader
 from server.logcommitter import LogCommitter
 from server.metrics import StampdCollector, Stats
 from server.peers import CrossStamper
@@ -68,7 +70,7 @@ MAX_FIELDS = 16
 class Services:
     settings: Settings
     journal: Journal
-    dispatcher: Dispatcher
+    dispatcher: Dispatcher | DbDispatcher
     committer: LogCommitter
     key: PublicKey
     clock: Callable[[], float]
@@ -283,10 +285,20 @@ def create_app(
         engine = db.make_engine(settings.db_url)
         stats = Stats()
         journal = Journal(engine, stats)
-        dispatcher = Dispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
-                                sign_timeout=settings.sign_timeout,
-                                max_attempts=settings.max_attempts, stats=stats)
-        cross = CrossStamper(engine, settings, lambda: None, clock)
+        dispatcher: Dispatcher | DbDispatcher
+        if settings.dispatch == "database":
+            dispatcher = DbDispatcher(engine, max_queue=settings.max_queue,
+                                      sign_timeout=settings.sign_timeout,
+                                      max_attempts=settings.max_attempts,
+                                      heartbeat_timeout=settings.heartbeat_timeout, stats=stats)
+        else:
+            dispatcher = Dispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
+                                    sign_timeout=settings.sign_timeout,
+                                    max_attempts=settings.max_attempts, stats=stats)
+        leader: AdvisoryLeader | None = None
+        if settings.dispatch == "database":
+            leader = AdvisoryLeader(psycopg_dsn(engine))
+        cross = CrossStamper(engine, settings, lambda: None, clock, leader=leader)
 
         def on_commit(head: str) -> None:
             cross.head_committed(head)
@@ -296,7 +308,7 @@ def create_app(
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
                                  key.armored, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
-                                 key_files=log_key_files(keys))
+                                 key_files=log_key_files(keys), leader=leader)
         await dispatcher.start()
         journal.start()
         committer.start()
@@ -316,6 +328,8 @@ def create_app(
             await committer.stop()
             await dispatcher.stop()
             await journal.stop()
+            if leader is not None:
+                leader.close()
             engine.dispose()
 
     app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,

@@ -19,6 +19,7 @@ during an unfinished period are simply not assigned yet, so they reach the next 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -52,6 +53,7 @@ class LogCommitter:
         on_commit: Callable[[str], None] | None = None,
         peer_keys: Callable[[], dict[str, str]] | None = None,
         key_files: dict[str, str] | None = None,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
         self.engine = engine
         self.repo = repo
@@ -62,6 +64,8 @@ class LogCommitter:
         self.on_commit = on_commit  # called in a thread with each new head
         self.peer_keys = peer_keys or dict
         self.key_files = key_files or {}  # the server's further public keys, by log path
+        # Several API hosts: only the holder of the log lock commits (see server.leader).
+        self.leader = leader
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.started_at = clock()
@@ -91,6 +95,10 @@ class LogCommitter:
     async def commit_now(self) -> str | None:
         """Commit pending and newly stamped hashes; return the new head (None if nothing)."""
         async with self._lock:
+            if self.leader is not None:
+                if not await asyncio.to_thread(self.leader):
+                    return None  # another host writes the log
+                await asyncio.to_thread(self.sync_from_db)
             head = None
             for lc_id in await asyncio.to_thread(self._pending_ids):
                 head = await self._finish(lc_id)
@@ -140,12 +148,44 @@ class LogCommitter:
                     commits.append(commit)
         return commits, digests
 
-    def _mark(self, lc_id: int, git_commit: str, count: int) -> None:
+    def _mark(self, lc_id: int, git_commit: str, count: int, raw: str | None = None,
+              files: dict[str, str] | None = None) -> None:
+        values: dict[str, object] = {"state": LogCommitState.COMMITTED,
+                                     "git_commit": git_commit, "hash_count": count}
+        if raw is not None:
+            values.update(raw=raw, files=json.dumps(files or {}))
         with self.engine.begin() as conn:
-            conn.execute(
-                update(LogCommit).where(LogCommit.id == lc_id)
-                .values(state=LogCommitState.COMMITTED, git_commit=git_commit, hash_count=count)
-            )
+            conn.execute(update(LogCommit).where(LogCommit.id == lc_id).values(**values))
+
+    def sync_from_db(self) -> int:
+        """Bring the local repository up to the log recorded in the database (the log writer
+        may have moved here from another host): rebuild every recorded commit that is missing,
+        check it has the recorded id, and point main at the newest. Returns commits added."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(LogCommit.id, LogCommit.git_commit, LogCommit.raw, LogCommit.files)
+                .where(LogCommit.state == LogCommitState.COMMITTED,
+                       LogCommit.raw.is_not(None)).order_by(LogCommit.id)).all()
+        added = 0
+        for lc_id, git_commit, raw, files_json in rows:
+            if self.repo.has(git_commit):
+                continue
+            hashes, digests = self._hashes(lc_id)
+            files = json.loads(files_json or "{}")
+            pubkey = files.pop("pubkey.asc", self.pubkey)
+            peers = {p[len("peers/"):-len(".asc")]: c for p, c in files.items()
+                     if p.startswith("peers/")}
+            others = {p: c for p, c in files.items() if not p.startswith("peers/")}
+            self.repo.tree(hashes, pubkey, digests, peers, others)
+            oid = self.repo.write_raw_commit(raw.encode("ascii"))
+            if oid != git_commit:
+                raise RuntimeError(f"log commit {lc_id} rebuilt as {oid}, recorded {git_commit}")
+            added += 1
+        if rows and self.repo.head() != rows[-1][1]:
+            self.repo.force_main(rows[-1][1])
+        if added:
+            log.info("rebuilt %d log commits recorded by another host", added)
+        return added
 
     # -- one commit --------------------------------------------------------------------------
     async def _finish(self, lc_id: int) -> str:
@@ -162,6 +202,8 @@ class LogCommitter:
         peer_keys = await asyncio.to_thread(self.peer_keys)
         tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests, peer_keys,
                                        self.key_files)
+        files = {"pubkey.asc": self.pubkey, **self.key_files,
+                 **{f"peers/{n}.asc": k for n, k in peer_keys.items()}}
         try:
             async with asyncio.timeout(SIGN_TIMEOUT):
                 signed = await self.dispatcher.sign({
@@ -175,7 +217,7 @@ class LogCommitter:
         commit_id = await asyncio.to_thread(
             self.repo.store_commit, signed.text.encode("ascii"), head
         )
-        await asyncio.to_thread(self._mark, lc_id, commit_id, count)
+        await asyncio.to_thread(self._mark, lc_id, commit_id, count, signed.text, files)
         log.info("log commit %d: %s with %d hashes", lc_id, commit_id, count)
         await self._announce(commit_id)
         return commit_id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments INTEGER PRIMARY KEY columns.
@@ -63,6 +63,10 @@ class LogCommit(Base):
     state: Mapped[str] = mapped_column(String(16), default=LogCommitState.PENDING)
     hash_count: Mapped[int] = mapped_column(Integer, default=0)
     git_commit: Mapped[str | None] = mapped_column(String(64))
+    # What it takes to rebuild the commit on another host (the log writer can move between
+    # API hosts): the signed commit object and the tree's files other than hashes/digests.
+    raw: Mapped[str | None] = mapped_column(Text)
+    files: Mapped[str | None] = mapped_column(Text)  # JSON {path: content}
 
 
 class Peer(Base):
@@ -100,6 +104,46 @@ class CrossStamp(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     stamp_commit: Mapped[str | None] = mapped_column(String(64))  # the peer's stamp, once done
+    stamp_text: Mapped[str | None] = mapped_column(Text)  # the stamp object itself
 
     __table_args__ = (UniqueConstraint("peer", "log_commit", name="uq_cross_stamps_peer_head"),
                       Index("ix_cross_stamps_state", "state", "next_attempt_at"))
+
+
+class JobState:
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Job(Base):
+    """A signing job handed over through the database (``STAMPD_DISPATCH=database``): API
+    hosts insert jobs, worker hosts claim them with ``FOR UPDATE SKIP LOCKED``."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[str] = mapped_column(Text)  # the job as JSON (see workers.wire)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
+    worker: Mapped[str | None] = mapped_column(String(128))
+    claimed_at: Mapped[float | None] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    result: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_jobs_claim", "state", "key_id", "id"),)
+
+
+class WorkerHeartbeat(Base):
+    """A worker of a `stampd worker` host, alive while ``last_seen`` is recent."""
+
+    __tablename__ = "worker_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(64))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)

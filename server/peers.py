@@ -157,13 +157,15 @@ class PeerStatus:
 
 class CrossStamper:
     def __init__(self, engine: Engine, settings: Settings, pubkey_changed: Callable[[], None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 leader: Callable[[], bool] | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.peers = {p.name: p for p in settings.peer_list}
         self.repo = LogRepository(settings.log_repo)  # its own handle, used from threads
         self.clock = clock
         self.pubkey_changed = pubkey_changed
+        self.leader = leader  # several API hosts: only the log writer talks to peers
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._inflight: dict[str, asyncio.Task[None]] = {}
@@ -251,6 +253,8 @@ class CrossStamper:
                     await self._wake.wait()
             self._wake.clear()
             try:
+                if self.leader is not None and not await asyncio.to_thread(self.leader):
+                    continue
                 due = await asyncio.to_thread(self._due)
             except Exception:
                 log.exception("cannot read cross-stamp rows")
@@ -295,7 +299,7 @@ class CrossStamper:
         else:
             self.last_success[name] = self.clock()
             await asyncio.to_thread(self._done, row_id, stamp)
-            log.info("peer %s stamped log head %s: %s", name, head, stamp)
+            log.info("peer %s stamped log head %s: %s", name, head, stamp[0])
         finally:
             self._inflight.pop(name, None)
             self.attempts += 1
@@ -313,11 +317,12 @@ class CrossStamper:
         log.warning("cross-stamp row %d failed (attempt %d, retry in %ds): %s",
                     row_id, attempts, int(delay), error)
 
-    def _done(self, row_id: int, stamp: str) -> None:
+    def _done(self, row_id: int, stamp: tuple[str, str]) -> None:
         now = int(self.clock())
         with self.engine.begin() as conn:
             conn.execute(update(CrossStamp).where(CrossStamp.id == row_id).values(
-                state=CrossStampState.DONE, stamp_commit=stamp, updated_at=now,
+                state=CrossStampState.DONE, stamp_commit=stamp[0], stamp_text=stamp[1],
+                updated_at=now,
                 attempts=CrossStamp.attempts + 1, last_error=None))
 
     # -- one attempt (in a thread) -------------------------------------------------------------
@@ -348,10 +353,28 @@ class CrossStamper:
         self._keyrings[peer.name] = PeerKeyring(armored, key.fingerprint)
         return key.fingerprint, key.uid, self._keyrings[peer.name]
 
-    def _stamp(self, name: str, head: str) -> str:
+    def _sync_branch(self, name: str, branch: str) -> None:
+        """Stamps recorded by another host (the log writer moved): put them on the branch."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(CrossStamp.stamp_commit, CrossStamp.stamp_text)
+                .where(CrossStamp.peer == name, CrossStamp.state == CrossStampState.DONE,
+                       CrossStamp.stamp_text.is_not(None)).order_by(CrossStamp.id)).all()
+        if not rows:
+            return
+        for oid, stamp_text in rows:
+            if not self.repo.has(oid) and self.repo.write_raw_commit(
+                    stamp_text.encode("ascii")) != oid:
+                raise PeerError(f"recorded stamp {oid} of {name} does not rebuild")
+        if self.repo.branch_head(branch) != rows[-1][0]:
+            self.repo.repo.references.create(f"refs/heads/{branch}", rows[-1][0], force=True)
+
+    def _stamp(self, name: str, head: str) -> tuple[str, str]:
         peer = self.peers[name]
         _fpr, uid, keyring = self._peer_key(peer)
         branch = f"{name}-timestamps"
+        if self.leader is not None:
+            self._sync_branch(name, branch)
         parent = self.repo.branch_head(branch)
         tree = self.repo.commit_tree(head)
         fields = {"request": "stamp-branch-v1", "commit": head, "tree": tree}
@@ -364,4 +387,4 @@ class CrossStamper:
         created = keyring.verify(checked.payload, checked.signature)
         if abs(created - now) >= CLOCK_SKEW:
             raise PeerError(f"signature time is {created - now:+d} s off our clock")
-        return self.repo.store_on_branch(text.encode("ascii"), branch, parent)
+        return self.repo.store_on_branch(text.encode("ascii"), branch, parent), text

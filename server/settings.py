@@ -10,8 +10,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
@@ -71,6 +72,15 @@ class Settings(BaseSettings):
     # Public log.
     commit_interval: float = Field(default=3600.0, gt=0, description="seconds between log commits")
 
+    # How jobs reach workers: "socket" (workers on this host, over data_dir/run/dispatch.sock)
+    # or "database" (several hosts sharing one PostgreSQL; jobs claimed FOR UPDATE SKIP LOCKED).
+    dispatch: Literal["socket", "database"] = Field(
+        default="socket", description="socket (one host) or database (hosts share PostgreSQL)"
+    )
+    heartbeat_timeout: float = Field(
+        default=10.0, gt=0, description="seconds without a heartbeat before a worker is dead"
+    )
+
     # Peers that cross-stamp our log: "name=URL[#FINGERPRINT],name2=URL2".
     peers: str = Field(default="", description="peer servers that stamp our log")
     peer_timeout: float = Field(default=30.0, gt=0, description="seconds per peer request")
@@ -116,6 +126,12 @@ class Settings(BaseSettings):
     def _peers_parse(cls, v: str) -> str:
         parse_peers(v)
         return v
+
+    @model_validator(mode="after")
+    def _database_dispatch_needs_postgres(self) -> Settings:
+        if self.dispatch == "database" and not (self.database_url or "").startswith("postgresql"):
+            raise ValueError("STAMPD_DISPATCH=database needs a PostgreSQL STAMPD_DATABASE_URL")
+        return self
 
     @property
     def peer_list(self) -> list[PeerConfig]:

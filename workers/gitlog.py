@@ -143,6 +143,15 @@ class LogRepository:
                 break
         return out
 
+    def has(self, oid: str) -> bool:
+        return oid in self.repo
+
+    def write_raw_commit(self, raw: bytes) -> str:
+        return str(self.repo.odb.write(ObjectType.COMMIT, raw))
+
+    def force_main(self, oid: str) -> None:
+        self.repo.references.create(MAIN, oid, force=True)
+
     def message(self, commit_id: str) -> str:
         commit = self.repo[commit_id]
         assert isinstance(commit, pygit2.Commit)

@@ -13,6 +13,8 @@ The supervisor removes the home (and kills a left-over agent) after the process 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import select
@@ -152,6 +154,69 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
         sock.sendall(wire.encode(reply))
 
 
+CLAIM = (
+    "UPDATE jobs SET state = 'claimed', worker = %(w)s, claimed_at = %(t)s, "
+    "attempts = attempts + 1 WHERE id = (SELECT id FROM jobs WHERE state = 'queued' "
+    "AND key_id = %(k)s ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id, payload"
+)
+STORE = (
+    "UPDATE jobs SET state = %(s)s, result = %(r)s, error = %(e)s "
+    "WHERE id = %(id)s AND worker = %(w)s AND state = 'claimed'"
+)
+BEAT = (
+    "INSERT INTO worker_heartbeats (name, key_id, pid, started_at, last_seen) "
+    "VALUES (%(w)s, %(k)s, %(p)s, %(t)s, %(t)s) "
+    "ON CONFLICT (name) DO UPDATE SET last_seen = EXCLUDED.last_seen, key_id = EXCLUDED.key_id"
+)
+
+
+def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, key_id: str,
+             beat_every: float = 2.0) -> int:
+    """The worker loop of ``STAMPD_DISPATCH=database``: claim, sign, record, notify."""
+    import psycopg
+
+    parent = os.getppid()
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute("LISTEN stampd_jobs")
+        last_beat = 0.0
+        try:
+            while True:
+                now = time.time()
+                if now - last_beat >= beat_every:
+                    conn.execute(BEAT, {"w": name, "k": key_id, "p": os.getpid(), "t": now})
+                    last_beat = now
+                row = conn.execute(CLAIM, {"w": name, "t": now, "k": key_id}).fetchone()
+                if row is not None:
+                    job_id, payload = row
+                    try:
+                        result, state, error = signer.build(json.loads(payload)), "done", None
+                    except (AgentError, SshAgentError):
+                        log.exception("worker %s: signing failed; exiting (the job is "
+                                      "requeued once our heartbeat stops)", name)
+                        return EXIT_AGENT_DIED
+                    except (KeyError, ValueError, TypeError, UnicodeError) as e:
+                        result, state, error = None, "failed", f"malformed job: {e!r}"
+                    stored = conn.execute(STORE, {"s": state, "r": result, "e": error,
+                                                  "id": job_id, "w": name})
+                    if stored.rowcount == 1:
+                        conn.execute("SELECT pg_notify('stampd_done', %s)", (str(job_id),))
+                    else:  # taken over meanwhile: this signature is never issued
+                        log.warning("worker %s: job %s was taken over; result dropped",
+                                    name, job_id)
+                    continue
+                for _ in conn.notifies(timeout=1.0, stop_after=1):
+                    pass
+                if not agent.running:
+                    log.error("worker %s: agent %s is gone", name, agent.pid)
+                    return EXIT_AGENT_DIED
+                if os.getppid() != parent:
+                    log.error("worker %s: supervisor is gone", name)
+                    return EXIT_NO_DISPATCHER
+        finally:
+            with contextlib.suppress(Exception):
+                conn.execute("DELETE FROM worker_heartbeats WHERE name = %s", (name,))
+
+
 def main(argv: list[str] | None = None) -> int:
     from server.settings import Settings
 
@@ -182,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             key = agent.import_secret_key(KeyStore(key_dir).secret_key_file)
             signer, fingerprint = OpenPgpSigner(key, agent.connect()), key.fingerprint
+        if settings.dispatch == "database":
+            from sqlalchemy.engine import make_url
+
+            dsn = make_url(settings.db_url).set(drivername="postgresql").render_as_string(
+                hide_password=False)
+            log.info("ready: key %s (%s), agent pid %d, jobs from the database",
+                     fingerprint, args.key_id, agent.pid)
+            return serve_db(dsn, signer, agent, args.name, args.key_id)
         sock = connect(settings.dispatch_socket, time.monotonic() + 120)
         sock.sendall(wire.encode({"hello": {"worker": args.name, "pid": os.getpid(),
                                             "fingerprint": fingerprint, "key": args.key_id}}))
