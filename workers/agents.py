@@ -38,7 +38,6 @@ import socket
 import stat
 import string
 import subprocess
-import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeAlias
 
+from workers.agentsocket import AgentSocket
 from workers.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from workers.sexp import SexpError, signature_values
 
@@ -195,7 +195,7 @@ def agent_socket_path(home: Path, gpgconf: str = "gpgconf") -> Path:
 # Assuan
 
 
-class AssuanConnection:
+class AssuanConnection(AgentSocket):
     """One persistent Assuan connection to gpg-agent.
 
     Requests are written in one go and answers read through a buffer; every request has a
@@ -203,6 +203,9 @@ class AssuanConnection:
     connection usable; a timeout, a closed socket or a protocol violation also raises
     :class:`AgentError` and makes the connection unusable (every later call fails at once).
     """
+
+    agent_name = "gpg-agent"
+    error = AgentError
 
     def __init__(
         self,
@@ -212,13 +215,10 @@ class AssuanConnection:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         """Take over ``sock``, a socket already connected to the agent; read its greeting."""
-        self._sock: socket.socket | None = sock
+        super().__init__(sock, timeout=timeout)
         self._passphrase = passphrase.encode("utf-8") if passphrase is not None else None
-        self._timeout = timeout
         self._buffer = bytearray()
         self._scanned = 0  # bytes at the start of _buffer known to hold no newline
-        self._broken: str | None = None
-        self._lock = threading.Lock()
         try:
             with self._lock:
                 self._read_response(time.monotonic() + timeout)  # the greeting
@@ -228,40 +228,6 @@ class AssuanConnection:
         except BaseException:
             self.close()
             raise
-
-    @classmethod
-    def open(
-        cls,
-        path: Path,
-        *,
-        passphrase: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> AssuanConnection:
-        """Connect to the agent socket at ``path``."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(timeout)
-            sock.connect(os.fspath(path))
-        except OSError as exc:
-            sock.close()
-            raise AgentError(f"cannot connect to gpg-agent at {path}: {exc}") from exc
-        return cls(sock, passphrase=passphrase, timeout=timeout)
-
-    @property
-    def timeout(self) -> float:
-        """Seconds one request may take (default 30)."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value: float) -> None:
-        if value <= 0:
-            raise ValueError("timeout must be positive")
-        self._timeout = value
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection is closed or broken."""
-        return self._sock is None
 
     def sign(self, keygrip: str, hash_algo: int, digest: bytes) -> list[int]:
         """Sign ``digest`` (made with OpenPGP hash algorithm ``hash_algo``) with a key.
@@ -310,54 +276,10 @@ class AssuanConnection:
             self._send(line + b"\n")
             return self._read_response(deadline)
 
-    def close(self) -> None:
-        """Close the socket (the agent drops the session). Idempotent."""
-        sock, self._sock = self._sock, None
-        if self._broken is None:
-            self._broken = "connection closed"
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-    def __enter__(self) -> AssuanConnection:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # -- internals ----------------------------------------------------------------------
 
-    def _fail(self, reason: str, cause: BaseException | None = None) -> AgentError:
-        """Mark the connection unusable; the error to raise."""
-        if self._broken is None:
-            self._broken = reason
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
-        error = AgentError(f"gpg-agent connection failed: {reason}")
-        error.__cause__ = cause
-        return error
-
-    def _check_usable(self) -> socket.socket:
-        if self._sock is None:
-            raise AgentError(f"gpg-agent connection unusable: {self._broken}")
-        return self._sock
-
-    def _send(self, data: bytes) -> None:
-        sock = self._check_usable()
-        try:
-            sock.settimeout(self._timeout)
-            sock.sendall(data)
-        except OSError as exc:
-            raise self._fail(f"send: {exc}", exc) from exc
-
     def _readline(self, deadline: float) -> bytes:
-        sock = self._check_usable()
+        self._check_usable()
         while True:
             newline = self._buffer.find(b"\n", self._scanned)
             if newline >= 0:
@@ -368,19 +290,7 @@ class AssuanConnection:
             self._scanned = len(self._buffer)
             if self._scanned > _MAX_RESPONSE:
                 raise self._fail("line too long")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no answer within {self._timeout:g} s")
-            try:
-                sock.settimeout(remaining)
-                chunk = sock.recv(65536)
-            except TimeoutError as exc:
-                raise self._fail(f"no answer within {self._timeout:g} s", exc) from exc
-            except OSError as exc:
-                raise self._fail(f"receive: {exc}", exc) from exc
-            if not chunk:
-                raise self._fail("agent closed the connection")
-            self._buffer += chunk
+            self._buffer += self._recv(65536, deadline)
 
     def _read_response(self, deadline: float) -> bytes:
         """Read up to the final OK or ERR of one request; return its data."""

@@ -33,13 +33,13 @@ import socket
 import stat
 import struct
 import subprocess
-import threading
 import time
 import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TypeAlias
 
+from workers.agentsocket import AgentSocket
 from workers.sshsig import (
     DEFAULT_HASH,
     SshPublicKey,
@@ -92,7 +92,7 @@ class SshAgentError(Exception):
 # The agent protocol
 
 
-class SshAgentConnection:
+class SshAgentConnection(AgentSocket):
     """One persistent connection to ssh-agent.
 
     Every request has a deadline of :attr:`timeout` seconds. ``SSH_AGENT_FAILURE`` answers
@@ -101,42 +101,8 @@ class SshAgentConnection:
     (every later call fails at once).
     """
 
-    def __init__(self, sock: socket.socket, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Take over ``sock``, a socket already connected to the agent."""
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        self._sock: socket.socket | None = sock
-        self._timeout = timeout
-        self._broken: str | None = None
-        self._lock = threading.Lock()
-
-    @classmethod
-    def open(cls, path: Path, *, timeout: float = DEFAULT_TIMEOUT) -> SshAgentConnection:
-        """Connect to the agent socket at ``path``."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(timeout)
-            sock.connect(os.fspath(path))
-        except OSError as exc:
-            sock.close()
-            raise SshAgentError(f"cannot connect to ssh-agent at {path}: {exc}") from exc
-        return cls(sock, timeout=timeout)
-
-    @property
-    def timeout(self) -> float:
-        """Seconds one request may take (default 30)."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value: float) -> None:
-        if value <= 0:
-            raise ValueError("timeout must be positive")
-        self._timeout = value
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection is closed or broken."""
-        return self._sock is None
+    agent_name = "ssh-agent"
+    error = SshAgentError
 
     def list_identities(self) -> list[SshPublicKey]:
         """The agent's keys of the types :mod:`workers.sshsig` supports, with their comments.
@@ -197,26 +163,6 @@ class SshAgentConnection:
             raise SshAgentError(f"ssh-agent returned an unusable signature: {exc}") from exc
         return sshsig_armor(key.blob, namespace, signature, hash_alg)
 
-    def close(self) -> None:
-        """Close the socket. Idempotent."""
-        sock, self._sock = self._sock, None
-        if self._broken is None:
-            self._broken = "connection closed"
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-    def __enter__(self) -> SshAgentConnection:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # -- internals ----------------------------------------------------------------------
 
     def _request(self, msg_type: int, payload: bytes, expect: int) -> bytes:
@@ -237,47 +183,11 @@ class SshAgentConnection:
             raise SshAgentError(f"ssh-agent refused request {msg_type} (SSH_AGENT_FAILURE)")
         raise self._fail(f"unexpected answer type {answer_type} to request {msg_type}")
 
-    def _fail(self, reason: str, cause: BaseException | None = None) -> SshAgentError:
-        """Mark the connection unusable; the error to raise."""
-        if self._broken is None:
-            self._broken = reason
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
-        error = SshAgentError(f"ssh-agent connection failed: {reason}")
-        error.__cause__ = cause
-        return error
-
-    def _check_usable(self) -> socket.socket:
-        if self._sock is None:
-            raise SshAgentError(f"ssh-agent connection unusable: {self._broken}")
-        return self._sock
-
-    def _send(self, data: bytes) -> None:
-        sock = self._check_usable()
-        try:
-            sock.settimeout(self._timeout)
-            sock.sendall(data)
-        except OSError as exc:
-            raise self._fail(f"send: {exc}", exc) from exc
-
     def _recv_exactly(self, size: int, deadline: float) -> bytes:
-        sock = self._check_usable()
         chunks = []
         missing = size
         while missing:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no answer within {self._timeout:g} s")
-            try:
-                sock.settimeout(remaining)
-                chunk = sock.recv(missing)
-            except TimeoutError as exc:
-                raise self._fail(f"no answer within {self._timeout:g} s", exc) from exc
-            except OSError as exc:
-                raise self._fail(f"receive: {exc}", exc) from exc
-            if not chunk:
-                raise self._fail("agent closed the connection")
+            chunk = self._recv(missing, deadline)
             chunks.append(chunk)
             missing -= len(chunk)
         return b"".join(chunks)
