@@ -70,7 +70,7 @@ def parse_digest_body(ctype: str, body: bytes) -> tuple[DigestRequest, dict[str,
         if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
             raise ValidationFailed('send a JSON object like {"sha256": "<hex>"}')
         fields = {k: [v] for k, v in data.items()}
-    choice = {k: fields.pop(k) for k in ("format", "key") if k in fields}
+    choice: dict[str, list[str]] = {k: fields.pop(k) for k in ("format", "key") if k in fields}
     unknown = sorted(set(fields) - set(ALGORITHMS))
     if unknown:
         raise ValidationFailed(f"unknown field or algorithm {unknown[0]!r}; use sha256 or sha512")
@@ -138,8 +138,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
     @app.get("/v1/keys/allowed_signers")
     async def allowed_signers() -> Response:
         """For `git config gpg.ssh.allowedSignersFile` and `ssh-keygen -Y verify -f`."""
-        lines = [k.allowed_signers(SSH_NAMESPACES) for k in services().keys]
-        text = "".join(line for line in lines if line)
+        text = "".join(k.allowed_signers(SSH_NAMESPACES) or "" for k in services().keys)
         if not text:
             raise NotFound("this server has no SSH key")
         return PlainTextResponse(text)
@@ -160,7 +159,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
                         Stamp.state == StampState.SIGNED, Stamp.receipt.is_not(None),
                     ).order_by(Stamp.id)
                 )
-                return [r[0] for r in rows]
+                return [r[0] for r in rows if r[0] is not None]
 
         receipts = await asyncio.to_thread(query)
         if not receipts:

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from server.errors import QueueFull, SigningFailed, Unavailable
 from server.metrics import Stats
@@ -33,6 +33,12 @@ RETRY, NEW = 0, 1  # queue priorities: retried jobs first
 class Signed:
     text: str  # the signed git object
     worker: str  # name of the worker that signed it
+
+
+class SigningDispatcher(Protocol):
+    """What the stamping path needs of a dispatcher (`Dispatcher`, `DbDispatcher`)."""
+
+    async def sign(self, payload: dict[str, Any], key: str = ...) -> Signed: ...
 
 
 @dataclass

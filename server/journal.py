@@ -15,9 +15,9 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, bindparam, insert, update
+from sqlalchemy import Connection, Engine, Table, bindparam, insert, update
 
 from server.errors import JournalError
 from server.metrics import Stats
@@ -186,7 +186,7 @@ class _SqlAlchemyWriter:
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
         if self.conn is None or self.conn.closed or self.conn.invalidated:
             self.conn = self.engine.connect()
-        table = Stamp.__table__
+        table = cast(Table, Stamp.__table__)
         try:
             with self.conn.begin():
                 ids: list[int] = []

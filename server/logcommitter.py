@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine, func, insert, select, update
 
-from server.dispatch import Dispatcher
+from server.dispatch import SigningDispatcher
 from server.errors import StampError
 from server.models import LogCommit, LogCommitState, Stamp
 from workers.gitlog import LogRepository
@@ -46,7 +46,7 @@ class LogCommitter:
         self,
         engine: Engine,
         repo: LogRepository,
-        dispatcher: Dispatcher,
+        dispatcher: SigningDispatcher,
         pubkey: str,
         interval: float,
         clock: Callable[[], float] = time.time,
@@ -102,9 +102,9 @@ class LogCommitter:
             head = None
             for lc_id in await asyncio.to_thread(self._pending_ids):
                 head = await self._finish(lc_id)
-            lc_id = await asyncio.to_thread(self._assign)
-            if lc_id is not None:
-                head = await self._finish(lc_id)
+            new_id = await asyncio.to_thread(self._assign)
+            if new_id is not None:
+                head = await self._finish(new_id)
             return head
 
     # -- database steps (run in a thread) -------------------------------------------------
@@ -144,7 +144,7 @@ class LogCommitter:
             for kind, commit, algorithm, digest in rows:
                 if kind == "digest":
                     digests.append(f"{algorithm} {digest}")
-                else:
+                elif commit is not None:
                     commits.append(commit)
         return commits, digests
 
@@ -165,9 +165,11 @@ class LogCommitter:
             rows = conn.execute(
                 select(LogCommit.id, LogCommit.git_commit, LogCommit.raw, LogCommit.files)
                 .where(LogCommit.state == LogCommitState.COMMITTED,
-                       LogCommit.raw.is_not(None)).order_by(LogCommit.id)).all()
+                       LogCommit.raw.is_not(None), LogCommit.git_commit.is_not(None))
+                .order_by(LogCommit.id)).all()
         added = 0
         for lc_id, git_commit, raw, files_json in rows:
+            assert git_commit is not None and raw is not None
             if self.repo.has(git_commit):
                 continue
             hashes, digests = self._hashes(lc_id)
@@ -181,8 +183,9 @@ class LogCommitter:
             if oid != git_commit:
                 raise RuntimeError(f"log commit {lc_id} rebuilt as {oid}, recorded {git_commit}")
             added += 1
-        if rows and self.repo.head() != rows[-1][1]:
-            self.repo.force_main(rows[-1][1])
+        newest = rows[-1][1] if rows else None
+        if newest is not None and self.repo.head() != newest:
+            self.repo.force_main(newest)
         if added:
             log.info("rebuilt %d log commits recorded by another host", added)
         return added

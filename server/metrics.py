@@ -39,7 +39,8 @@ class Histogram:
         self.total += seconds
 
     def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, n in zip((*LATENCY_BUCKETS, float("inf")), self.counts, strict=True):
             running += n
             out.append(("+Inf" if bound == float("inf") else repr(bound), running))

@@ -243,7 +243,7 @@ class CrossStamper:
     def pinned_keys(self) -> dict[str, str]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(Peer.name, Peer.pubkey).where(Peer.pubkey.is_not(None)))
-            return {name: key for name, key in rows if name in self.peers}
+            return {name: key for name, key in rows if name in self.peers and key}
 
     # -- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -359,15 +359,18 @@ class CrossStamper:
             rows = conn.execute(
                 select(CrossStamp.stamp_commit, CrossStamp.stamp_text)
                 .where(CrossStamp.peer == name, CrossStamp.state == CrossStampState.DONE,
-                       CrossStamp.stamp_text.is_not(None)).order_by(CrossStamp.id)).all()
+                       CrossStamp.stamp_commit.is_not(None), CrossStamp.stamp_text.is_not(None))
+                .order_by(CrossStamp.id)).all()
         if not rows:
             return
         for oid, stamp_text in rows:
+            assert oid is not None and stamp_text is not None
             if not self.repo.has(oid) and self.repo.write_raw_commit(
                     stamp_text.encode("ascii")) != oid:
                 raise PeerError(f"recorded stamp {oid} of {name} does not rebuild")
-        if self.repo.branch_head(branch) != rows[-1][0]:
-            self.repo.repo.references.create(f"refs/heads/{branch}", rows[-1][0], force=True)
+        last = rows[-1][0]
+        if last is not None and self.repo.branch_head(branch) != last:
+            self.repo.repo.references.create(f"refs/heads/{branch}", last, force=True)
 
     def _stamp(self, name: str, head: str) -> tuple[str, str]:
         peer = self.peers[name]
