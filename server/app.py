@@ -27,14 +27,10 @@ from server.digests import add_digest_routes, problem
 from server.dispatch import Dispatcher, Signed
 from server.errors import (
     BadRequest,
-    BodyTooLarge,
     JournalError,
-    LengthRequired,
-    RequestTimeout,
     StampError,
     Unavailable,
     UnknownRequest,
-    UnsupportedMediaType,
 )
 from server.journal import Journal
 from server.leader import AdvisoryLeader
@@ -43,6 +39,7 @@ from server.metrics import StampdCollector, Stats
 from server.peers import CrossStamper
 from server.publish import add_log_routes
 from server.receipts import DigestRequest, Statement
+from server.requestbody import read_body
 from server.settings import Settings
 from server.zeitgitter import (
     GET_PUBLIC_KEY,
@@ -95,49 +92,9 @@ def _job(req: TagRequest | BranchRequest, t: int, url: str, uid: str | None = No
     return job
 
 
-def _content_type(headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None]:
-    """(media type, Content-Length) from raw ASGI headers."""
-    mtype, length = "", None
-    for name, value in headers:
-        if name == b"content-type":
-            mtype = value.decode("latin-1").split(";")[0].strip().lower()
-        elif name == b"content-length":
-            length = value.decode("latin-1")
-    return mtype, length
-
-
-async def _receive_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise RequestTimeout("client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"body larger than {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Fields:
     """Read and parse a form body within the size and time limits."""
-    mtype, length = _content_type(scope["headers"])
-    if mtype not in (URLENCODED, MULTIPART):
-        raise UnsupportedMediaType(f"send {URLENCODED} or {MULTIPART}")
-    if length is None:
-        raise LengthRequired("Content-Length is required")
-    if not length.isdigit():
-        raise BadRequest("malformed Content-Length")
-    if int(length) > settings.max_body:
-        raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
-    try:
-        async with asyncio.timeout(settings.body_timeout):
-            body = await _receive_body(receive, settings.max_body)
-    except TimeoutError:
-        raise RequestTimeout("body not received in time") from None
+    mtype, body = await read_body(scope, receive, settings, (URLENCODED, MULTIPART), BadRequest)
     fields: dict[str, list[str]] = {}
     if mtype == URLENCODED:
         try:

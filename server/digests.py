@@ -21,16 +21,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import select
 
 from server.errors import (
-    BodyTooLarge,
-    LengthRequired,
     NotFound,
-    RequestTimeout,
     StampError,
-    UnsupportedMediaType,
     ValidationFailed,
 )
 from server.models import Stamp, StampState
 from server.receipts import ALGORITHMS, DigestRequest, check_digest, parse_statement, split_receipt
+from server.requestbody import read_body
 from server.zeitgitter import choose_key, key_fields
 
 if TYPE_CHECKING:
@@ -102,21 +99,8 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
     @app.post("/v1/stamps")
     async def stamp_digest(request: Request) -> Response:
         s = services()
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype not in (URLENCODED, JSON):
-            raise UnsupportedMediaType(f"send {URLENCODED} or {JSON}")
-        length = request.headers.get("content-length")
-        if length is None:
-            raise LengthRequired("Content-Length is required")
-        if not length.isdigit() or int(length) > s.settings.max_body:
-            raise BodyTooLarge(f"body larger than {s.settings.max_body} bytes")
-        try:
-            async with asyncio.timeout(s.settings.body_timeout):
-                body = await request.body()
-        except TimeoutError:
-            raise RequestTimeout("body not received in time") from None
-        if len(body) > s.settings.max_body:
-            raise BodyTooLarge(f"body larger than {s.settings.max_body} bytes")
+        ctype, body = await read_body(request.scope, request.receive, s.settings,
+                                      (URLENCODED, JSON), ValidationFailed)
         req, choice = parse_digest_body(ctype, body)
         key = choose_key(s.keys, *key_fields(choice, ValidationFailed), ValidationFailed)
         statement, receipt = await Stamper(s).receipt(req, key)
