@@ -136,11 +136,15 @@ class DbDispatcher:
                 self._stop.wait(1.0)
 
     def _sweep(self) -> None:
-        ids = list(self._waiting)
-        if ids:
-            self._finish(ids, only_finished=True)
+        self._finish(list(self._waiting.copy()))  # (copy: the event loop mutates it)
 
-    def _finish(self, ids: list[int], only_finished: bool = False) -> None:
+    def _finish(self, ids: list[int]) -> None:
+        """Resolve the requests of this process among ``ids`` whose jobs are finished.
+        (Every API host hears every notification; jobs of other hosts are skipped here.)"""
+        waiting = self._waiting.copy()  # the event loop mutates it; copying is atomic
+        ids = [i for i in ids if i in waiting]
+        if not ids:
+            return
         with self.engine.connect() as conn:
             rows = conn.execute(text(
                 "SELECT id, state, result, worker, error FROM jobs "
@@ -177,18 +181,20 @@ class DbDispatcher:
                 "SELECT name, key_id, pid FROM worker_heartbeats WHERE last_seen >= :d"),
                 {"d": dead}).all()
             self.workers = {r.name: WorkerView(r.name, r.key_id, r.pid) for r in alive}
-            requeued = conn.execute(text(
-                "UPDATE jobs SET state = 'queued', worker = NULL, claimed_at = NULL "
-                "WHERE state = 'claimed' AND attempts < :max AND (claimed_at < :late "
+            # Claims of dead or late workers: back to the queue, or failed after max attempts.
+            taken = conn.execute(text(
+                "UPDATE jobs SET "
+                "state = CASE WHEN attempts < :max THEN 'queued' ELSE 'failed' END, "
+                "worker = CASE WHEN attempts < :max THEN NULL ELSE worker END, "
+                "claimed_at = CASE WHEN attempts < :max THEN NULL ELSE claimed_at END, "
+                "error = CASE WHEN attempts < :max THEN error "
+                "ELSE 'signing failed too often' END "
+                "WHERE state = 'claimed' AND (claimed_at < :late "
                 "OR worker NOT IN (SELECT name FROM worker_heartbeats WHERE last_seen >= :d)) "
-                "RETURNING id"), {"max": self.max_attempts, "late": now - self.sign_timeout,
-                                  "d": dead}).all()
-            failed = conn.execute(text(
-                "UPDATE jobs SET state = 'failed', error = 'signing failed too often' "
-                "WHERE state = 'claimed' AND attempts >= :max AND (claimed_at < :late "
-                "OR worker NOT IN (SELECT name FROM worker_heartbeats WHERE last_seen >= :d)) "
-                "RETURNING id"), {"max": self.max_attempts, "late": now - self.sign_timeout,
-                                  "d": dead}).all()
+                "RETURNING id, state"), {"max": self.max_attempts, "late": now - self.sign_timeout,
+                                         "d": dead}).all()
+            requeued = [r for r in taken if r.state == "queued"]
+            failed = [r for r in taken if r.state == "failed"]
             if requeued:
                 conn.execute(text(f"NOTIFY {JOBS_CHANNEL}"))
             if failed:

@@ -190,3 +190,33 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
     finally:
         for h in hosts:
             h.stop()
+
+
+def test_reaper_requeues_then_fails(cluster_db: str) -> None:
+    """Claims of a worker whose heartbeat stopped go back to the queue, until max attempts."""
+    import time
+
+    from server.dbdispatch import DbDispatcher
+
+    engine = db.make_engine(cluster_db)
+    now = time.time()
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO worker_heartbeats VALUES ('gone', 'primary', 1, :t, :t)"),
+                     {"t": now - 60})
+        conn.execute(text("INSERT INTO worker_heartbeats VALUES ('live', 'primary', 2, :t, :t)"),
+                     {"t": now})
+        for attempts, worker in ((1, "gone"), (3, "gone"), (1, "live")):
+            conn.execute(text(
+                "INSERT INTO jobs (key_id, payload, state, worker, claimed_at, attempts, "
+                "created_at) VALUES ('primary', '{}', 'claimed', :w, :t, :a, :t)"),
+                {"w": worker, "t": now, "a": attempts})
+    DbDispatcher(engine, max_attempts=3, heartbeat_timeout=10).reap()
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT attempts, state, worker, error FROM jobs "
+                                 "ORDER BY id")).all()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [
+        (1, "queued", None, None),
+        (3, "failed", "gone", "signing failed too often"),
+        (1, "claimed", "live", None),
+    ]
