@@ -176,7 +176,20 @@ INSERT_COLUMNS = ("kind", "commit", "tagname", "tree", "parent", "algorithm", "d
                   "stamped_at", "key_id", "state", "attempts")
 
 
-class _SqlAlchemyWriter:
+class _Writer:
+    """Holds the journal thread's one connection; a failed write drops it (rolling back
+    whatever was open) and the next write connects anew."""
+
+    conn: Connection | sqlite3.Connection | None = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.conn = None
+
+
+class _SqlAlchemyWriter(_Writer):
     """Any database: one connection kept open by the journal thread (no pool round trip)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -210,14 +223,9 @@ class _SqlAlchemyWriter:
             self.close()
             raise
 
-    def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-        self.conn = None
 
 
-class _SqliteWriter:
+class _SqliteWriter(_Writer):
     """SQLite: the journal thread's own sqlite3 connection and prepared statements.
 
     The same SQL SQLAlchemy would emit, without its per-statement work, which dominated the
@@ -274,11 +282,6 @@ class _SqliteWriter:
             conn.execute("COMMIT")
             return ids
         except BaseException:
-            self.close()  # a fresh connection next time (rolls back anything open)
+            self.close()
             raise
 
-    def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-        self.conn = None

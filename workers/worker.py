@@ -125,6 +125,18 @@ def connect(path: Path, deadline: float) -> socket.socket:
             delay = min(delay * 2, 1.0)
 
 
+def idle_check(agent: GpgAgent | SshAgent, parent: int, name: str) -> int | None:
+    """The exit status a waiting worker must exit with: its agent died, or its supervisor
+    (whose child it is) is gone. None: carry on."""
+    if not agent.running:
+        log.error("worker %s: agent %s is gone", name, agent.pid)
+        return EXIT_AGENT_DIED
+    if os.getppid() != parent:
+        log.error("worker %s: supervisor is gone", name)
+        return EXIT_NO_DISPATCHER
+    return None
+
+
 def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name: str) -> int:
     reader = wire.FrameReader(sock)
     parent = os.getppid()
@@ -132,12 +144,9 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
         while not reader.has_frame():
             ready, _, _ = select.select([sock], [], [], 1.0)
             if not ready:
-                if not agent.running:
-                    log.error("worker %s: gpg-agent %s is gone", name, agent.pid)
-                    return EXIT_AGENT_DIED
-                if os.getppid() != parent:
-                    log.error("worker %s: supervisor is gone", name)
-                    return EXIT_NO_DISPATCHER
+                code = idle_check(agent, parent, name)
+                if code is not None:
+                    return code
                 continue
             if not reader.fill():
                 log.warning("worker %s: dispatcher closed the connection", name)
@@ -206,12 +215,9 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                     continue
                 for _ in conn.notifies(timeout=1.0, stop_after=1):
                     pass
-                if not agent.running:
-                    log.error("worker %s: agent %s is gone", name, agent.pid)
-                    return EXIT_AGENT_DIED
-                if os.getppid() != parent:
-                    log.error("worker %s: supervisor is gone", name)
-                    return EXIT_NO_DISPATCHER
+                code = idle_check(agent, parent, name)
+                if code is not None:
+                    return code
         finally:
             with contextlib.suppress(Exception):
                 conn.execute("DELETE FROM worker_heartbeats WHERE name = %s", (name,))
