@@ -220,6 +220,17 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     shutil.rmtree(server.runtime_dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def other_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A second stampd with a freshly generated key but the test key's user id: its stamps
+    look right and are signed by the wrong key."""
+    data = tmp_path_factory.mktemp("other") / "data"
+    server = start_server(data, workers=1, extra_env={"STAMPD_KEY_UID": TEST_UID})
+    yield server
+    server.stop()
+    shutil.rmtree(server.runtime_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh database on the local PostgreSQL; fails (never skips) when it is missing."""

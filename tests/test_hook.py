@@ -17,7 +17,7 @@ import pytest
 
 from server import cli
 from server.hook import BACKUP_SUFFIX, MARKER, default_branch
-from tests.conftest import TEST_FPR, TEST_UID, Server, free_port, start_server
+from tests.conftest import TEST_FPR, TEST_UID, Server, free_port
 from tests.test_interop import git, make_repo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,16 +34,6 @@ def _tools() -> None:
     missing = [t for t in HOOK_TOOLS if shutil.which(t) is None]
     if missing:
         pytest.fail(f"required tools missing: {', '.join(missing)}")
-
-
-@pytest.fixture(scope="module")
-def other_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A second stampd with a freshly generated key but the same user id as the test key."""
-    data = tmp_path_factory.mktemp("other") / "data"
-    server = start_server(data, workers=1, extra_env={"STAMPD_KEY_UID": TEST_UID})
-    yield server
-    server.stop()
-    shutil.rmtree(server.runtime_dir, ignore_errors=True)
 
 
 class Proxy:

@@ -49,7 +49,10 @@ def verify_commits(git_dir: Path, commits: list[pygit2.Commit], pubkey: Path,
         assert r.returncode == 0, r.stderr
 
 
-def test_two_stampd_servers_cross_stamp(tmp_path: Path, server_factory: list[Server]) -> None:
+def cross_stamping_pair(tmp_path: Path, server_factory: list[Server], cycles: int
+                        ) -> tuple[Server, Server, Path, Path]:
+    """Servers a (test key) and b (its own key) stamping each other's log for ``cycles``
+    log commits each; (a, b, a's data dir, b's data dir)."""
     a_dir = tmp_path / "a" / "data"
     b_dir = tmp_path / "b" / "data"  # b generates its own key on first start
     a_port, b_port = free_port(), free_port()
@@ -59,13 +62,18 @@ def test_two_stampd_servers_cross_stamp(tmp_path: Path, server_factory: list[Ser
     b = start_server(b_dir, workers=1, commit_interval=2, port=b_port,
                      extra_env={"STAMPD_PEERS": f"ay=http://127.0.0.1:{a_port}/"})
     server_factory.append(b)
-    for cycle in range(3):
+    for cycle in range(cycles):
         stamp_tag(a, f"{cycle + 1:040x}")
         stamp_tag(b, f"{cycle + 101:040x}")
         wait_for(lambda c=cycle: len(branch(a_dir, "bee-timestamps")) > c, timeout=30,  # type: ignore[misc]
                  what=f"b's stamp of a's log, cycle {cycle}")
         wait_for(lambda c=cycle: len(branch(b_dir, "ay-timestamps")) > c, timeout=30,  # type: ignore[misc]
                  what=f"a's stamp of b's log, cycle {cycle}")
+    return a, b, a_dir, b_dir
+
+
+def test_two_stampd_servers_cross_stamp(tmp_path: Path, server_factory: list[Server]) -> None:
+    a, _b, a_dir, b_dir = cross_stamping_pair(tmp_path, server_factory, cycles=3)
 
     stamps = branch(a_dir, "bee-timestamps")
     main = {c.id for c in branch(a_dir, "main")}
@@ -156,21 +164,7 @@ def test_audit_of_cross_stamped_logs(tmp_path: Path, server_factory: list[Server
     """`stampd audit` passes on both servers' logs, from a URL, with keys from the log."""
     import sys
 
-    a_dir, b_dir = tmp_path / "a" / "data", tmp_path / "b" / "data"
-    a_port, b_port = free_port(), free_port()
-    a = start_server(seed_data_dir(a_dir), workers=1, commit_interval=2, port=a_port,
-                     extra_env={"STAMPD_PEERS": f"bee=http://127.0.0.1:{b_port}/"})
-    server_factory.append(a)
-    b = start_server(b_dir, workers=1, commit_interval=2, port=b_port,
-                     extra_env={"STAMPD_PEERS": f"ay=http://127.0.0.1:{a_port}/"})
-    server_factory.append(b)
-    for cycle in range(2):
-        stamp_tag(a, f"{cycle + 1:040x}")
-        stamp_tag(b, f"{cycle + 101:040x}")
-        wait_for(lambda c=cycle: len(branch(a_dir, "bee-timestamps")) > c, timeout=30,  # type: ignore[misc]
-                 what="b's stamp")
-        wait_for(lambda c=cycle: len(branch(b_dir, "ay-timestamps")) > c, timeout=30,  # type: ignore[misc]
-                 what="a's stamp")
+    a, b, a_dir, b_dir = cross_stamping_pair(tmp_path, server_factory, cycles=2)
     # One more stamp so that the newest log commits carry the pinned peer keys.
     stamp_tag(a, "e" * 40)
     stamp_tag(b, "f" * 40)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,6 @@ from tests.conftest import (
     TEST_SECRET_KEY,
     TEST_UID,
     Server,
-    start_server,
 )
 from tests.gpgcheck import keyring
 from tests.test_interop import git, make_repo
@@ -39,16 +38,6 @@ def _tools() -> None:
     missing = [t for t in ("git", "gpg", "curl", "sha256sum") if shutil.which(t) is None]
     if missing:
         pytest.fail(f"required tools missing: {', '.join(missing)}")
-
-
-@pytest.fixture(scope="module")
-def other_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A second stampd with a freshly generated key (but the test key's user id)."""
-    data = tmp_path_factory.mktemp("other") / "data"
-    server = start_server(data, workers=1, extra_env={"STAMPD_KEY_UID": TEST_UID})
-    yield server
-    server.stop()
-    shutil.rmtree(server.runtime_dir, ignore_errors=True)
 
 
 def post(server: Server, fields: dict[str, str], path: str = "/") -> str:
