@@ -35,17 +35,13 @@ import os
 import re
 import signal
 import socket
-import stat
 import string
 import subprocess
 import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import TypeAlias
 
-from workers.agentsocket import AgentSocket
+from workers.agentbase import AgentProcess, AgentSocket
 from workers.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from workers.sexp import SexpError, signature_values
 
@@ -62,7 +58,6 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds an Assuan request may take before the connection is given up."""
 
 _START_TIMEOUT = 10.0  # for the agent's greeting after it was spawned
-_STOP_GRACE = 5.0  # for the agent to exit after KILLAGENT, and again after SIGTERM
 _GPG_TIMEOUT = 120.0  # for one gpg or gpgconf command
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 _ASSUAN_LINE_MAX = 1000  # Assuan's limit for one line, newline included
@@ -420,24 +415,7 @@ def _key_info(primary: _ListedKey) -> KeyInfo:
         raise AgentError(f"cannot sign with key {primary.fingerprint}: {exc}") from exc
 
 
-def _reap(proc: subprocess.Popen[bytes], owner_pid: int, socket_path: Path) -> None:
-    """Kill and reap the agent unless it is gone; the safety net of :class:`GpgAgent`."""
-    if os.getpid() != owner_pid:  # a forked child must not kill its parent's agent
-        return
-    if proc.poll() is None:
-        proc.kill()
-        try:
-            proc.wait(_STOP_GRACE)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
-            log.error("gpg-agent survived SIGKILL", extra={"pid": proc.pid})
-    with contextlib.suppress(OSError):  # the home may be gone already
-        socket_path.unlink(missing_ok=True)
-
-
-_Finalizer: TypeAlias = "weakref.finalize[[subprocess.Popen[bytes], int, Path], GpgAgent]"
-
-
-class GpgAgent:
+class GpgAgent(AgentProcess):
     """A gpg-agent serving one private home, started and stopped by this object.
 
     ``home`` must exist and be private (mode 0700, no group or other access); its path must
@@ -445,6 +423,11 @@ class GpgAgent:
     ``passphrase`` unlocks a protected secret key; it is given to gpg through a pipe and to
     the agent through Assuan inquiries only.
     """
+
+    agent_name = "gpg-agent"
+    error = AgentError
+    # After KILLAGENT: wait, then SIGTERM, then SIGKILL.
+    stop_signals = (None, signal.SIGTERM, signal.SIGKILL)
 
     def __init__(
         self,
@@ -464,21 +447,14 @@ class GpgAgent:
                 raise ValueError("a passphrase cannot contain a line break")
             if len(passphrase.encode("utf-8")) > _MAX_PASSPHRASE:
                 raise ValueError(f"a passphrase is at most {_MAX_PASSPHRASE} bytes long")
-        self.home = Path(home)
+        super().__init__(home)
         self._gpg = gpg
         self._gpgconf = gpgconf
         self._passphrase = passphrase
         self._gpg_agent = gpg_agent
         self._timeout = timeout
         self._log_file = log_file
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pid: int | None = None
         self._socket_path: Path | None = None
-        self._finalizer: _Finalizer | None = None
-        self._connections: weakref.WeakSet[AssuanConnection] = weakref.WeakSet()
-
-    def __repr__(self) -> str:
-        return f"GpgAgent(home={str(self.home)!r}, pid={self._pid})"
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -524,7 +500,7 @@ class GpgAgent:
             listener.close()  # the agent holds its own copy
         self._proc = proc
         self._socket_path = socket_path
-        self._finalizer = weakref.finalize(self, _reap, proc, os.getpid(), socket_path)
+        self._watch(proc, socket_path)
         try:
             conn = AssuanConnection.open(socket_path, timeout=_START_TIMEOUT)
             with conn:
@@ -541,69 +517,20 @@ class GpgAgent:
         log.info("gpg-agent started", extra={"pid": proc.pid, "home": str(self.home)})
 
     @property
-    def pid(self) -> int:
-        """The agent's process id."""
-        if self._pid is None:
-            raise AgentError(f"gpg-agent for {self.home} is not running")
-        return self._pid
-
-    @property
-    def running(self) -> bool:
-        """True while the started agent process is alive."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
     def socket_path(self) -> Path:
         """The agent's socket (known once started)."""
         if self._socket_path is None:
             raise AgentError(f"gpg-agent for {self.home} is not started")
         return self._socket_path
 
-    def stop(self) -> None:
-        """Stop the agent and wait until its process is gone. Idempotent.
-
-        Asks politely (``KILLAGENT``), then SIGTERM, then SIGKILL; each step waits a bounded
-        time. Open connections from :meth:`connect` are closed.
-        """
-        proc = self._proc
-        if proc is None:
-            return
-        for conn in list(self._connections):
-            conn.close()
+    def _ask_to_exit(self, proc: subprocess.Popen[bytes]) -> None:
+        """``KILLAGENT`` before the signals."""
         if proc.poll() is None and self._socket_path is not None:
             try:
                 with AssuanConnection.open(self._socket_path, timeout=1.0) as conn:
                     conn.transact("KILLAGENT")
             except AgentError as exc:
                 log.debug("KILLAGENT failed", extra={"pid": proc.pid, "error": str(exc)})
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None and proc.poll() is None:
-                proc.send_signal(sig)
-            try:
-                proc.wait(_STOP_GRACE)
-                break
-            except subprocess.TimeoutExpired:
-                log.warning("gpg-agent slow to exit", extra={"pid": proc.pid, "signal": sig})
-        if self._finalizer is not None:
-            self._finalizer()  # reaps for sure and removes the socket the agent leaves behind
-        log.info(
-            "gpg-agent stopped",
-            extra={"pid": proc.pid, "home": str(self.home), "status": proc.returncode},
-        )
-        self._proc = None
-        self._pid = None
-
-    def __enter__(self) -> GpgAgent:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- keys and connections ---------------------------------------------------------------
 
@@ -682,23 +609,6 @@ class GpgAgent:
             os.close(read_fd)
             if write_fd >= 0:
                 os.close(write_fd)
-
-    def _require_running(self) -> None:
-        if self._proc is None:
-            raise AgentError(f"gpg-agent for {self.home} is not started")
-        status = self._proc.poll()
-        if status is not None:
-            raise AgentError(f"gpg-agent for {self.home} died (status {status})")
-
-    def _check_home(self) -> None:
-        try:
-            info = self.home.stat()
-        except OSError as exc:
-            raise AgentError(f"agent home {self.home} is unusable: {exc}") from exc
-        if not stat.S_ISDIR(info.st_mode):
-            raise AgentError(f"agent home {self.home} is not a directory")
-        if info.st_mode & 0o077:
-            raise AgentError(f"agent home {self.home} must be private (mode 0700)")
 
     def _find_agent_program(self) -> str:
         result = _run([self._gpgconf, "--list-components"], home=self.home, what="find gpg-agent")

@@ -23,23 +23,18 @@ request at a time).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import selectors
-import signal
 import socket
-import stat
 import struct
 import subprocess
 import time
-import weakref
 from pathlib import Path
-from types import TracebackType
-from typing import IO, TypeAlias
+from typing import IO
 
-from workers.agentsocket import AgentSocket
+from workers.agentbase import AgentProcess, AgentSocket
 from workers.sshsig import (
     DEFAULT_HASH,
     SshPublicKey,
@@ -74,7 +69,6 @@ SSH2_AGENT_SIGN_RESPONSE = 14
 SSH_AGENT_EXTENSION_FAILURE = 28
 
 _START_TIMEOUT = 10.0  # for the agent to announce its socket after it was spawned
-_STOP_GRACE = 5.0  # for the agent to exit after SIGTERM, and again after SIGKILL
 _TOOL_TIMEOUT = 60.0  # for one ssh-add or ssh-keygen command
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 _MAX_MESSAGE = 256 * 1024  # ssh-agent's own limit for one message (AGENT_MAX_LEN)
@@ -228,32 +222,16 @@ def _stderr_tail(result: subprocess.CompletedProcess[bytes], lines: int = 5) -> 
     return " | ".join(text[-lines:])
 
 
-def _reap(proc: subprocess.Popen[bytes], owner_pid: int, socket_path: Path) -> None:
-    """Kill and reap the agent unless it is gone; the safety net of :class:`SshAgent`."""
-    if os.getpid() != owner_pid:  # a forked child must not kill its parent's agent
-        return
-    if proc.poll() is None:
-        proc.kill()
-        try:
-            proc.wait(_STOP_GRACE)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
-            log.error("ssh-agent survived SIGKILL", extra={"pid": proc.pid})
-    if proc.stdout is not None:
-        proc.stdout.close()
-    with contextlib.suppress(OSError):  # the home may be gone already
-        socket_path.unlink(missing_ok=True)
-
-
-_Finalizer: TypeAlias = "weakref.finalize[[subprocess.Popen[bytes], int, Path], SshAgent]"
-
-
-class SshAgent:
+class SshAgent(AgentProcess):
     """An ssh-agent serving one private home, started and stopped by this object.
 
     ``home`` must exist and be private (mode 0700, no group or other access); its path must
     be short, as the agent socket ``agent.sock`` lives in it and socket paths are limited to
     107 bytes.
     """
+
+    agent_name = "ssh-agent"
+    error = SshAgentError
 
     def __init__(
         self,
@@ -267,19 +245,12 @@ class SshAgent:
     ) -> None:
         """``timeout`` is passed to every connection; ``log_file`` receives the agent's
         stderr (default: discarded)."""
-        self.home = Path(home)
+        super().__init__(home)
         self._ssh_agent = ssh_agent
         self._ssh_add = ssh_add
         self._ssh_keygen = ssh_keygen
         self._timeout = timeout
         self._log_file = log_file
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pid: int | None = None
-        self._finalizer: _Finalizer | None = None
-        self._connections: weakref.WeakSet[SshAgentConnection] = weakref.WeakSet()
-
-    def __repr__(self) -> str:
-        return f"SshAgent(home={str(self.home)!r}, pid={self._pid})"
 
     @property
     def socket_path(self) -> Path:
@@ -322,7 +293,7 @@ class SshAgent:
             if log_handle is not None:
                 log_handle.close()  # the agent holds its own copy
         self._proc = proc
-        self._finalizer = weakref.finalize(self, _reap, proc, os.getpid(), socket_path)
+        self._watch(proc, socket_path)
         try:
             announced = self._read_announced_pid(proc)
             if announced != proc.pid:
@@ -336,59 +307,6 @@ class SshAgent:
             raise SshAgentError(f"ssh-agent for {self.home} did not start{detail}: {exc}") from exc
         self._pid = proc.pid
         log.info("ssh-agent started", extra={"pid": proc.pid, "home": str(self.home)})
-
-    @property
-    def pid(self) -> int:
-        """The agent's process id."""
-        if self._pid is None:
-            raise SshAgentError(f"ssh-agent for {self.home} is not running")
-        return self._pid
-
-    @property
-    def running(self) -> bool:
-        """True while the started agent process is alive."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def stop(self) -> None:
-        """Stop the agent and wait until its process is gone. Idempotent.
-
-        SIGTERM (the agent removes its socket and exits), then SIGKILL; each step waits a
-        bounded time. Open connections from :meth:`connect` are closed.
-        """
-        proc = self._proc
-        if proc is None:
-            return
-        for conn in list(self._connections):
-            conn.close()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if proc.poll() is not None:
-                break
-            proc.send_signal(sig)
-            try:
-                proc.wait(_STOP_GRACE)
-                break
-            except subprocess.TimeoutExpired:
-                log.warning("ssh-agent slow to exit", extra={"pid": proc.pid, "signal": sig})
-        if self._finalizer is not None:
-            self._finalizer()  # reaps for sure and removes a socket a killed agent left behind
-        log.info(
-            "ssh-agent stopped",
-            extra={"pid": proc.pid, "home": str(self.home), "status": proc.returncode},
-        )
-        self._proc = None
-        self._pid = None
-
-    def __enter__(self) -> SshAgent:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- keys and connections ---------------------------------------------------------------
 
@@ -442,23 +360,6 @@ class SshAgent:
         return conn
 
     # -- internals ------------------------------------------------------------------------
-
-    def _require_running(self) -> None:
-        if self._proc is None:
-            raise SshAgentError(f"ssh-agent for {self.home} is not started")
-        status = self._proc.poll()
-        if status is not None:
-            raise SshAgentError(f"ssh-agent for {self.home} died (status {status})")
-
-    def _check_home(self) -> None:
-        try:
-            info = self.home.stat()
-        except OSError as exc:
-            raise SshAgentError(f"agent home {self.home} is unusable: {exc}") from exc
-        if not stat.S_ISDIR(info.st_mode):
-            raise SshAgentError(f"agent home {self.home} is not a directory")
-        if info.st_mode & 0o077:
-            raise SshAgentError(f"agent home {self.home} must be private (mode 0700)")
 
     @staticmethod
     def _remove_stale_socket(path: Path) -> None:
