@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import http.client
 import re
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from server import cli
-from server.receipts import BEGIN_SIG, END_SIG, Statement
+from server.receipts import BEGIN_SIG, Statement
 from tests.conftest import (
     TEST_FPR,
     TEST_PUBLIC_KEY,
@@ -27,6 +26,7 @@ from tests.conftest import (
 )
 from tests.gpgcheck import keyring
 from tests.test_interop import git, make_repo
+from workers.openpgp import armor_signature, dearmor_signature
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -134,31 +134,14 @@ def test_sha512_receipt_from_stdin_with_the_console_script(
 # --------------------------------------------------------------------------- tampering
 
 
-def crc24(data: bytes) -> int:
-    crc = 0xB704CE
-    for byte in data:
-        crc ^= byte << 16
-        for _ in range(8):
-            crc <<= 1
-            if crc & 0x1000000:
-                crc ^= 0x1864CFB
-    return crc & 0xFFFFFF
-
-
 def signature_packets(text: str) -> tuple[str, bytes]:
     """(text before the signature armor, the binary signature packets)."""
-    head, _, armored = text.partition(BEGIN_SIG + "\n")
-    lines = armored.split("\n")
-    body = lines[lines.index("") + 1:]
-    body = body[:next(i for i, line in enumerate(body) if line.startswith("="))]
-    return head, base64.b64decode("".join(body))
+    head = text[:text.index(BEGIN_SIG + "\n")]
+    return head, dearmor_signature(text[len(head):])
 
 
 def armor(head: str, packets: bytes) -> str:
-    b64 = base64.b64encode(packets).decode()
-    lines = "\n".join(b64[i:i + 64] for i in range(0, len(b64), 64))
-    crc = base64.b64encode(crc24(packets).to_bytes(3, "big")).decode()
-    return f"{head}{BEGIN_SIG}\n\n{lines}\n={crc}\n{END_SIG}\n"
+    return head + armor_signature(packets)
 
 
 def replace_line(name: str, value: Callable[[str], str]) -> Callable[[str], str]:

@@ -131,6 +131,12 @@ class AgentSocket:
         return chunk
 
 
+def stderr_tail(result: subprocess.CompletedProcess[bytes], lines: int = 5) -> str:
+    """The last lines of a tool's stderr, on one line (for error messages)."""
+    text = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    return " | ".join(text[-lines:])
+
+
 def reap_agent(proc: subprocess.Popen[bytes], owner_pid: int, socket_path: Path,
                name: str) -> None:
     """Kill and reap the agent unless it is gone; the safety net of `AgentProcess`."""

@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from workers.agentbase import AgentProcess, AgentSocket
+from workers.agentbase import stderr_tail as _stderr_tail
 from workers.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from workers.sexp import SexpError, signature_values
 
@@ -160,11 +161,6 @@ def _run(
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise AgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
-
-
-def _stderr_tail(result: subprocess.CompletedProcess[bytes], lines: int = 5) -> str:
-    text = result.stderr.decode("utf-8", "replace").strip().splitlines()
-    return " | ".join(text[-lines:])
 
 
 def agent_socket_path(home: Path, gpgconf: str = "gpgconf") -> Path:

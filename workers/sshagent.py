@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from workers.agentbase import AgentProcess, AgentSocket
+from workers.agentbase import stderr_tail as _stderr_tail
 from workers.sshsig import (
     DEFAULT_HASH,
     SshPublicKey,
@@ -215,11 +216,6 @@ def _run(
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise SshAgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
-
-
-def _stderr_tail(result: subprocess.CompletedProcess[bytes], lines: int = 5) -> str:
-    text = result.stderr.decode("utf-8", "replace").strip().splitlines()
-    return " | ".join(text[-lines:])
 
 
 class SshAgent(AgentProcess):
