@@ -51,7 +51,6 @@ from server.zeitgitter import (
 from workers import gitobjects
 from workers.gitlog import LogRepository
 from workers.gitobjects import BranchRequest, TagRequest
-from workers.keys import KeyStore, PublicKey
 from workers.keyset import ServedKey, parse_extra_keys, served_keys
 
 log = logging.getLogger(__name__)
@@ -69,12 +68,16 @@ class Services:
     journal: Journal
     dispatcher: Dispatcher | DbDispatcher
     committer: LogCommitter
-    key: PublicKey
     clock: Callable[[], float]
     engine: Engine
     cross: CrossStamper
     stats: Stats
     keys: list[ServedKey]  # every signing key, the primary first
+
+    @property
+    def key(self) -> ServedKey:
+        """The primary OpenPGP key (Zeitgitter's key, and the log's)."""
+        return self.keys[0]
 
 
 def _job(req: TagRequest | BranchRequest, t: int, url: str, uid: str | None = None
@@ -237,7 +240,6 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        key = KeyStore(settings.keys_dir).public_key()
         keys = served_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys))
         engine = db.make_engine(settings.db_url)
         stats = Stats()
@@ -255,7 +257,7 @@ def create_app(
         leader: AdvisoryLeader | None = None
         if settings.dispatch == "database":
             leader = AdvisoryLeader(psycopg_dsn(engine))
-        cross = CrossStamper(engine, settings, lambda: None, clock, leader=leader)
+        cross = CrossStamper(engine, settings, clock, leader=leader)
 
         def on_commit(head: str) -> None:
             cross.head_committed(head)
@@ -263,14 +265,14 @@ def create_app(
 
         loop = asyncio.get_running_loop()
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
-                                 key.armored, settings.commit_interval, clock,
+                                 keys[0].public, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
                                  key_files=log_key_files(keys), leader=leader)
         await dispatcher.start()
         journal.start()
         committer.start()
         cross.start()
-        services["s"] = Services(settings, journal, dispatcher, committer, key, clock, engine,
+        services["s"] = Services(settings, journal, dispatcher, committer, clock, engine,
                                  cross, stats, keys)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StampdCollector(lambda: services["s"]))
@@ -363,6 +365,6 @@ def create_app(
             )
         if requests != [GET_PUBLIC_KEY]:
             raise UnknownRequest("unknown request type")
-        return Response(s.key.armored, media_type=PGP_KEYS)
+        return Response(s.key.public, media_type=PGP_KEYS)
 
     return ZeitgitterPost(app, services)

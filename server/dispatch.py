@@ -56,7 +56,6 @@ class WorkerInfo:
     pid: int
     fingerprint: str
     key: str = PRIMARY
-    jobs_done: int = 0
 
 
 class Dispatcher:
@@ -254,7 +253,6 @@ class Dispatcher:
                 if job is None or job.future.done():
                     continue
                 if "object" in msg:
-                    info.jobs_done += 1
                     job.future.set_result(Signed(str(msg["object"]), info.name))
                 else:
                     # The worker judged the job itself bad: no other worker will do better.

@@ -156,7 +156,7 @@ class PeerStatus:
 
 
 class CrossStamper:
-    def __init__(self, engine: Engine, settings: Settings, pubkey_changed: Callable[[], None],
+    def __init__(self, engine: Engine, settings: Settings,
                  clock: Callable[[], float] = time.time,
                  leader: Callable[[], bool] | None = None) -> None:
         self.engine = engine
@@ -164,7 +164,6 @@ class CrossStamper:
         self.peers = {p.name: p for p in settings.peer_list}
         self.repo = LogRepository(settings.log_repo)  # its own handle, used from threads
         self.clock = clock
-        self.pubkey_changed = pubkey_changed
         self.leader = leader  # several API hosts: only the log writer talks to peers
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -349,7 +348,6 @@ class CrossStamper:
                 fingerprint=key.fingerprint, uid=key.uid, pubkey=armored,
                 pinned_at=int(self.clock()), pinned_by="config" if peer.fingerprint else "tofu"))
         log.info("pinned key %s (%s) for peer %s", key.fingerprint, key.uid, peer.name)
-        self.pubkey_changed()
         self._keyrings[peer.name] = PeerKeyring(armored, key.fingerprint)
         return key.fingerprint, key.uid, self._keyrings[peer.name]
 
