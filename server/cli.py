@@ -56,10 +56,13 @@ def _prepare(settings: Settings) -> None:
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = KeyStore(settings.keys_dir)
-    if store.ensure(settings.key_uid, settings.key_algo, settings.read_passphrase()):
-        log.info("generated signing key %s", store.public_key().fingerprint)
-    ensure_extra_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys),
-                      store.public_key().uid, settings.read_passphrase())
+    passphrase = settings.read_passphrase()
+    generated = store.ensure(settings.key_uid, settings.key_algo, passphrase)
+    primary = store.public_key()
+    if generated:
+        log.info("generated signing key %s", primary.fingerprint)
+    ensure_extra_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys), primary.uid,
+                      passphrase)
     engine = db.make_engine(settings.db_url)
     try:
         db.upgrade(engine)
