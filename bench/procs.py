@@ -1,0 +1,154 @@
+"""Processes: the process table and CPU accounting from /proc, stopping processes by PID (SIGTERM,
+wait, SIGKILL) and sweeping up every leftover that mentions a bench directory, running a command
+with a timeout, a free local port and a plain HTTP GET; also the progress lines on stderr (timed
+from T0) and BenchError (the bench itself could not run: exit status 2), which every other module of
+the bench uses. No process is ever looked up by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from http.client import HTTPConnection
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    """The bench itself could not run (exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    ppid: int
+    cmdline: bytes
+    ticks: int  # utime + stime + cutime + cstime (reaped children count for their parent)
+
+    @property
+    def exe(self) -> bytes:
+        return os.path.basename(self.cmdline.split(b"\0", 1)[0])
+
+
+def process_table(marker: bytes | None = None) -> dict[int, ProcInfo]:
+    """Every live process; with `marker`, only those whose cmdline or environ contains it."""
+    table: dict[int, ProcInfo] = {}
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        stat = _read(f"/proc/{name}/stat")
+        if not stat:
+            continue
+        try:
+            rest = stat[stat.rindex(b")") + 2:].split()
+        except ValueError:
+            continue
+        if rest[0] == b"Z":  # zombie: already dead, nothing to stop or count
+            continue
+        cmdline = _read(f"/proc/{name}/cmdline")
+        if marker is not None and marker not in cmdline and marker not in _read(
+                f"/proc/{name}/environ"):
+            continue
+        ticks = sum(int(x) for x in rest[11:15])
+        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks)
+    return table
+
+
+def cpu_busy() -> float:
+    """Seconds of CPU time the whole machine has spent busy (all cores), from /proc/stat."""
+    f = [int(x) for x in _read("/proc/stat").split(b"\n", 1)[0].split()[1:9]]
+    return (sum(f) - f[3] - f[4]) / CLK_TCK  # minus idle and iowait
+
+
+def kill_pids(pids: list[int], what: str, grace: float = 3.0) -> None:
+    """SIGTERM each pid, wait up to `grace` seconds, SIGKILL the survivors."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _alive(p)]
+    for pid in alive:
+        progress(f"{what}: pid {pid} ignored SIGTERM, sending SIGKILL")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+
+
+def sweep(marker: Path, what: str) -> None:
+    """Stop every process left over that mentions `marker` (a directory of this bench) in its
+    command line or environment: gpg-agents, workers whose parent died."""
+    m = (str(marker).rstrip("/") + "/").encode()
+    for _ in range(3):
+        pids = sorted(process_table(m))
+        if not pids:
+            return
+        table = process_table()
+        names = ", ".join(f"{pid} ({table[pid].exe.decode(errors='replace')})"
+                          if pid in table else str(pid) for pid in pids)
+        progress(f"{what}: stopping leftover processes {names}")
+        kill_pids(pids, what)
+
+
+def run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None,
+        input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    try:
+        p = subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=env,
+                           check=False, stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"{argv[0]} took longer than {timeout}s: {argv}") from e
+    if check and p.returncode != 0:
+        raise BenchError(f"{' '.join(argv)} failed ({p.returncode}): "
+                         f"{p.stderr.decode(errors='replace')[-800:]}")
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    conn = HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
