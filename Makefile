@@ -16,13 +16,15 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/stampd serve
 
-## Run the whole test suite (lint first).
-test: $(STAMP)
-	$(BIN)/ruff check server workers migrations tests bench
+## Run the whole test suite (lint, import contracts and types first).
+test: lint
 	$(BIN)/pytest
 
+## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: $(STAMP)
-	$(BIN)/ruff check server workers migrations tests bench
+	$(BIN)/ruff check server workers client migrations tests bench
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 ## Side-by-side benchmark against zeitgitterd (see bench/README.md).
 bench: $(STAMP)

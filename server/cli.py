@@ -8,25 +8,47 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from server.settings import Settings
+from workers.config import LOG_LEVELS, DispatchConfig, PoolConfig
 
 log = logging.getLogger("stampd")
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that reproduces ``settings`` in a child process."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        if isinstance(value, Path):
-            value = value.resolve()
-        env[f"STAMPD_{name.upper()}"] = str(value)
-    return env
+# Secrets that child processes must not inherit (they get what they need in their config).
+SECRET_ENV = ("STAMPD_PASSPHRASE", "STAMPD_DATABASE_URL")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the worker processes: ours without the secrets. (They read no
+    ``STAMPD_*`` variable; their configuration comes on stdin, see `pool_config`.)"""
+    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+
+
+def pool_config(settings: Settings) -> PoolConfig:
+    """What the worker supervisor and its workers need of ``settings``, and the current log
+    level (``--log-level`` or ``STAMPD_LOG_LEVEL``). Reads the passphrase file."""
+    if settings.dispatch == "database":
+        from server.dispatch.database import psycopg_dsn
+
+        dispatch = DispatchConfig("database", dsn=psycopg_dsn(settings.db_url))
+    else:
+        dispatch = DispatchConfig("socket", socket=settings.dispatch_socket.resolve())
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    return PoolConfig(
+        workers=settings.worker_count,
+        keys_dir=settings.keys_dir.resolve(),
+        runtime_dir=(settings.runtime_dir or Path(tempfile.gettempdir())).resolve(),
+        dispatch=dispatch,
+        extra_keys=tuple(settings.extra_key_specs),
+        extra_key_workers=settings.extra_key_workers,
+        passphrase=settings.read_passphrase(),
+        log_level=level if level in LOG_LEVELS else "INFO",
+    )
 
 
 def build_settings(args: argparse.Namespace) -> Settings:
@@ -50,9 +72,9 @@ def _setup_logging(level: str | None = None) -> None:
 def _prepare(settings: Settings) -> None:
     """Data directory, key (generated on first start), migrated database, log repository."""
     from server import db
-    from workers.gitlog import LogRepository
-    from workers.keys import KeyStore
-    from workers.keyset import ensure_extra_keys, parse_extra_keys
+    from server.log.repository import LogRepository
+    from workers.keys.keyset import ensure_extra_keys
+    from workers.keys.store import KeyStore
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = KeyStore(settings.keys_dir)
@@ -61,7 +83,7 @@ def _prepare(settings: Settings) -> None:
     primary = store.public_key()
     if generated:
         log.info("generated signing key %s", primary.fingerprint)
-    ensure_extra_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys), primary.uid,
+    ensure_extra_keys(settings.keys_dir, settings.extra_key_specs, primary.uid,
                       passphrase)
     engine = db.make_engine(settings.db_url)
     try:
@@ -72,17 +94,21 @@ def _prepare(settings: Settings) -> None:
 
 
 class PoolProcess:
-    """Runs the worker supervisor as a child process and restarts it if it dies."""
+    """Runs the worker supervisor (``python -m workers.pool``, its `PoolConfig` on stdin) as a
+    child process and restarts it if it dies."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        self.config = pool_config(settings)
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
 
     def _spawn(self) -> None:
+        from workers.pool import send_config
+
         self.proc = subprocess.Popen([sys.executable, "-m", "workers.pool"],
-                                     env=settings_env(self.settings))
+                                     stdin=subprocess.PIPE, env=child_env())
+        send_config(self.proc, self.config.to_json())
 
     def start(self) -> None:
         self._spawn()
@@ -113,8 +139,8 @@ class PoolProcess:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from server.app import create_app
-    from server.httpproto import StampdHttpProtocol
+    from server.api.app import create_app
+    from server.api.httpproto import StampdHttpProtocol
 
     settings = build_settings(args)
     _prepare(settings)
@@ -154,7 +180,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.pool import WorkerPool
 
     settings = build_settings(args)
-    return WorkerPool(settings).run()
+    return WorkerPool(pool_config(settings), env=child_env()).run()
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -177,25 +203,24 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from workers.keys import KeyStore
+    from client.errors import CommandError
+    from workers.keys.store import KeyStore
 
     settings = build_settings(args)
     store = KeyStore(settings.keys_dir)
     if args.keys_command == "generate":
         if store.exists() and not args.force:
-            print(f"a key exists in {store.dir}; use --force to replace it", file=sys.stderr)
-            return 1
+            raise CommandError(f"a key exists in {store.dir}; use --force to replace it")
         store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
     elif args.keys_command == "import":
         store.import_key(args.file, settings.read_passphrase())
-    from workers.keyset import parse_extra_keys, served_keys
+    from workers.keys.keyset import served_keys
 
-    keys = served_keys(settings.keys_dir, parse_extra_keys(settings.extra_keys))
+    keys = served_keys(settings.keys_dir, settings.extra_key_specs)
     if getattr(args, "ssh", False):
         lines = [k.allowed_signers("git,stampd") for k in keys if k.format == "ssh"]
         if not lines:
-            print("no SSH key (set STAMPD_EXTRA_KEYS=ssh:ed25519)", file=sys.stderr)
-            return 1
+            raise CommandError("no SSH key (set STAMPD_EXTRA_KEYS=ssh:ed25519)")
         print("".join(line for line in lines if line), end="")
         return 0
     key = store.public_key()
@@ -208,7 +233,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="stampd", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="stampd", description=__doc__,
+        epilog="Exit status: 0 success; 1 the command failed (one line on stderr says why); "
+        "2 bad arguments or settings. verify and audit have their own (see their --help).")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (STAMPD_LOG_LEVEL)")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -261,8 +289,9 @@ def parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser(
         "verify", help="check a digest receipt, or a git tag/commit stamp in a repository",
-        description="Exit status: 0 valid, 1 invalid (bad signature, wrong key, digest "
-        "mismatch), 2 malformed (not a receipt or stamp of a known format).")
+        description="Exit status: 0 valid, 1 invalid (bad signature, wrong key, wrong time, "
+        "digest mismatch) or could not be checked (server key not obtainable, gpg missing), "
+        "2 malformed (not a receipt or stamp of a known format, or an unusable argument).")
     verify.add_argument("target", help="a receipt file ('-' for stdin), or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
     what.add_argument("--file", type=Path, help="check that the receipt's digest is this file's")
@@ -272,21 +301,26 @@ def parser() -> argparse.ArgumentParser:
                         "from the server URL in the receipt")
     verify.add_argument("--repo", type=Path, default=Path("."),
                         help="git repository holding a tag/commit target (default: .)")
-    verify.set_defaults(func=_cmd("server.verify", "cmd_verify"))
+    verify.set_defaults(func=_cmd("client.verify", "cmd_verify"))
 
     audit = sub.add_parser(
         "audit", help="verify a log repository (a clone or its URL) and its peer stamps",
-        description="Exit status: 0 all checks passed, 1 a check failed, 2 the target is not "
-        "a readable log repository.")
+        description="Exit status: 0 all checks passed, 1 a check failed, 2 the audit could not "
+        "run (the target is not a readable log repository, cannot be cloned or has no main "
+        "branch; gpg missing).")
     audit.add_argument("target", help="path of a log clone, or its http(s) URL")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")
-    audit.set_defaults(func=_cmd("server.audit", "cmd_audit"))
+    audit.set_defaults(func=_cmd("client.audit", "cmd_audit"))
 
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
     hooksub = hook.add_subparsers(dest="hook_command", required=True)
-    install = hooksub.add_parser("install", help="install the post-commit hook")
+    install = hooksub.add_parser(
+        "install", help="install the post-commit hook",
+        description="Exit status: 0 installed, 1 not installed (not a git repository, a foreign "
+        "hook without --force, the server key could not be fetched or has changed), 2 an "
+        "unusable --server URL or --branch name.")
     install.add_argument("--server", default="http://127.0.0.1:8080",
                          help="stampd (or any Zeitgitter) server URL")
     install.add_argument("--branch", default=None,
@@ -295,10 +329,13 @@ def parser() -> argparse.ArgumentParser:
     install.add_argument("--repo", type=Path, default=Path("."))
     install.add_argument("--force", action="store_true",
                          help="replace an existing post-commit hook that is not ours")
-    install.set_defaults(func=_cmd("server.hook", "cmd_install"))
-    uninstall = hooksub.add_parser("uninstall", help="remove stampd's post-commit hook")
+    install.set_defaults(func=_cmd("client.hook", "cmd_install"))
+    uninstall = hooksub.add_parser(
+        "uninstall", help="remove stampd's post-commit hook",
+        description="Exit status: 0 removed (or no hook to remove), 1 the hook is not "
+        "stampd's, or the repository is unusable.")
     uninstall.add_argument("--repo", type=Path, default=Path("."))
-    uninstall.set_defaults(func=_cmd("server.hook", "cmd_uninstall"))
+    uninstall.set_defaults(func=_cmd("client.hook", "cmd_uninstall"))
     return ap
 
 
@@ -313,21 +350,56 @@ def _cmd(module: str, name: str) -> Any:
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    _setup_logging(args.log_level)
+EXIT_FAILED = 1  # the command failed (a client command's own code where it has one)
+EXIT_USAGE = 2  # bad arguments or settings (argparse uses 2 as well)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def exit_status(exc: Exception) -> tuple[int, str] | None:
+    """(exit code, one-line message) of an error any command may raise; None for a bug,
+    which is left to propagate with its traceback."""
     from pydantic import ValidationError
 
+    from client.errors import CommandError
     from server.errors import StampError
+    from workers.agents.gpg import AgentError
+    from workers.agents.ssh import SshAgentError
+    from workers.keys.store import KeyStoreError
 
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(
+            f"{'STAMPD_' + str(e['loc'][0]).upper() + ': ' if e['loc'] else ''}{e['msg']}"
+            for e in exc.errors())
+        return EXIT_USAGE, _one_line(f"invalid setting: {problems}")
+    if isinstance(exc, CommandError):
+        return exc.exit_code, _one_line(str(exc))
+    if isinstance(exc, StampError | KeyStoreError):
+        return EXIT_FAILED, _one_line(exc.message)
+    if isinstance(exc, AgentError | SshAgentError):
+        return EXIT_FAILED, _one_line(str(exc))
+    if isinstance(exc, OSError):
+        return EXIT_FAILED, _one_line(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every error a command raises on purpose ends here, once: one line on
+    stderr (``stampd <command>: <message>``), no traceback, and the documented exit code."""
+    args = parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    name = " ".join(n for n in (args.command, getattr(args, "hook_command", None)) if n)
     try:
         return int(args.func(args))
-    except ValidationError as e:
-        print(f"stampd: invalid setting: {e}", file=sys.stderr)
-        return 2
-    except StampError as e:
-        print(f"stampd: {e.message}", file=sys.stderr)
-        return 1
+    except Exception as e:
+        status = exit_status(e)
+        if status is None:
+            raise
+        code, message = status
+        print(f"stampd {name}: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
-"""The one error hierarchy of stampd. Domain code raises these; `server.app` maps them to HTTP."""
+"""The one error hierarchy of the service. Domain code raises these; they say what went wrong,
+never how to answer it: each front end maps them once (`server.api.errors` for HTTP, the
+``stampd`` command line for exit codes)."""
 
 from __future__ import annotations
 
 
 class StampError(Exception):
-    """Base class. `status` is the HTTP status the edge answers with."""
-
-    status = 500
-    title = "Internal Server Error"
+    """Base class of everything the service refuses or cannot do."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -15,22 +14,7 @@ class StampError(Exception):
 
 
 class BadRequest(StampError):
-    """A field is missing or malformed, or the request type is unknown (Zeitgitter: 406)."""
-
-    status = 406
-    title = "Not Acceptable"
-
-
-class ValidationFailed(StampError):
-    """Malformed input to the /v1 API (400)."""
-
-    status = 400
-    title = "Bad Request"
-
-
-class NotFound(StampError):
-    status = 404
-    title = "Not Found"
+    """A field is missing, malformed or given twice, or the request type is unknown."""
 
 
 class InvalidCommitId(BadRequest):
@@ -45,31 +29,30 @@ class UnknownRequest(BadRequest):
     pass
 
 
+class NotFound(StampError):
+    """What was asked for does not exist (no receipt for a digest, no SSH key)."""
+
+
 class LengthRequired(StampError):
-    status = 411
-    title = "Length Required"
+    """A request body came without a length."""
 
 
 class BodyTooLarge(StampError):
-    status = 413
-    title = "Content Too Large"
+    """A request body is larger than the limit."""
 
 
 class UnsupportedMediaType(StampError):
-    status = 415
-    title = "Unsupported Media Type"
+    """A request body of a type the endpoint does not take."""
 
 
 class RequestTimeout(StampError):
-    status = 408
-    title = "Request Timeout"
+    """A request body did not arrive in time (or the client went away)."""
 
 
 class Unavailable(StampError):
-    """The server cannot take the request now; the client should retry later (503)."""
+    """The server cannot take the request now; the client should retry after `retry_after`
+    seconds."""
 
-    status = 503
-    title = "Service Unavailable"
     retry_after = 5
 
 
@@ -85,12 +68,5 @@ class JournalError(Unavailable):
     """The journal could not record the request durably."""
 
 
-class KeyStoreError(StampError):
-    """The key store is missing, unreadable or inconsistent (configuration error)."""
-
-
 class PeerError(StampError):
     """A peer could not be reached, or its answer failed a check."""
-
-    status = 502
-    title = "Bad Gateway"

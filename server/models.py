@@ -5,6 +5,8 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from workers.jobtable import JobState
+
 # SQLite only auto-increments INTEGER PRIMARY KEY columns.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -110,23 +112,17 @@ class CrossStamp(Base):
                       Index("ix_cross_stamps_state", "state", "next_attempt_at"))
 
 
-class JobState:
-    QUEUED = "queued"
-    CLAIMED = "claimed"
-    DONE = "done"
-    FAILED = "failed"
-
-
 class Job(Base):
     """A signing job handed over through the database (``STAMPD_DISPATCH=database``): API
-    hosts insert jobs, worker hosts claim them with ``FOR UPDATE SKIP LOCKED``."""
+    hosts insert jobs, worker hosts claim them with ``FOR UPDATE SKIP LOCKED``. Every statement
+    on this table and on ``worker_heartbeats``, and the states, are `workers.jobtable`'s."""
 
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     key_id: Mapped[str] = mapped_column(String(64))
-    payload: Mapped[str] = mapped_column(Text)  # the job as JSON (see workers.wire)
-    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
+    payload: Mapped[str] = mapped_column(Text)  # the job as JSON (see workers.formats.jobs)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED.value)  # a JobState
     worker: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[float | None] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from workers.keys.keyset import KeySpec, parse_extra_keys
 
 DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
 PEER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
@@ -113,19 +115,15 @@ class Settings(BaseSettings):
             raise ValueError("key_uid must be printable ASCII of the form 'Name <email>'")
         return v
 
-    @field_validator("extra_keys")
-    @classmethod
-    def _extra_keys_parse(cls, v: str) -> str:
-        from workers.keyset import parse_extra_keys
+    # The list settings, parsed once (from the strings above) when the settings are built.
+    _extra_key_specs: list[KeySpec] = PrivateAttr(default_factory=list)
+    _peer_list: list[PeerConfig] = PrivateAttr(default_factory=list)
 
-        parse_extra_keys(v)
-        return v
-
-    @field_validator("peers")
-    @classmethod
-    def _peers_parse(cls, v: str) -> str:
-        parse_peers(v)
-        return v
+    @model_validator(mode="after")
+    def _parse_lists(self) -> Settings:
+        self._extra_key_specs = parse_extra_keys(self.extra_keys)
+        self._peer_list = parse_peers(self.peers)
+        return self
 
     @model_validator(mode="after")
     def _database_dispatch_needs_postgres(self) -> Settings:
@@ -135,7 +133,11 @@ class Settings(BaseSettings):
 
     @property
     def peer_list(self) -> list[PeerConfig]:
-        return parse_peers(self.peers)
+        return list(self._peer_list)
+
+    @property
+    def extra_key_specs(self) -> list[KeySpec]:
+        return list(self._extra_key_specs)
 
     @property
     def worker_count(self) -> int:

@@ -4,6 +4,11 @@ Each worker gets a fresh private home (mode 0700) under the runtime directory. W
 exits for any reason, the supervisor kills the gpg-agent it left behind (recorded in
 ``<home>/agent.pid``), removes the home with the imported key, and starts a replacement after a
 short backoff that grows while workers keep dying young.
+
+Run as ``python -m workers.pool`` (by ``stampd serve``), the supervisor reads its `PoolConfig`
+as JSON from stdin; ``stampd worker`` runs a `WorkerPool` in its own process. Each worker gets
+its `WorkerConfig` the same way, on the stdin of ``python -m workers.worker``; its command line
+only names it (``--name``, ``--home``, ``--key-id``) for ``ps`` and ``pgrep``.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.settings import Settings
-from workers.keyset import PRIMARY, key_dir, parse_extra_keys
-from workers.worker import AGENT_PID_FILE
+from workers.config import ConfigError, PoolConfig
+from workers.keys.keyset import KeySpec
+from workers.worker import AGENT_PID_FILE, EXIT_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +39,7 @@ MAX_BACKOFF = 5.0
 @dataclass
 class Slot:
     index: int
-    key_id: str = PRIMARY
-    format: str = "openpgp"
-    key_dir: Path | None = None
+    key: KeySpec | None = None  # None: the primary key
     proc: subprocess.Popen[bytes] | None = None
     home: Path | None = None
     started: float = 0.0
@@ -45,16 +49,17 @@ class Slot:
 
 
 class WorkerPool:
-    def __init__(self, settings: Settings, size: int | None = None) -> None:
-        self.settings = settings
-        self.size = size or settings.worker_count
-        self.slots = [Slot(i) for i in range(self.size)]
+    def __init__(self, config: PoolConfig, env: Mapping[str, str] | None = None) -> None:
+        """``env``: the environment of the workers (default: this process's), to which the
+        pool adds ``GNUPGHOME``. Their configuration does not travel in it."""
+        self.config = config
+        self.env = dict(os.environ if env is None else env)
+        self.slots = [Slot(i) for i in range(config.workers)]
         # Every extra key gets workers of its own (each with its own agent).
-        for spec in parse_extra_keys(settings.extra_keys):
-            for _ in range(settings.extra_key_workers):
-                self.slots.append(Slot(len(self.slots), spec.id, spec.format,
-                                       key_dir(settings.keys_dir, spec).resolve()))
-        self.runtime = settings.runtime_dir or Path(tempfile.gettempdir())
+        for spec in config.extra_keys:
+            for _ in range(config.extra_key_workers):
+                self.slots.append(Slot(len(self.slots), spec))
+        self.runtime = config.runtime_dir
         self._stopping = False
 
     # -- worker lifecycle ------------------------------------------------------------------
@@ -63,21 +68,17 @@ class WorkerPool:
         home = Path(tempfile.mkdtemp(prefix=f"stampd-w{slot.index}-", dir=self.runtime))
         os.chmod(home, 0o700)
         name = f"{os.uname().nodename}:{os.getpid()}:{slot.index}"
-        env = dict(os.environ)
-        env["STAMPD_DATA_DIR"] = str(self.settings.data_dir.resolve())
-        env["GNUPGHOME"] = str(home)
-        cmd = [sys.executable, "-m", "workers.worker", "--name", name, "--home", str(home),
-               "--key-id", slot.key_id, "--format", slot.format]
-        if slot.key_dir is not None:
-            cmd += ["--key-dir", str(slot.key_dir)]
-        slot.proc = subprocess.Popen(
-            cmd,
-            env=env,
+        config = self.config.worker_config(name, home, slot.key)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.worker", "--name", name, "--home", str(home),
+             "--key-id", config.key_id],
+            stdin=subprocess.PIPE,
+            env={**self.env, "GNUPGHOME": str(home)},
             preexec_fn=_unblock_signals,  # the supervisor blocks these for sigtimedwait
         )
-        slot.home = home
-        slot.started = time.monotonic()
-        log.info("started worker %d (pid %d)", slot.index, slot.proc.pid)
+        slot.proc, slot.home, slot.started = proc, home, time.monotonic()
+        send_config(proc, config.to_json())
+        log.info("started worker %d (pid %d)", slot.index, proc.pid)
 
     def _cleanup(self, slot: Slot) -> None:
         if slot.home is None:
@@ -177,11 +178,26 @@ def _is_agent_of(pid: int, home: Path) -> bool:
     return is_agent and str(home).encode() in b" ".join(cmdline)
 
 
+def send_config(proc: subprocess.Popen[bytes], config_json: str) -> None:
+    """Write a child's configuration to its stdin and close it. (A child that died before
+    reading it is reaped and restarted like any other.)"""
+    assert proc.stdin is not None
+    try:
+        with proc.stdin:
+            proc.stdin.write(config_json.encode())
+    except BrokenPipeError:
+        log.warning("process %d exited before reading its configuration", proc.pid)
+
+
 def main() -> int:
-    settings = Settings()
-    logging.basicConfig(level=os.environ.get("STAMPD_LOG_LEVEL", "INFO"),
+    try:
+        config = PoolConfig.from_json(sys.stdin.buffer.read())
+    except ConfigError as e:
+        print(f"workers.pool: bad configuration on stdin: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(level=config.log_level,
                         format="%(asctime)s supervisor %(levelname)s %(message)s")
-    return WorkerPool(settings).run()
+    return WorkerPool(config).run()
 
 
 if __name__ == "__main__":

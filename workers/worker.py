@@ -1,9 +1,12 @@
 """One signing worker process: its own gpg-agent, a persistent Assuan connection, one loop.
 
-Started by `workers.pool.WorkerPool` with a private 0700 home directory. The worker
+Started by `workers.pool.WorkerPool` as ``python -m workers.worker`` with its `WorkerConfig` as
+JSON on stdin (never in its command line or environment: it holds the key's passphrase and the
+database DSN) and a private 0700 home directory. The worker
 
 1. starts a gpg-agent in that home and imports the secret key from the key store,
-2. connects to the dispatcher's Unix socket and says hello,
+2. connects to the dispatcher's Unix socket and says hello (or, with database dispatch, claims
+   jobs from the ``jobs`` table: `serve_db`),
 3. builds and signs every job it receives (no process spawn per signature),
 4. exits non-zero as soon as its agent is gone, and stops its agent when it exits.
 
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import select
@@ -25,15 +27,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers import cleartext, gitobjects, openpgp, wire
-from workers.agents import AgentError, AssuanConnection, GpgAgent
-from workers.keys import KeyStore
-from workers.keyset import PRIMARY, RECEIPT_NAMESPACE, SshKeyStore
-from workers.sshagent import SshAgent, SshAgentConnection, SshAgentError
-from workers.sshsig import SshPublicKey
+from workers import jobtable
+from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
+from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
+from workers.config import ConfigError, WorkerConfig
+from workers.formats import cleartext, gitobjects, openpgp
+from workers.formats.jobs import (
+    CommitJob,
+    FrameBuffer,
+    Hello,
+    Job,
+    MalformedMessage,
+    ReceiptJob,
+    Result,
+    TagJob,
+    decode_frame,
+    job_from_dict,
+)
+from workers.formats.sshsig import SshPublicKey
+from workers.keys.keyset import RECEIPT_NAMESPACE, SshKeyStore
+from workers.keys.store import KeyStore
 
 log = logging.getLogger(__name__)
 
+EXIT_CONFIG = 2
 EXIT_AGENT_DIED = 3
 EXIT_NO_DISPATCHER = 4
 AGENT_PID_FILE = "agent.pid"
@@ -45,7 +62,7 @@ class Signer:
     Subclasses say how a payload is signed (OpenPGP or SSH) and which user id goes into the
     tagger/committer lines."""
 
-    def uid(self, job: dict[str, Any]) -> str:
+    def uid(self, job: TagJob | CommitJob) -> str:
         raise NotImplementedError
 
     def signature(self, payload: bytes, t: int) -> str:
@@ -54,22 +71,18 @@ class Signer:
     def receipt(self, text: str, t: int) -> str:
         raise NotImplementedError
 
-    def build(self, job: dict[str, Any]) -> str:
-        t = int(job["time"])
-        op = job["op"]
-        message = str(job.get("message", ""))
-        if op == "tag":
-            payload = gitobjects.tag_payload(job["commit"], job["tagname"], self.uid(job), t,
-                                             message)
-            obj = gitobjects.embed_tag_signature(payload, self.signature(payload, t))
-        elif op == "commit":
-            payload = gitobjects.commit_payload(job["tree"], job["parents"], self.uid(job), t,
-                                                message)
-            obj = gitobjects.embed_commit_signature(payload, self.signature(payload, t))
-        elif op == "receipt":
-            return self.receipt(str(job["text"]), t)
+    def build(self, job: Job) -> str:
+        """The signed object of ``job`` (ASCII text)."""
+        if isinstance(job, ReceiptJob):
+            return self.receipt(job.text, job.time)
+        if isinstance(job, TagJob):
+            payload = gitobjects.tag_payload(job.commit, job.tagname, self.uid(job), job.time,
+                                             job.message)
+            obj = gitobjects.embed_tag_signature(payload, self.signature(payload, job.time))
         else:
-            raise ValueError(f"unknown op {op!r}")
+            payload = gitobjects.commit_payload(job.tree, job.parents, self.uid(job), job.time,
+                                                job.message)
+            obj = gitobjects.embed_commit_signature(payload, self.signature(payload, job.time))
         return obj.decode("ascii")
 
 
@@ -81,7 +94,7 @@ class OpenPgpSigner(Signer):
     def _sign(self, hash_algo: int, digest: bytes) -> list[int]:
         return self.conn.sign(self.key.keygrip, hash_algo, digest)
 
-    def uid(self, job: dict[str, Any]) -> str:
+    def uid(self, job: TagJob | CommitJob) -> str:
         return self.key.uid  # the client checks the uid of the key it fetched
 
     def signature(self, payload: bytes, t: int) -> str:
@@ -99,8 +112,10 @@ class SshSigner(Signer):
         self.key = key
         self.conn = conn
 
-    def uid(self, job: dict[str, Any]) -> str:
-        return str(job["uid"])
+    def uid(self, job: TagJob | CommitJob) -> str:
+        if job.uid is None:
+            raise MalformedMessage("an SSH-signed job needs a uid")
+        return job.uid
 
     def signature(self, payload: bytes, t: int) -> str:
         return self.conn.sshsig(self.key, payload, "git")
@@ -137,78 +152,73 @@ def idle_check(agent: GpgAgent | SshAgent, parent: int, name: str) -> int | None
     return None
 
 
+def sign(signer: Signer, job_id: int | None, data: dict[str, Any]) -> Result:
+    """The answer to one job: the signed object, or a refusal of a malformed job. An agent
+    failure propagates (the worker exits, and the job goes to another worker)."""
+    try:
+        return Result(int(job_id or 0), object=signer.build(job_from_dict(data)))
+    except (MalformedMessage, ValueError, UnicodeError) as e:
+        return Result(int(job_id or 0), error=f"malformed job: {e!r}")
+
+
 def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name: str) -> int:
-    reader = wire.FrameReader(sock)
+    frames = FrameBuffer()
     parent = os.getppid()
     while True:
-        while not reader.has_frame():
+        message = frames.next()
+        while message is None:
             ready, _, _ = select.select([sock], [], [], 1.0)
             if not ready:
                 code = idle_check(agent, parent, name)
                 if code is not None:
                     return code
                 continue
-            if not reader.fill():
+            data = sock.recv(65536)
+            if not data:
                 log.warning("worker %s: dispatcher closed the connection", name)
                 return EXIT_NO_DISPATCHER
-        job = reader.next_frame()
+            frames.feed(data)
+            message = frames.next()
+        job_id = message.get("id")
         try:
-            reply: dict[str, Any] = {"id": job["id"], "object": signer.build(job)}
+            reply = sign(signer, job_id if isinstance(job_id, int) else None, message)
         except (AgentError, SshAgentError):
             log.exception("worker %s: signing failed; exiting so that another worker signs",
                           name)
             return EXIT_AGENT_DIED
-        except (KeyError, ValueError, TypeError, UnicodeError) as e:
-            reply = {"id": job.get("id"), "error": f"malformed job: {e!r}"}
-        sock.sendall(wire.encode(reply))
-
-
-CLAIM = (
-    "UPDATE jobs SET state = 'claimed', worker = %(w)s, claimed_at = %(t)s, "
-    "attempts = attempts + 1 WHERE id = (SELECT id FROM jobs WHERE state = 'queued' "
-    "AND key_id = %(k)s ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id, payload"
-)
-STORE = (
-    "UPDATE jobs SET state = %(s)s, result = %(r)s, error = %(e)s "
-    "WHERE id = %(id)s AND worker = %(w)s AND state = 'claimed'"
-)
-BEAT = (
-    "INSERT INTO worker_heartbeats (name, key_id, pid, started_at, last_seen) "
-    "VALUES (%(w)s, %(k)s, %(p)s, %(t)s, %(t)s) "
-    "ON CONFLICT (name) DO UPDATE SET last_seen = EXCLUDED.last_seen, key_id = EXCLUDED.key_id"
-)
+        sock.sendall(reply.frame())
 
 
 def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, key_id: str,
              beat_every: float = 2.0) -> int:
-    """The worker loop of ``STAMPD_DISPATCH=database``: claim, sign, record, notify."""
+    """The worker loop of database dispatch: claim, sign, record, notify (`workers.jobtable`)."""
     import psycopg
 
     parent = os.getppid()
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        conn.execute("LISTEN stampd_jobs")
+        conn.execute(jobtable.LISTEN_JOBS)
         last_beat = 0.0
         try:
             while True:
                 now = time.time()
                 if now - last_beat >= beat_every:
-                    conn.execute(BEAT, {"w": name, "k": key_id, "p": os.getpid(), "t": now})
+                    conn.execute(*jobtable.heartbeat(name, key_id, os.getpid(), now))
                     last_beat = now
-                row = conn.execute(CLAIM, {"w": name, "t": now, "k": key_id}).fetchone()
+                row = conn.execute(*jobtable.claim(name, key_id, now)).fetchone()
                 if row is not None:
                     job_id, payload = row
                     try:
-                        result, state, error = signer.build(json.loads(payload)), "done", None
+                        answer = sign(signer, job_id, decode_frame(payload.encode()))
                     except (AgentError, SshAgentError):
                         log.exception("worker %s: signing failed; exiting (the job is "
                                       "requeued once our heartbeat stops)", name)
                         return EXIT_AGENT_DIED
-                    except (KeyError, ValueError, TypeError, UnicodeError) as e:
-                        result, state, error = None, "failed", f"malformed job: {e!r}"
-                    stored = conn.execute(STORE, {"s": state, "r": result, "e": error,
-                                                  "id": job_id, "w": name})
+                    except MalformedMessage as e:
+                        answer = Result(job_id, error=f"malformed job: {e!r}")
+                    stored = conn.execute(*jobtable.store(job_id, name, answer.object,
+                                                          answer.error))
                     if stored.rowcount == 1:
-                        conn.execute("SELECT pg_notify('stampd_done', %s)", (str(job_id),))
+                        conn.execute(*jobtable.notify_done(job_id))
                     else:  # taken over meanwhile: this signature is never issued
                         log.warning("worker %s: job %s was taken over; result dropped",
                                     name, job_id)
@@ -220,60 +230,75 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                     return code
         finally:
             with contextlib.suppress(Exception):
-                conn.execute("DELETE FROM worker_heartbeats WHERE name = %s", (name,))
+                conn.execute(*jobtable.forget_worker(name))
 
 
-def main(argv: list[str] | None = None) -> int:
-    from server.settings import Settings
-
-    ap = argparse.ArgumentParser(prog="stampd-worker")
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--home", required=True, type=Path)
-    ap.add_argument("--key-id", default=PRIMARY, help="which key of the key set to serve")
-    ap.add_argument("--format", default="openpgp", choices=["openpgp", "ssh"])
-    ap.add_argument("--key-dir", type=Path, help="key directory (default: the primary key)")
-    args = ap.parse_args(argv)
-    settings = Settings()
-    logging.basicConfig(level=os.environ.get("STAMPD_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s worker[{args.name}] %(levelname)s %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    key_dir = args.key_dir or settings.keys_dir
+def run(config: WorkerConfig) -> int:
+    """Start the agent, load the key, serve jobs until the agent, the supervisor or the
+    dispatcher is gone; the exit status."""
     agent: GpgAgent | SshAgent
-    if args.format == "ssh":
-        agent = SshAgent(args.home)
+    if config.format == "ssh":
+        agent = SshAgent(config.home)
     else:
-        agent = GpgAgent(args.home, passphrase=settings.read_passphrase())
+        agent = GpgAgent(config.home, passphrase=config.passphrase)
     try:
         agent.start()
-        (args.home / AGENT_PID_FILE).write_text(str(agent.pid))
+        (config.home / AGENT_PID_FILE).write_text(str(agent.pid))
         signer: Signer
         if isinstance(agent, SshAgent):
-            ssh_key = agent.add_key(SshKeyStore(key_dir).private_key_file)
+            ssh_key = agent.add_key(SshKeyStore(config.key_dir).private_key_file)
             signer, fingerprint = SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
         else:
-            key = agent.import_secret_key(KeyStore(key_dir).secret_key_file)
+            key = agent.import_secret_key(KeyStore(config.key_dir).secret_key_file)
             signer, fingerprint = OpenPgpSigner(key, agent.connect()), key.fingerprint
-        if settings.dispatch == "database":
-            from sqlalchemy.engine import make_url
-
-            dsn = make_url(settings.db_url).set(drivername="postgresql").render_as_string(
-                hide_password=False)
+        dispatch = config.dispatch
+        if dispatch.mode == "database":
+            assert dispatch.dsn is not None  # (DispatchConfig checks it)
             log.info("ready: key %s (%s), agent pid %d, jobs from the database",
-                     fingerprint, args.key_id, agent.pid)
-            return serve_db(dsn, signer, agent, args.name, args.key_id)
-        sock = connect(settings.dispatch_socket, time.monotonic() + 120)
-        sock.sendall(wire.encode({"hello": {"worker": args.name, "pid": os.getpid(),
-                                            "fingerprint": fingerprint, "key": args.key_id}}))
-        log.info("ready: key %s (%s), agent pid %d", fingerprint, args.key_id, agent.pid)
-        return serve(sock, signer, agent, args.name)
+                     fingerprint, config.key_id, agent.pid)
+            return serve_db(dispatch.dsn, signer, agent, config.name, config.key_id)
+        assert dispatch.socket is not None
+        sock = connect(dispatch.socket, time.monotonic() + 120)
+        sock.sendall(Hello(config.name, os.getpid(), fingerprint, config.key_id).frame())
+        log.info("ready: key %s (%s), agent pid %d", fingerprint, config.key_id, agent.pid)
+        return serve(sock, signer, agent, config.name)
     except (AgentError, SshAgentError):
         log.exception("the agent failed")
         return EXIT_AGENT_DIED
     except (FileNotFoundError, ConnectionRefusedError):
-        log.exception("cannot reach the dispatcher at %s", settings.dispatch_socket)
+        log.exception("cannot reach the dispatcher at %s", config.dispatch.socket)
         return EXIT_NO_DISPATCHER
     finally:
         agent.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.worker [--name N --home H --key-id K] < config.json``. The options
+    only label the process (``ps``, ``pgrep``); when given, they must match the configuration."""
+    ap = argparse.ArgumentParser(prog="workers.worker",
+                                 description="one signing worker; its configuration (JSON) "
+                                 "comes on stdin")
+    ap.add_argument("--name", help="label: the worker's name")
+    ap.add_argument("--home", type=Path, help="label: the worker's home")
+    ap.add_argument("--key-id", help="label: the key it serves")
+    args = ap.parse_args(argv)
+    try:
+        config = WorkerConfig.from_json(sys.stdin.buffer.read())
+    except ConfigError as e:
+        print(f"workers.worker: bad configuration on stdin: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    labels = {"--name": (args.name, config.name), "--home": (args.home, config.home),
+              "--key-id": (args.key_id, config.key_id)}
+    wrong = [opt for opt, (given, configured) in labels.items()
+             if given is not None and given != configured]
+    if wrong:
+        print(f"workers.worker: {', '.join(wrong)} disagree with the configuration",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(level=config.log_level,
+                        format=f"%(asctime)s worker[{config.name}] %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return run(config)
 
 
 if __name__ == "__main__":

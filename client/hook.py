@@ -1,0 +1,268 @@
+"""``stampd hook install|uninstall``: the post-commit hook that stamps every commit.
+
+The hook itself (``client/hooks/post-commit``) is a POSIX sh script that needs only git, curl and
+gpg. Installing it pins the server's key (trust on first use): the key is fetched once with
+``get-public-key-v1``, imported into a keyring under the git directory
+(``<git common dir>/stampd/gnupg``, mode 0700), and its fingerprint and user id are written to
+the repository's git config (``stampd.server``, ``stampd.branch``, ``stampd.fingerprint``,
+``stampd.uid``), which the hook reads.
+
+An existing ``post-commit`` hook that is not stampd's is never replaced silently: ``install``
+refuses unless ``--force`` (which keeps it as ``post-commit.stampd-backup``), and ``uninstall``
+removes only a hook carrying stampd's marker line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.parse
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from client.errors import CommandError
+from client.verify import KEYRING_PREFIX, VerifyError, fetch_public_key
+from workers.keys.gnupg import GnupgHome, GpgError, TempGnupgHome
+
+HOOK = "post-commit"
+MARKER = "# stampd-post-commit-hook v1"
+MARKER_PREFIX = "# stampd-post-commit-hook "
+BACKUP_SUFFIX = ".stampd-backup"
+KEYRING = Path("stampd") / "gnupg"
+KEY_FILE = Path("stampd") / "server-key.asc"
+
+
+class HookError(CommandError):
+    """Installing or removing the hook failed: ``stampd hook install|uninstall: <message>``,
+    exit status 1, or the ``exit_code`` given (2 for an unusable argument)."""
+
+
+def hook_script() -> str:
+    """The shipped hook script (package data ``client/hooks/post-commit``)."""
+    text = resources.files("client").joinpath("hooks", HOOK).read_text(encoding="ascii")
+    if MARKER not in text.splitlines():
+        raise HookError("the packaged hook script lacks its marker line")
+    return text
+
+
+def is_ours(path: Path) -> bool:
+    """Whether the hook file at ``path`` carries stampd's marker line."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(line.startswith(MARKER_PREFIX) for line in head.splitlines()[:5])
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                           timeout=60, check=False)
+    except FileNotFoundError:
+        raise HookError("git is not installed") from None
+    if r.returncode != 0:
+        raise HookError(f"git {' '.join(args)}: {r.stderr.strip() or r.returncode}")
+    return r.stdout.strip()
+
+
+@dataclass(frozen=True)
+class RepoPaths:
+    hooks: Path  # honours core.hooksPath
+    common: Path  # the git common directory (shared by worktrees)
+
+    @property
+    def hook(self) -> Path:
+        return self.hooks / HOOK
+
+    @property
+    def keyring(self) -> Path:
+        return self.common / KEYRING
+
+
+def repo_paths(repo: Path) -> RepoPaths:
+    try:
+        _git(repo, "rev-parse", "--git-dir")
+    except HookError:
+        raise HookError(f"{repo} is not inside a git repository") from None
+    # A relative core.hooksPath is relative to the top of the working tree (none when bare).
+    with contextlib.suppress(HookError):
+        repo = Path(_git(repo, "rev-parse", "--show-toplevel"))
+    hooks = Path(_git(repo, "rev-parse", "--git-path", "hooks"))
+    common = Path(_git(repo, "rev-parse", "--git-common-dir"))
+    return RepoPaths(hooks=hooks if hooks.is_absolute() else (repo / hooks).resolve(),
+                     common=common if common.is_absolute() else (repo / common).resolve())
+
+
+def _valid_name(name: str) -> bool:
+    return bool(re.fullmatch(r"[_a-z][-._a-z0-9]{0,99}", name, re.IGNORECASE)) \
+        and ".." not in name
+
+
+def default_branch(server: str) -> str:
+    """The timestamp branch `git timestamp` picks for ``server`` when it makes the name up:
+    the first dot/slash-separated part of the URL after the scheme that is not empty, ``www``,
+    ``igitt``, ``zeitgitter`` or contains ``stamp``, with ``:`` as ``-``, plus ``-timestamps``
+    (``http://localhost:8080`` gives ``localhost-8080-timestamps``, ``https://stamps.example.org``
+    gives ``example-timestamps``; a part must start with a letter or ``_``, so a bare IP address
+    such as ``http://127.0.0.1:8080`` gives ``zeitgitter-timestamps``)."""
+    fields = server.replace("/", ".").split(".")[1:]
+    for f in fields:
+        name = f.replace(":", "-")
+        if name and name not in ("www", "igitt", "zeitgitter") and "stamp" not in name \
+                and _valid_name(name):
+            return f"{name}-timestamps"
+    return "zeitgitter-timestamps"
+
+
+def check_server_url(server: str) -> str:
+    parts = urllib.parse.urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname \
+            or any(not ("!" <= c <= "~") for c in server):
+        raise HookError(f"--server must be an http:// or https:// URL, not {server!r}", 2)
+    return server
+
+
+@dataclass(frozen=True)
+class PinnedKey:
+    fingerprint: str  # primary key
+    uid: str
+    armored: bytes
+
+
+def pin_key(server: str) -> PinnedKey:
+    """Fetch the server's key and describe it; exactly one key with a printable user id."""
+    try:
+        armored = fetch_public_key(server)
+        with TempGnupgHome(KEYRING_PREFIX) as home:
+            home.import_keys(armored)
+            keys = home.list_keys()
+    except (VerifyError, GpgError) as e:
+        raise HookError(e.message) from None
+    if len(keys) != 1:
+        raise HookError(f"{server} answered get-public-key-v1 with {len(keys)} keys, not one")
+    key = keys[0]
+    if not key.uids or any(not (" " <= c <= "~") for c in key.uids[0]):
+        raise HookError(f"the key of {server} has no printable user id")
+    return PinnedKey(fingerprint=key.fingerprint, uid=key.uids[0], armored=armored)
+
+
+def write_keyring(target: Path, key: PinnedKey) -> None:
+    """Replace the keyring at ``target`` with one holding only ``key`` (mode 0700)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(target.parent, 0o700)
+    fresh = Path(tempfile.mkdtemp(prefix="gnupg.", dir=target.parent))
+    try:
+        os.chmod(fresh, 0o700)
+        try:
+            imported = GnupgHome(fresh).import_keys(key.armored)
+        except GpgError as e:
+            raise HookError(e.message) from None
+        # gpg 2.2 exits 2 after a good import when it cannot reach an agent, e.g. because
+        # the keyring's path is too long for a socket; the IMPORT_OK status is what counts.
+        if not imported.ok:
+            raise HookError(f"gpg could not import the server key: {imported.stderr[-300:]}")
+        if target.exists():
+            shutil.rmtree(target)
+        fresh.rename(target)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    (target.parent / KEY_FILE.name).write_bytes(key.armored)
+
+
+def _backup_path(hook: Path) -> Path:
+    backup = hook.with_name(hook.name + BACKUP_SUFFIX)
+    n = 1
+    while backup.exists() or backup.is_symlink():
+        backup = hook.with_name(f"{hook.name}{BACKUP_SUFFIX}.{n}")
+        n += 1
+    return backup
+
+
+def _config(repo: Path, name: str) -> str | None:
+    try:
+        return _git(repo, "config", "--local", "--get", name) or None
+    except HookError:
+        return None
+
+
+def install(repo: Path, server: str, branch: str | None, force: bool) -> list[str]:
+    """Install the hook and pin the server key; return lines describing what was done."""
+    server = check_server_url(server)
+    branch = branch or default_branch(server)
+    paths = repo_paths(repo)
+    try:
+        _git(repo, "check-ref-format", f"refs/heads/{branch}")
+    except HookError:
+        raise HookError(f"{branch!r} is not a valid branch name", 2) from None
+    hook = paths.hook
+    exists = hook.exists() or hook.is_symlink()
+    foreign = exists and not is_ours(hook)
+    if foreign and not force:
+        raise HookError(f"{hook} exists and is not stampd's hook; not replacing it (use --force "
+                        f"to install anyway, keeping it as {hook.name}{BACKUP_SUFFIX})")
+    script = hook_script()
+    key = pin_key(server)
+    pinned = _config(repo, "stampd.fingerprint")
+    if pinned and pinned != key.fingerprint and _config(repo, "stampd.server") == server \
+            and not force:
+        raise HookError(f"the key of {server} changed from the pinned {pinned} to "
+                        f"{key.fingerprint}; if you trust the new key, use --force")
+    write_keyring(paths.keyring, key)
+    for name, value in (("server", server), ("branch", branch),
+                        ("fingerprint", key.fingerprint), ("uid", key.uid)):
+        _git(repo, "config", "--local", f"stampd.{name}", value)
+    lines = []
+    paths.hooks.mkdir(parents=True, exist_ok=True)
+    if foreign:
+        backup = _backup_path(hook)
+        hook.rename(backup)
+        lines.append(f"kept the previous hook as {backup}")
+    tmp = hook.with_name(f".{hook.name}.stampd-tmp")
+    tmp.write_text(script, encoding="ascii")
+    os.chmod(tmp, 0o755)
+    if hook.is_symlink():
+        hook.unlink()
+    tmp.replace(hook)
+    return [f"installed {hook}", *lines, f"server:  {server}", f"branch:  {branch}",
+            f"key:     {key.fingerprint} ({key.uid})",
+            f"pinned:  {paths.keyring} and git config stampd.*"]
+
+
+def uninstall(repo: Path) -> list[str]:
+    """Remove stampd's hook (restoring a backed-up hook); never touch anyone else's."""
+    paths = repo_paths(repo)
+    hook = paths.hook
+    if not (hook.exists() or hook.is_symlink()):
+        return [f"no post-commit hook at {hook}; nothing to do"]
+    if not is_ours(hook):
+        raise HookError(f"{hook} is not stampd's hook; leaving it alone")
+    hook.unlink()
+    lines = [f"removed {hook}"]
+    backup = hook.with_name(hook.name + BACKUP_SUFFIX)
+    if backup.exists() or backup.is_symlink():
+        backup.rename(hook)
+        lines.append(f"restored the previous hook from {backup.name}")
+    lines.append(f"kept the timestamp branch, {paths.keyring} and git config stampd.*")
+    return lines
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    """``stampd hook install [--server URL] [--branch NAME] [--repo DIR] [--force]``: 0 when
+    installed; otherwise raise a `HookError`."""
+    print("\n".join(install(args.repo, args.server, args.branch, args.force)))
+    return 0
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    """``stampd hook uninstall [--repo DIR]``: 0 when removed (or nothing to remove);
+    otherwise raise a `HookError`."""
+    print("\n".join(uninstall(args.repo)))
+    return 0

@@ -1,0 +1,123 @@
+"""The composition root of the HTTP process: `create_app(settings)` builds every part of the
+service, starts and stops them with the app, and mounts the front ends.
+
+    ZeitgitterPost (POST /, raw ASGI) ─┐
+    FastAPI: GET /, /v1/*, /log.git/*, ─┴─> Services: Stamper ─> Journal, Dispatcher
+             /healthz, /readyz, /metrics                LogCommitter, CrossStamper
+
+The secret keys never enter this process: workers hold them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from server import db
+from server.api.digests import add_digest_routes
+from server.api.health import add_health_routes
+from server.api.metrics import add_metrics_route
+from server.api.publish import add_log_routes
+from server.api.services import Services
+from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
+from server.dispatch import Dispatcher
+from server.dispatch.database import DbDispatcher, psycopg_dsn
+from server.dispatch.socket import SocketDispatcher
+from server.log.committer import LogCommitter
+from server.log.leader import AdvisoryLeader
+from server.log.peers import CrossStamper
+from server.log.repository import LogRepository
+from server.settings import Settings
+from server.stamping.journal import Journal
+from server.stamping.stamper import Stamper
+from server.stats import Stats
+from workers.keys.keyset import ServedKey, served_keys
+
+
+def log_key_files(keys: list[ServedKey]) -> dict[str, str]:
+    """Every public key besides pubkey.asc, for the log: keys/<id>.asc|.pub, allowed_signers."""
+    files = {f"keys/{k.log_name}": k.public for k in keys[1:]}
+    signers = "".join(k.allowed_signers("git,stampd") or "" for k in keys)
+    if signers:
+        files["allowed_signers"] = signers
+    return files
+
+
+def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats) -> Dispatcher:
+    if settings.dispatch == "database":
+        return DbDispatcher(engine, max_queue=settings.max_queue,
+                            sign_timeout=settings.sign_timeout,
+                            max_attempts=settings.max_attempts,
+                            heartbeat_timeout=settings.heartbeat_timeout, stats=stats)
+    return SocketDispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
+                            sign_timeout=settings.sign_timeout,
+                            max_attempts=settings.max_attempts, stats=stats)
+
+
+def create_app(
+    settings: Settings, *, clock: Callable[[], float] = time.time,
+    before_shutdown: Callable[[], None] | None = None,
+) -> ZeitgitterPost:
+    """``before_shutdown`` runs (in a thread) when the server stops, after the last request
+    and before the dispatcher closes: `stampd serve` stops its worker pool there, so that
+    workers are stopped rather than cut off and respawned."""
+    cell: list[Services] = []  # filled when the app starts
+
+    def services() -> Services:
+        return cell[0]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        keys = served_keys(settings.keys_dir, settings.extra_key_specs)
+        engine = db.make_engine(settings.db_url)
+        stats = Stats()
+        journal = Journal(engine, stats)
+        dispatcher = make_dispatcher(settings, engine, stats)
+        leader = (AdvisoryLeader(psycopg_dsn(engine)) if settings.dispatch == "database"
+                  else None)
+        cross = CrossStamper(engine, settings, clock, leader=leader)
+        loop = asyncio.get_running_loop()
+
+        def on_commit(head: str) -> None:
+            cross.head_committed(head)
+            loop.call_soon_threadsafe(cross.wake)
+
+        committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
+                                 keys[0].public, settings.commit_interval, clock,
+                                 on_commit=on_commit, peer_keys=cross.pinned_keys,
+                                 key_files=log_key_files(keys), leader=leader)
+        stamper = Stamper(journal, dispatcher, keys, public_url=settings.public_url,
+                          request_timeout=settings.request_timeout, clock=clock)
+        await dispatcher.start()
+        journal.start()
+        committer.start()
+        cross.start()
+        cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
+                             stats, keys, clock))
+        app.state.services = cell[0]
+        try:
+            yield
+        finally:
+            if before_shutdown is not None:
+                await asyncio.to_thread(before_shutdown)
+            await cross.stop()
+            await committer.stop()
+            await dispatcher.stop()
+            await journal.stop()
+            if leader is not None:
+                leader.close()
+            engine.dispose()
+            cell.clear()
+
+    app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    add_zeitgitter_routes(app, services)
+    add_digest_routes(app, services)
+    add_log_routes(app, settings.log_repo)
+    add_health_routes(app, services)
+    add_metrics_route(app, services)
+    return ZeitgitterPost(app, services)

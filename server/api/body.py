@@ -1,0 +1,65 @@
+"""Reading a request body within the limits every POST endpoint shares: an accepted content
+type, a Content-Length no larger than ``STAMPD_MAX_BODY``, and the whole body within
+``STAMPD_BODY_TIMEOUT`` (a client that announces more than it sends gets a 408)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from starlette.types import Receive, Scope
+
+from server.errors import (
+    BadRequest,
+    BodyTooLarge,
+    LengthRequired,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
+from server.settings import Settings
+
+
+def content_type(headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None]:
+    """(media type, Content-Length) from raw ASGI headers."""
+    mtype, length = "", None
+    for name, value in headers:
+        if name == b"content-type":
+            mtype = value.decode("latin-1").split(";")[0].strip().lower()
+        elif name == b"content-length":
+            length = value.decode("latin-1")
+    return mtype, length
+
+
+async def _receive(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestTimeout("client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def read_body(scope: Scope, receive: Receive, settings: Settings,
+                    types: Sequence[str]) -> tuple[str, bytes]:
+    """(media type, body) of a request whose type is one of ``types``."""
+    mtype, length = content_type(scope["headers"])
+    if mtype not in types:
+        raise UnsupportedMediaType(f"send {' or '.join(types)}")
+    if length is None:
+        raise LengthRequired("Content-Length is required")
+    if not length.isdigit():
+        raise BadRequest("malformed Content-Length")
+    if int(length) > settings.max_body:
+        raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
+    try:
+        async with asyncio.timeout(settings.body_timeout):
+            return mtype, await _receive(receive, settings.max_body)
+    except TimeoutError:
+        raise RequestTimeout("body not received in time") from None

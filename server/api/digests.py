@@ -1,0 +1,158 @@
+"""The ``/v1`` digest API: stamp a sha256/sha512 digest, fetch its receipts again.
+
+    curl -sS --data sha256=<hex> http://127.0.0.1:8080/v1/stamps           (form)
+    curl -sS -H 'Content-Type: application/json' -d '{"sha256":"<hex>"}' ...  (JSON)
+
+The answer is the receipt (an OpenPGP cleartext-signed statement, see `workers.formats.receipts`) as
+``text/plain``, or, with ``Accept: application/json``, the receipt and its fields in JSON.
+Errors are ``application/problem+json`` (RFC 9457).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from sqlalchemy import select
+
+from server.api.body import read_body
+from server.api.errors import problem, status_of
+from server.api.services import Services
+from server.errors import BadRequest, NotFound, StampError
+from server.models import Stamp, StampState
+from server.stamping.requests import DigestRequest, choose_key, key_fields
+from workers.formats.receipts import ALGORITHMS, check_digest, parse_statement, split_receipt
+
+SSH_NAMESPACES = "git,stampd"
+URLENCODED = "application/x-www-form-urlencoded"
+JSON = "application/json"
+
+
+def parse_digest_body(ctype: str, body: bytes) -> tuple[DigestRequest, dict[str, list[str]]]:
+    """One ``sha256`` or ``sha512`` field, from a form or a JSON object; plus the optional
+    key choice fields (``format``, ``key``)."""
+    if not body.strip():
+        raise BadRequest("empty body: send sha256=<hex> or sha512=<hex>")
+    fields: dict[str, list[str]] = {}
+    if ctype == URLENCODED:
+        try:
+            for name, value in urllib.parse.parse_qsl(body.decode("ascii"), strict_parsing=True,
+                                                      errors="strict", max_num_fields=8):
+                fields.setdefault(name, []).append(value)
+        except (UnicodeError, ValueError):
+            raise BadRequest("malformed form body") from None
+    else:
+        try:
+            data = json.loads(body)
+        except (UnicodeError, ValueError):
+            raise BadRequest("malformed JSON body") from None
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise BadRequest('send a JSON object like {"sha256": "<hex>"}')
+        fields = {k: [v] for k, v in data.items()}
+    choice: dict[str, list[str]] = {k: fields.pop(k) for k in ("format", "key") if k in fields}
+    unknown = sorted(set(fields) - set(ALGORITHMS))
+    if unknown:
+        raise BadRequest(f"unknown field or algorithm {unknown[0]!r}; use sha256 or sha512")
+    if len(fields) != 1 or any(len(v) != 1 for v in fields.values()):
+        raise BadRequest("send exactly one digest")
+    ((algorithm, (digest,)),) = fields.items()
+    # `sha256sum FILE | cut -d' ' -f1 | curl --data-urlencode sha256@- ...` sends a final
+    # newline; surrounding whitespace is not part of a digest.
+    digest = digest.strip(" \t\r\n")
+    try:
+        check_digest(algorithm, digest)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return DigestRequest(algorithm=algorithm, digest=digest), choice
+
+
+def wants_json(request: Request) -> bool:
+    return JSON in request.headers.get("accept", "")
+
+
+def receipt_json(receipt: str) -> dict[str, Any]:
+    statement = parse_statement(split_receipt(receipt)[0])
+    return {**statement.as_json(), "receipt": receipt}
+
+
+def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    class ProblemRoute(APIRoute):
+        """Every ``/v1`` route answers a domain error as problem+json (mapped here, once)."""
+
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def handle(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except StampError as e:
+                    services().stats.request("digest", status_of(e, "v1")[0])
+                    return problem(e)
+
+            return handle
+
+    router = APIRouter(route_class=ProblemRoute)
+
+    @router.post("/v1/stamps")
+    async def stamp_digest(request: Request) -> Response:
+        s = services()
+        ctype, body = await read_body(request.scope, request.receive, s.settings,
+                                      (URLENCODED, JSON))
+        req, choice = parse_digest_body(ctype, body)
+        key = choose_key(s.keys, *key_fields(choice))
+        statement, receipt = await s.stamper.receipt(req, key)
+        s.stats.request("digest", 200)
+        if wants_json(request):
+            return JSONResponse({**statement.as_json(), "receipt": receipt})
+        return PlainTextResponse(receipt)
+
+    @router.get("/v1/keys")
+    async def keys() -> Response:
+        """Every signing key: id, format, fingerprint, algorithm, public key, and for SSH
+        keys the allowed-signers line (namespaces git and stampd)."""
+        return JSONResponse({"keys": [
+            {"id": k.id, "format": k.format, "fingerprint": k.fingerprint,
+             "algorithm": k.algorithm, "primary": k.primary, "public_key": k.public,
+             "allowed_signers": k.allowed_signers(SSH_NAMESPACES)}
+            for k in services().keys]})
+
+    @router.get("/v1/keys/allowed_signers")
+    async def allowed_signers() -> Response:
+        """For `git config gpg.ssh.allowedSignersFile` and `ssh-keygen -Y verify -f`."""
+        text = "".join(k.allowed_signers(SSH_NAMESPACES) or "" for k in services().keys)
+        if not text:
+            raise NotFound("this server has no SSH key")
+        return PlainTextResponse(text)
+
+    @router.get("/v1/stamps/{algorithm}/{digest}")
+    async def get_receipts(algorithm: str, digest: str, request: Request) -> Response:
+        s = services()
+        try:
+            check_digest(algorithm, digest)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+
+        def query() -> list[str]:
+            with s.engine.connect() as conn:
+                rows = conn.execute(
+                    select(Stamp.receipt).where(
+                        Stamp.algorithm == algorithm, Stamp.digest == digest,
+                        Stamp.state == StampState.SIGNED, Stamp.receipt.is_not(None),
+                    ).order_by(Stamp.id)
+                )
+                return [r[0] for r in rows if r[0] is not None]
+
+        receipts = await asyncio.to_thread(query)
+        if not receipts:
+            raise NotFound(f"no receipt for {algorithm} {digest}")
+        if wants_json(request):
+            return JSONResponse({"receipts": [receipt_json(r) for r in receipts]})
+        return PlainTextResponse("".join(receipts))
+
+    app.include_router(router)

@@ -1,0 +1,75 @@
+"""Domain errors as HTTP answers, mapped once for each front end.
+
+The Zeitgitter protocol answers a short plain-text reason, and any bad request is a 406 (as
+the protocol's clients expect); the ``/v1`` API answers RFC 9457 ``application/problem+json``,
+and a bad request is a 400. Both add ``Retry-After`` to a 503.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi.responses import JSONResponse
+from starlette.types import Send
+
+from server.errors import (
+    BadRequest,
+    BodyTooLarge,
+    LengthRequired,
+    NotFound,
+    PeerError,
+    RequestTimeout,
+    StampError,
+    Unavailable,
+    UnsupportedMediaType,
+)
+
+Dialect = Literal["zeitgitter", "v1"]
+PROBLEM = "application/problem+json"
+
+_STATUS: dict[type[StampError], tuple[int, str]] = {
+    BadRequest: (406, "Not Acceptable"),
+    NotFound: (404, "Not Found"),
+    RequestTimeout: (408, "Request Timeout"),
+    LengthRequired: (411, "Length Required"),
+    BodyTooLarge: (413, "Content Too Large"),
+    UnsupportedMediaType: (415, "Unsupported Media Type"),
+    PeerError: (502, "Bad Gateway"),
+    Unavailable: (503, "Service Unavailable"),
+    StampError: (500, "Internal Server Error"),
+}
+_V1_STATUS: dict[type[StampError], tuple[int, str]] = {BadRequest: (400, "Bad Request")}
+
+
+def status_of(exc: StampError, dialect: Dialect) -> tuple[int, str]:
+    """(HTTP status, title) of ``exc`` in a front end's dialect."""
+    for cls in type(exc).__mro__:
+        if dialect == "v1" and cls in _V1_STATUS:
+            return _V1_STATUS[cls]
+        if cls in _STATUS:
+            return _STATUS[cls]
+    raise AssertionError("unreachable: StampError is mapped")
+
+
+def _retry_after(exc: StampError) -> dict[str, str]:
+    return {"Retry-After": str(exc.retry_after)} if isinstance(exc, Unavailable) else {}
+
+
+async def send_plain(send: Send, exc: StampError) -> int:
+    """Answer a Zeitgitter request over raw ASGI; returns the status sent."""
+    status, _ = status_of(exc, "zeitgitter")
+    body = exc.message.encode() + b"\n"
+    headers = [(b"content-type", b"text/plain; charset=utf-8"),
+               (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+def problem(exc: StampError) -> JSONResponse:
+    """The ``/v1`` answer: RFC 9457 problem details."""
+    status, title = status_of(exc, "v1")
+    body = {"type": "about:blank", "title": title, "status": status, "detail": exc.message}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM,
+                        headers=_retry_after(exc) or None)

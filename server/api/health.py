@@ -1,0 +1,60 @@
+"""Liveness and readiness: ``GET /healthz`` and ``GET /readyz`` (each check by name, so that an
+operator sees which one failed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sqlalchemy import Engine
+
+from server.api.services import Services
+
+
+def _ping(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+
+
+async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
+    """(ready, the JSON body of /readyz)."""
+    workers = sorted(s.dispatcher.workers)
+    checks: dict[str, dict[str, Any]] = {}
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.to_thread(_ping, s.engine)
+        checks["database"] = {"ok": True}
+    except Exception as e:
+        checks["database"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"[:300]}
+    checks["workers"] = {"ok": bool(workers), "detail": f"{len(workers)} connected"}
+    served = s.dispatcher.keys_served()
+    for k in s.keys[1:]:
+        checks[f"key:{k.id}"] = {"ok": k.id in served,
+                                 "detail": "worker connected" if k.id in served
+                                 else "no live worker holds this key"}
+    overdue = s.committer.overdue()
+    checks["log"] = {"ok": not overdue,
+                     "detail": s.committer.last_error or ("overdue" if overdue else "ok")}
+    try:
+        stale = await asyncio.to_thread(s.cross.stale_peers, s.settings.peer_stale_after)
+    except Exception:
+        stale = {}
+    for name in s.cross.peers:
+        checks[f"peer:{name}"] = {"ok": name not in stale, "detail": stale.get(name, "ok")}
+    ready = all(c["ok"] for c in checks.values())
+    return ready, {"ready": ready, "checks": checks, "workers": workers,
+                   "queue": s.dispatcher.queue_depth, "requeued": s.dispatcher.requeued}
+
+
+def add_health_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ready, body = await readiness(services())
+        return JSONResponse(body, status_code=200 if ready else 503)

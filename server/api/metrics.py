@@ -1,0 +1,89 @@
+"""Prometheus metrics, collected at scrape time from plain counters.
+
+The hot path only increments integers and appends to fixed histograms (no locks, no label
+lookups in prometheus-client); `StampdCollector` turns them into metric families when
+``GET /metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from server.api.services import Services
+from server.stats import Histogram
+
+
+def _histogram(name: str, doc: str, labels: list[str],
+               series: dict[tuple[str, ...], Histogram]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    for values, h in series.items():
+        fam.add_metric(list(values), h.buckets(), h.total)
+    return fam
+
+
+class StampdCollector(Collector):
+    def __init__(self, services: Callable[[], Services]) -> None:
+        self.services = services
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.services()
+        st = s.stats
+        c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
+                                labels=["type", "status"])
+        for (kind, status), n in sorted(st.requests.items()):
+            c.add_metric([kind, str(status)], n)
+        yield c
+        yield GaugeMetricFamily("stampd_queue_depth", "Signing jobs waiting for a worker",
+                                value=s.dispatcher.queue_depth)
+        yield GaugeMetricFamily("stampd_workers_connected", "Signing workers connected",
+                                value=len(s.dispatcher.workers))
+        key = s.key.fingerprint
+        yield _histogram("stampd_signing_seconds",
+                         "Time from handing a job to a worker until its answer",
+                         ["worker", "key"],
+                         {(w, key): h for w, h in list(st.signing.items())})
+        yield CounterMetricFamily("stampd_worker_restarts",
+                                  "Worker connections lost (a worker or its agent died)",
+                                  value=st.worker_disconnects)
+        yield CounterMetricFamily("stampd_requeued_jobs",
+                                  "Jobs handed to another worker after a fault",
+                                  value=s.dispatcher.requeued)
+        yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
+                         [], {(): st.journal_commit})
+        last = s.committer.last_commit_at
+        yield GaugeMetricFamily("stampd_log_last_commit_age_seconds",
+                                "Seconds since the last log commit (-1: none yet)",
+                                value=(time.time() - last) if last else -1)
+        age = GaugeMetricFamily("stampd_peer_last_success_age_seconds",
+                                "Seconds since the peer last stamped our log (-1: never)",
+                                labels=["peer"])
+        fails = CounterMetricFamily("stampd_peer_failures",
+                                    "Failed cross-stamp attempts", labels=["peer"])
+        for p in s.cross.peer_status():
+            age.add_metric([p.name], (time.time() - p.last_success) if p.last_success else -1)
+            fails.add_metric([p.name], p.failures)
+        yield age
+        yield fails
+
+
+def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StampdCollector(services))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)

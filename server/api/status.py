@@ -1,0 +1,165 @@
+"""The status page: ``GET /`` with ``Accept: text/html``. Server-rendered, no external assets."""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from server.api.services import Services
+from server.log.repository import LogRepository
+from server.models import CrossStamp, Peer, Stamp
+
+MINUTES = 60
+
+
+@dataclass
+class PeerRow:
+    name: str
+    url: str
+    fingerprint: str | None
+    last_success: int | None
+    pending: int
+    last_error: str | None
+
+
+@dataclass
+class Snapshot:
+    per_minute: list[int]  # stamps in each of the last 60 minutes, oldest first
+    total_hour: int
+    log: list[tuple[str, int, str]]  # (commit id, time, first line) newest first
+    peers: list[PeerRow]
+
+
+def snapshot(s: Services) -> Snapshot:
+    now = int(s.clock())
+    start = now - MINUTES * 60
+    per_minute = [0] * MINUTES
+    with s.engine.connect() as conn:
+        minute = ((Stamp.stamped_at - start) / 60).cast(type_=Stamp.id.type)
+        rows = conn.execute(select(minute, func.count()).where(Stamp.stamped_at >= start)
+                            .group_by(minute))
+        for m, n in rows:
+            if 0 <= int(m) < MINUTES:
+                per_minute[int(m)] += int(n)
+        peers = []
+        for p in conn.execute(select(Peer.name, Peer.url, Peer.fingerprint)).all():
+            if p.name not in s.cross.peers:
+                continue
+            last = conn.execute(select(func.max(CrossStamp.updated_at)).where(
+                CrossStamp.peer == p.name, CrossStamp.state == "done")).scalar()
+            pending = conn.execute(select(func.count()).select_from(CrossStamp).where(
+                CrossStamp.peer == p.name, CrossStamp.state == "pending")).scalar() or 0
+            err = conn.execute(select(CrossStamp.last_error).where(
+                CrossStamp.peer == p.name, CrossStamp.state == "pending",
+                CrossStamp.last_error.is_not(None)).order_by(CrossStamp.id.desc())
+                .limit(1)).scalar()
+            peers.append(PeerRow(p.name, p.url, p.fingerprint, last, int(pending), err))
+    log = LogRepository(s.settings.log_repo).recent(10)  # a handle of this thread's own
+    return Snapshot(per_minute, sum(per_minute), log, peers)
+
+
+def _when(t: int | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "never"
+
+
+def chart(per_minute: list[int]) -> str:
+    """An inline SVG bar chart of stamps per minute."""
+    width, height = 600, 120
+    peak = max(per_minute) or 1
+    bar = width / len(per_minute)
+    bars = []
+    for i, n in enumerate(per_minute):
+        h = round(n / peak * (height - 20))
+        bars.append(f'<rect x="{i * bar:.1f}" y="{height - h}" width="{bar - 1:.1f}" '
+                    f'height="{h}"><title>{n} stamps</title></rect>')
+    return (f'<svg id="throughput" role="img" aria-label="stamps per minute, last hour" '
+            f'viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="none" '
+            f'height="{height}">'
+            f'<text x="2" y="12" class="axis">peak {peak}/min</text>{"".join(bars)}</svg>')
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;padding:0 1rem;
+color:#1d232a;background:#fbfbf8}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:1.8rem}
+code,pre{font-family:ui-monospace,monospace;font-size:.9em}
+pre{background:#eef0ea;padding:.7rem;overflow-x:auto;border-radius:4px}
+table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.25rem .5rem;
+border-bottom:1px solid #ddd;vertical-align:top}
+svg rect{fill:#3b7a57}.axis{font-size:10px;fill:#555}.ok{color:#2a6b3f}.bad{color:#a3312a}
+"""
+
+
+def extra_keys(s: Services) -> str:
+    if len(s.keys) < 2:
+        return ""
+    e = html.escape
+    rows = "".join(f"<tr><td>{e(k.id)}</td><td>{e(k.format)}</td><td><code>{e(k.fingerprint)}"
+                   f"</code></td><td>{e(k.algorithm)}</td></tr>" for k in s.keys[1:])
+    return ('<p>More keys (ask with <code>key=&lt;fingerprint&gt;</code> or '
+            '<code>format=ssh</code>; <a href="/v1/keys">all keys</a>, '
+            '<a href="/v1/keys/allowed_signers">allowed signers</a>):</p>'
+            f'<table id="extra-keys"><tr><th>id</th><th>format</th><th>fingerprint</th>'
+            f'<th>algorithm</th></tr>{rows}</table>')
+
+
+def render(s: Services, snap: Snapshot) -> str:
+    e = html.escape
+    url = s.settings.public_url
+    key = s.key
+    peers = "".join(
+        f"<tr><td>{e(p.name)}</td><td><code>{e(p.url)}</code></td>"
+        f"<td><code>{e(p.fingerprint or 'not pinned yet')}</code></td>"
+        f"<td>{_when(p.last_success)}</td>"
+        f"<td class=\"{'bad' if p.pending else 'ok'}\">{p.pending} waiting"
+        f"{(': ' + e(p.last_error[:120])) if p.last_error else ''}</td></tr>"
+        for p in snap.peers) or '<tr><td colspan="5">no peers configured</td></tr>'
+    log = "".join(
+        f"<tr><td><code>{cid[:12]}</code></td><td>{_when(t)}</td><td>{e(msg)}</td></tr>"
+        for cid, t, msg in snap.log) or '<tr><td colspan="3">no log commit yet</td></tr>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>stampd at {e(url)}</title><style>{CSS}</style></head>
+<body>
+<h1>stampd timestamping server</h1>
+<p>{e(url)} — stamps git commits (Zeitgitter protocol v1) and digests. Every stamp is
+recorded before it is signed and published in a <a href="/log.git/info/refs">public log</a>.</p>
+
+<h2>Signing key</h2>
+<table id="keys"><tr><th>fingerprint</th><td><code>{e(key.fingerprint)}</code></td></tr>
+<tr><th>user id</th><td>{e(key.uid)}</td></tr>
+<tr><th>algorithm</th><td>{e(key.algorithm)}</td></tr>
+<tr><th>public key</th><td><a href="/?request=get-public-key-v1">download</a></td></tr>
+</table>
+{extra_keys(s)}
+
+<h2>How to use it</h2>
+<p>Timestamp a git commit with the <code>git timestamp</code> client:</p>
+<pre>git timestamp --server {e(url.rstrip('/'))} --tag my-stamp
+git timestamp --server {e(url.rstrip('/'))} --branch my-timestamps</pre>
+<p>Stamp a file's digest with curl, and check the receipt with gpg:</p>
+<pre>sha256sum FILE | cut -d' ' -f1 |
+  curl -sS --data-urlencode sha256@- {e(url)}v1/stamps &gt; FILE.receipt.asc
+gpg --verify FILE.receipt.asc</pre>
+<p>Stamp every commit of a repository with the git hook:</p>
+<pre>stampd hook install --server {e(url.rstrip('/'))}</pre>
+<p>Clone and audit the log:</p>
+<pre>git clone {e(url)}log.git
+stampd audit {e(url)}log.git</pre>
+
+<h2>Throughput, last hour</h2>
+<p><span id="total">{snap.total_hour}</span> stamps in the last hour.</p>
+{chart(snap.per_minute)}
+
+<h2>Recent log commits</h2>
+<table id="log"><tr><th>commit</th><th>time</th><th>message</th></tr>{log}</table>
+
+<h2>Peers</h2>
+<table id="peers"><tr><th>name</th><th>URL</th><th>pinned key</th><th>last stamp</th>
+<th>state</th></tr>{peers}</table>
+</body></html>
+"""

@@ -1,0 +1,178 @@
+"""The Zeitgitter protocol v1 front end: ``POST /`` (tag and branch stamps) and ``GET /`` (the
+public key, or the status page for a browser). docs/protocol.md describes the protocol.
+
+``POST /`` is the hot path: `ZeitgitterPost` serves it as a raw ASGI handler in front of the
+FastAPI app. Fields arrive as a mapping of name -> list of values (a field sent twice is an
+error, so a client cannot smuggle a second value past the check). Domain errors are answered
+here, once, as plain text (`server.api.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.api import status
+from server.api.body import read_body
+from server.api.errors import send_plain, status_of
+from server.api.services import Services
+from server.errors import (
+    BadRequest,
+    InvalidCommitId,
+    InvalidTagName,
+    StampError,
+    UnknownRequest,
+)
+from server.settings import Settings
+from server.stamping.requests import BranchRequest, GitRequest, TagRequest, choose_key, key_fields
+
+HEX40 = re.compile(r"[0-9a-f]{40}")
+TAGNAME = re.compile(r"[_a-zA-Z][-._a-zA-Z0-9]{0,99}")
+
+STAMP_TAG = "stamp-tag-v1"
+STAMP_BRANCH = "stamp-branch-v1"
+GET_PUBLIC_KEY = "get-public-key-v1"
+
+URLENCODED = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
+GIT_OBJECT = b"application/x-git-object"
+PGP_KEYS = "application/pgp-keys"
+MAX_FIELDS = 16
+
+Fields = Mapping[str, Sequence[str]]
+
+
+def _one(fields: Fields, name: str, required: bool = True) -> str | None:
+    values = fields.get(name)
+    if not values:
+        if required:
+            raise BadRequest(f"missing field '{name}'")
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"field '{name}' given more than once")
+    return values[0]
+
+
+def _object_id(fields: Fields, name: str, required: bool = True) -> str | None:
+    value = _one(fields, name, required)
+    if value is None:
+        return None
+    if not HEX40.fullmatch(value):
+        raise InvalidCommitId(f"field '{name}' must be 40 lowercase hex digits")
+    return value
+
+
+def _tagname(fields: Fields) -> str:
+    value = _one(fields, "tagname")
+    assert value is not None
+    if not TAGNAME.fullmatch(value) or ".." in value:
+        raise InvalidTagName(
+            "field 'tagname' must match [_a-zA-Z][-._a-zA-Z0-9]{0,99} and contain no '..'"
+        )
+    return value
+
+
+def parse_stamp_request(fields: Fields) -> GitRequest:
+    """Validate a POSTed form; raise a `BadRequest` subclass on any problem."""
+    request = _one(fields, "request")
+    if request == STAMP_TAG:
+        commit = _object_id(fields, "commit")
+        assert commit is not None
+        return TagRequest(commit=commit, tagname=_tagname(fields))
+    if request == STAMP_BRANCH:
+        commit = _object_id(fields, "commit")
+        tree = _object_id(fields, "tree")
+        assert commit is not None and tree is not None
+        parent = _object_id(fields, "parent", required=False)
+        if parent == commit:
+            raise BadRequest("'parent' and 'commit' must differ")
+        return BranchRequest(commit=commit, tree=tree, parent=parent)
+    raise UnknownRequest("unknown request type")
+
+
+async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Fields:
+    """Read and parse a form body within the size and time limits."""
+    mtype, body = await read_body(scope, receive, settings, (URLENCODED, MULTIPART))
+    fields: dict[str, list[str]] = {}
+    if mtype == URLENCODED:
+        try:
+            pairs = urllib.parse.parse_qsl(body.decode("ascii"), keep_blank_values=True,
+                                           errors="strict", max_num_fields=MAX_FIELDS)
+        except (UnicodeError, ValueError):
+            raise BadRequest("malformed form body") from None
+    else:
+        request = Request(scope)
+        request._body = body  # Starlette parses the cached body
+        try:
+            form = await request.form(max_files=0, max_fields=MAX_FIELDS)
+        except Exception:
+            raise BadRequest("malformed multipart body") from None
+        pairs = []
+        for name, value in form.multi_items():
+            if not isinstance(value, str):
+                raise BadRequest("file uploads are not accepted")
+            pairs.append((name, value))
+    for name, value in pairs:
+        fields.setdefault(name, []).append(value)
+    return fields
+
+
+class ZeitgitterPost:
+    """Raw ASGI handler for ``POST /`` (the hot path), in front of the FastAPI app."""
+
+    def __init__(self, app: ASGIApp, services: Callable[[], Services]) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
+            await self.app(scope, receive, send)
+            return
+        s = self.services()
+        kind = "invalid"
+        try:
+            fields = await read_form(scope, receive, s.settings)
+            req = parse_stamp_request(fields)
+            kind = req.kind
+            key = choose_key(s.keys, *key_fields(fields))
+            text = (await s.stamper.stamp(req, key)).encode("ascii")
+        except StampError as e:
+            s.stats.request(kind, await send_plain(send, e))
+            return
+        s.stats.request(kind, 200)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", GIT_OBJECT),
+                                (b"content-length", str(len(text)).encode())]})
+        await send({"type": "http.response.body", "body": text})
+
+
+def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    """``GET /``: the public key (``?request=get-public-key-v1``), the status page for a
+    browser, or a line about the server."""
+
+    @app.get("/")
+    async def root_get(request: Request) -> Response:
+        s = services()
+        requests = request.query_params.getlist("request")
+        if not requests and "text/html" in request.headers.get("accept", ""):
+            snap = await asyncio.to_thread(status.snapshot, s)
+            return HTMLResponse(status.render(s, snap))
+        if not requests:
+            return PlainTextResponse(
+                f"stampd timestamping server\nkey {s.key.fingerprint} {s.key.uid}\n"
+                "Zeitgitter protocol v1: POST request=stamp-tag-v1 | stamp-branch-v1\n"
+            )
+        if requests != [GET_PUBLIC_KEY]:
+            return _plain(UnknownRequest("unknown request type"))
+        return Response(s.key.public, media_type=PGP_KEYS)
+
+
+def _plain(exc: StampError) -> Response:
+    status_code, _ = status_of(exc, "zeitgitter")
+    return PlainTextResponse(exc.message + "\n", status_code=status_code)

@@ -1,0 +1,62 @@
+"""Dispatch: how a signing job reaches a worker holding its key, and how its answer comes back.
+
+Two transports offer the same `Dispatcher` protocol: `server.dispatch.socket` (workers on this
+host connect to a Unix socket) and `server.dispatch.database` (several hosts share one
+PostgreSQL; workers claim jobs from the ``jobs`` table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from workers.formats.jobs import Job
+from workers.keys.keyset import PRIMARY
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A worker's answer to one job."""
+
+    text: str  # the signed git object or receipt
+    worker: str  # name of the worker that signed it
+    attempts: int = 1  # how many workers were handed the job until one answered
+
+
+class WorkerView(Protocol):
+    """What the service shows of a connected worker."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+
+
+class Dispatcher(Protocol):
+    """Hands jobs to workers and their answers back (`SocketDispatcher`, `DbDispatcher`)."""
+
+    requeued: int  # jobs handed to another worker after a fault
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+        """Have a worker holding ``key`` build and sign ``job``; raises `QueueFull`,
+        `SigningFailed` or `Unavailable`."""
+        ...
+
+    @property
+    def workers(self) -> Mapping[str, WorkerView]:
+        """Connected (socket) or live (database) workers by name."""
+        ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    def keys_served(self) -> set[str]:
+        """The ids of the keys that some live worker holds."""
+        ...

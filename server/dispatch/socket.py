@@ -1,0 +1,267 @@
+"""The dispatcher: hands signing jobs from the HTTP process to worker processes and back.
+
+Workers connect to a Unix socket (``<data_dir>/run/dispatch.sock``) and receive jobs over it.
+Each connection keeps up to ``depth`` jobs in flight, so a worker never waits for a round trip;
+there is no polling anywhere. When a connection drops (the worker or its agent died) or a job
+times out, the jobs that were in flight go back to the front of the queue and another worker
+signs them. A job that failed ``max_attempts`` times fails with `SigningFailed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.dispatch import Signed
+from server.errors import QueueFull, SigningFailed, Unavailable
+from server.stats import Stats
+from workers.formats.jobs import (
+    HEADER,
+    Hello,
+    Job,
+    MalformedMessage,
+    Result,
+    decode_frame,
+    frame_size,
+    job_frame,
+)
+from workers.keys.keyset import PRIMARY
+
+log = logging.getLogger(__name__)
+
+RETRY, NEW = 0, 1  # queue priorities: retried jobs first
+
+
+@dataclass
+class Pending:
+    """A job waiting for, or held by, a worker."""
+
+    job: Job
+    future: asyncio.Future[Signed]
+    key: str = PRIMARY
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    pid: int
+    fingerprint: str
+    key: str = PRIMARY
+
+
+class SocketDispatcher:
+    """The `Dispatcher` of one host: workers connect to a Unix socket."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        max_queue: int = 5000,
+        sign_timeout: float = 30.0,
+        max_attempts: int = 3,
+        depth: int = 2,
+        stats: Stats | None = None,
+    ) -> None:
+        self.stats = stats or Stats()
+        self.socket_path = socket_path
+        self.max_queue = max_queue
+        self.sign_timeout = sign_timeout
+        self.max_attempts = max_attempts
+        self.depth = depth
+        # One queue per key: a job waits for a worker that holds the key it asked for.
+        self._queues: dict[str, asyncio.PriorityQueue[tuple[int, int, Pending]]] = {}
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self._outstanding = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.workers: dict[str, WorkerInfo] = {}
+        self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        log.info("dispatcher listening on %s", self.socket_path)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        # Hang up on the workers; their handlers then finish on their own (no cancellation).
+        for writer in list(self._writers):
+            writer.transport.abort()
+        if self._conn_tasks:
+            await asyncio.wait(set(self._conn_tasks), timeout=5)
+        for queue in self._queues.values():
+            while not queue.empty():
+                _, _, job = queue.get_nowait()
+                if not job.future.done():
+                    job.future.set_exception(Unavailable("server is shutting down"))
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(q.qsize() for q in self._queues.values())
+
+    def queue(self, key: str) -> asyncio.PriorityQueue[tuple[int, int, Pending]]:
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = asyncio.PriorityQueue()
+        return q
+
+    def keys_served(self) -> set[str]:
+        return {w.key for w in self.workers.values()}
+
+    # -- the API for the HTTP side -------------------------------------------------------
+    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+        """Have a worker holding ``key`` build and sign ``job``."""
+        if self._outstanding >= self.max_queue:
+            raise QueueFull("too many stamps waiting; retry shortly")
+        pending = Pending(job=job, future=asyncio.get_running_loop().create_future(), key=key)
+        self._outstanding += 1
+        try:
+            self.queue(key).put_nowait((NEW, next(self._seq), pending))
+            return await pending.future
+        finally:
+            self._outstanding -= 1
+
+    # -- worker connections --------------------------------------------------------------
+    def _requeue(self, job: Pending, reason: str) -> None:
+        if job.future.done():
+            return
+        job.errors.append(reason)
+        if job.attempts >= self.max_attempts:
+            log.error("giving up on job after %d attempts: %s", job.attempts, job.errors)
+            job.future.set_exception(
+                SigningFailed(f"signing failed {job.attempts} times; retry later")
+            )
+            return
+        self.requeued += 1
+        self.queue(job.key).put_nowait((RETRY, next(self._seq), job))
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conn_tasks.add(task)
+        self._writers.add(writer)
+        inflight: dict[int, Pending] = {}
+        info: WorkerInfo | None = None
+        try:
+            hello = Hello.from_dict(await asyncio.wait_for(_read_frame(reader), 30))
+            info = WorkerInfo(name=hello.worker, pid=hello.pid, fingerprint=hello.fingerprint,
+                              key=hello.key)
+            self.workers[info.name] = info
+            log.info("worker %s (pid %d) connected", info.name, info.pid)
+            await self._serve(info, reader, writer, inflight)
+        except asyncio.IncompleteReadError as e:
+            if e.partial or inflight:
+                log.warning("worker %s connection lost: %r", info.name if info else "?", e)
+            else:
+                log.info("worker %s disconnected", info.name if info else "?")
+        except (ConnectionError, MalformedMessage, ValueError, TimeoutError) as e:
+            log.warning("worker %s connection lost: %r", info.name if info else "?", e)
+        finally:
+            if info is not None:
+                self.workers.pop(info.name, None)
+                self.stats.worker_disconnects += 1
+            for job in inflight.values():
+                self._requeue(job, f"worker {info.name if info else '?'} went away")
+            inflight.clear()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._conn_tasks.discard(task)
+            self._writers.discard(writer)
+
+    async def _serve(
+        self,
+        info: WorkerInfo,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        inflight: dict[int, Pending],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        deadlines: dict[int, float] = {}
+        sent: dict[int, float] = {}
+        signing = self.stats.signing[info.name]
+        free = [self.depth]  # job slots of this worker; the reader below gives them back
+        queue = self.queue(info.key)
+        freed = asyncio.Event()
+
+        async def feed() -> None:
+            while True:
+                while free[0] <= 0:
+                    freed.clear()
+                    await freed.wait()
+                _, _, job = await queue.get()
+                # Hand over every job that is ready and fits, in one write.
+                frames = []
+                now = loop.time()
+                t0 = time.perf_counter()
+                while True:
+                    if not job.future.done():  # else the client went away or timed out
+                        job_id = next(self._ids)
+                        job.attempts += 1
+                        inflight[job_id] = job
+                        deadlines[job_id] = now + self.sign_timeout
+                        sent[job_id] = t0
+                        frames.append(job_frame(job_id, job.job))
+                        free[0] -= 1
+                    if free[0] <= 0 or queue.empty():
+                        break
+                    _, _, job = queue.get_nowait()
+                if frames:
+                    writer.write(b"".join(frames))
+
+        async def watchdog() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                now = loop.time()
+                if any(d < now for d in deadlines.values()):
+                    log.error("worker %s did not answer in time; dropping it", info.name)
+                    writer.transport.abort()  # the read below fails; jobs are requeued
+                    return
+
+        feeder = asyncio.create_task(feed())
+        dog = asyncio.create_task(watchdog())
+        try:
+            while True:
+                result = Result.from_dict(await _read_frame(reader))
+                job_id = result.id
+                job = inflight.pop(job_id, None)
+                deadlines.pop(job_id, None)
+                t1 = time.perf_counter()
+                signing.observe(t1 - sent.pop(job_id, t1))
+                free[0] += 1
+                freed.set()
+                if job is None or job.future.done():
+                    continue
+                if result.object is not None:
+                    job.future.set_result(Signed(result.object, info.name, job.attempts))
+                else:
+                    # The worker judged the job itself bad: no other worker will do better.
+                    job.future.set_exception(SigningFailed(str(result.error)))
+        finally:
+            feeder.cancel()
+            dog.cancel()
+            await asyncio.gather(feeder, dog, return_exceptions=True)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    size = frame_size(await reader.readexactly(HEADER.size))
+    return decode_frame(await reader.readexactly(size))

@@ -1,0 +1,103 @@
+"""The requests the service accepts, validated: each knows its kind, its journal row and the
+job that signs it, so that nothing else branches on what kind of request it is."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from server.errors import BadRequest
+from workers.formats.jobs import CommitJob, ReceiptJob, TagJob
+from workers.keys.keyset import ServedKey
+
+
+def _message(commit: str, url: str, t: int) -> str:
+    """The message of a tag or branch stamp (the same text for both)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    return f"Timestamp of commit {commit}\nby {url} at {when}\n"
+
+
+@dataclass(frozen=True)
+class TagRequest:
+    """Zeitgitter ``stamp-tag-v1``: a signed tag of ``commit``."""
+
+    kind: ClassVar[str] = "tag"
+    commit: str
+    tagname: str
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"commit": self.commit, "tagname": self.tagname}
+
+    def job(self, t: int, url: str, uid: str | None) -> TagJob:
+        return TagJob(self.commit, self.tagname, t, _message(self.commit, url, t), uid)
+
+
+@dataclass(frozen=True)
+class BranchRequest:
+    """Zeitgitter ``stamp-branch-v1``: a signed merge of ``parent`` (if any) and ``commit``
+    with the tree of ``commit``."""
+
+    kind: ClassVar[str] = "branch"
+    commit: str
+    tree: str
+    parent: str | None = None
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"commit": self.commit, "tree": self.tree, "parent": self.parent}
+
+    def job(self, t: int, url: str, uid: str | None) -> CommitJob:
+        parents = (self.parent, self.commit) if self.parent else (self.commit,)
+        return CommitJob(self.tree, parents, t, _message(self.commit, url, t), uid)
+
+
+@dataclass(frozen=True)
+class DigestRequest:
+    """``POST /v1/stamps``: a receipt for a sha256 or sha512 digest."""
+
+    kind: ClassVar[str] = "digest"
+    algorithm: str
+    digest: str
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "digest": self.digest}
+
+    def job(self, t: int, statement: str) -> ReceiptJob:
+        return ReceiptJob(statement, t)
+
+
+GitRequest = TagRequest | BranchRequest
+Request = TagRequest | BranchRequest | DigestRequest
+
+
+def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None) -> ServedKey:
+    """The key a request asked for (``format=openpgp|ssh``, ``key=<fingerprint>``); the
+    primary key when it asked for none."""
+    if fmt is not None and fmt not in ("openpgp", "ssh"):
+        raise BadRequest("field 'format' must be 'openpgp' or 'ssh'")
+    if fingerprint is not None:
+        want = fingerprint if fingerprint.startswith("SHA256:") else fingerprint.upper()
+        for key in keys:
+            if key.fingerprint == want:
+                if fmt is not None and key.format != fmt:
+                    raise BadRequest(f"key {fingerprint} is not an {fmt} key")
+                return key
+        raise BadRequest(f"this server has no key {fingerprint}")
+    if fmt is not None:
+        for key in keys:
+            if key.format == fmt:
+                return key
+        raise BadRequest(f"this server has no {fmt} key")
+    return keys[0]
+
+
+def key_fields(fields: Mapping[str, Sequence[str]]) -> tuple[str | None, str | None]:
+    """The optional ``format`` and ``key`` fields."""
+    out = []
+    for name in ("format", "key"):
+        values = fields.get(name)
+        if values and len(values) > 1:
+            raise BadRequest(f"field '{name}' given more than once")
+        out.append(values[0] if values else None)
+    return out[0], out[1]

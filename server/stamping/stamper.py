@@ -1,0 +1,75 @@
+"""The stamping path every front end shares: record the request durably, then have a worker
+holding the chosen key sign it, then record the outcome.
+
+    request ──> Journal.record (committed) ──> Dispatcher.sign (a worker) ──> Journal.signed
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from server.dispatch import Dispatcher, Signed
+from server.errors import JournalError, StampError, Unavailable
+from server.stamping.journal import Journal
+from server.stamping.requests import DigestRequest, GitRequest
+from workers.formats.gitobjects import git_object_id
+from workers.formats.jobs import Job, TagJob
+from workers.formats.receipts import Statement
+from workers.keys.keyset import ServedKey
+
+
+class Stamper:
+    def __init__(self, journal: Journal, dispatcher: Dispatcher, keys: Sequence[ServedKey], *,
+                 public_url: str, request_timeout: float,
+                 clock: Callable[[], float]) -> None:
+        self.journal = journal
+        self.dispatcher = dispatcher
+        self.keys = keys  # the primary key first
+        self.public_url = public_url
+        self.request_timeout = request_timeout
+        self.clock = clock
+
+    async def _record(self, req: GitRequest | DigestRequest, key: ServedKey
+                      ) -> tuple[int, int]:
+        t = int(self.clock())
+        return await self.journal.record(req, t, None if key.primary else key.id), t
+
+    async def _sign(self, stamp_id: int, job: Job, key: ServedKey) -> Signed:
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await self.dispatcher.sign(job, key.id)
+        except TimeoutError:
+            self.journal.failed(stamp_id, "timed out")
+            raise Unavailable("no worker could sign in time; retry later") from None
+        except StampError as e:
+            self.journal.failed(stamp_id, e.message)
+            raise
+
+    async def stamp(self, req: GitRequest, key: ServedKey | None = None) -> str:
+        """A signed git tag or commit for a Zeitgitter request."""
+        key = key or self.keys[0]
+        stamp_id, t = await self._record(req, key)
+        uid = None if key.format == "openpgp" else key.uid
+        job = req.job(t, self.public_url, uid)
+        signed = await self._sign(stamp_id, job, key)
+        kind = "tag" if isinstance(job, TagJob) else "commit"
+        self.journal.signed(stamp_id, signed.worker, signed.attempts,
+                            git_object_id(kind, signed.text.encode("ascii")))
+        return signed.text
+
+    async def receipt(self, req: DigestRequest, key: ServedKey | None = None
+                      ) -> tuple[Statement, str]:
+        """A signed receipt for a digest; returned once the receipt itself is stored."""
+        key = key or self.keys[0]
+        stamp_id, t = await self._record(req, key)
+        statement = Statement(algorithm=req.algorithm, digest=req.digest, time=t,
+                              server=self.public_url, serial=stamp_id, key=key.fingerprint)
+        signed = await self._sign(stamp_id, req.job(t, statement.text()), key)
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts,
+                                                  signed.text)
+        except TimeoutError:
+            raise JournalError("the receipt could not be stored; retry later") from None
+        return statement, signed.text

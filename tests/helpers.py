@@ -1,0 +1,608 @@
+"""Helpers shared by the test modules (fixtures live in tests/conftest.py).
+
+Servers as subprocesses, the fixed test key, gpg/git verification of stamps, a small load
+generator, the public log and peer branches, and generated OpenPGP test keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pygit2
+
+from workers.formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
+
+if TYPE_CHECKING:
+    from workers.agents.gpg import GpgAgent
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+TEST_SECRET_KEY = DATA / "test-secret-key.asc"
+TEST_PUBLIC_KEY = DATA / "test-pubkey.asc"
+TEST_FPR = "474CDCD4B9FAC83751047AD207C6AAE46E9FC8C9"
+TEST_UID = "stampd Test Key <test@stampd.invalid>"
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes, ports and servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def short_tmpdir(prefix: str) -> Path:
+    """A directory with a short path (Unix socket paths are limited to 108 bytes)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def seed_data_dir(data_dir: Path) -> Path:
+    """A data directory holding the fixed test key (so no key is generated)."""
+    keys = data_dir / "keys"
+    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+    shutil.copy(TEST_SECRET_KEY, keys / "secret-key.asc")
+    os.chmod(keys / "secret-key.asc", 0o600)
+    shutil.copy(TEST_PUBLIC_KEY, keys / "pubkey.asc")
+    return data_dir
+
+
+def pids_mentioning(needle: str) -> list[int]:
+    """PIDs of processes whose command line mentions ``needle`` (left-over agents, workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if needle.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def proc_cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    data_dir: Path
+    runtime_dir: Path
+    log_path: Path
+    workers: int
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def get_json(self, path: str) -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def wait_ready(self, workers: int | None = None, timeout: float = 90) -> None:
+        want = self.workers if workers is None else workers
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"stampd exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError, ValueError):
+                status, body = self.get_json("/readyz")
+                if status == 200 and len(body.get("workers", [])) >= want:  # type: ignore[arg-type]
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"stampd not ready after {timeout}s:\n{self.log()}")
+
+    def worker_pids(self) -> list[int]:
+        return [p for p in pids_mentioning("workers.worker") if self._ours(p)]
+
+    def agent_pids(self) -> list[int]:
+        return [p for p in pids_mentioning(str(self.runtime_dir))
+                if b"gpg-agent" in proc_cmdline(p) or b"ssh-agent" in proc_cmdline(p)]
+
+    def _ours(self, pid: int) -> bool:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+        return f"STAMPD_RUNTIME_DIR={self.runtime_dir}".encode() in environ
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-6000:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then SIGKILL; then kill by PID anything of ours that is left."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        code = self.proc.returncode
+        self.reap_leftovers()
+        return code
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def reap_leftovers(self, grace: float = 5.0) -> list[int]:
+        """Give orphaned workers/agents a moment to exit on their own, then kill them."""
+        deadline = time.monotonic() + grace
+        left: list[int] = []
+        while time.monotonic() < deadline:
+            left = self.worker_pids() + self.agent_pids() + [
+                p for p in pids_mentioning("workers.pool") if self._ours(p)]
+            if not left:
+                return []
+            time.sleep(0.1)
+        kill_pids(left)
+        return left
+
+
+def start_server(
+    data_dir: Path,
+    *,
+    workers: int = 2,
+    commit_interval: float = 3600,
+    database_url: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    wait: bool = True,
+    port: int | None = None,
+    runtime_dir: Path | None = None,
+) -> Server:
+    port = port or free_port()
+    runtime = runtime_dir or short_tmpdir("sr")
+    env = dict(os.environ)
+    env.update({
+        "STAMPD_RUNTIME_DIR": str(runtime),
+        "STAMPD_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),
+           "--data-dir", str(data_dir), "--workers", str(workers),
+           "--commit-interval", str(commit_interval)]
+    if database_url:
+        cmd += ["--database-url", database_url]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / f"server-{port}.log"
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
+    server = Server(proc, port, data_dir, runtime, log_path, workers, env)
+    if wait:
+        try:
+            server.wait_ready()
+        except BaseException:
+            server.stop()
+            raise
+    return server
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification of stamps with the real gpg and git binaries
+
+SIG_BEGIN = "-----BEGIN PGP SIGNATURE-----"
+
+
+def keyring(pubkey: Path | str, home: Path) -> Path:
+    """A GNUPGHOME at ``home`` holding (and trusting nothing but) ``pubkey``."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    r = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--status-fd", "1",
+                        "--import", str(pubkey)], capture_output=True, timeout=60, check=False)
+    # gpg exits 2 after a good import when it cannot reach an agent (long paths).
+    assert b"IMPORT_OK" in r.stdout, r.stderr
+    return home
+
+
+@dataclass
+class Verified:
+    fingerprint: str
+    created: int
+
+
+def verify_detached(payload: bytes, signature: str, home: Path) -> Verified:
+    """`gpg --verify` a detached armored signature; raise AssertionError unless VALIDSIG."""
+    with tempfile.NamedTemporaryFile("w", suffix=".asc", delete=False) as f:
+        f.write(signature)
+        sig_path = f.name
+    try:
+        r = subprocess.run(
+            ["gpg", "--homedir", str(home), "--batch", "--status-fd", "1", "--verify",
+             sig_path, "-"],
+            input=payload, capture_output=True, timeout=60, check=False,
+        )
+    finally:
+        Path(sig_path).unlink()
+    status = r.stdout.decode()
+    m = re.search(r"^\[GNUPG:\] VALIDSIG (\S+) \S+ (\d+) ", status, re.MULTILINE)
+    assert r.returncode == 0 and m, f"gpg --verify failed: {status}\n{r.stderr.decode()}"
+    return Verified(fingerprint=m.group(1), created=int(m.group(2)))
+
+
+def split_tag(text: str) -> tuple[bytes, str]:
+    pos = text.rindex("\n" + SIG_BEGIN + "\n") + 1
+    return text[:pos].encode(), text[pos:]
+
+
+def split_commit(text: str) -> tuple[bytes, str]:
+    m = re.search(
+        r"^gpgsig (-----BEGIN PGP SIGNATURE-----\n(?: .*\n)+?) -----END PGP SIGNATURE-----\n",
+        text, re.MULTILINE,
+    )
+    assert m, "no gpgsig header"
+    sig = (m.group(1) + " -----END PGP SIGNATURE-----\n").replace("\n ", "\n")
+    payload = text[: m.start()] + text[m.end():]
+    return payload.encode(), sig
+
+
+def verify_stamp(text: str, home: Path) -> Verified:
+    if text.startswith("object "):
+        payload, sig = split_tag(text)
+    else:
+        payload, sig = split_commit(text)
+    assert text.count(SIG_BEGIN) == 1, "exactly one signature"
+    return verify_detached(payload, sig, home)
+
+
+def stamp_time(text: str) -> int:
+    m = re.search(r"^(?:tagger|committer) .* (\d+) \+0000$", text, re.MULTILINE)
+    assert m, "no tagger/committer line"
+    return int(m.group(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# A small threaded load generator for fault tests (benchmarks use wrk, see bench/)
+
+
+@dataclass
+class Result:
+    commit: str
+    status: int  # 0 = connection failed
+    text: str
+
+
+@dataclass
+class Load:
+    port: int
+    clients: int
+    per_client: int
+    kind: str = "tag"
+    results: list[Result] = field(default_factory=list)
+    done: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _client(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        for _ in range(self.per_client):
+            if self.stop.is_set():
+                return
+            commit = secrets.token_hex(20)
+            fields = {"request": "stamp-tag-v1", "commit": commit, "tagname": "load"}
+            if self.kind == "branch":
+                fields = {"request": "stamp-branch-v1", "commit": commit,
+                          "tree": secrets.token_hex(20)}
+            try:
+                conn.request("POST", "/", body=urllib.parse.urlencode(fields),
+                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+                r = conn.getresponse()
+                res = Result(commit, r.status, r.read().decode())
+            except (OSError, http.client.HTTPException) as e:
+                res = Result(commit, 0, repr(e))
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            with self._lock:
+                self.results.append(res)
+            self.done.release()
+        conn.close()
+
+    def run(self) -> ThreadPoolExecutor:
+        pool = ThreadPoolExecutor(self.clients)
+        for _ in range(self.clients):
+            pool.submit(self._client)
+        return pool
+
+    def wait_done(self, n: int, timeout: float = 120) -> None:
+        for _ in range(n):
+            if not self.done.acquire(timeout=timeout):
+                raise TimeoutError(f"load made no progress in {timeout}s")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stamping over HTTP and the public log
+
+
+def stamp_tag(server: Server, commit: str, tagname: str = "t") -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    body = urllib.parse.urlencode({"request": "stamp-tag-v1", "commit": commit,
+                                   "tagname": tagname})
+    conn.request("POST", "/", body=body,
+                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200, text
+    return text
+
+
+def log_commits(data_dir: Path) -> list[pygit2.Commit]:
+    repo = pygit2.Repository(str(data_dir / "log.git"))
+    try:
+        head = repo.references["refs/heads/main"].target
+    except KeyError:
+        return []
+    return list(repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL))
+
+
+def logged_hashes(data_dir: Path) -> set[str]:
+    hashes: set[str] = set()
+    for c in log_commits(data_dir):
+        blob = c.tree["hashes.log"]
+        hashes.update(blob.data.decode().split())  # type: ignore[attr-defined]
+    return hashes
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ---------------------------------------------------------------------------------------------
+# git and the real `git timestamp` client (PyPI git-timestamp 1.2.2)
+
+GIT_TIMESTAMP = Path(sys.executable).parent / "git-timestamp"
+
+
+def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60,
+                       env=env, check=False)
+    assert r.returncode == 0, f"git {' '.join(args)}: {r.stdout}{r.stderr}"
+    return r.stdout + r.stderr
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.name", "Tester")
+    git(path, "config", "user.email", "tester@example.invalid")
+    (path / "a.txt").write_text("hello\n")
+    git(path, "add", "a.txt")
+    git(path, "commit", "-q", "-m", "first")
+    return path
+
+
+def client(repo: Path, gnupg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    assert GIT_TIMESTAMP.exists(), "git-timestamp (test dependency) is not installed"
+    return subprocess.run([str(GIT_TIMESTAMP), "--gnupg-home", str(gnupg), *args], cwd=repo,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Log branches and cross-stamping peers
+
+
+def branch(data_dir: Path, name: str) -> list[pygit2.Commit]:
+    """The commits of a log branch, newest first: main's history, or a stamp branch's chain of
+    stamps (first parents while a commit has two parents; the last stamp may have one)."""
+    repo = pygit2.Repository(str(data_dir / "log.git"))
+    try:
+        head = repo.references[f"refs/heads/{name}"].target
+    except KeyError:
+        return []
+    if name == "main":
+        return list(repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL))
+    chain = [repo[head]]
+    while len(chain[-1].parents) == 2:
+        chain.append(chain[-1].parents[0])
+    return chain  # type: ignore[return-value]
+
+
+def cross_rows(data_dir: Path) -> list[tuple[str, str, int, str | None]]:
+    with sqlite3.connect(data_dir / "stampd.sqlite3") as db:
+        return db.execute("select peer, state, attempts, last_error from cross_stamps "
+                          "order by id").fetchall()
+
+
+def verify_commits(git_dir: Path, commits: list[pygit2.Commit], pubkey: Path,
+                   home: Path) -> None:
+    env = {**os.environ, "GNUPGHOME": str(keyring(pubkey, home))}
+    for c in commits:
+        r = subprocess.run(["git", "--git-dir", str(git_dir), "verify-commit", str(c.id)],
+                           capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+
+
+def cross_stamping_pair(tmp_path: Path, server_factory: list[Server], cycles: int
+                        ) -> tuple[Server, Server, Path, Path]:
+    """Servers a (test key) and b (its own key) stamping each other's log for ``cycles``
+    log commits each; (a, b, a's data dir, b's data dir)."""
+    a_dir = tmp_path / "a" / "data"
+    b_dir = tmp_path / "b" / "data"  # b generates its own key on first start
+    a_port, b_port = free_port(), free_port()
+    a = start_server(seed_data_dir(a_dir), workers=1, commit_interval=2, port=a_port,
+                     extra_env={"STAMPD_PEERS": f"bee=http://127.0.0.1:{b_port}/"})
+    server_factory.append(a)
+    b = start_server(b_dir, workers=1, commit_interval=2, port=b_port,
+                     extra_env={"STAMPD_PEERS": f"ay=http://127.0.0.1:{a_port}/"})
+    server_factory.append(b)
+    for cycle in range(cycles):
+        stamp_tag(a, f"{cycle + 1:040x}")
+        stamp_tag(b, f"{cycle + 101:040x}")
+        wait_for(lambda c=cycle: len(branch(a_dir, "bee-timestamps")) > c, timeout=30,  # type: ignore[misc]
+                 what=f"b's stamp of a's log, cycle {cycle}")
+        wait_for(lambda c=cycle: len(branch(b_dir, "ay-timestamps")) > c, timeout=30,  # type: ignore[misc]
+                 what=f"a's stamp of b's log, cycle {cycle}")
+    return a, b, a_dir, b_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenPGP test keys of every type GnuPG 2.2 signs with, generated by a real gpg
+
+KEY_CREATED = "20200101T000000"  # keys predate every signature made here
+PASSPHRASE = "correct horse %25 bättery staple"
+
+
+@dataclass(frozen=True)
+class KeyType:
+    params: str  # gpg --gen-key parameters for the key
+    algo: int
+    bits: int
+    curve: str | None
+    order_bytes: int  # length of the group order (ECC, DSA q) or modulus (RSA)
+    count: int  # signatures to make at least
+    must_cover_short_value: bool  # sign until a value with a leading zero byte occurred
+
+
+def _ecdsa(curve: str, bits: int, order_bytes: int, count: int = 200) -> KeyType:
+    params = f"Key-Type: ECDSA\nKey-Curve: {curve}\n"
+    return KeyType(params, PK_ECDSA, bits, curve, order_bytes, count, True)
+
+
+KEY_TYPES: dict[str, KeyType] = {
+    "ed25519": KeyType("Key-Type: EDDSA\nKey-Curve: ed25519\n", PK_EDDSA, 255, "ed25519", 32,
+                       200, True),
+    "rsa2048": KeyType("Key-Type: RSA\nKey-Length: 2048\n", PK_RSA, 2048, None, 256, 60, False),
+    "rsa3072": KeyType("Key-Type: RSA\nKey-Length: 3072\n", PK_RSA, 3072, None, 384, 30, False),
+    "rsa4096": KeyType("Key-Type: RSA\nKey-Length: 4096\n", PK_RSA, 4096, None, 512, 20, False),
+    "nistp256": _ecdsa("nistp256", 256, 32),
+    "nistp384": _ecdsa("nistp384", 384, 48),
+    "nistp521": _ecdsa("nistp521", 521, 66, count=100),
+    "brainpoolP256r1": _ecdsa("brainpoolP256r1", 256, 32),
+    "brainpoolP384r1": _ecdsa("brainpoolP384r1", 384, 48),
+    "brainpoolP512r1": _ecdsa("brainpoolP512r1", 512, 64, count=100),
+    "secp256k1": _ecdsa("secp256k1", 256, 32),
+    # GnuPG 2.2 makes DSA keys with a 256-bit q for both sizes.
+    "dsa2048": KeyType("Key-Type: DSA\nKey-Length: 2048\n", PK_DSA, 2048, None, 32, 200, True),
+    "dsa3072": KeyType("Key-Type: DSA\nKey-Length: 3072\n", PK_DSA, 3072, None, 32, 200, True),
+}  # fmt: skip
+
+EXTRA_KEYS: dict[str, str] = {
+    "ed25519-protected": f"Key-Type: EDDSA\nKey-Curve: ed25519\nPassphrase: {PASSPHRASE}\n",
+    "ed25519-subkey": (
+        "Key-Type: EDDSA\nKey-Curve: ed25519\nKey-Usage: cert\n"
+        "Subkey-Type: EDDSA\nSubkey-Curve: ed25519\nSubkey-Usage: sign\n"
+    ),
+}
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def run_gpg(home: Path, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    argv = ["gpg", "--homedir", str(home), "--batch", "--no-tty", "--no-autostart", *args]
+    return subprocess.run(argv, capture_output=True, timeout=120, check=False, **kwargs)
+
+
+@dataclass(frozen=True)
+class GeneratedKey:
+    label: str
+    fingerprint: str  # of the primary key
+    secret_file: Path
+    public_file: Path
+
+
+class KeyMaker:
+    """Generates test keys on first use, in a home served by its own agent."""
+
+    def __init__(self, home: Path, agent: GpgAgent) -> None:
+        self.home = home
+        self.agent = agent
+        self._keys: dict[str, GeneratedKey] = {}
+
+    def get(self, label: str) -> GeneratedKey:
+        if label not in self._keys:
+            self._keys[label] = self._generate(label)
+        return self._keys[label]
+
+    def _generate(self, label: str) -> GeneratedKey:
+        spec = EXTRA_KEYS[label] if label in EXTRA_KEYS else KEY_TYPES[label].params
+        if "Key-Usage" not in spec:
+            spec += "Key-Usage: sign\n"
+        protected = "Passphrase:" in spec
+        if not protected:
+            spec += "%no-protection\n"
+        params = (
+            f"{spec}Name-Real: Test {label}\nName-Email: t@example\nExpire-Date: 0\n"
+            f"Creation-Date: {KEY_CREATED}\n%commit\n"
+        )
+        made = run_gpg(
+            self.home,
+            "--pinentry-mode", "loopback", "--status-fd", "1", "--gen-key",
+            input=params.encode(),
+        )  # fmt: skip
+        created = [line.split()[-1] for line in made.stdout.decode().splitlines()
+                   if line.startswith("[GNUPG:] KEY_CREATED")]  # fmt: skip
+        assert made.returncode == 0 and len(created) == 1, made.stderr.decode()
+        fingerprint = created[0]
+        secret_file = self.home / f"{label}.sec.asc"
+        public_file = self.home / f"{label}.pub.asc"
+        export = ["--pinentry-mode", "loopback", "--armor", "--export-secret-keys", fingerprint]
+        if protected:
+            read_fd, write_fd = os.pipe()
+            os.write(write_fd, PASSPHRASE.encode() + b"\n")
+            os.close(write_fd)
+            try:
+                secret = run_gpg(self.home, "--passphrase-fd", str(read_fd), *export,
+                                 pass_fds=(read_fd,))  # fmt: skip
+            finally:
+                os.close(read_fd)
+        else:
+            secret = run_gpg(self.home, *export)
+        public = run_gpg(self.home, "--armor", "--export", fingerprint)
+        assert secret.returncode == 0 and secret.stdout, secret.stderr.decode()
+        assert public.returncode == 0 and public.stdout, public.stderr.decode()
+        secret_file.write_bytes(secret.stdout)
+        public_file.write_bytes(public.stdout)
+        return GeneratedKey(label, fingerprint, secret_file, public_file)

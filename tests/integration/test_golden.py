@@ -1,0 +1,103 @@
+"""Golden vectors: with a fixed clock and the fixed ed25519 test key, stamps are byte-exact.
+
+Ed25519 signatures are deterministic, so the whole signed object is fixed. The vectors in
+tests/data/golden-*.txt were produced by this code and checked once with gpg and git; this test
+re-checks them with gpg every run, so a wrong vector cannot hide here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.stamping.requests import BranchRequest, TagRequest
+from tests.helpers import (
+    DATA,
+    TEST_FPR,
+    TEST_PUBLIC_KEY,
+    TEST_SECRET_KEY,
+    TEST_UID,
+    keyring,
+    short_tmpdir,
+    verify_stamp,
+)
+from workers.agents.gpg import GpgAgent
+from workers.worker import OpenPgpSigner
+
+T = 1795400000  # after the test key was made (gpg rejects older signatures)
+URL = "http://127.0.0.1:8080/"
+C = "0123456789abcdef0123456789abcdef01234567"
+TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+P = "fedcba9876543210fedcba9876543210fedcba98"
+
+CASES = {
+    "tag": TagRequest(commit=C, tagname="v1.0-stamp"),
+    "branch": BranchRequest(commit=C, tree=TREE),
+    "branch-parent": BranchRequest(commit=C, tree=TREE, parent=P),
+}
+
+
+@pytest.fixture(scope="module")
+def signer() -> Iterator[OpenPgpSigner]:
+    home = short_tmpdir("sg")
+    os.chmod(home, 0o700)
+    agent = GpgAgent(home)
+    try:
+        agent.start()
+        key = agent.import_secret_key(TEST_SECRET_KEY)
+        assert key.fingerprint == TEST_FPR and key.uid == TEST_UID
+        yield OpenPgpSigner(key, agent.connect())
+    finally:
+        agent.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_vector(signer: OpenPgpSigner, name: str, tmp_path: Path) -> None:
+    text = signer.build(CASES[name].job(T, URL, None))
+    golden = DATA / f"golden-{name}.txt"
+    if os.environ.get("STAMPD_WRITE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+    v = verify_stamp(text, keyring(TEST_PUBLIC_KEY, tmp_path / "g"))
+    assert v.fingerprint == TEST_FPR
+    assert v.created == T
+
+
+def test_golden_tag_layout() -> None:
+    text = (DATA / "golden-tag.txt").read_text()
+    assert text.startswith(
+        f"object {C}\ntype commit\ntag v1.0-stamp\ntagger {TEST_UID} {T} +0000\n\n"
+    )
+    assert "\n-----BEGIN PGP SIGNATURE-----\n\n" in text
+    assert text.endswith("-----END PGP SIGNATURE-----\n")
+
+
+def test_golden_branch_layout() -> None:
+    text = (DATA / "golden-branch-parent.txt").read_text()
+    ident = f"{TEST_UID} {T} +0000"
+    assert text.startswith(
+        f"tree {TREE}\nparent {P}\nparent {C}\nauthor {ident}\ncommitter {ident}\n"
+        "gpgsig -----BEGIN PGP SIGNATURE-----\n \n"
+    )
+    assert " -----END PGP SIGNATURE-----\n\n" in text
+
+
+def test_golden_objects_pass_git(tmp_path: Path) -> None:
+    """git accepts the golden commit as a well-formed, signed commit object."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, timeout=30)
+    env = {**os.environ, "GNUPGHOME": str(keyring(TEST_PUBLIC_KEY, tmp_path / "g"))}
+    blob = (DATA / "golden-branch.txt").read_bytes()
+    oid = subprocess.run(["git", "--git-dir", str(repo), "hash-object", "-t", "commit", "-w",
+                          "--literally", "--stdin"], input=blob, capture_output=True,
+                         check=True, timeout=30).stdout.decode().strip()
+    r = subprocess.run(["git", "--git-dir", str(repo), "verify-commit", "--raw", oid],
+                       capture_output=True, text=True, env=env, timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+    assert f"VALIDSIG {TEST_FPR}" in r.stderr

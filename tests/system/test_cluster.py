@@ -1,0 +1,223 @@
+"""Several hosts on one PostgreSQL (STAMPD_DISPATCH=database): two API processes and two
+worker hosts with separate data directories, on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pygit2
+import pytest
+from sqlalchemy import create_engine, text
+
+from server import db
+from tests.helpers import (
+    ROOT,
+    TEST_FPR,
+    Load,
+    Server,
+    keyring,
+    kill_pids,
+    pids_mentioning,
+    seed_data_dir,
+    short_tmpdir,
+    start_server,
+    verify_stamp,
+    wait_for,
+)
+
+
+@pytest.fixture
+def cluster_db(pg_url: str) -> Iterator[str]:
+    engine = db.make_engine(pg_url)
+    db.downgrade(engine, "base")
+    db.upgrade(engine)
+    engine.dispose()
+    yield pg_url
+
+
+class WorkerHost:
+    def __init__(self, data: Path, env: dict[str, str], workers: int = 2) -> None:
+        self.runtime = short_tmpdir("wh")
+        self.env = {**env, "STAMPD_RUNTIME_DIR": str(self.runtime)}
+        log = open(data.parent / f"workerhost-{data.name}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "worker", "--data-dir", str(data),
+             "--workers", str(workers)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT)
+        log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        kill_pids(pids_mentioning(str(self.runtime)))
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def heartbeats(url: str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text(
+                "SELECT count(*) FROM worker_heartbeats "
+                "WHERE last_seen > extract(epoch from now()) - 5")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def freeze_worker_holding_a_job(url: str, exclude_supervisor: int, tries: int = 300) -> int:
+    """SIGSTOP a live worker (not of the given host) while it holds a claimed job, and return
+    its PID: killing it then certainly leaves a claimed job behind."""
+    import time
+
+    engine = create_engine(url)
+    query = text("SELECT h.name, h.pid FROM jobs j JOIN worker_heartbeats h "
+                 "ON h.name = j.worker WHERE j.state = 'claimed'")
+    held = text("SELECT count(*) FROM jobs WHERE state = 'claimed' AND worker = :w")
+    try:
+        for _ in range(tries):
+            with engine.connect() as conn:
+                rows = [r for r in conn.execute(query).all()
+                        if f":{exclude_supervisor}:" not in r.name]
+            if not rows:
+                continue
+            name, pid = rows[0]
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.3)  # a statement it had already sent (storing a result) lands first
+            with engine.connect() as conn:
+                if conn.execute(held, {"w": name}).scalar():
+                    return int(pid)
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        engine.dispose()
+    raise AssertionError("no worker could be caught holding a claimed job")
+
+
+def main_hashes(data: Path) -> set[str]:
+    repo = pygit2.Repository(str(data / "log.git"))
+    try:
+        head = repo.references["refs/heads/main"].target
+    except KeyError:
+        return set()
+    out: set[str] = set()
+    for c in repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL):
+        out.update(c.tree["hashes.log"].data.decode().split())  # type: ignore[attr-defined]
+    return out
+
+
+def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
+                                   server_factory: list[Server]) -> None:
+    base = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": cluster_db,
+            "STAMPD_HEARTBEAT_TIMEOUT": "3", "STAMPD_LOG_LEVEL": "INFO"}
+    dirs = [seed_data_dir(tmp_path / f"h{i}" / "data") for i in range(4)]
+    hosts = [WorkerHost(dirs[2], base), WorkerHost(dirs[3], base)]
+    try:
+        apis = [start_server(dirs[i], workers=0, commit_interval=2, database_url=cluster_db,
+                             extra_env={"STAMPD_DISPATCH": "database",
+                                        "STAMPD_HEARTBEAT_TIMEOUT": "3"}, wait=False)
+                for i in range(2)]
+        server_factory.extend(apis)
+        wait_for(lambda: heartbeats(cluster_db) == 4, timeout=60, what="4 worker heartbeats")
+        for api in apis:
+            api.wait_ready(workers=4)
+
+        # Concurrent load through both APIs; one worker host's supervisor is killed mid-load.
+        loads = [Load(api.port, clients=20, per_client=30) for api in apis]
+        pools = [load.run() for load in loads]
+        loads[0].wait_done(60)
+        os.kill(hosts[0].proc.pid, signal.SIGKILL)
+        # And kill -9 a worker of the other host while it holds a claimed job: the job is
+        # taken over once its heartbeat stops.
+        victim = freeze_worker_holding_a_job(cluster_db, exclude_supervisor=hosts[0].proc.pid)
+        os.kill(victim, signal.SIGKILL)
+        for p in pools:
+            p.shutdown(wait=True)
+        results = [r for load in loads for r in load.results]
+        assert len(results) == 1200
+        gnupg = keyring(dirs[0] / "keys/pubkey.asc", tmp_path / "g")
+        bad = [r for r in results if r.status != 200]
+        assert not bad, bad[:3]
+        for r in results[::10]:
+            assert r.commit in r.text
+            assert verify_stamp(r.text, gnupg).fingerprint == TEST_FPR
+        # Orphaned workers of the killed host exit; nothing was signed twice.
+        engine = create_engine(cluster_db)
+
+        def job_states() -> dict[str, int]:
+            with engine.connect() as conn:
+                return dict(conn.execute(text(  # type: ignore[arg-type]
+                    "SELECT state, count(*) FROM jobs GROUP BY state")).all())
+
+        # (log commits are signed through jobs too: wait until none is in flight)
+        wait_for(lambda: job_states().get("claimed", 0) == 0, timeout=20, what="idle jobs")
+        with engine.connect() as conn:
+            failed = conn.execute(text("SELECT id, attempts, worker, error, left(payload, 60) "
+                                       "FROM jobs WHERE state = 'failed'")).all()
+        assert not failed, failed
+        with engine.connect() as conn:
+            retried = conn.execute(text("SELECT count(*) FROM jobs WHERE attempts > 1")).scalar()
+        with engine.connect() as conn:
+            dist = conn.execute(text("SELECT state, attempts, count(*) FROM jobs "
+                                     "GROUP BY state, attempts")).all()
+        assert retried and retried >= 1, (victim, dist)  # signed by another worker
+        engine.dispose()
+
+        # Exactly one log writer; kill it, the other takes over with every stamp.
+        received = {r.commit for r in results}
+        wait_for(lambda: any(received <= main_hashes(d) for d in dirs[:2]), timeout=30,
+                 what="a log commit with every stamp")
+        writer = next(i for i in range(2) if main_hashes(dirs[i]))
+        other = 1 - writer
+        apis[writer].kill9()
+        more = Load(apis[other].port, clients=4, per_client=5)
+        more.run().shutdown(wait=True)
+        assert all(r.status == 200 for r in more.results)
+        new = {r.commit for r in more.results}
+        wait_for(lambda: (received | new) <= main_hashes(dirs[other]), timeout=40,
+                 what="the new log writer's commit")
+        r = subprocess.run([sys.executable, "-m", "server", "audit", str(dirs[other] / "log.git")],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        for h in hosts:
+            h.stop()
+
+
+def test_reaper_requeues_then_fails(cluster_db: str) -> None:
+    """Claims of a worker whose heartbeat stopped go back to the queue, until max attempts."""
+    import time
+
+    from server.dispatch.database import DbDispatcher
+
+    engine = db.make_engine(cluster_db)
+    now = time.time()
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO worker_heartbeats VALUES ('gone', 'primary', 1, :t, :t)"),
+                     {"t": now - 60})
+        conn.execute(text("INSERT INTO worker_heartbeats VALUES ('live', 'primary', 2, :t, :t)"),
+                     {"t": now})
+        for attempts, worker in ((1, "gone"), (3, "gone"), (1, "live")):
+            conn.execute(text(
+                "INSERT INTO jobs (key_id, payload, state, worker, claimed_at, attempts, "
+                "created_at) VALUES ('primary', '{}', 'claimed', :w, :t, :a, :t)"),
+                {"w": worker, "t": now, "a": attempts})
+    DbDispatcher(engine, max_attempts=3, heartbeat_timeout=10).reap()
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT attempts, state, worker, error FROM jobs "
+                                 "ORDER BY id")).all()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [
+        (1, "queued", None, None),
+        (3, "failed", "gone", "signing failed too often"),
+        (1, "claimed", "live", None),
+    ]

@@ -1,0 +1,100 @@
+"""Faults under load: workers, agents and the whole server killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.helpers import (
+    TEST_FPR,
+    Load,
+    Result,
+    Server,
+    keyring,
+    log_commits,
+    logged_hashes,
+    stamp_time,
+    start_server,
+    verify_stamp,
+    wait_for,
+)
+
+CLIENTS = 200
+
+
+def verify_all(results: list[Result], pubkey: Path, home: Path) -> None:
+    gnupg = keyring(pubkey, home)
+
+    def check(r: Result) -> None:
+        assert r.status == 200, f"{r.commit}: {r.status} {r.text}"
+        assert r.commit in r.text
+        v = verify_stamp(r.text, gnupg)
+        assert v.fingerprint == TEST_FPR
+        assert v.created == stamp_time(r.text)
+
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(check, results))
+
+
+def _kill_under_load(server: Server, victim: str, tmp_path: Path) -> None:
+    load = Load(server.port, clients=CLIENTS, per_client=5)
+    pool = load.run()
+    load.wait_done(100)
+    pids = server.worker_pids() if victim == "worker" else server.agent_pids()
+    assert len(pids) == 2, pids
+    os.kill(pids[0], signal.SIGKILL)
+    pool.shutdown(wait=True)
+    assert len(load.results) == CLIENTS * 5
+    verify_all(load.results, server.data_dir / "keys/pubkey.asc", tmp_path / "gnupg")
+    _status, ready = server.get_json("/readyz")
+    assert ready["requeued"] >= 1, ready  # the kill did hit jobs in flight
+    server.wait_ready(workers=2)  # the supervisor replaced the worker
+    assert pids[0] not in server.worker_pids() + server.agent_pids()
+
+
+def test_kill_worker_under_load(seeded_dir: Path, server_factory: list[Server],
+                                tmp_path: Path) -> None:
+    server = start_server(seeded_dir, workers=2)
+    server_factory.append(server)
+    _kill_under_load(server, "worker", tmp_path)
+
+
+def test_kill_agent_under_load(seeded_dir: Path, server_factory: list[Server],
+                               tmp_path: Path) -> None:
+    server = start_server(seeded_dir, workers=2)
+    server_factory.append(server)
+    _kill_under_load(server, "agent", tmp_path)
+
+
+def test_kill_server_under_load_then_restart(seeded_dir: Path, server_factory: list[Server],
+                                             tmp_path: Path) -> None:
+    server = start_server(seeded_dir, workers=2, commit_interval=3600)
+    server_factory.append(server)
+    load = Load(server.port, clients=CLIENTS, per_client=1000)
+    pool = load.run()
+    load.wait_done(300)
+    server.kill9()
+    load.stop.set()
+    pool.shutdown(wait=True)
+    received = [r for r in load.results if r.status == 200]
+    assert len(received) >= 300
+    verify_all(received[:50], seeded_dir / "keys/pubkey.asc", tmp_path / "gnupg")
+    # The orphaned supervisor, workers and agents notice and go away by themselves.
+    assert server.reap_leftovers(grace=10) == []
+
+    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+        journaled = {row[0] for row in db.execute('select "commit" from stamps')}
+    missing = [r.commit for r in received if r.commit not in journaled]
+    assert not missing, f"{len(missing)} received stamps not in the journal"
+
+    again = start_server(seeded_dir, workers=2, commit_interval=2)
+    server_factory.append(again)
+    wait_for(lambda: len(log_commits(seeded_dir)) >= 1, timeout=60, what="a log commit")
+    time.sleep(0.5)
+    logged = logged_hashes(seeded_dir)
+    missing = [r.commit for r in received if r.commit not in logged]
+    assert not missing, f"{len(missing)} received stamps not in the log"

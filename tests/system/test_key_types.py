@@ -1,0 +1,46 @@
+"""Every key type GnuPG 2.2 signs with, end to end: a server whose primary key is of that
+type, stamped by the real `git timestamp` client (tag, then two branch stamps), and the
+results checked by git verify-tag / verify-commit. (The packet-level gpg --verify tests of
+each type, leading-zero values included, are in tests/integration/test_agents.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import KEY_TYPES, KeyMaker, Server, client, git, make_repo, start_server
+
+
+@pytest.mark.parametrize("key_type", list(KEY_TYPES))
+def test_real_client_and_git_accept(key_type: str, keys: KeyMaker,
+                                    tmp_path: Path, server_factory: list[Server]) -> None:
+    key = keys.get(key_type)
+    data = tmp_path / "data"
+    (data / "keys").mkdir(parents=True, mode=0o700)
+    shutil.copy(key.secret_file, data / "keys/secret-key.asc")
+    os.chmod(data / "keys/secret-key.asc", 0o600)
+    shutil.copy(key.public_file, data / "keys/pubkey.asc")
+    server = start_server(data, workers=1)
+    server_factory.append(server)
+
+    repo = make_repo(tmp_path / "repo")
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    url = server.url.rstrip("/")
+    r = client(repo, home, "--server", url, "--tag", "stamp")
+    assert r.returncode == 0, r.stdout + r.stderr
+    git(repo, "verify-tag", "stamp", env=env)
+    r = client(repo, home, "--server", url, "--branch", "ts")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (repo / "b.txt").write_text("b\n")
+    git(repo, "add", "b.txt")
+    git(repo, "commit", "-q", "-m", "two")
+    r = client(repo, home, "--server", url, "--branch", "ts")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = git(repo, "verify-commit", "--raw", "ts", env=env)
+    assert f"VALIDSIG {key.fingerprint}" in out
+    assert len(git(repo, "log", "-1", "--format=%P", "ts").split()) == 2

@@ -1,0 +1,93 @@
+"""The job contract: every message encodes and decodes to itself; malformed ones are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
+from workers.formats.jobs import (
+    CommitJob,
+    FrameBuffer,
+    Hello,
+    MalformedMessage,
+    ReceiptJob,
+    Result,
+    TagJob,
+    decode_job,
+    decode_job_frame,
+    encode_job,
+    frame,
+    job_frame,
+)
+
+C, T, P = "c" * 40, "e" * 40, "a" * 40
+JOBS = [
+    TagJob(C, "v1", 1_700_000_000, "msg\n"),
+    TagJob(C, "v1", 1_700_000_000, "msg\n", uid="X <x@y>"),
+    CommitJob(T, (P, C), 5, "m\n"),
+    CommitJob(T, (), 5, "m\n", uid="X <x@y>"),
+    ReceiptJob("stampd receipt v1\n", 7),
+]
+
+
+@pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j.op}-{getattr(j, 'uid', None)}")
+def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob) -> None:
+    assert decode_job(encode_job(job)) == job
+    buf = FrameBuffer()
+    data = job_frame(42, job)
+    buf.feed(data[:3])
+    assert buf.next() is None  # half a header
+    buf.feed(data[3:])
+    message = buf.next()
+    assert message is not None and decode_job_frame(message) == (42, job)
+    assert buf.next() is None
+
+
+@pytest.mark.parametrize("payload", [
+    "[]", "not json", '{"op": "sign"}', '{"op": "tag", "commit": 1}',
+    '{"op": "tag", "commit": "c", "tagname": "t", "time": "1", "message": "m"}',
+    '{"op": "tag", "commit": "c", "tagname": "t", "time": true, "message": "m"}',
+    '{"op": "commit", "tree": "t", "parents": "p", "time": 1, "message": "m"}',
+    '{"op": "receipt", "time": 1}',
+])
+def test_malformed_jobs_are_refused(payload: str) -> None:
+    with pytest.raises(MalformedMessage):
+        decode_job(payload)
+
+
+def test_hello_and_results() -> None:
+    buf = FrameBuffer()
+    buf.feed(Hello("w", 7, "F" * 40, "primary").frame() + Result(3, object="obj").frame()
+             + Result(4, error="bad").frame())
+    assert Hello.from_dict(buf.next() or {}) == Hello("w", 7, "F" * 40, "primary")
+    assert Result.from_dict(buf.next() or {}) == Result(3, object="obj")
+    assert Result.from_dict(buf.next() or {}) == Result(4, error="bad")
+    with pytest.raises(MalformedMessage):
+        Result.from_dict({"id": 1})
+    with pytest.raises(MalformedMessage):
+        Hello.from_dict({"id": 1})
+
+
+def test_oversized_frame_is_refused() -> None:
+    buf = FrameBuffer()
+    buf.feed((1 << 21).to_bytes(4, "big"))
+    with pytest.raises(MalformedMessage):
+        buf.next()
+    assert json.loads(frame({"a": 1})[4:]) == {"a": 1}
+
+
+def test_each_request_knows_its_kind_row_and_job() -> None:
+    tag, branch, digest = TagRequest(C, "v1"), BranchRequest(C, T, P), DigestRequest("sha256",
+                                                                                       "d" * 64)
+    assert [r.kind for r in (tag, branch, digest)] == ["tag", "branch", "digest"]
+    assert tag.journal_fields() == {"commit": C, "tagname": "v1"}
+    assert branch.journal_fields() == {"commit": C, "tree": T, "parent": P}
+    assert digest.journal_fields() == {"algorithm": "sha256", "digest": "d" * 64}
+    job = tag.job(0, "http://s/", None)
+    assert isinstance(job, TagJob) and job.message.startswith(f"Timestamp of commit {C}\nby http")
+    commit = branch.job(0, "http://s/", "U <u@v>")
+    assert isinstance(commit, CommitJob) and commit.parents == (P, C) and commit.uid == "U <u@v>"
+    assert BranchRequest(C, T).job(0, "u", None).parents == (C,)
+    assert digest.job(9, "text") == ReceiptJob("text", 9)

@@ -1,0 +1,61 @@
+"""Zeitgitter field validation (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.api.zeitgitter import parse_stamp_request
+from server.errors import BadRequest, InvalidCommitId, InvalidTagName, UnknownRequest
+from server.stamping.requests import BranchRequest, TagRequest
+
+C = "0123456789abcdef0123456789abcdef01234567"
+T = "89abcdef0123456789abcdef0123456789abcdef"
+P = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def test_tag_ok() -> None:
+    req = parse_stamp_request({"request": ["stamp-tag-v1"], "commit": [C], "tagname": ["v1.0"]})
+    assert req == TagRequest(commit=C, tagname="v1.0")
+
+
+def test_branch_with_and_without_parent() -> None:
+    fields = {"request": ["stamp-branch-v1"], "commit": [C], "tree": [T]}
+    assert parse_stamp_request(fields) == BranchRequest(commit=C, tree=T, parent=None)
+    assert parse_stamp_request({**fields, "parent": [P]}) == BranchRequest(C, T, P)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"request": ["stamp-tag-v1"], "commit": [C.upper()], "tagname": ["t"]}, InvalidCommitId),
+        ({"request": ["stamp-tag-v1"], "commit": [C[:39]], "tagname": ["t"]}, InvalidCommitId),
+        ({"request": ["stamp-tag-v1"], "commit": [C + "0"], "tagname": ["t"]}, InvalidCommitId),
+        ({"request": ["stamp-tag-v1"], "commit": [C + "\n"], "tagname": ["t"]}, InvalidCommitId),
+        ({"request": ["stamp-tag-v1"], "commit": ["g" * 40], "tagname": ["t"]}, InvalidCommitId),
+        ({"request": ["stamp-tag-v1"], "commit": [C], "tagname": ["a..b"]}, InvalidTagName),
+        ({"request": ["stamp-tag-v1"], "commit": [C], "tagname": ["t\n"]}, InvalidTagName),
+        ({"request": ["stamp-tag-v1"], "commit": [C], "tagname": ["t\nx"]}, InvalidTagName),
+        ({"request": ["stamp-tag-v1"], "commit": [C], "tagname": ["a" * 101]}, InvalidTagName),
+        ({"request": ["stamp-tag-v1"], "commit": [C], "tagname": ["-x"]}, InvalidTagName),
+        ({"request": ["stamp-tag-v1"], "commit": [C], "tagname": [""]}, BadRequest),
+        ({"request": ["stamp-tag-v1"], "commit": [C]}, BadRequest),
+        ({"request": ["stamp-tag-v1"], "commit": [C, C], "tagname": ["t"]}, BadRequest),
+        ({"request": ["stamp-branch-v1"], "commit": [C]}, BadRequest),
+        ({"request": ["stamp-branch-v1"], "commit": [C], "tree": [T], "parent": ["x"]},
+         InvalidCommitId),
+        ({"request": ["stamp-branch-v1"], "commit": [C], "tree": [T], "parent": [C]},
+         BadRequest),
+        ({"request": ["stamp-foo-v1"], "commit": [C]}, UnknownRequest),
+        ({"commit": [C]}, BadRequest),
+    ],
+)
+def test_rejected(fields: dict[str, list[str]], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse_stamp_request(fields)
+
+
+def test_longest_tagname_accepted() -> None:
+    name = "a" * 100
+    assert parse_stamp_request(
+        {"request": ["stamp-tag-v1"], "commit": [C], "tagname": [name]}
+    ) == TagRequest(C, name)

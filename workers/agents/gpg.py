@@ -1,0 +1,659 @@
+"""A private gpg-agent per worker, and a persistent Assuan connection that signs with it.
+
+gpg-agent serves secret-key operations one at a time, so every signing worker runs its own
+agent in its own 0700 home (docs/agents.md). :class:`GpgAgent` starts one, imports the
+secret key from a read-only key file and stops it again by PID; :class:`AssuanConnection`
+keeps one Unix socket open and turns a digest into signature values with
+``SIGKEY``/``SETHASH``/``PKSIGN`` — no process per signature. The OpenPGP packet around those
+values is built by :mod:`workers.formats.openpgp`.
+
+How the agent is run: ``gpg-agent --daemon`` forks and leaves an orphan of init. Its PID
+cannot be waited for, and once killed it lingers as a zombie until init gets round to reaping
+it (seen on this machine), so "the PID is gone" cannot be awaited. We instead bind the
+agent's socket ourselves and start ``gpg-agent --supervised`` as our own child with the
+listening socket on file descriptor 3, the systemd socket-activation convention GnuPG
+documents. The agent then has the PID :class:`subprocess.Popen` reports (confirmed with
+``GETINFO pid``), we reap it, and the socket accepts connections before the agent even runs.
+Unlike the daemon, a supervised agent does not ignore SIGPIPE, so a client hanging up at the
+wrong moment would kill it: we start it with SIGPIPE ignored.
+Passphrases reach the agent only as answers to its Assuan ``INQUIRE PASSPHRASE`` (every
+connection, ours and gpg's, uses loopback pinentry mode), and ``gpg`` reads them from a pipe
+(``--passphrase-fd``), never from a command line. The agent's pinentry is ``/bin/false``, so
+nothing can ever prompt. It must *not* run with ``--batch``: in GnuPG 2.2 ``agent_askpin()``
+returns "success" with an empty passphrase in batch mode before it looks at loopback mode, so
+a protected key fails (the export of one even aborts the agent).
+
+Neither class is meant to be shared across processes; a connection serialises its own calls
+with a lock, so sharing it between threads is safe but gains nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import string
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from workers.agents.base import AgentProcess, AgentSocket
+from workers.agents.base import stderr_tail as _stderr_tail
+from workers.formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
+from workers.formats.sexp import SexpError, signature_values
+
+__all__ = [
+    "AgentError",
+    "AssuanConnection",
+    "GpgAgent",
+    "agent_socket_path",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds an Assuan request may take before the connection is given up."""
+
+_START_TIMEOUT = 10.0  # for the agent's greeting after it was spawned
+_GPG_TIMEOUT = 120.0  # for one gpg or gpgconf command
+_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
+_ASSUAN_LINE_MAX = 1000  # Assuan's limit for one line, newline included
+_MAX_RESPONSE = 1 << 20  # bytes of one response we are willing to buffer
+_MAX_PASSPHRASE = 255  # gpg-agent's MAX_PASSPHRASE_LEN
+_NO_PINENTRY = "/bin/false"  # a "pinentry" that fails at once: nothing may ever prompt
+_HEX40 = re.compile(r"[0-9A-Fa-f]{40}")
+
+# How the agent is exec'd: the listening socket arrives as the shell's stdin and moves to fd 3 (a
+# POSIX shell names only descriptors 0-9, the socket's number in the parent may be any);
+# LISTEN_PID is the shell's PID, which exec keeps. SIGPIPE is ignored: only gpg-agent's --daemon
+# branch ignores it, so a supervised agent writing to a client that hung up would die of it.
+_SUPERVISED_SHIM = (
+    "trap '' PIPE; exec 3<&0 0</dev/null; LISTEN_PID=$$; export LISTEN_PID; exec \"$@\""
+)
+
+
+class AgentError(Exception):
+    """gpg-agent (or gpg acting on its home) failed: dead agent, ``ERR`` answer, bad data.
+
+    ``code`` is the GnuPG error code of an ``ERR`` line (source in the high bits, see
+    libgpg-error), ``None`` for failures without one.
+    """
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _percent_unescape(data: bytes) -> bytes:
+    """Undo Assuan/gpgconf ``%XX`` escaping; :class:`ValueError` for a broken escape."""
+    if b"%" not in data:
+        return data
+    out = bytearray()
+    pos = 0
+    while True:
+        percent = data.find(b"%", pos)
+        if percent < 0:
+            out += data[pos:]
+            return bytes(out)
+        out += data[pos:percent]
+        hex_digits = data[percent + 1 : percent + 3]
+        if len(hex_digits) != 2 or not all(chr(c) in string.hexdigits for c in hex_digits):
+            raise ValueError(f"bad %-escape {data[percent : percent + 3]!r}")
+        out.append(int(hex_digits, 16))
+        pos = percent + 3
+
+
+def _percent_escape(data: bytes) -> bytes:
+    """Escape data for a client ``D`` line: ``%``, CR and LF must not appear literally."""
+    return data.replace(b"%", b"%25").replace(b"\r", b"%0D").replace(b"\n", b"%0A")
+
+
+def _data_lines(data: bytes) -> bytes:
+    """``data`` as Assuan ``D`` lines that respect the line-length limit."""
+    escaped = _percent_escape(data)
+    chunk = _ASSUAN_LINE_MAX - 10  # room for "D ", the newline and an escape split below
+    lines = []
+    pos = 0
+    while pos < len(escaped):
+        end = min(pos + chunk, len(escaped))
+        # Never split a %XX escape across two lines.
+        percent = escaped.rfind(b"%", max(pos, end - 2), end)
+        if percent >= 0 and end - percent < 3 and end < len(escaped):
+            end = percent
+        lines.append(b"D " + escaped[pos:end] + b"\n")
+        pos = end
+    return b"".join(lines)
+
+
+def _gpg_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GNUPGHOME"] = str(home)
+    for name in ("LISTEN_FDS", "LISTEN_FDNAMES", "LISTEN_PID", "GPG_AGENT_INFO"):
+        env.pop(name, None)
+    return env
+
+
+def _run(
+    argv: list[str],
+    *,
+    home: Path,
+    what: str,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a GnuPG tool; any failure to run it at all becomes an :class:`AgentError`."""
+    try:
+        return subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=_gpg_env(home),
+            pass_fds=pass_fds,
+            timeout=_GPG_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise AgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
+
+
+def agent_socket_path(home: Path, gpgconf: str = "gpgconf") -> Path:
+    """Where the agent of ``home`` listens (``gpgconf --list-dirs agent-socket``).
+
+    Starts no process besides gpgconf itself.
+    """
+    result = _run(
+        [gpgconf, "--homedir", str(home), "--list-dirs", "agent-socket"],
+        home=home,
+        what="agent socket path",
+    )
+    try:
+        path = _percent_unescape(result.stdout.strip())
+    except ValueError:
+        path = b""
+    if result.returncode != 0 or not path:
+        raise AgentError(f"gpgconf cannot name the agent socket of {home}: {_stderr_tail(result)}")
+    return Path(os.fsdecode(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Assuan
+
+
+class AssuanConnection(AgentSocket):
+    """One persistent Assuan connection to gpg-agent.
+
+    Requests are written in one go and answers read through a buffer; every request has a
+    deadline of :attr:`timeout` seconds. ``ERR`` answers raise :class:`AgentError` and leave the
+    connection usable; a timeout, a closed socket or a protocol violation also raises
+    :class:`AgentError` and makes the connection unusable (every later call fails at once).
+    """
+
+    agent_name = "gpg-agent"
+    error = AgentError
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        passphrase: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        """Take over ``sock``, a socket already connected to the agent; read its greeting."""
+        super().__init__(sock, timeout=timeout)
+        self._passphrase = passphrase.encode("utf-8") if passphrase is not None else None
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes at the start of _buffer known to hold no newline
+        try:
+            with self._lock:
+                self._read_response(time.monotonic() + timeout)  # the greeting
+                # Never let the agent look for a pinentry; passphrases come through INQUIRE.
+                self._send(b"OPTION pinentry-mode=loopback\n")
+                self._read_response(time.monotonic() + timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def sign(self, keygrip: str, hash_algo: int, digest: bytes) -> list[int]:
+        """Sign ``digest`` (made with OpenPGP hash algorithm ``hash_algo``) with a key.
+
+        Returns the signature values in OpenPGP order: RSA ``[s]``; DSA, ECDSA, EdDSA ``[r, s]``.
+        """
+        if not _HEX40.fullmatch(keygrip):
+            raise ValueError(f"keygrip must be 40 hex digits: {keygrip!r}")
+        if hash_algo not in HASH_NAMES:
+            raise ValueError(f"unsupported hash algorithm {hash_algo}")
+        if len(digest) != HASH_SIZES[hash_algo]:
+            raise ValueError(f"digest of {len(digest)} bytes does not fit hash {hash_algo}")
+        # The three commands go out in one write; the agent answers them in order.
+        request = (
+            f"SIGKEY {keygrip.upper()}\n"
+            f"SETHASH --hash={HASH_NAMES[hash_algo]} {digest.hex().upper()}\n"
+            "PKSIGN\n"
+        ).encode("ascii")
+        with self._lock:
+            deadline = time.monotonic() + self._timeout
+            self._send(request)
+            first_error: AgentError | None = None
+            data = b""
+            for _ in range(3):
+                try:
+                    data = self._read_response(deadline)
+                except AgentError as exc:
+                    if self._broken is not None:
+                        raise
+                    first_error = first_error or exc
+            if first_error is not None:
+                raise first_error
+        try:
+            _algo, values = signature_values(data)
+        except SexpError as exc:
+            raise AgentError(f"gpg-agent returned an unusable signature: {exc}") from exc
+        return values
+
+    def transact(self, command: str) -> bytes:
+        """Send one Assuan command; return its ``D`` data (unescaped) once it answers OK."""
+        line = command.encode("utf-8")
+        if b"\n" in line or b"\r" in line or len(line) >= _ASSUAN_LINE_MAX:
+            raise ValueError("an Assuan command is a single line of under 1000 bytes")
+        with self._lock:
+            deadline = time.monotonic() + self._timeout
+            self._send(line + b"\n")
+            return self._read_response(deadline)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _readline(self, deadline: float) -> bytes:
+        self._check_usable()
+        while True:
+            newline = self._buffer.find(b"\n", self._scanned)
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buffer)
+            if self._scanned > _MAX_RESPONSE:
+                raise self._fail("line too long")
+            self._buffer += self._recv(65536, deadline)
+
+    def _read_response(self, deadline: float) -> bytes:
+        """Read up to the final OK or ERR of one request; return its data."""
+        data = bytearray()
+        while True:
+            line = self._readline(deadline)
+            if line.startswith(b"D "):
+                try:
+                    data += _percent_unescape(line[2:])
+                except ValueError as exc:
+                    raise self._fail(str(exc)) from exc
+                if len(data) > _MAX_RESPONSE:
+                    raise self._fail("response too large")
+            elif line == b"OK" or line.startswith(b"OK "):
+                return bytes(data)
+            elif line.startswith(b"ERR "):
+                code_text, _, message = line[4:].decode("utf-8", "replace").partition(" ")
+                code = int(code_text) if code_text.isdigit() else None
+                raise AgentError(f"gpg-agent: {message or code_text}", code=code)
+            elif line.startswith(b"INQUIRE "):
+                self._answer_inquiry(line[8:].split(b" ", 1)[0])
+            elif line[:2] in (b"S ", b"# ") or line in (b"S", b"#", b"END"):
+                continue  # status and comment lines, END after data: nothing to act on
+            else:
+                raise self._fail(f"unexpected line from agent: {line[:40]!r}")
+
+    def _answer_inquiry(self, keyword: bytes) -> None:
+        if keyword in (b"PASSPHRASE", b"NEW_PASSPHRASE") and self._passphrase is not None:
+            self._send(_data_lines(self._passphrase) + b"END\n")
+        elif keyword == b"PINENTRY_LAUNCHED":
+            self._send(b"END\n")
+        else:
+            inquiry = keyword.decode("ascii", "replace")
+            log.debug("cancelling agent inquiry", extra={"inquiry": inquiry})
+            self._send(b"CAN\n")
+
+
+# --------------------------------------------------------------------------------------------
+# The agent
+
+
+def _unescape_colon_field(field: str) -> str:
+    r"""Undo the escaping of ``gpg --with-colons`` (``\xHH``, ``\n``...); result is UTF-8."""
+    raw = field.encode("utf-8", "surrogateescape")
+    if b"\\" not in raw:
+        return field
+    simple = {b"n": b"\n", b"r": b"\r", b"f": b"\f", b"v": b"\v", b"b": b"\b", b"0": b"\0"}
+
+    def replace(match: re.Match[bytes]) -> bytes:
+        escape = match.group(1)
+        if escape[:1] == b"x":
+            return bytes([int(escape[1:], 16)])
+        return simple.get(escape, b"\\" + escape)
+
+    unescaped = re.sub(rb"\\(x[0-9a-fA-F]{2}|[nrfvb0\\])", replace, raw)
+    try:
+        return unescaped.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AgentError(f"user id is not valid UTF-8: {exc}") from None
+
+
+class _ListedKey:
+    """One ``sec`` or ``ssb`` record of a colon listing, with its fpr and grp."""
+
+    def __init__(self, fields: list[str]) -> None:
+        self.validity = fields[1]
+        self.bits = int(fields[2]) if fields[2].isdigit() else 0
+        self.algo = int(fields[3]) if fields[3].isdigit() else 0
+        self.capabilities = fields[11] if len(fields) > 11 else ""
+        self.secret = fields[14] if len(fields) > 14 else ""
+        self.curve = fields[16] if len(fields) > 16 and fields[16] else None
+        self.fingerprint = ""
+        self.keygrip = ""
+        self.uids: list[str] = []
+        self.subkeys: list[_ListedKey] = []
+
+    @property
+    def can_sign(self) -> bool:
+        return (
+            "s" in self.capabilities
+            and self.validity not in ("r", "e", "i", "d")
+            and self.secret == "+"
+        )
+
+
+def _parse_secret_listing(output: str) -> list[_ListedKey]:
+    """Primary keys of a ``--with-colons --list-secret-keys`` listing, subkeys appended."""
+    primaries: list[_ListedKey] = []
+    current: _ListedKey | None = None
+    for line in output.splitlines():
+        fields = line.split(":")
+        kind = fields[0]
+        if kind == "sec":
+            current = _ListedKey(fields)
+            primaries.append(current)
+        elif kind == "ssb" and primaries:
+            current = _ListedKey(fields)
+            primaries[-1].subkeys.append(current)
+        elif kind == "fpr" and current is not None and not current.fingerprint:
+            current.fingerprint = fields[9].upper()
+        elif kind == "grp" and current is not None and not current.keygrip:
+            current.keygrip = fields[9].upper()
+        elif kind == "uid" and primaries and fields[1] != "r":
+            primaries[-1].uids.append(_unescape_colon_field(fields[9]))
+    return primaries
+
+
+def _key_info(primary: _ListedKey) -> KeyInfo:
+    if primary.validity in ("r", "e"):
+        raise AgentError(f"key {primary.fingerprint} is revoked or expired")
+    if not primary.uids:
+        raise AgentError(f"key {primary.fingerprint} has no valid user id")
+    candidates = [primary, *primary.subkeys]
+    signer = next((key for key in candidates if key.can_sign), None)
+    if signer is None:
+        raise AgentError(f"key {primary.fingerprint} has no usable secret signing key")
+    try:
+        return KeyInfo(
+            fingerprint=signer.fingerprint,
+            keygrip=signer.keygrip,
+            pubkey_algo=signer.algo,
+            bits=signer.bits,
+            curve=signer.curve,
+            uid=primary.uids[0],
+        )
+    except ValueError as exc:
+        raise AgentError(f"cannot sign with key {primary.fingerprint}: {exc}") from exc
+
+
+class GpgAgent(AgentProcess):
+    """A gpg-agent serving one private home, started and stopped by this object.
+
+    ``home`` must exist and be private (mode 0700, no group or other access); its path must
+    be short, as the agent socket lives in it and socket paths are limited to 107 bytes.
+    ``passphrase`` unlocks a protected secret key; it is given to gpg through a pipe and to
+    the agent through Assuan inquiries only.
+    """
+
+    agent_name = "gpg-agent"
+    error = AgentError
+    # After KILLAGENT: wait, then SIGTERM, then SIGKILL.
+    stop_signals = (None, signal.SIGTERM, signal.SIGKILL)
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        gpg: str = "gpg",
+        gpgconf: str = "gpgconf",
+        passphrase: str | None = None,
+        gpg_agent: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        log_file: Path | None = None,
+    ) -> None:
+        """``gpg_agent`` defaults to the agent gpgconf names; ``timeout`` is passed to every
+        connection; ``log_file`` receives the agent's log (default: discarded)."""
+        if passphrase is not None:
+            if "\n" in passphrase or "\r" in passphrase:
+                raise ValueError("a passphrase cannot contain a line break")
+            if len(passphrase.encode("utf-8")) > _MAX_PASSPHRASE:
+                raise ValueError(f"a passphrase is at most {_MAX_PASSPHRASE} bytes long")
+        super().__init__(home)
+        self._gpg = gpg
+        self._gpgconf = gpgconf
+        self._passphrase = passphrase
+        self._gpg_agent = gpg_agent
+        self._timeout = timeout
+        self._log_file = log_file
+        self._socket_path: Path | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the agent for :attr:`home` and learn its PID."""
+        if self._proc is not None:
+            raise AgentError(f"gpg-agent for {self.home} already started (pid {self._pid})")
+        self._check_home()
+        agent = self._gpg_agent or self._find_agent_program()
+        socket_path = agent_socket_path(self.home, self._gpgconf)
+        if len(os.fsencode(socket_path)) > _SUN_PATH_MAX:
+            raise AgentError(
+                f"agent socket path is longer than {_SUN_PATH_MAX} bytes: {socket_path}; "
+                "use a shorter home directory"
+            )
+        listener = self._listen(socket_path)
+        argv = [
+            "/bin/sh", "-c", _SUPERVISED_SHIM, "gpg-agent-shim",
+            agent,
+            "--homedir", str(self.home),
+            "--supervised",
+            "--allow-loopback-pinentry",
+            "--pinentry-program", _NO_PINENTRY,
+            "--disable-scdaemon",
+        ]  # fmt: skip
+        if self._log_file is not None:
+            argv += ["--log-file", str(self._log_file)]
+        env = _gpg_env(self.home)
+        env["LISTEN_FDS"] = "1"
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=listener.fileno(),  # moved to fd 3 by the shim
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a terminal's Ctrl-C is for us, not for the agent
+            )
+        except OSError as exc:
+            socket_path.unlink(missing_ok=True)
+            raise AgentError(f"cannot start gpg-agent {agent}: {exc}") from exc
+        finally:
+            listener.close()  # the agent holds its own copy
+        self._proc = proc
+        self._socket_path = socket_path
+        self._watch(proc, socket_path)
+        try:
+            conn = AssuanConnection.open(socket_path, timeout=_START_TIMEOUT)
+            with conn:
+                reported = conn.transact("GETINFO pid").decode("ascii", "replace").strip()
+        except AgentError as exc:
+            status = proc.poll()
+            self.stop()
+            detail = f" (exited with status {status})" if status is not None else ""
+            raise AgentError(f"gpg-agent for {self.home} did not start{detail}: {exc}") from exc
+        if reported != str(proc.pid):
+            self.stop()
+            raise AgentError(f"gpg-agent reports pid {reported!r}, we started {proc.pid}")
+        self._pid = proc.pid
+        log.info("gpg-agent started", extra={"pid": proc.pid, "home": str(self.home)})
+
+    @property
+    def socket_path(self) -> Path:
+        """The agent's socket (known once started)."""
+        if self._socket_path is None:
+            raise AgentError(f"gpg-agent for {self.home} is not started")
+        return self._socket_path
+
+    def _ask_to_exit(self, proc: subprocess.Popen[bytes]) -> None:
+        """``KILLAGENT`` before the signals."""
+        if proc.poll() is None and self._socket_path is not None:
+            try:
+                with AssuanConnection.open(self._socket_path, timeout=1.0) as conn:
+                    conn.transact("KILLAGENT")
+            except AgentError as exc:
+                log.debug("KILLAGENT failed", extra={"pid": proc.pid, "error": str(exc)})
+
+    # -- keys and connections ---------------------------------------------------------------
+
+    def import_secret_key(self, key_file: Path) -> KeyInfo:
+        """Import the (one) secret key in ``key_file``; describe the key that will sign.
+
+        That is the primary key if it can sign, else its first usable signing subkey; the
+        user id is the primary key's first one.
+        """
+        self._require_running()
+        argv = [
+            self._gpg, "--homedir", str(self.home), "--batch", "--no-tty", "--no-autostart",
+            "--pinentry-mode", "loopback", "--status-fd", "1",
+        ]  # fmt: skip
+        with self._passphrase_pipe() as read_fd:
+            if read_fd is not None:
+                argv += ["--passphrase-fd", str(read_fd)]
+            result = _run(
+                [*argv, "--import", str(key_file)],
+                home=self.home,
+                what="import",
+                pass_fds=() if read_fd is None else (read_fd,),
+            )
+        fingerprints, secret_read = self._parse_import_status(result.stdout)
+        if result.returncode != 0 or not fingerprints or not secret_read:
+            problem = "no secret key in it" if result.returncode == 0 else _stderr_tail(result)
+            raise AgentError(f"cannot import {key_file}: {problem}")
+        if len(fingerprints) != 1:
+            raise AgentError(f"{key_file} holds {len(fingerprints)} keys, expected one")
+        listing = _run(
+            [
+                self._gpg, "--homedir", str(self.home), "--batch", "--no-tty", "--no-autostart",
+                "--with-colons", "--with-keygrip", "--with-fingerprint",
+                "--with-subkey-fingerprint", "--list-secret-keys", fingerprints[0],
+            ],
+            home=self.home,
+            what="list secret keys",
+        )  # fmt: skip
+        if listing.returncode != 0:
+            raise AgentError(f"cannot list secret key {fingerprints[0]}: {_stderr_tail(listing)}")
+        primaries = _parse_secret_listing(listing.stdout.decode("utf-8", "surrogateescape"))
+        if len(primaries) != 1:
+            raise AgentError(f"listing {fingerprints[0]} shows {len(primaries)} secret keys")
+        info = _key_info(primaries[0])
+        log.info(
+            "secret key imported",
+            extra={"fingerprint": info.fingerprint, "home": str(self.home), "pid": self._pid},
+        )
+        return info
+
+    def connect(self) -> AssuanConnection:
+        """A new persistent connection to the agent (passphrase, timeout preset)."""
+        self._require_running()
+        conn = AssuanConnection.open(
+            self.socket_path, passphrase=self._passphrase, timeout=self._timeout
+        )
+        self._connections.add(conn)
+        return conn
+
+    # -- internals ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _passphrase_pipe(self) -> Iterator[int | None]:
+        """A pipe holding the passphrase for ``gpg --passphrase-fd``; ``None`` without one."""
+        if self._passphrase is None:
+            yield None
+            return
+        read_fd, write_fd = os.pipe()
+        try:
+            # At most 256 bytes: the pipe takes them at once, gpg reads them after we closed.
+            os.write(write_fd, self._passphrase.encode("utf-8") + b"\n")
+            os.close(write_fd)
+            write_fd = -1
+            yield read_fd
+        finally:
+            os.close(read_fd)
+            if write_fd >= 0:
+                os.close(write_fd)
+
+    def _find_agent_program(self) -> str:
+        result = _run([self._gpgconf, "--list-components"], home=self.home, what="find gpg-agent")
+        for line in result.stdout.splitlines():
+            fields = line.split(b":")
+            if fields[0] == b"gpg-agent" and len(fields) >= 3 and fields[2]:
+                with contextlib.suppress(ValueError):
+                    return os.fsdecode(_percent_unescape(fields[2]))
+        raise AgentError(f"gpgconf names no gpg-agent program: {_stderr_tail(result)}")
+
+    def _listen(self, path: Path) -> socket.socket:
+        """Bind the agent's listening socket, after making sure no agent owns it."""
+        if not path.parent.is_dir():
+            _run(
+                [self._gpgconf, "--homedir", str(self.home), "--create-socketdir"],
+                home=self.home,
+                what="create socket directory",
+            )
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(os.fspath(path))
+            except OSError:
+                path.unlink()  # stale socket of a dead agent
+            else:
+                raise AgentError(f"another gpg-agent already listens on {path}")
+            finally:
+                probe.close()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(os.fspath(path))
+            os.chmod(path, 0o600)
+            listener.listen(64)
+        except OSError as exc:
+            listener.close()
+            raise AgentError(f"cannot listen on {path}: {exc}") from exc
+        return listener
+
+    @staticmethod
+    def _parse_import_status(status: bytes) -> tuple[list[str], bool]:
+        """Primary fingerprints imported, and whether a secret key was read."""
+        fingerprints: list[str] = []
+        secret_read = False
+        for line in status.decode("utf-8", "replace").splitlines():
+            words = line.split()
+            if words[:2] == ["[GNUPG:]", "IMPORT_OK"] and len(words) >= 4:
+                if words[3].upper() not in fingerprints:
+                    fingerprints.append(words[3].upper())
+            elif words[:2] == ["[GNUPG:]", "IMPORT_RES"] and len(words) >= 12:
+                secret_read = int(words[11]) > 0
+        return fingerprints, secret_read

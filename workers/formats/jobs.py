@@ -1,0 +1,239 @@
+"""The job contract between the service and its signing workers.
+
+A job is one object for a worker to build and sign: a git tag (`TagJob`), a git commit
+(`CommitJob`: branch stamps and log commits) or a digest receipt (`ReceiptJob`). The service
+builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
+`Result`. A worker first introduces itself with a `Hello`. Every message is a JSON object; each
+type encodes and decodes itself here and nowhere else.
+
+Over the dispatcher's Unix socket (one host) a message travels as a frame: a 4-byte big-endian
+length, then that many bytes of UTF-8 JSON. Through PostgreSQL (several hosts) a job's JSON is
+the ``jobs.payload`` column and its result the ``result``/``error`` columns. docs/jobs.md shows
+every message.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 1 << 20
+
+
+class MalformedMessage(ValueError):
+    """A message that is not what this contract says (bad JSON, a missing or mistyped field,
+    an unknown job type, an oversized frame)."""
+
+
+def _str(d: dict[str, Any], name: str) -> str:
+    value = d.get(name)
+    if not isinstance(value, str):
+        raise MalformedMessage(f"field {name!r} must be a string")
+    return value
+
+
+def _int(d: dict[str, Any], name: str) -> int:
+    value = d.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedMessage(f"field {name!r} must be an integer")
+    return value
+
+
+def _opt_str(d: dict[str, Any], name: str) -> str | None:
+    return None if d.get(name) is None else _str(d, name)
+
+
+@dataclass(frozen=True)
+class TagJob:
+    """A signed tag of ``commit`` named ``tagname``."""
+
+    op: ClassVar[str] = "tag"
+    commit: str
+    tagname: str
+    time: int
+    message: str
+    uid: str | None = None  # tagger user id, for keys that have none of their own (SSH)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "commit": self.commit, "tagname": self.tagname,
+                             "time": self.time, "message": self.message}
+        if self.uid is not None:
+            d["uid"] = self.uid
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TagJob:
+        return cls(_str(d, "commit"), _str(d, "tagname"), _int(d, "time"), _str(d, "message"),
+                   _opt_str(d, "uid"))
+
+
+@dataclass(frozen=True)
+class CommitJob:
+    """A signed commit of ``tree`` with ``parents`` (a branch stamp, or a log commit)."""
+
+    op: ClassVar[str] = "commit"
+    tree: str
+    parents: tuple[str, ...]
+    time: int
+    message: str
+    uid: str | None = None  # author/committer user id, for keys without one (SSH)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "tree": self.tree, "parents": list(self.parents),
+                             "time": self.time, "message": self.message}
+        if self.uid is not None:
+            d["uid"] = self.uid
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CommitJob:
+        parents = d.get("parents")
+        if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+            raise MalformedMessage("field 'parents' must be a list of strings")
+        return cls(_str(d, "tree"), tuple(parents), _int(d, "time"), _str(d, "message"),
+                   _opt_str(d, "uid"))
+
+
+@dataclass(frozen=True)
+class ReceiptJob:
+    """A signed receipt of the statement ``text`` (see `workers.formats.receipts`)."""
+
+    op: ClassVar[str] = "receipt"
+    text: str
+    time: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "text": self.text, "time": self.time}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReceiptJob:
+        return cls(_str(d, "text"), _int(d, "time"))
+
+
+Job = TagJob | CommitJob | ReceiptJob
+_JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob]] = {
+    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob)}
+
+
+def job_from_dict(d: dict[str, Any]) -> Job:
+    cls = _JOB_TYPES.get(d.get("op"))  # type: ignore[arg-type]
+    if cls is None:
+        raise MalformedMessage(f"unknown job type {d.get('op')!r}")
+    return cls.from_dict(d)
+
+
+def encode_job(job: Job) -> str:
+    """A job as the JSON text stored in ``jobs.payload``."""
+    return json.dumps(job.to_dict(), separators=(",", ":"))
+
+
+def decode_job(text: str | bytes) -> Job:
+    return job_from_dict(_object(text))
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A worker's first message: who it is and which key it holds."""
+
+    worker: str
+    pid: int
+    fingerprint: str
+    key: str
+
+    def frame(self) -> bytes:
+        return frame({"hello": {"worker": self.worker, "pid": self.pid,
+                                "fingerprint": self.fingerprint, "key": self.key}})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Hello:
+        h = d.get("hello")
+        if not isinstance(h, dict):
+            raise MalformedMessage("expected a hello")
+        return cls(_str(h, "worker"), _int(h, "pid"), _str(h, "fingerprint"), _str(h, "key"))
+
+
+@dataclass(frozen=True)
+class Result:
+    """A worker's answer to job ``id``: the signed ``object``, or the ``error`` that made the
+    worker refuse the job as malformed (a worker that cannot sign exits instead)."""
+
+    id: int
+    object: str | None = None
+    error: str | None = None
+
+    def frame(self) -> bytes:
+        d: dict[str, Any] = {"id": self.id}
+        if self.object is not None:
+            d["object"] = self.object
+        else:
+            d["error"] = self.error
+        return frame(d)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Result:
+        result = cls(_int(d, "id"), _opt_str(d, "object"), _opt_str(d, "error"))
+        if (result.object is None) == (result.error is None):
+            raise MalformedMessage("a result has either an object or an error")
+        return result
+
+
+def job_frame(job_id: int, job: Job) -> bytes:
+    """The frame that hands ``job`` to a worker over the dispatcher socket."""
+    return frame({"id": job_id, **job.to_dict()})
+
+
+def decode_job_frame(d: dict[str, Any]) -> tuple[int, Job]:
+    """(id, job) of a job frame's object; `MalformedMessage` if the job is malformed (its id
+    is then `d.get("id")`, so the refusal can still be addressed)."""
+    return _int(d, "id"), job_from_dict(d)
+
+
+# -- framing -------------------------------------------------------------------------------
+def frame(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def _object(body: str | bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(body)
+    except (UnicodeError, ValueError) as e:
+        raise MalformedMessage(f"not JSON: {e}") from None
+    if not isinstance(message, dict):
+        raise MalformedMessage("message is not a JSON object")
+    return message
+
+
+def frame_size(header: bytes) -> int:
+    (size,) = HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise MalformedMessage(f"frame of {size} bytes is too large")
+    return int(size)
+
+
+def decode_frame(body: bytes) -> dict[str, Any]:
+    return _object(body)
+
+
+class FrameBuffer:
+    """Frames out of a byte stream, sans I/O: `feed` what the socket gave, take `next`."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+
+    def next(self) -> dict[str, Any] | None:
+        """The next whole frame's object, or None until more bytes arrive."""
+        if len(self.buf) < HEADER.size:
+            return None
+        size = frame_size(bytes(self.buf[: HEADER.size]))
+        if len(self.buf) < HEADER.size + size:
+            return None
+        body = bytes(self.buf[HEADER.size : HEADER.size + size])
+        del self.buf[: HEADER.size + size]
+        return decode_frame(body)

@@ -1,0 +1,334 @@
+"""The GnuPG command line, written once: running gpg in a home, temporary homes, and the two
+machine-readable outputs of gpg that stampd reads.
+
+- `run_gpg`: ``gpg --homedir HOME --batch --no-tty [--no-autostart] ARGS`` with a timeout and
+  stdin closed (or fed ``input``); `GpgError` when gpg cannot be run at all.
+- `GnupgHome`: a GNUPGHOME (import keys, list them, verify a detached signature);
+  `TempGnupgHome`: a private temporary one, a short path under /tmp with mode 0700, removed
+  (after its agent, if it may start one, is told to exit) on `close`.
+- `parse_key_listing`: the ``--with-colons`` key listing (``--list-keys``, ``--list-secret-keys``,
+  ``--show-keys``) as `Key` objects: primary key and subkeys (fingerprint, algorithm, bits,
+  curve, capabilities, keygrip) and user ids, unescaped.
+- `GpgStatus.parse`: the ``--status-fd`` lines (also what ``git verify-* --raw`` prints):
+  ``VALIDSIG`` as `ValidSig` (signature time in epoch or ISO 8601 form), ``NEWSIG`` and
+  ``GOODSIG`` counts, the keywords of failed signatures, and every record for callers that need
+  more.
+
+A home that may not start an agent (the default) gets ``no-autostart`` in its ``gpg.conf`` too,
+so gpg started by git with ``GNUPGHOME`` set starts none either: verifying needs no agent.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+GPG = "gpg"
+GPGCONF = "gpgconf"
+GPG_TIMEOUT = 60.0
+# Temporary homes go here rather than to $TMPDIR: an agent's socket path must stay short.
+SHORT_TMP = "/tmp"
+# Keywords of a signature that did not verify (or of input that held none).
+SIGNATURE_ERRORS = frozenset({"BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG",
+                              "NO_PUBKEY", "NODATA", "BADARMOR"})
+
+
+class GpgError(Exception):
+    """gpg could not be run at all: it is not installed, or it did not finish in time."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def run_gpg(home: Path, *args: str, input: bytes | None = None, timeout: float = GPG_TIMEOUT,
+            autostart: bool = False, pass_fds: Sequence[int] = ()
+            ) -> subprocess.CompletedProcess[bytes]:
+    """Run gpg in ``home``; its exit status is the caller's to judge."""
+    cmd = [GPG, "--homedir", str(home), "--batch", "--no-tty",
+           *(() if autostart else ("--no-autostart",)), *args]
+    try:
+        return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout,
+                              check=False, pass_fds=tuple(pass_fds),
+                              stdin=subprocess.DEVNULL if input is None else None)
+    except FileNotFoundError:
+        raise GpgError("gpg is not installed (GnuPG 2.2 or later is needed)") from None
+    except subprocess.TimeoutExpired:
+        raise GpgError("gpg did not finish in time") from None
+
+
+# --------------------------------------------------------------------------- key listings
+
+
+_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[nrfvb0\\])")
+_SIMPLE_ESCAPES = {b"n": b"\n", b"r": b"\r", b"f": b"\f", b"v": b"\v", b"b": b"\b", b"0": b"\0",
+                   b"\\": b"\\"}
+
+
+def unescape_colons(value: str) -> str:
+    r"""Undo gpg's ``--with-colons`` escaping of a field (``\x3a`` for ``:``, ``\n``, ``\\``...);
+    the bytes are read as UTF-8 (an invalid sequence becomes U+FFFD)."""
+    if "\\" not in value:
+        return value
+
+    def replace(m: re.Match[bytes]) -> bytes:
+        escape = m.group(1)
+        return bytes([int(escape[1:], 16)]) if escape[:1] == b"x" else _SIMPLE_ESCAPES[escape]
+
+    raw = _ESCAPE.sub(replace, value.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "replace")
+
+
+def _field(fields: Sequence[str], index: int) -> str:
+    return fields[index] if len(fields) > index else ""
+
+
+def _number(value: str) -> int:
+    return int(value) if value.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class KeyPart:
+    """A primary key or a subkey of a listing (a ``pub``/``sec`` or ``sub``/``ssb`` record)."""
+
+    fingerprint: str  # upper-case hex
+    algo: int  # OpenPGP public-key algorithm (1 RSA, 17 DSA, 19 ECDSA, 22 EdDSA...)
+    bits: int
+    curve: str | None
+    capabilities: str  # e.g. "scSC": lower case for this key, upper case for the whole key
+    validity: str  # "-", "u", "r" (revoked), "e" (expired)...
+    keygrip: str  # with --with-keygrip, else ""
+    secret: bool  # from a secret-key listing (``sec``/``ssb``)
+
+    @property
+    def can_sign(self) -> bool:
+        return "s" in self.capabilities
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a listing: its primary key, subkeys and user ids, in listing order."""
+
+    primary: KeyPart
+    subkeys: tuple[KeyPart, ...] = ()
+    uids: tuple[str, ...] = ()
+
+    @property
+    def fingerprint(self) -> str:
+        """The primary key's fingerprint."""
+        return self.primary.fingerprint
+
+    @property
+    def parts(self) -> tuple[KeyPart, ...]:
+        return (self.primary, *self.subkeys)
+
+    @property
+    def fingerprints(self) -> tuple[str, ...]:
+        """Fingerprints of the primary key and every subkey."""
+        return tuple(p.fingerprint for p in self.parts)
+
+    @property
+    def signing_key(self) -> KeyPart | None:
+        """The first part (primary key, then subkeys) that can sign."""
+        return next((p for p in self.parts if p.can_sign), None)
+
+
+@dataclass
+class _Building:
+    record: list[str]
+    fingerprint: str = ""
+    keygrip: str = ""
+    subkeys: list[_Building] = field(default_factory=list)
+    uids: list[str] = field(default_factory=list)
+
+    def part(self) -> KeyPart:
+        r = self.record
+        return KeyPart(fingerprint=self.fingerprint, algo=_number(_field(r, 3)),
+                       bits=_number(_field(r, 2)), curve=_field(r, 16) or None,
+                       capabilities=_field(r, 11), validity=_field(r, 1),
+                       keygrip=self.keygrip, secret=r[0] in ("sec", "ssb"))
+
+    def key(self) -> Key:
+        return Key(self.part(), tuple(s.part() for s in self.subkeys if s.fingerprint),
+                   tuple(self.uids))
+
+
+def parse_key_listing(text: str) -> list[Key]:
+    """The keys of a ``gpg --with-colons`` listing (``--fingerprint`` or any listing that prints
+    ``fpr`` records). A key or subkey whose fingerprint is not shown is left out."""
+    keys: list[_Building] = []
+    current: _Building | None = None
+    for line in text.splitlines():
+        f = line.split(":")
+        kind = f[0]
+        if kind in ("pub", "sec"):
+            current = _Building(f)
+            keys.append(current)
+        elif kind in ("sub", "ssb") and keys:
+            current = _Building(f)
+            keys[-1].subkeys.append(current)
+        elif kind == "fpr" and current is not None and not current.fingerprint:
+            current.fingerprint = _field(f, 9).upper()
+        elif kind == "grp" and current is not None and not current.keygrip:
+            current.keygrip = _field(f, 9).upper()
+        elif kind == "uid" and keys:
+            keys[-1].uids.append(unescape_colons(_field(f, 9)))
+    return [k.key() for k in keys if k.fingerprint]
+
+
+# --------------------------------------------------------------------------- status lines
+
+
+def sig_time(value: str) -> int | None:
+    """A status-line time: seconds since the epoch, or ISO 8601 ``YYYYMMDDThhmmss`` (UTC)."""
+    if value.isdigit():
+        return int(value)
+    with contextlib.suppress(ValueError):
+        return calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%S"))
+    return None
+
+
+@dataclass(frozen=True)
+class ValidSig:
+    """One ``VALIDSIG`` status line."""
+
+    fingerprint: str  # the signing (sub)key
+    created: int  # signature time, seconds since the epoch
+    sig_class: str  # "00" binary, "01" text...
+    primary: str  # the primary key of the signing key (the signing key if gpg omits it)
+
+
+@dataclass
+class GpgStatus:
+    """The ``[GNUPG:]`` status lines of one gpg run."""
+
+    records: list[tuple[str, ...]] = field(default_factory=list)  # keyword first
+    newsig: int = 0
+    goodsig: int = 0
+    validsig: int = 0  # VALIDSIG lines, well-formed or not
+    valid: list[ValidSig] = field(default_factory=list)  # the well-formed VALIDSIG lines
+    errors: list[str] = field(default_factory=list)  # SIGNATURE_ERRORS keywords, in order
+
+    @classmethod
+    def parse(cls, text: str) -> GpgStatus:
+        st = cls()
+        for line in text.splitlines():
+            if not line.startswith("[GNUPG:] "):
+                continue
+            words = tuple(line.split()[1:])
+            if not words:
+                continue
+            st.records.append(words)
+            keyword = words[0]
+            if keyword == "NEWSIG":
+                st.newsig += 1
+            elif keyword == "GOODSIG":
+                st.goodsig += 1
+            elif keyword == "VALIDSIG":
+                st.validsig += 1
+                # VALIDSIG <fpr> <date> <time> <expires> <version> <reserved> <pk-algo>
+                #          <hash-algo> <class> [<primary fpr>]
+                created = sig_time(words[3]) if len(words) > 9 else None
+                if created is not None:
+                    fpr = words[1].upper()
+                    st.valid.append(ValidSig(fingerprint=fpr, created=created,
+                                             sig_class=words[9],
+                                             primary=(_field(words, 10) or fpr).upper()))
+            elif keyword in SIGNATURE_ERRORS:
+                st.errors.append(keyword)
+        return st
+
+
+# --------------------------------------------------------------------------- homes
+
+
+@dataclass(frozen=True)
+class Imported:
+    """The outcome of ``gpg --import``."""
+
+    ok: bool  # gpg said IMPORT_OK (it may exit 2 after a good import when it has no agent)
+    fingerprints: tuple[str, ...]  # from the IMPORT_OK lines
+    stderr: str
+
+
+class GnupgHome:
+    """A GNUPGHOME. With ``autostart`` false every gpg run gets ``--no-autostart``."""
+
+    def __init__(self, path: Path, *, autostart: bool = False) -> None:
+        self.path = path
+        self.autostart = autostart
+
+    def gpg(self, *args: str, input: bytes | None = None, timeout: float = GPG_TIMEOUT,
+            pass_fds: Sequence[int] = ()) -> subprocess.CompletedProcess[bytes]:
+        return run_gpg(self.path, *args, input=input, timeout=timeout,
+                       autostart=self.autostart, pass_fds=pass_fds)
+
+    def import_keys(self, data: bytes) -> Imported:
+        r = self.gpg("--status-fd", "1", "--import", input=data)
+        st = GpgStatus.parse(r.stdout.decode("utf-8", "replace"))
+        fprs = tuple(w[2].upper() for w in st.records if w[0] == "IMPORT_OK" and len(w) > 2)
+        return Imported(ok=any(w[0] == "IMPORT_OK" for w in st.records), fingerprints=fprs,
+                        stderr=r.stderr.decode("utf-8", "replace"))
+
+    def list_keys(self, *, secret: bool = False) -> list[Key]:
+        r = self.gpg("--with-colons", "--fingerprint",
+                     "--list-secret-keys" if secret else "--list-keys")
+        return parse_key_listing(r.stdout.decode("utf-8", "replace"))
+
+    def verify_detached(self, payload: bytes, signature: str) -> tuple[bool, GpgStatus]:
+        """``gpg --verify`` an armored detached signature over ``payload`` (any key of the home
+        is trusted); (whether gpg exited 0, its status lines)."""
+        fd, name = tempfile.mkstemp(suffix=".asc", dir=self.path)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(signature)
+            r = self.gpg("--trust-model", "always", "--status-fd", "1", "--verify", name, "-",
+                         input=payload)
+        finally:
+            os.unlink(name)
+        return r.returncode == 0, GpgStatus.parse(r.stdout.decode("utf-8", "replace"))
+
+
+class TempGnupgHome(GnupgHome):
+    """A private, temporary GNUPGHOME (mode 0700, a short path under /tmp), removed on `close`.
+
+    ``conf`` lines go into its ``gpg.conf`` (after ``no-autostart`` unless ``autostart``).
+    """
+
+    def __init__(self, prefix: str = "stampd-g", *, autostart: bool = False,
+                 conf: Sequence[str] = ()) -> None:
+        tmp = SHORT_TMP if os.path.isdir(SHORT_TMP) else None
+        super().__init__(Path(tempfile.mkdtemp(prefix=prefix, dir=tmp)), autostart=autostart)
+        try:
+            os.chmod(self.path, 0o700)
+            lines = [*(() if autostart else ("no-autostart",)), *conf]
+            if lines:
+                (self.path / "gpg.conf").write_text("".join(f"{x}\n" for x in lines))
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+
+    def __enter__(self) -> TempGnupgHome:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.autostart:  # an agent may have started: it must not outlive its home
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run([GPGCONF, "--homedir", str(self.path), "--kill", "all"],
+                               capture_output=True, timeout=30, check=False,
+                               stdin=subprocess.DEVNULL)
+        shutil.rmtree(self.path, ignore_errors=True)

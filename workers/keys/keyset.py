@@ -1,0 +1,151 @@
+"""The set of signing keys a server holds: the primary OpenPGP key plus optional extra keys.
+
+``STAMPD_EXTRA_KEYS`` lists extra keys as ``<format>:<algorithm>``, e.g.
+``openpgp:rsa4096,ssh:ed25519,ssh:ecdsa-p256``. Each lives in its own directory of the key
+store (``keys/<format>-<algorithm>/``) and gets its own pool of workers, each with its own agent
+(gpg-agent or ssh-agent). Requests pick a key by fingerprint (``key=``) or format
+(``format=ssh``); without either, the primary OpenPGP key signs, so Zeitgitter clients see no
+change. SSH keys carry no user id: stamps made with them use the primary key's user id as
+tagger/committer, and the object's time is the stamp (an SSH signature has no time of its own).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.formats.sshsig import SshPublicKey, allowed_signers_line
+from workers.keys.store import KeyStore, KeyStoreError
+
+PRIMARY = "primary"
+SSH_TYPES = {
+    "ed25519": ["-t", "ed25519"],
+    "ecdsa-p256": ["-t", "ecdsa", "-b", "256"],
+    "ecdsa-p384": ["-t", "ecdsa", "-b", "384"],
+    "ecdsa-p521": ["-t", "ecdsa", "-b", "521"],
+    "rsa": ["-t", "rsa", "-b", "3072"],
+    "rsa4096": ["-t", "rsa", "-b", "4096"],
+}
+RECEIPT_NAMESPACE = "stampd"  # SSH signature namespace of digest receipts (git objects: "git")
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    format: str  # "openpgp" | "ssh"
+    algo: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.format}-{self.algo}"
+
+
+def parse_extra_keys(spec: str) -> list[KeySpec]:
+    keys: list[KeySpec] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        fmt, sep, algo = item.partition(":")
+        if not sep or fmt not in ("openpgp", "ssh") or not re.fullmatch(r"[a-z0-9-]+", algo):
+            raise ValueError(f"extra key {item!r}: use openpgp:<algorithm> or ssh:<type>")
+        if fmt == "ssh" and algo not in SSH_TYPES:
+            raise ValueError(f"SSH key type {algo!r}: use one of {', '.join(SSH_TYPES)}")
+        k = KeySpec(fmt, algo)
+        if k in keys:
+            raise ValueError(f"extra key {item} listed twice")
+        keys.append(k)
+    return keys
+
+
+class SshKeyStore:
+    """``<dir>/id`` (private, 0600, unencrypted: protect the file) and ``<dir>/id.pub``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    @property
+    def private_key_file(self) -> Path:
+        return self.dir / "id"
+
+    @property
+    def public_key_file(self) -> Path:
+        return self.dir / "id.pub"
+
+    def ensure(self, algo: str, comment: str) -> bool:
+        if self.private_key_file.exists() and self.public_key_file.exists():
+            return False
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.dir / "id.tmp"
+        for f in (tmp, tmp.with_suffix(".tmp.pub")):
+            f.unlink(missing_ok=True)
+        r = subprocess.run(["ssh-keygen", "-q", *SSH_TYPES[algo], "-N", "", "-C", comment,
+                            "-f", str(tmp)], capture_output=True, timeout=120, check=False,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise KeyStoreError(f"ssh-keygen could not make a {algo} key: {r.stderr.decode()!r}")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp.with_suffix(".tmp.pub"), self.public_key_file)
+        os.replace(tmp, self.private_key_file)
+        return True
+
+    def public_key(self) -> SshPublicKey:
+        try:
+            return SshPublicKey.from_line(self.public_key_file.read_text())
+        except (OSError, ValueError) as e:
+            raise KeyStoreError(f"cannot read {self.public_key_file}: {e}") from None
+
+
+@dataclass(frozen=True)
+class ServedKey:
+    """The public view of one signing key (what the HTTP process and the log know)."""
+
+    id: str
+    format: str  # "openpgp" | "ssh"
+    fingerprint: str  # 40 hex (OpenPGP) or SHA256:... (SSH)
+    algorithm: str
+    public: str  # armored OpenPGP key or an OpenSSH public key line
+    uid: str  # the user id written into stamps made with this key
+    primary: bool = False
+
+    def allowed_signers(self, namespaces: str | None = None) -> str | None:
+        """The ``gpg.ssh.allowedSignersFile`` line for an SSH key (principal: the email of
+        the server's user id)."""
+        if self.format != "ssh":
+            return None
+        principal = self.uid.rsplit("<", 1)[-1].rstrip(">") or "stampd@localhost"
+        return allowed_signers_line(principal, self.public.strip(), namespaces) + "\n"
+
+    @property
+    def log_name(self) -> str:
+        """File name of this key in the log repository's ``keys/`` directory."""
+        return f"{self.id}.{'asc' if self.format == 'openpgp' else 'pub'}"
+
+
+def key_dir(keys_dir: Path, spec: KeySpec) -> Path:
+    return keys_dir / spec.id
+
+
+def ensure_extra_keys(keys_dir: Path, specs: list[KeySpec], uid: str,
+                      passphrase: str | None) -> None:
+    for spec in specs:
+        if spec.format == "openpgp":
+            KeyStore(key_dir(keys_dir, spec)).ensure(uid, spec.algo, passphrase)
+        else:
+            SshKeyStore(key_dir(keys_dir, spec)).ensure(spec.algo, f"stampd {uid}")
+
+
+def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
+    """Every key the server signs with, the primary first (public parts only)."""
+    primary = KeyStore(keys_dir).public_key()
+    out = [ServedKey(PRIMARY, "openpgp", primary.fingerprint, primary.algorithm,
+                     primary.armored, primary.uid, primary=True)]
+    for spec in specs:
+        if spec.format == "openpgp":
+            pk = KeyStore(key_dir(keys_dir, spec)).public_key()
+            out.append(ServedKey(spec.id, "openpgp", pk.fingerprint, pk.algorithm, pk.armored,
+                                 pk.uid))
+        else:
+            sk = SshKeyStore(key_dir(keys_dir, spec)).public_key()
+            out.append(ServedKey(spec.id, "ssh", sk.fingerprint, sk.key_type,
+                                 sk.to_line(comment=False) + "\n", primary.uid))
+    return out
