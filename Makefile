@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/stampd serve
 
-## Run the whole test suite (lint, import contracts and types first).
+## Run the whole test suite (lint, import contracts and types first). Four test processes
+## on two cores: most tests wait on servers, agents and git; slow kinds of test start first.
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 4 --dist worksteal
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: $(STAMP)

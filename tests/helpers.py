@@ -6,6 +6,7 @@ generator, the public log and peer branches, and generated OpenPGP test keys.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -24,6 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import pygit2
 
+from server.dispatch import Signed
+from server.errors import Unavailable
+from workers.formats.jobs import Job
 from workers.formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
+from workers.keys.keyset import PRIMARY
+from workers.worker import OpenPgpSigner
 
 if TYPE_CHECKING:
     from workers.agents.gpg import GpgAgent
@@ -606,3 +613,56 @@ class KeyMaker:
         secret_file.write_bytes(secret.stdout)
         public_file.write_bytes(public.stdout)
         return GeneratedKey(label, fingerprint, secret_file, public_file)
+
+
+# -- an in-process transport for signing jobs -------------------------------------------------
+# `InProcessDispatcher` offers the `server.dispatch.Dispatcher` protocol without a socket or a
+# worker process: it builds and signs each job with the real `OpenPgpSigner` over a real
+# `GpgAgent`. It is not a mock: the signed object is exactly what a worker would answer, only
+# the transport is left out.
+WORKER = "inproc"
+
+
+@dataclass(frozen=True)
+class InProcessWorker:
+    """What `Dispatcher.workers` shows of the one in-process "worker"."""
+
+    name: str
+    key: str
+    pid: int
+
+
+class InProcessDispatcher:
+    """`Dispatcher` over a real signer in this process; the blocking signature runs in a
+    thread, as it would in a worker. ``jobs`` records every job signed, in order."""
+
+    requeued: int = 0
+
+    def __init__(self, signer: OpenPgpSigner, key: str = PRIMARY) -> None:
+        self.signer = signer
+        self.key = key
+        self.jobs: list[Job] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+        if key != self.key:
+            raise Unavailable(f"no worker holds key {key}")
+        text = await asyncio.to_thread(self.signer.build, job)
+        self.jobs.append(job)
+        return Signed(text, WORKER, 1)
+
+    @property
+    def workers(self) -> Mapping[str, InProcessWorker]:
+        return {WORKER: InProcessWorker(WORKER, self.key, os.getpid())}
+
+    @property
+    def queue_depth(self) -> int:
+        return 0
+
+    def keys_served(self) -> set[str]:
+        return {self.key}

@@ -31,16 +31,15 @@ from workers import jobtable
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.config import ConfigError, WorkerConfig
-from workers.formats import cleartext, gitobjects, openpgp
+from workers.formats import cleartext, openpgp
 from workers.formats.jobs import (
-    CommitJob,
     FrameBuffer,
+    GitJob,
     Hello,
     Job,
     MalformedMessage,
     ReceiptJob,
     Result,
-    TagJob,
     decode_frame,
     job_from_dict,
 )
@@ -62,7 +61,7 @@ class Signer:
     Subclasses say how a payload is signed (OpenPGP or SSH) and which user id goes into the
     tagger/committer lines."""
 
-    def uid(self, job: TagJob | CommitJob) -> str:
+    def uid(self, job: GitJob) -> str:
         raise NotImplementedError
 
     def signature(self, payload: bytes, t: int) -> str:
@@ -75,15 +74,8 @@ class Signer:
         """The signed object of ``job`` (ASCII text)."""
         if isinstance(job, ReceiptJob):
             return self.receipt(job.text, job.time)
-        if isinstance(job, TagJob):
-            payload = gitobjects.tag_payload(job.commit, job.tagname, self.uid(job), job.time,
-                                             job.message)
-            obj = gitobjects.embed_tag_signature(payload, self.signature(payload, job.time))
-        else:
-            payload = gitobjects.commit_payload(job.tree, job.parents, self.uid(job), job.time,
-                                                job.message)
-            obj = gitobjects.embed_commit_signature(payload, self.signature(payload, job.time))
-        return obj.decode("ascii")
+        payload = job.payload(self.uid(job))
+        return job.embed(payload, self.signature(payload, job.time)).decode("ascii")
 
 
 class OpenPgpSigner(Signer):
@@ -94,7 +86,7 @@ class OpenPgpSigner(Signer):
     def _sign(self, hash_algo: int, digest: bytes) -> list[int]:
         return self.conn.sign(self.key.keygrip, hash_algo, digest)
 
-    def uid(self, job: TagJob | CommitJob) -> str:
+    def uid(self, job: GitJob) -> str:
         return self.key.uid  # the client checks the uid of the key it fetched
 
     def signature(self, payload: bytes, t: int) -> str:
@@ -112,7 +104,7 @@ class SshSigner(Signer):
         self.key = key
         self.conn = conn
 
-    def uid(self, job: TagJob | CommitJob) -> str:
+    def uid(self, job: GitJob) -> str:
         if job.uid is None:
             raise MalformedMessage("an SSH-signed job needs a uid")
         return job.uid

@@ -14,7 +14,7 @@ from server.errors import JournalError, StampError, Unavailable
 from server.stamping.journal import Journal
 from server.stamping.requests import DigestRequest, GitRequest
 from workers.formats.gitobjects import git_object_id
-from workers.formats.jobs import Job, TagJob
+from workers.formats.jobs import Job
 from workers.formats.receipts import Statement
 from workers.keys.keyset import ServedKey
 
@@ -53,9 +53,8 @@ class Stamper:
         uid = None if key.format == "openpgp" else key.uid
         job = req.job(t, self.public_url, uid)
         signed = await self._sign(stamp_id, job, key)
-        kind = "tag" if isinstance(job, TagJob) else "commit"
         self.journal.signed(stamp_id, signed.worker, signed.attempts,
-                            git_object_id(kind, signed.text.encode("ascii")))
+                            git_object_id(job.object_type, signed.text.encode("ascii")))
         return signed.text
 
     async def receipt(self, req: DigestRequest, key: ServedKey | None = None

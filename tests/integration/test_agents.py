@@ -382,7 +382,7 @@ def test_killed_agent_fails_the_next_signature(
     assert not agent.running
     # The broken connection (a closed stream or a broken pipe), not the 30 s answer deadline,
     # ends the request.
-    with pytest.raises(AgentError, match="closed|Broken pipe|reset") as gone:
+    with pytest.raises(AgentError, match=r"closed|Broken pipe|reset") as gone:
         conn.sign(info.keygrip, H_SHA256, digest)
     assert "no answer" not in str(gone.value)
     with pytest.raises(AgentError, match="unusable"):

@@ -33,11 +33,11 @@ from server.stamping.requests import TagRequest
 from tests.helpers import (
     TEST_FPR,
     TEST_PUBLIC_KEY,
+    InProcessDispatcher,
     Server,
     free_port,
     keyring,
 )
-from tests.integration.conftest import InProcessDispatcher
 
 T0 = 1_795_400_000  # after the test key was made; used where no peer is involved
 PUBKEY = TEST_PUBLIC_KEY.read_text()

@@ -8,9 +8,7 @@ re-checks them with gpg every run, so a wrong vector cannot hide here.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +18,10 @@ from tests.helpers import (
     DATA,
     TEST_FPR,
     TEST_PUBLIC_KEY,
-    TEST_SECRET_KEY,
     TEST_UID,
     keyring,
-    short_tmpdir,
     verify_stamp,
 )
-from workers.agents.gpg import GpgAgent
 from workers.worker import OpenPgpSigner
 
 T = 1795400000  # after the test key was made (gpg rejects older signatures)
@@ -42,24 +37,9 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def signer() -> Iterator[OpenPgpSigner]:
-    home = short_tmpdir("sg")
-    os.chmod(home, 0o700)
-    agent = GpgAgent(home)
-    try:
-        agent.start()
-        key = agent.import_secret_key(TEST_SECRET_KEY)
-        assert key.fingerprint == TEST_FPR and key.uid == TEST_UID
-        yield OpenPgpSigner(key, agent.connect())
-    finally:
-        agent.stop()
-        shutil.rmtree(home, ignore_errors=True)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_vector(signer: OpenPgpSigner, name: str, tmp_path: Path) -> None:
-    text = signer.build(CASES[name].job(T, URL, None))
+def test_golden_vector(openpgp_signer: OpenPgpSigner, name: str, tmp_path: Path) -> None:
+    text = openpgp_signer.build(CASES[name].job(T, URL, None))
     golden = DATA / f"golden-{name}.txt"
     if os.environ.get("STAMPD_WRITE_GOLDEN") == "1":
         golden.write_text(text)

@@ -53,8 +53,8 @@ def test_grouped_commits_and_durable_rows(engine: Engine) -> None:
         ids = await asyncio.gather(*(journal.record(r, 1700000000 + i)
                                      for i, r in enumerate(reqs)))
         commits = journal.commits
-        for sid in ids[:10]:
-            journal.signed(sid, "w1", 1, "b" * 40)
+        for i, sid in enumerate(ids[:10]):
+            journal.signed(sid, "w1", 1 + i % 2, "b" * 40)
         await journal.stop()
         return list(ids), commits
 
@@ -65,6 +65,11 @@ def test_grouped_commits_and_durable_rows(engine: Engine) -> None:
     with engine.connect() as conn:
         states = conn.execute(select(Stamp.state).where(Stamp.id.in_(ids[:10]))).scalars()
         assert set(states) == {StampState.SIGNED}
+        attempts = conn.execute(select(Stamp.attempts).where(Stamp.id.in_(ids[:10]))
+                                .order_by(Stamp.id)).scalars()
+        assert list(attempts) == [1, 2] * 5
+        pending = conn.execute(select(Stamp.attempts).where(Stamp.id.in_(ids[10:]))).scalars()
+        assert set(pending) == {0}  # not yet handed to a worker
         first = conn.execute(select(Stamp.commit, Stamp.kind, Stamp.stamped_at)
                              .where(Stamp.id == ids[0])).one()
         assert tuple(first) == (f"{0:040x}", "branch", 1700000000)

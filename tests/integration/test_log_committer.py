@@ -26,8 +26,7 @@ from server.log.repository import LogRepository
 from server.models import LogCommit, LogCommitState, Stamp
 from server.stamping.journal import Journal
 from server.stamping.requests import BranchRequest, DigestRequest, Request, TagRequest
-from tests.helpers import TEST_FPR, TEST_PUBLIC_KEY, TEST_UID, keyring
-from tests.integration.conftest import InProcessDispatcher
+from tests.helpers import TEST_FPR, TEST_PUBLIC_KEY, TEST_UID, InProcessDispatcher, keyring
 from workers.formats.jobs import CommitJob
 
 # The injected clock starts here: after the test key was made (gpg refuses signatures older

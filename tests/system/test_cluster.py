@@ -170,6 +170,12 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
             dist = conn.execute(text("SELECT state, attempts, count(*) FROM jobs "
                                      "GROUP BY state, attempts")).all()
         assert retried and retried >= 1, (victim, dist)  # signed by another worker
+        with engine.connect() as conn:  # the journal records the attempts of each stamp
+            unrecorded = conn.execute(text("SELECT count(*) FROM stamps WHERE state = 'signed' "
+                                           "AND attempts < 1")).scalar()
+            signed = conn.execute(text("SELECT count(*) FROM stamps WHERE state = 'signed'")
+                                  ).scalar()
+        assert unrecorded == 0 and signed, (unrecorded, signed)
         engine.dispose()
 
         # Exactly one log writer; kill it, the other takes over with every stamp.

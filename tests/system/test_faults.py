@@ -55,6 +55,18 @@ def _kill_under_load(server: Server, victim: str, tmp_path: Path) -> None:
     server.wait_ready(workers=2)  # the supervisor replaced the worker
     assert pids[0] not in server.worker_pids() + server.agent_pids()
 
+    # The journal records how many workers each stamp took: 1, or more for a requeued job.
+    def attempts() -> dict[int, int]:
+        with sqlite3.connect(server.data_dir / "stampd.sqlite3") as db:
+            return dict(db.execute("SELECT attempts, count(*) FROM stamps "
+                                   "WHERE state = 'signed' GROUP BY attempts").fetchall())
+
+    wait_for(lambda: sum(attempts().values()) == CLIENTS * 5, timeout=30,
+             what="every outcome recorded")
+    recorded = attempts()
+    assert 0 not in recorded and recorded.get(1, 0) > 0, recorded
+    assert sum(n for a, n in recorded.items() if a >= 2) >= 1, recorded
+
 
 def test_kill_worker_under_load(seeded_dir: Path, server_factory: list[Server],
                                 tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from workers.formats import gitobjects
+
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20
 
@@ -51,11 +53,20 @@ class TagJob:
     """A signed tag of ``commit`` named ``tagname``."""
 
     op: ClassVar[str] = "tag"
+    object_type: ClassVar[str] = "tag"  # the git object it builds
     commit: str
     tagname: str
     time: int
     message: str
     uid: str | None = None  # tagger user id, for keys that have none of their own (SSH)
+
+    def payload(self, uid: str) -> bytes:
+        """The tag without its signature (what is signed)."""
+        return gitobjects.tag_payload(self.commit, self.tagname, uid, self.time, self.message)
+
+    @staticmethod
+    def embed(payload: bytes, signature: str) -> bytes:
+        return gitobjects.embed_tag_signature(payload, signature)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "commit": self.commit, "tagname": self.tagname,
@@ -75,11 +86,20 @@ class CommitJob:
     """A signed commit of ``tree`` with ``parents`` (a branch stamp, or a log commit)."""
 
     op: ClassVar[str] = "commit"
+    object_type: ClassVar[str] = "commit"  # the git object it builds
     tree: str
     parents: tuple[str, ...]
     time: int
     message: str
     uid: str | None = None  # author/committer user id, for keys without one (SSH)
+
+    def payload(self, uid: str) -> bytes:
+        """The commit without its signature (what is signed)."""
+        return gitobjects.commit_payload(self.tree, self.parents, uid, self.time, self.message)
+
+    @staticmethod
+    def embed(payload: bytes, signature: str) -> bytes:
+        return gitobjects.embed_commit_signature(payload, signature)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "tree": self.tree, "parents": list(self.parents),
@@ -113,6 +133,7 @@ class ReceiptJob:
         return cls(_str(d, "text"), _int(d, "time"))
 
 
+GitJob = TagJob | CommitJob
 Job = TagJob | CommitJob | ReceiptJob
 _JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob]] = {
     cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob)}
