@@ -3,7 +3,7 @@
 uvicorn arms its keep-alive timer only after a response. A connection that never sends a
 request, or sends its headers a byte at a time, would stay open forever. Here a connection must
 deliver complete request headers within ``timeout_keep_alive`` seconds of connecting or of the
-previous response; the body has its own timeout in `server.api.app.read_form`.
+previous response; the body has its own timeout in `server.api.body.read_body`.
 """
 
 from __future__ import annotations

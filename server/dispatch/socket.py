@@ -1,4 +1,5 @@
-"""The dispatcher: hands signing jobs from the HTTP process to worker processes and back.
+"""Socket dispatch (one host): hands signing jobs from the HTTP process to worker processes
+and back, as frames of the job contract (`workers.formats.jobs`).
 
 Workers connect to a Unix socket (``<data_dir>/run/dispatch.sock``) and receive jobs over it.
 Each connection keeps up to ``depth`` jobs in flight, so a worker never waits for a round trip;

@@ -1,6 +1,7 @@
 """Periodic log commits: the period's stamped hashes become a signed commit of the public log.
 
-Exactly one process (the one running ``stampd serve``) runs this. The database drives it:
+Exactly one process writes a log: the one running ``stampd serve``, or, with several API hosts
+on one PostgreSQL, the holder of the log lock (`server.log.leader`). The database drives it:
 
 Git object ids go to ``hashes.log`` (Zeitgitter's format); digest stamps go to ``digests.log``
 (``<algorithm> <hex>`` per line, sorted, unique; only present when the period has digests).
