@@ -20,7 +20,9 @@ def _ping(engine: Engine) -> None:
 
 
 async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
-    """(ready, the JSON body of /readyz)."""
+    """(ready, the JSON body of /readyz). Ready means: the database answers, every served key
+    (the primary one too) has a live worker holding it, so each can sign now, the log is not
+    overdue, and no peer is stale."""
     workers = sorted(s.dispatcher.workers)
     checks: dict[str, dict[str, Any]] = {}
     try:
@@ -31,7 +33,7 @@ async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
         checks["database"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"[:300]}
     checks["workers"] = {"ok": bool(workers), "detail": f"{len(workers)} connected"}
     served = s.dispatcher.keys_served()
-    for k in s.keys[1:]:
+    for k in s.keys:
         checks[f"key:{k.id}"] = {"ok": k.id in served,
                                  "detail": "worker connected" if k.id in served
                                  else "no live worker holds this key"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from server.settings import Settings, env_example
 from tests.helpers import ROOT
@@ -43,3 +44,22 @@ def test_dockerfile_runs_as_non_root() -> None:
     assert "\nUSER stampd\n" in text
     for pkg in ("gnupg", "openssh-client", "git"):
         assert pkg in text
+
+
+def test_systemd_units_verify_and_allow_what_each_process_does(tmp_path: Path) -> None:
+    """`systemd-analyze verify` accepts both units, and each unit's sandbox lets its process
+    do its work: the API serves TCP and reaches peers and PostgreSQL; a worker host reaches
+    PostgreSQL over TCP (database dispatch) and its agents over Unix sockets."""
+    exe = shutil.which("systemd-analyze")
+    assert exe, "systemd-analyze (Debian package systemd) is required"
+    for unit in ("stampd.service", "stampd-worker.service"):
+        text = (ROOT / "deploy" / unit).read_text()
+        families = set(re.search(r"^RestrictAddressFamilies=(.*)$", text, re.M)
+                       .group(1).split())  # type: ignore[union-attr]
+        assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= families, f"{unit}: {families}"
+        # verify needs an executable that exists here; the unit is otherwise unchanged.
+        (tmp_path / unit).write_text(text.replace("/usr/local/bin/stampd", "/bin/true"))
+    r = subprocess.run([exe, "verify", *(str(tmp_path / u) for u in
+                                         ("stampd.service", "stampd-worker.service"))],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr

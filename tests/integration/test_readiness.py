@@ -1,0 +1,65 @@
+"""/readyz in process: ready means every served key, the primary one included, can sign now."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from server import db
+from server.api.health import readiness
+from server.api.services import Services
+from server.log.committer import LogCommitter
+from server.log.peers import CrossStamper
+from server.log.repository import LogRepository
+from server.settings import Settings
+from server.stamping.journal import Journal
+from server.stamping.stamper import Stamper
+from server.stats import Stats
+from tests.helpers import TEST_FPR, TEST_UID, InProcessDispatcher
+from workers.keys.keyset import PRIMARY, ServedKey
+from workers.worker import OpenPgpSigner
+
+PRIMARY_KEY = ServedKey(PRIMARY, "openpgp", TEST_FPR, "eddsa (ed25519)", "pub", TEST_UID,
+                        primary=True)
+EXTRA_KEY = ServedKey("ssh-ed25519", "ssh", "SHA256:" + "A" * 43, "ssh-ed25519", "ssh-ed25519 A",
+                      TEST_UID)
+
+
+def services(tmp_path: Path, dispatcher: InProcessDispatcher) -> Services:
+    settings = Settings(data_dir=tmp_path)
+    engine = db.make_engine(settings.db_url)
+    db.upgrade(engine)
+    stats = Stats()
+    journal = Journal(engine, stats)
+    keys = [PRIMARY_KEY, EXTRA_KEY]
+    clock = lambda: 1_795_400_000.0  # noqa: E731
+    committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher, "pub",
+                             3600, clock)
+    return Services(settings, engine, journal, dispatcher,
+                    Stamper(journal, dispatcher, keys, public_url="http://x/",
+                            request_timeout=5, clock=clock),
+                    committer, CrossStamper(engine, settings, clock), stats, keys, clock)
+
+
+def test_a_key_without_a_live_worker_is_not_ready(tmp_path: Path,
+                                                  openpgp_signer: OpenPgpSigner) -> None:
+    # Only the extra key's workers are connected: the primary key cannot sign.
+    s = services(tmp_path, InProcessDispatcher(openpgp_signer, key=EXTRA_KEY.id))
+    ready, body = asyncio.run(readiness(s))
+    assert not ready
+    assert body["checks"]["key:primary"] == {"ok": False,
+                                             "detail": "no live worker holds this key"}
+    assert body["checks"]["key:ssh-ed25519"]["ok"]
+    assert body["checks"]["workers"]["ok"]  # some worker is connected, which is not enough
+
+
+def test_ready_when_every_key_has_a_worker(tmp_path: Path,
+                                           openpgp_signer: OpenPgpSigner) -> None:
+    class Both(InProcessDispatcher):
+        def keys_served(self) -> set[str]:
+            return {PRIMARY, EXTRA_KEY.id}
+
+    s = services(tmp_path, Both(openpgp_signer))
+    ready, body = asyncio.run(readiness(s))
+    assert ready, body
+    assert {"database", "workers", "key:primary", "key:ssh-ed25519", "log"} <= set(body["checks"])
