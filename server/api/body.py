@@ -1,6 +1,6 @@
-"""Reading a request body within the limits every POST endpoint shares: an accepted content
-type, a Content-Length no larger than ``STAMPD_MAX_BODY``, and the whole body within
-``STAMPD_BODY_TIMEOUT`` (a client that announces more than it sends gets a 408)."""
+"""Reading a request body within the limits every POST endpoint shares: one Content-Type, of
+an accepted type, one Content-Length, no larger than ``STAMPD_MAX_BODY``, and the whole body
+within ``STAMPD_BODY_TIMEOUT`` (a client that announces more than it sends gets a 408)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,21 @@ from server.settings import Settings
 
 
 def content_type(headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None]:
-    """(media type, Content-Length) from raw ASGI headers."""
-    mtype, length = "", None
+    """(media type, Content-Length) from raw ASGI headers. Either header given twice is a
+    `BadRequest`: parsers disagree on which one counts (this check would read one, the
+    multipart parser another)."""
+    mtype: str | None = None
+    length: str | None = None
     for name, value in headers:
         if name == b"content-type":
+            if mtype is not None:
+                raise BadRequest("header 'Content-Type' given more than once")
             mtype = value.decode("latin-1").split(";")[0].strip().lower()
         elif name == b"content-length":
+            if length is not None:
+                raise BadRequest("header 'Content-Length' given more than once")
             length = value.decode("latin-1")
-    return mtype, length
+    return mtype or "", length
 
 
 async def _receive(receive: Receive, limit: int) -> bytes:

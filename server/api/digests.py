@@ -34,23 +34,39 @@ URLENCODED = "application/x-www-form-urlencoded"
 JSON = "application/json"
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: a key given twice is refused, as a form
+    field given twice is (rather than the last one silently winning)."""
+    obj: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in obj:
+            raise BadRequest(f"field '{name}' given more than once")
+        obj[name] = value
+    return obj
+
+
 def parse_digest_body(ctype: str, body: bytes) -> tuple[DigestRequest, dict[str, list[str]]]:
     """One ``sha256`` or ``sha512`` field, from a form or a JSON object; plus the optional
-    key choice fields (``format``, ``key``)."""
+    key choice fields (``format``, ``key``). Any body that does not parse, or names a field
+    twice, is a `BadRequest`."""
     if not body.strip():
         raise BadRequest("empty body: send sha256=<hex> or sha512=<hex>")
     fields: dict[str, list[str]] = {}
     if ctype == URLENCODED:
         try:
-            for name, value in urllib.parse.parse_qsl(body.decode("ascii"), strict_parsing=True,
-                                                      errors="strict", max_num_fields=8):
-                fields.setdefault(name, []).append(value)
+            pairs = urllib.parse.parse_qsl(body.decode("ascii"), strict_parsing=True,
+                                           errors="strict", max_num_fields=8)
         except (UnicodeError, ValueError):
             raise BadRequest("malformed form body") from None
+        for name, value in pairs:
+            if name in fields:
+                raise BadRequest(f"field '{name}' given more than once")
+            fields[name] = [value]
     else:
         try:
-            data = json.loads(body)
-        except (UnicodeError, ValueError):
+            data = json.loads(body, object_pairs_hook=_unique_keys)
+        except (UnicodeError, ValueError, RecursionError):
+            # RecursionError: nesting deeper than the interpreter's recursion limit.
             raise BadRequest("malformed JSON body") from None
         if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
             raise BadRequest('send a JSON object like {"sha256": "<hex>"}')

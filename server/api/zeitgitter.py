@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api import status
 from server.api.body import read_body
@@ -68,12 +68,23 @@ def _object_id(fields: Fields, name: str, required: bool = True) -> str | None:
     return value
 
 
+def valid_tagname(name: str) -> bool:
+    """Whether ``name`` is in the tag name alphabet and git takes ``refs/tags/<name>`` (the
+    rules of git-check-ref-format). Of those rules only three can apply within this alphabet:
+    no ``..``, no trailing ``.``, no component ending in ``.lock``. The others cannot: the
+    first character is no ``.`` (nor ``-``), and ``/``, ``@``, ``\\``, control characters,
+    space and ``~^:?*[`` are outside the alphabet."""
+    return (TAGNAME.fullmatch(name) is not None and ".." not in name
+            and not name.endswith((".", ".lock")))
+
+
 def _tagname(fields: Fields) -> str:
     value = _one(fields, "tagname")
     assert value is not None
-    if not TAGNAME.fullmatch(value) or ".." in value:
+    if not valid_tagname(value):
         raise InvalidTagName(
-            "field 'tagname' must match [_a-zA-Z][-._a-zA-Z0-9]{0,99} and contain no '..'"
+            "field 'tagname' must match [_a-zA-Z][-._a-zA-Z0-9]{0,99}, contain no '..' and "
+            "not end in '.' or '.lock'"
         )
     return value
 
@@ -123,15 +134,39 @@ async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Field
     return fields
 
 
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+
+
+def _nosniff(send: Send) -> Send:
+    """``send`` adding ``X-Content-Type-Options: nosniff`` to every response: no browser
+    guesses a type other than the one sent (an error body that echoes a submitted value stays
+    text)."""
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(name.lower() == NOSNIFF[0] for name, _ in headers):
+                headers.append(NOSNIFF)
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return wrapped
+
+
 class ZeitgitterPost:
-    """Raw ASGI handler for ``POST /`` (the hot path), in front of the FastAPI app."""
+    """Raw ASGI handler for ``POST /`` (the hot path), in front of the FastAPI app; every
+    HTTP response, its own and the app's, gets ``X-Content-Type-Options: nosniff``."""
 
     def __init__(self, app: ASGIApp, services: Callable[[], Services]) -> None:
         self.app = app
         self.services = services
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        send = _nosniff(send)
+        if scope["method"] != "POST" or scope["path"] != "/":
             await self.app(scope, receive, send)
             return
         s = self.services()
@@ -162,7 +197,7 @@ def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> Non
         requests = request.query_params.getlist("request")
         if not requests and "text/html" in request.headers.get("accept", ""):
             snap = await asyncio.to_thread(status.snapshot, s)
-            return HTMLResponse(status.render(s, snap))
+            return HTMLResponse(status.render(s, snap), headers=status.PAGE_HEADERS)
         if not requests:
             return PlainTextResponse(
                 f"stampd timestamping server\nkey {s.key.fingerprint} {s.key.uid}\n"
