@@ -7,7 +7,14 @@ commits, each signed by the server key that its own ``pubkey.asc`` holds, with t
 stamp-branch-v1 stamps of main commits made by peer ``<name>``, whose key the server pinned as
 ``peers/<name>.asc`` in the main tree.
 
-`audit` runs every check and collects every failure (it does not stop at the first one):
+Which refs: in a clone with remote-tracking refs (``git fetch`` moves those, not the local
+branches) the remote's ``refs/remotes/<remote>/main`` and ``<name>-timestamps`` refs, what the
+remote published; the remote is the local main's upstream remote, else ``origin``, else the only
+one (see `audited_refs`). In a bare or mirror clone, or the server's own ``log.git``, the local
+``refs/heads/``.
+
+`audit` runs every check and collects every failure (it does not stop at the first one); each
+failure names the commit it concerns and the rule it breaks (``[<check>/<rule>] <commit> ...``):
 
 1. **main**: linear; every commit carries exactly one OpenPGP ``gpgsig`` that `git verify-commit`
    accepts with the key of the commit's own ``pubkey.asc`` (one key, nothing else in the
@@ -17,8 +24,13 @@ stamp-branch-v1 stamps of main commits made by peer ``<name>``, whose key the se
 3. **peers**: every commit of a ``<name>-timestamps`` branch is signed by the peer's pinned key,
    with the signature time equal to its committer time; its last parent is a main commit whose
    tree it carries; its first parent (if it has two) is the previous stamp of the chain.
-   The peer's key is ``peers/<name>.asc`` of the newest main commit that has one, or
-   ``<name>.asc`` from a directory the auditor passes (``--peer-keys``), which wins.
+   A stamp's key is the one the log published for the peer: ``peers/<name>.asc`` of the first
+   main commit at or after the stamped one that has it (a key pinned on first contact is
+   published only from the next log commit on), else of the newest one before it; the log must
+   publish one key per peer (a change is a failure). ``<name>.asc`` from a directory the auditor
+   passes (``--peer-keys``) wins over the log's. With no key at all, stamps of the main head
+   await the key's publication (not verified, covering nothing, not a failure); stamps of
+   earlier main commits fail.
 4. **coverage** (a report, never a failure): for each main commit, the earliest valid peer stamp
    of it or of a later main commit, and the window ``stamp time - log commit time`` in which the
    server could have backdated it.
@@ -31,6 +43,7 @@ cannot choose the verifying program: ``gpg.program`` is forced on the command li
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import hashlib
 import json
@@ -40,7 +53,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +68,7 @@ from workers.keys.gnupg import GpgError, GpgStatus, TempGnupgHome
 MAIN = "main"
 PEER_SUFFIX = "-timestamps"
 REMOTE = "origin"
+REMOTES_PREFIX = "refs/remotes/"
 HASH_LINE = re.compile(r"[0-9a-f]{40}")
 DIGEST_LINE = re.compile(r"sha256 [0-9a-f]{64}|sha512 [0-9a-f]{128}")
 PEER_NAME = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9._]{0,99}")
@@ -91,18 +105,21 @@ class KeyFileError(AuditError):
 # -- report -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Failure:
-    """One failed check, naming the commit (and file) it concerns."""
+    """One failed check: the check group, the rule broken (a short name, listed in
+    docs/log.md), and the commit it concerns (with the peer branch and the file, if any).
+
+    Written ``[<check>/<rule>] <commit> [<ref>] [<path>]: <message>``."""
 
     check: str
+    rule: str
     message: str
-    commit: str | None = None
+    commit: str
     path: str | None = None
     ref: str | None = None
 
     def __str__(self) -> str:
-        where = " ".join(x for x in (self.ref, self.commit, self.path) if x)
-        return f"[{self.check}] {where}: {self.message}" if where else \
-            f"[{self.check}] {self.message}"
+        where = " ".join(x for x in (self.commit, self.ref, self.path) if x)
+        return f"[{self.check}/{self.rule}] {where}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,7 @@ class PeerSummary:
     ref: str
     commits: int = 0
     valid: int = 0
+    pending: int = 0  # stamps of the main head awaiting the publication of the peer's key
     fingerprint: str | None = None
     key_source: str | None = None
 
@@ -154,6 +172,7 @@ class AuditReport:
     log: list[LogEntry] = field(default_factory=list)
     peers: list[PeerSummary] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    main_ref: str = f"refs/heads/{MAIN}"
 
     @property
     def ok(self) -> bool:
@@ -171,6 +190,7 @@ class AuditReport:
             "target": self.target,
             "ok": self.ok,
             "head": self.head,
+            "main_ref": self.main_ref,
             "server_fingerprint": self.fingerprint,
             "log": [{**asdict(e), "window": e.window} for e in self.log],
             "uncovered": self.uncovered,
@@ -180,8 +200,8 @@ class AuditReport:
 
     def render(self) -> str:
         """Human-readable report: one line per check group, the window table, the failures."""
-        out = [f"audit of {self.target}: main at {self.head}, {len(self.log)} log commits, "
-               f"server key {self.fingerprint or 'unknown'}"]
+        out = [f"audit of {self.target}: main ({self.main_ref}) at {self.head}, "
+               f"{len(self.log)} log commits, server key {self.fingerprint or 'unknown'}"]
         out.append(_status_line(
             f"main: {len(self.log)} commits signed by the server key",
             self.failures_of(MAIN_CHECK)))
@@ -192,8 +212,14 @@ class AuditReport:
         if not self.peers:
             out.append(_status_line("peers: no peer branches", peer_failures))
         for p in self.peers:
-            key = (f"key {p.fingerprint} from {p.key_source}" if p.fingerprint
-                   else "no pinned key")
+            if p.fingerprint:
+                key = f"key {p.fingerprint} from {p.key_source}"
+            elif p.pending:  # only without any key: then a stamp has none to verify it
+                key = (f"key not yet in the log, {p.pending} stamp(s) of the main head "
+                       "awaiting its publication by the next log commit (not verified, "
+                       "covering nothing)")
+            else:
+                key = "no pinned key"
             mine = [f for f in peer_failures if f.ref == p.ref]
             out.append(_status_line(
                 f"peer {p.name} ({p.ref}): {p.valid} of {p.commits} stamps valid, {key}", mine))
@@ -425,15 +451,71 @@ def _ref_commit(repo: pygit2.Repository, name: str) -> str | None:
     return str(obj.id)
 
 
-def _peer_refs(repo: pygit2.Repository) -> dict[str, str]:
-    """Peer name -> ref of its branch: local branches first, then ``origin``'s."""
-    found: dict[str, str] = {}
-    for prefix in ("refs/heads/", f"refs/remotes/{REMOTE}/"):
-        for name in sorted(repo.references):
-            if name.startswith(prefix) and name.endswith(PEER_SUFFIX):
-                peer = name[len(prefix):-len(PEER_SUFFIX)]
-                found.setdefault(peer, name)
-    return found
+def _ref_target(repo: pygit2.Repository, name: str) -> str:
+    """What ``name`` points to (an object id if it resolves), for failures of broken refs."""
+    ref = repo.references[name]
+    try:
+        return str(ref.resolve().target)
+    except (KeyError, ValueError, pygit2.GitError):
+        return str(ref.target)
+
+
+@dataclass(frozen=True)
+class AuditedRefs:
+    """The refs an audit reads: one namespace, the local branches or one remote's."""
+
+    main: str  # full ref name of main
+    peers: dict[str, str]  # peer name -> full ref name of its <name>-timestamps branch
+    remote: str | None  # the remote whose remote-tracking refs these are; None: local refs
+
+
+def audited_refs(names: Iterable[str], upstream: str | None,
+                 target: str = "the repository") -> AuditedRefs:
+    """Choose the refs to audit among ``names`` (every ref of the repository), fetch-aware.
+
+    ``git fetch`` in a clone moves the remote-tracking refs (``refs/remotes/<remote>/...``),
+    not the local branches; so when some remote has a remote-tracking ``main``, that remote's
+    ``main`` and ``<name>-timestamps`` refs are what the remote published, and they are audited,
+    never mixed with (possibly stale) local branches. The remote is the one of the local main's
+    upstream (``branch.main.remote``, passed as ``upstream``) if it has a tracking main, else
+    ``origin``, else the only remote with one; several others are ambiguous (`TargetError`).
+    Without remote-tracking main (a bare or mirror clone, the server's own ``log.git``: there
+    ``git fetch`` updates ``refs/heads/``), the local ``refs/heads/`` are audited."""
+    names = sorted(set(names))
+    tail = f"/{MAIN}"
+    remotes = [n[len(REMOTES_PREFIX):-len(tail)] for n in names
+               if n.startswith(REMOTES_PREFIX) and n.endswith(tail)
+               and len(n) > len(REMOTES_PREFIX) + len(tail)]
+    remote: str | None
+    if upstream in remotes:
+        remote = upstream
+    elif REMOTE in remotes:
+        remote = REMOTE
+    elif len(remotes) == 1:
+        remote = remotes[0]
+    elif remotes:
+        raise TargetError(
+            f"{target}: several remotes have a remote-tracking '{MAIN}' "
+            f"({', '.join(remotes)}), none of them '{REMOTE}' or the upstream of the local "
+            f"'{MAIN}'; choose one with 'git branch --set-upstream-to=<remote>/{MAIN} {MAIN}'")
+    else:
+        remote = None
+    prefix = "refs/heads/" if remote is None else f"{REMOTES_PREFIX}{remote}/"
+    main = prefix + MAIN
+    if main not in names:
+        raise TargetError(f"{target} has no '{MAIN}' branch")
+    peers = {n[len(prefix):-len(PEER_SUFFIX)]: n for n in names
+             if n.startswith(prefix) and n.endswith(PEER_SUFFIX)}
+    return AuditedRefs(main, peers, remote)
+
+
+def _upstream_remote(repo: pygit2.Repository) -> str | None:
+    """The remote of the local main's upstream (``branch.main.remote``), if configured."""
+    try:
+        value = repo.config[f"branch.{MAIN}.remote"]
+    except (KeyError, ValueError, pygit2.GitError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 class _Auditor:
@@ -447,9 +529,9 @@ class _Auditor:
         self.jobs = jobs
         self.failures: list[Failure] = []
 
-    def fail(self, check: str, message: str, commit: str | None = None,
+    def fail(self, check: str, rule: str, message: str, commit: str,
              path: str | None = None, ref: str | None = None) -> None:
-        self.failures.append(Failure(check, message, commit, path, ref))
+        self.failures.append(Failure(check, rule, message, commit, path, ref))
 
     def commit(self, oid: str) -> pygit2.Commit:
         obj = self.repo[oid]
@@ -465,8 +547,8 @@ class _Auditor:
             obj = None
         if isinstance(obj, pygit2.Commit):
             return obj
-        self.fail(check, f"parent {oid} is missing or not a commit (incomplete or shallow "
-                  "clone?)", child, ref=ref)
+        self.fail(check, "missing-parent", f"parent {oid} is missing or not a commit "
+                  "(incomplete or shallow clone?)", child, ref=ref)
         return None
 
     def verify_all(self, jobs: Sequence[tuple[str, Keyring]]) -> list[SignatureCheck]:
@@ -481,14 +563,14 @@ class _Auditor:
         raw = self.repo[oid].read_raw()
         sigs = _signature_headers(raw)
         if not sigs:
-            self.fail(check, "is not signed (no gpgsig header)", oid, ref=ref)
+            self.fail(check, "unsigned", "is not signed (no gpgsig header)", oid, ref=ref)
             return False
         if len(sigs) > 1:
-            self.fail(check, f"has {len(sigs)} signature headers, expected exactly one", oid,
-                      ref=ref)
+            self.fail(check, "one-signature", f"has {len(sigs)} signature headers, expected "
+                      "exactly one", oid, ref=ref)
             return False
         if not sigs[0].startswith(SIG_BEGIN):
-            self.fail(check, "gpgsig is not an OpenPGP signature", oid, ref=ref)
+            self.fail(check, "not-openpgp", "gpgsig is not an OpenPGP signature", oid, ref=ref)
             return False
         return True
 
@@ -500,8 +582,8 @@ class _Auditor:
         while commit is not None:
             chain.append(commit)
             if len(commit.parent_ids) > 1:
-                self.fail(MAIN_CHECK, f"is a merge of {len(commit.parent_ids)} commits; the "
-                          "main branch must be linear", str(commit.id))
+                self.fail(MAIN_CHECK, "linear", f"is a merge of {len(commit.parent_ids)} "
+                          "commits; the main branch must be linear", str(commit.id))
             commit = (self.parent(str(commit.id), str(commit.parent_ids[0]), MAIN_CHECK)
                       if commit.parent_ids else None)
         chain.reverse()
@@ -519,13 +601,13 @@ class _Auditor:
             signed = self.signature_header(oid, MAIN_CHECK)
             key = _blob(self.repo, c.tree, "pubkey.asc")
             if key is None:
-                self.fail(MAIN_CHECK, "has no pubkey.asc: its signature cannot be checked",
-                          oid, "pubkey.asc")
+                self.fail(MAIN_CHECK, "pubkey-missing", "has no pubkey.asc: its signature "
+                          "cannot be checked", oid, "pubkey.asc")
                 continue
             try:
                 keyring = self.keyrings.get(key)
             except KeyFileError as e:
-                self.fail(MAIN_CHECK, e.message, oid, "pubkey.asc")
+                self.fail(MAIN_CHECK, "pubkey-invalid", e.message, oid, "pubkey.asc")
                 continue
             if signed:
                 jobs.append((oid, keyring))
@@ -545,19 +627,19 @@ class _Auditor:
             check = results[oid]
             expected = keys[oid].fingerprint
             if not check.valid:
-                self.fail(MAIN_CHECK, f"signature does not verify with the key of its "
-                          f"pubkey.asc ({expected}): {check.problem}", oid)
+                self.fail(MAIN_CHECK, "bad-signature", "signature does not verify with the key "
+                          f"of its pubkey.asc ({expected}): {check.problem}", oid)
                 continue
             if check.fingerprint != expected:
-                self.fail(MAIN_CHECK, f"signed by {check.fingerprint}, but its pubkey.asc holds "
-                          f"{expected}", oid)
+                self.fail(MAIN_CHECK, "signer", f"signed by {check.fingerprint}, but its "
+                          f"pubkey.asc holds {expected}", oid)
             if check.created != c.commit_time:
-                self.fail(MAIN_CHECK, f"signature time {check.created} differs from the "
-                          f"committer time {c.commit_time}", oid)
+                self.fail(MAIN_CHECK, "signature-time", f"signature time {check.created} "
+                          f"differs from the committer time {c.commit_time}", oid)
             if previous is None:
                 previous = check.fingerprint
             if check.fingerprint != previous:
-                self.fail(MAIN_CHECK, f"server key changed at {oid}: signed by "
+                self.fail(MAIN_CHECK, "key-changed", f"server key changed at {oid}: signed by "
                           f"{check.fingerprint}, the root commit's key is {root_fpr}", oid,
                           "pubkey.asc")
                 previous = check.fingerprint
@@ -574,63 +656,94 @@ class _Auditor:
             data = _blob(self.repo, c.tree, path)
             if data is None:
                 if required:
-                    self.fail(FILES_CHECK, "is missing", oid, path)
+                    self.fail(FILES_CHECK, "missing", "is missing", oid, path)
                 counts.append(0)
                 continue
             for problem in check_lines(data, pattern, what):
-                self.fail(FILES_CHECK, problem, oid, path)
+                self.fail(FILES_CHECK, "format", problem, oid, path)
             counts.append(data.count(b"\n"))
         return counts[0], counts[1]
 
     # -- 3: peers ----------------------------------------------------------------------------
-    def peer_key(self, name: str, ref: str, chain: Sequence[pygit2.Commit]
-                 ) -> tuple[Keyring | None, str | None]:
-        """The pinned key of peer ``name``: newest main commit's ``peers/<name>.asc``, or the
-        ``--peer-keys`` directory's ``<name>.asc`` (which wins if both exist and differ)."""
+    def published_keys(self, name: str, ref: str, chain: Sequence[pygit2.Commit]
+                       ) -> list[tuple[int, str, Keyring]]:
+        """The keys the log published for peer ``name``: (main index, commit, key) of every main
+        commit holding ``peers/<name>.asc``, oldest first. A published key that differs from
+        the one published before it is a failure (rule ``key-changed``)."""
         path = f"peers/{name}.asc"
-        logged: tuple[Keyring, str] | None = None
-        for c in reversed(chain):
+        found: list[tuple[int, str, Keyring]] = []
+        for i, c in enumerate(chain):
             data = _blob(self.repo, c.tree, path)
             if data is None:
                 continue
+            oid = str(c.id)
             try:
-                logged = (self.keyrings.get(data), f"{path} in {c.id}")
+                keyring = self.keyrings.get(data)
             except KeyFileError as e:
-                self.fail(PEERS_CHECK, e.message, str(c.id), path, ref)
-                return None, None
-            break
-        given: tuple[Keyring, str] | None = None
-        if self.peer_keys is not None and (self.peer_keys / f"{name}.asc").is_file():
-            file = self.peer_keys / f"{name}.asc"
-            try:
-                given = (self.keyrings.get(file.read_bytes()), str(file))
-            except KeyFileError as e:
-                self.fail(PEERS_CHECK, f"{file} {e.message}", ref=ref)
-                return None, None
-        if logged and given and logged[0].fingerprint != given[0].fingerprint:
-            self.fail(PEERS_CHECK, f"the log pins {logged[0].fingerprint} ({logged[1]}), but "
-                      f"{given[1]} holds {given[0].fingerprint}", ref=ref)
-        found = given or logged
-        if found is None:
-            self.fail(PEERS_CHECK, f"no pinned key for peer {name}: no {path} in any main "
-                      "commit" + (f" and no {name}.asc in {self.peer_keys}"
-                                  if self.peer_keys else ""), ref=ref)
-            return None, None
+                self.fail(PEERS_CHECK, "key-invalid", e.message, oid, path, ref)
+                continue
+            if found and found[-1][2].fingerprint != keyring.fingerprint:
+                before = found[-1]
+                self.fail(PEERS_CHECK, "key-changed", f"the log's key for peer {name} changed: "
+                          f"{keyring.fingerprint} here, {before[2].fingerprint} in {before[1]}; "
+                          "a peer's pinned key must not change", oid, path, ref)
+            found.append((i, oid, keyring))
         return found
 
     def check_peer(self, name: str, ref: str, chain: Sequence[pygit2.Commit],
                    main_index: dict[str, int]) -> tuple[PeerSummary, list[PeerStamp]]:
+        """Check one peer branch. Each stamp is verified with the key the log published for
+        the peer: ``peers/<name>.asc`` of the first main commit at or after the stamped one
+        that has it (the key is pinned on first contact, after the commit that contact stamps
+        was made, and published from the next log commit on), else of the newest one before
+        it; an auditor's ``--peer-keys`` file wins for every stamp, and each published key
+        that differs from it is a failure. Without any key, stamps of the main head await the
+        key's publication (not verified, no coverage, no failure); any other stamp is a
+        failure (``key-missing``)."""
         summary = PeerSummary(name, ref)
-        if not PEER_NAME.fullmatch(name) or ".." in name:
-            self.fail(PEERS_CHECK, f"unsupported peer name {name!r}", ref=ref)
-            return summary, []
-        keyring, source = self.peer_key(name, ref, chain)
-        if keyring is not None:
-            summary.fingerprint, summary.key_source = keyring.fingerprint, source
-
         head = _ref_commit(self.repo, ref)
+        tip = head or _ref_target(self.repo, ref)  # what ref-level failures name
+        if not PEER_NAME.fullmatch(name) or ".." in name:
+            self.fail(PEERS_CHECK, "peer-name", f"unsupported peer name {name!r}", tip, ref=ref)
+            return summary, []
+
+        path = f"peers/{name}.asc"
+        published = self.published_keys(name, ref, chain)
+        given: tuple[Keyring, str] | None = None
+        usable = True
+        file = self.peer_keys / f"{name}.asc" if self.peer_keys is not None else None
+        if file is not None and file.is_file():
+            try:
+                given = (self.keyrings.get(file.read_bytes()), str(file))
+            except KeyFileError as e:
+                self.fail(PEERS_CHECK, "key-invalid", f"{file} {e.message}; the branch's stamps "
+                          "are not verified", tip, ref=ref)
+                usable = False
+        if given is not None:
+            shown: str | None = None
+            for _, oid, keyring in published:
+                if keyring.fingerprint not in (shown, given[0].fingerprint):
+                    self.fail(PEERS_CHECK, "key-mismatch", f"the log pins {keyring.fingerprint} "
+                              f"({path} in {oid}), but {given[1]} holds {given[0].fingerprint}",
+                              oid, path, ref)
+                shown = keyring.fingerprint
+            summary.fingerprint, summary.key_source = given[0].fingerprint, given[1]
+        elif published:
+            summary.fingerprint = published[-1][2].fingerprint
+            summary.key_source = f"{path} in {published[-1][1]}"
+        indexes = [i for i, _, _ in published]
+
+        def key_for(stamped: str) -> Keyring | None:
+            if given is not None:
+                return given[0]
+            if not published:
+                return None
+            i = main_index.get(stamped)
+            at = len(published) if i is None else bisect.bisect_left(indexes, i)
+            return published[min(at, len(published) - 1)][2]
+
         if head is None:
-            self.fail(PEERS_CHECK, "does not point to a commit", ref=ref)
+            self.fail(PEERS_CHECK, "ref", "does not point to a commit", tip, ref=ref)
         # (stamp, stamped main commit, whether its shape is right), newest first
         stamps: list[tuple[pygit2.Commit, str, bool]] = []
         c: pygit2.Commit | None = self.commit(head) if head else None
@@ -642,43 +755,63 @@ class _Auditor:
             if len(parents) == 2:
                 previous = parents[0]
             elif len(parents) != 1:
-                self.fail(PEERS_CHECK, f"has {len(parents)} parents; a stamp has the stamped "
-                          "main commit as last parent, after the previous stamp", oid, ref=ref)
+                self.fail(PEERS_CHECK, "parents", f"has {len(parents)} parents; a stamp has the "
+                          "stamped main commit as last parent, after the previous stamp", oid,
+                          ref=ref)
                 break
             stamped = parents[-1]
             shaped = True
             if stamped not in main_index:
-                self.fail(PEERS_CHECK, f"stamps {stamped}, which is not a commit of the main "
-                          "branch", oid, ref=ref)
+                self.fail(PEERS_CHECK, "not-main", f"stamps {stamped}, which is not a commit of "
+                          "the main branch", oid, ref=ref)
                 shaped = False
             elif c.tree_id != self.commit(stamped).tree_id:
-                self.fail(PEERS_CHECK, f"has tree {c.tree_id}, but the stamped main commit "
-                          f"{stamped} has tree {self.commit(stamped).tree_id}", oid, ref=ref)
+                self.fail(PEERS_CHECK, "tree", f"has tree {c.tree_id}, but the stamped main "
+                          f"commit {stamped} has tree {self.commit(stamped).tree_id}", oid,
+                          ref=ref)
                 shaped = False
             if previous is not None and previous in main_index:
-                self.fail(PEERS_CHECK, f"first parent {previous} is a main commit, not the "
-                          "previous stamp of the branch", oid, ref=ref)
+                self.fail(PEERS_CHECK, "chain", f"first parent {previous} is a main commit, not "
+                          "the previous stamp of the branch", oid, ref=ref)
                 previous = None
                 shaped = False
             if self.signature_header(oid, PEERS_CHECK, ref):
                 stamps.append((c, stamped, shaped))
             c = self.parent(oid, previous, PEERS_CHECK, ref) if previous else None
 
-        if keyring is None:
+        if not usable:
             return summary, []
-        results = self.verify_all([(str(c.id), keyring) for c, _, _ in stamps])
+        last = len(chain) - 1
+        jobs: list[tuple[pygit2.Commit, str, bool, Keyring]] = []
+        missing: list[str] = []
+        for c, stamped, shaped in stamps:
+            key = key_for(stamped)
+            if key is not None:
+                jobs.append((c, stamped, shaped, key))
+            elif main_index.get(stamped) == last:
+                summary.pending += 1
+            else:
+                missing.append(str(c.id))
+        if missing:
+            self.fail(PEERS_CHECK, "key-missing", f"no pinned key for peer {name}: no {path} in "
+                      "any main commit" + (f" and no {name}.asc in {self.peer_keys}"
+                                           if self.peer_keys else "")
+                      + f"; {len(missing)} stamp(s) of main commits that have later ones cannot "
+                      "be verified (the log publishes a pinned key from the commit after the "
+                      "pin on: only stamps of the main head may await it)", missing[0], ref=ref)
+        results = self.verify_all([(str(c.id), keyring) for c, _, _, keyring in jobs])
         valid: list[PeerStamp] = []
-        for (c, stamped, shaped), check in zip(stamps, results, strict=True):
+        for (c, stamped, shaped, keyring), check in zip(jobs, results, strict=True):
             oid = str(c.id)
             if not check.valid:
-                self.fail(PEERS_CHECK, f"signature does not verify with peer {name}'s key "
-                          f"{keyring.fingerprint}: {check.problem}", oid, ref=ref)
+                self.fail(PEERS_CHECK, "bad-signature", f"signature does not verify with peer "
+                          f"{name}'s key {keyring.fingerprint}: {check.problem}", oid, ref=ref)
             elif check.fingerprint != keyring.fingerprint:
-                self.fail(PEERS_CHECK, f"signed by {check.fingerprint}, not by peer {name}'s "
-                          f"key {keyring.fingerprint}", oid, ref=ref)
+                self.fail(PEERS_CHECK, "signer", f"signed by {check.fingerprint}, not by peer "
+                          f"{name}'s key {keyring.fingerprint}", oid, ref=ref)
             elif check.created != c.commit_time:
-                self.fail(PEERS_CHECK, f"signature time {check.created} differs from the "
-                          f"committer time {c.commit_time}", oid, ref=ref)
+                self.fail(PEERS_CHECK, "signature-time", f"signature time {check.created} "
+                          f"differs from the committer time {c.commit_time}", oid, ref=ref)
             elif shaped:
                 valid.append(PeerStamp(name, oid, stamped, c.commit_time))
         summary.valid = len(valid)
@@ -703,13 +836,13 @@ class _Auditor:
                 earliest = here
             entries[i].stamp = earliest
 
-    def run(self, head: str) -> AuditReport:
+    def run(self, head: str, refs: AuditedRefs) -> AuditReport:
         chain = self.main_chain(head)
         fingerprint, entries = self.check_main(chain)
         main_index = {str(c.id): i for i, c in enumerate(chain)}
-        report = AuditReport(self.target, head, fingerprint, entries)
+        report = AuditReport(self.target, head, fingerprint, entries, main_ref=refs.main)
         stamps: list[PeerStamp] = []
-        for name, ref in _peer_refs(self.repo).items():
+        for name, ref in refs.peers.items():
             summary, valid = self.check_peer(name, ref, chain, main_index)
             report.peers.append(summary)
             stamps.extend(valid)
@@ -727,14 +860,14 @@ def audit(repo_path: Path | str, peer_keys: Path | None = None, *,
     For a peer, such a file takes precedence over the log's pin ``peers/<name>.asc`` (a
     different pin in the log is a failure); without either, the peer's branch fails."""
     repo = open_repository(repo_path)
-    head = (_ref_commit(repo, f"refs/heads/{MAIN}")
-            or _ref_commit(repo, f"refs/remotes/{REMOTE}/{MAIN}"))
+    refs = audited_refs(list(repo.references), _upstream_remote(repo), str(repo_path))
+    head = _ref_commit(repo, refs.main)
     if head is None:
-        raise TargetError(f"{repo_path} has no '{MAIN}' branch")
+        raise TargetError(f"{repo_path}: {refs.main} does not point to a commit")
     with Keyrings() as keyrings:
         auditor = _Auditor(repo, target or str(repo_path), peer_keys, keyrings,
                            jobs or min(8, os.cpu_count() or 1))
-        return auditor.run(head)
+        return auditor.run(head, refs)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -38,6 +39,7 @@ from tests.helpers import (
     TEST_FPR,
     TEST_PUBLIC_KEY,
     Server,
+    branch,
     free_port,
     seed_data_dir,
     stamp_tag,
@@ -119,6 +121,12 @@ def tree_of(git_dir: Path, files: dict[str, bytes]) -> str:
     return str(top.write())
 
 
+def tree_id(git_dir: Path, commit: str) -> str:
+    c = pygit2.Repository(str(git_dir))[commit]
+    assert isinstance(c, pygit2.Commit)
+    return str(c.tree_id)
+
+
 def blob_at(git_dir: Path, commit: str, path: str) -> bytes:
     repo = pygit2.Repository(str(git_dir))
     c = repo[commit]
@@ -159,6 +167,30 @@ def run_cmd(target: Path | str, peer_keys: Path | None = None, as_json: bool = F
 
 def messages(report: AuditReport, check: str) -> list[str]:
     return [str(f) for f in report.failures_of(check)]
+
+
+NAMED_FAILURE = re.compile(r"\[(main|files|peers)/[a-z-]+\] [0-9a-f]{40}[ :]")
+
+
+def assert_named(report: AuditReport) -> None:
+    """Every failure names the commit it concerns and the rule it breaks, in the report's
+    text and in its JSON."""
+    assert report.failures
+    for f in report.failures:
+        assert NAMED_FAILURE.match(str(f)), str(f)
+        assert f.rule and re.fullmatch(r"[0-9a-f]{40}", f.commit), f
+    text = report.render()
+    for f in report.failures:
+        assert f"  {f}" in text
+    for f in report.to_dict()["failures"]:
+        assert f["rule"] and f["commit"], f
+
+
+def snapshot(git_dir: Path, dest: Path) -> Path:
+    """A consistent copy of a live log (every ref at one moment)."""
+    subprocess.run(["git", "clone", "--mirror", "--quiet", str(git_dir), str(dest)], check=True,
+                   timeout=60)
+    return dest
 
 
 # -- the network of servers -------------------------------------------------------------------
@@ -306,7 +338,13 @@ def test_peer_key_pinned_in_the_log(net: Net, tmp_path: Path) -> None:
     shutil.copy(net.c_key, other / "b.asc")
     report = audit(log, other)
     assert not report.ok
+    # (and, the auditor's key winning, B's stamps do not verify)
+    assert [(f.rule, f.commit, f.path) for f in report.failures] == [
+        ("key-mismatch", main_chain(log)[-1], "peers/b.asc")] + [
+        ("bad-signature", f.commit, None) for f in report.failures[1:]]
+    assert len(report.failures) == 1 + ROUNDS
     assert any("the log pins" in m for m in messages(report, PEERS_CHECK))
+    assert_named(report)
 
 
 # -- tampering --------------------------------------------------------------------------------
@@ -333,6 +371,7 @@ def test_modified_hashes_log_fails(net: Net, tmp_path: Path) -> None:
     assert not report.failures_of(FILES_CHECK)  # the forged file itself is well-formed
     # B's stamps of the original commits no longer stamp the main branch.
     assert any("not a commit of the main branch" in m for m in messages(report, PEERS_CHECK))
+    assert_named(report)
     assert run_cmd(log, net.keys_for_a) == 1
 
 
@@ -347,6 +386,8 @@ def test_unsigned_commit_fails(net: Net, tmp_path: Path,
     report = audit(log, net.keys_for_a)
     assert [(f.check, f.commit) for f in report.failures] == [(MAIN_CHECK, str(oid))]
     assert "not signed" in report.failures[0].message
+    assert report.failures[0].rule == "unsigned"
+    assert_named(report)
     assert report.log[-1].commit == str(oid) and report.log[-1].stamp is None
     assert run_cmd(log, net.keys_for_a) == 1
     out = capsys.readouterr().out
@@ -373,6 +414,7 @@ def test_malformed_files_in_a_signed_commit_fail(net: Net, tmp_path: Path) -> No
     assert any("hashes.log: line 2 is not sorted" in m for m in text)
     assert any("hashes.log: line 3 repeats line 2" in m for m in text)
     assert any("digests.log: line 2 is not 'sha256|sha512" in m for m in text)
+    assert_named(report)
     assert run_cmd(log, net.keys_for_a) == 1
 
 
@@ -385,6 +427,8 @@ def test_server_key_change_fails(net: Net, tmp_path: Path) -> None:
     report = audit(log, net.keys_for_a)
     assert [f.commit for f in report.failures] == [changed]
     assert f"server key changed at {changed}" in report.failures[0].message
+    assert report.failures[0].rule == "key-changed"
+    assert_named(report)
     assert report.fingerprint == TEST_FPR
 
 
@@ -401,6 +445,7 @@ def test_peer_stamp_by_wrong_key_fails(net: Net, tmp_path: Path) -> None:
     assert [(f.check, f.ref, f.commit) for f in report.failures] == [(PEERS_CHECK, ref, wrong)]
     assert "does not verify with peer b's key" in report.failures[0].message
     assert "made by key" in report.failures[0].message
+    assert_named(report)
     assert report.peers[0].commits == ROUNDS + 1 and report.peers[0].valid == ROUNDS
     assert report.log[-1].stamp is None  # the forged stamp covers nothing
     assert run_cmd(log, net.keys_for_a) == 1
@@ -416,17 +461,156 @@ def test_malformed_peer_stamp_fails(net: Net, tmp_path: Path) -> None:
     assert [(f.check, f.commit) for f in report.failures] == [(PEERS_CHECK, odd)]
     assert f"stamps {'e' * 40}, which is not a commit of the main branch" in str(
         report.failures[0])
+    assert_named(report)
 
 
 def test_peer_without_key_fails(net: Net, tmp_path: Path) -> None:
+    """A's log never publishes B's key (A has no STAMPD_PEERS): B's stamps of main commits
+    that have later main commits cannot be verified, a failure naming the newest of them."""
+    ref = "refs/heads/b-timestamps"
     report = audit(net.snap_a)
-    assert [(f.check, f.ref) for f in report.failures] == [
-        (PEERS_CHECK, "refs/heads/b-timestamps")]
+    assert [(f.check, f.rule, f.ref, f.commit) for f in report.failures] == [
+        (PEERS_CHECK, "key-missing", ref, head(net.snap_a, ref))]
     assert "no pinned key for peer b" in report.failures[0].message
     assert report.peers[0].valid == 0 and len(report.uncovered) == len(report.log)
+    assert_named(report)
     empty = tmp_path / "none"
     empty.mkdir()
     assert run_cmd(net.snap_a, empty) == 1
+
+    # A stamp of the head (which could not publish a key pinned after it) does not excuse
+    # the earlier stamps: only a branch that stamps nothing but the head awaits the key.
+    log = net.copy(tmp_path)
+    newest_of_older = head(log, ref)
+    cross_stamp(net.b, "b", log)
+    report = audit(log)
+    assert [(f.rule, f.commit) for f in report.failures] == [("key-missing", newest_of_older)]
+    assert report.peers[0].pending == 1 and report.peers[0].valid == 0
+
+
+# -- a fresh log with a TOFU-pinned peer (issue: audit fails on healthy logs) --------------------
+def test_fresh_log_with_a_tofu_pinned_peer(net: Net, tmp_path: Path,
+                                          server_factory: list[Server]) -> None:
+    """D pins B's key on first contact (no fingerprint in STAMPD_PEERS), after its first log
+    commit was made: the first stamp stamps a main commit whose tree has no peers/b.asc, and the
+    log publishes the key from its next commit on. Audited right after the first cross-stamp,
+    the log is healthy; once published, the key must verify every stamp, the first included."""
+    d_dir = seed_data_dir(tmp_path / "d")  # the test key, as A's: A signs forged commits below
+    d = start_server(d_dir, workers=1, commit_interval=2,
+                     extra_env={"STAMPD_PEERS": f"b={net.b.url}"})
+    server_factory.append(d)
+    d_log, ref = d_dir / "log.git", "refs/heads/b-timestamps"
+    stamp_tag(d, "d" * 40)
+    wait_for(lambda: head(d_log, ref) is not None, what="B's first stamp of D's log")
+    fresh = snapshot(d_log, tmp_path / "fresh.git")
+    l1 = main_chain(fresh)
+    assert len(l1) == 1 and "peers" not in pygit2.Repository(str(fresh))[l1[0]].tree
+
+    report = audit(fresh)
+    assert report.ok, report.render()
+    assert [(p.commits, p.valid, p.pending, p.fingerprint) for p in report.peers] == [
+        (1, 0, 1, None)]
+    assert report.uncovered == l1  # a stamp that was not verified covers nothing
+    assert "awaiting" in report.render()
+    assert run_cmd(d.url + "log.git") == 0  # the issue's case: the served log, by URL
+    # With the auditor's own copy of B's key the stamp is verified already.
+    report = audit(fresh, net.keys_for_a)
+    assert report.ok, report.render()
+    assert (report.peers[0].valid, report.peers[0].pending, report.uncovered) == (1, 0, [])
+
+    # The next log commit publishes the key; it verifies the stamp of the commit before it.
+    stamp_tag(d, "e" * 40)
+    wait_for(lambda: len(branch(d_dir, "b-timestamps")) >= 2, what="B's second stamp")
+    later = snapshot(d_log, tmp_path / "later.git")
+    chain = main_chain(later)
+    assert len(chain) == 2
+    report = audit(later)
+    assert report.ok, report.render()
+    b_fpr = report.peers[0].fingerprint
+    assert b_fpr is not None and b_fpr == audit(later, net.keys_for_a).peers[0].fingerprint
+    assert [(p.commits, p.valid, p.pending, p.key_source) for p in report.peers] == [
+        (2, 2, 0, f"peers/b.asc in {chain[1]}")]
+    assert report.log[0].stamp is not None and report.log[0].stamp.stamped == chain[0]
+    assert report.uncovered == []
+    d.stop()
+
+    pubkey = blob_at(later, chain[0], "pubkey.asc")
+    # A key that appears later must be the one that made the earlier stamps: C stamps L1.
+    log = tmp_path / "wrong-first.git"
+    shutil.copytree(later, log)
+    first = put(log, ref, stamp_branch(net.c, chain[0], tree_id(log, chain[0])))
+    put(log, ref, stamp_branch(net.b, chain[1], tree_id(log, chain[1]), first))
+    report = audit(log)
+    assert [(f.rule, f.commit) for f in report.failures] == [("bad-signature", first)]
+    assert f"with peer b's key {b_fpr}" in report.failures[0].message
+    assert_named(report)
+
+    # The log publishing another key for the peer later is a failure at that commit.
+    log = tmp_path / "changed.git"
+    shutil.copytree(later, log)
+    tree = tree_of(log, {"hashes.log": b"", "pubkey.asc": pubkey,
+                         "peers/b.asc": net.c_key.read_bytes()})
+    changed = put(log, MAIN, stamp_branch(net.a, chain[1], tree))
+    report = audit(log)
+    assert [(f.check, f.rule, f.commit, f.path) for f in report.failures] == [
+        (PEERS_CHECK, "key-changed", changed, "peers/b.asc")]
+    assert b_fpr in report.failures[0].message
+    assert_named(report)
+
+    # Without a key: a stamp of a main commit that has a later one fails (a commit made after
+    # the pin publishes the key), even in an otherwise fresh log.
+    log = tmp_path / "unpublished.git"
+    shutil.copytree(fresh, log)
+    tree = tree_of(log, {"hashes.log": b"", "pubkey.asc": pubkey})
+    put(log, MAIN, stamp_branch(net.a, l1[0], tree))
+    report = audit(log)
+    assert [(f.rule, f.commit) for f in report.failures] == [("key-missing", head(log, ref))]
+    assert_named(report)
+
+
+# -- clones and fetches ------------------------------------------------------------------------
+def test_fetched_clone_audits_what_the_remote_published(net: Net, tmp_path: Path) -> None:
+    """`git fetch` moves refs/remotes/origin/*, not the local main: the audit must check what
+    the remote published (origin's main and peer branches), not a stale local main against
+    origin's newer peer branch."""
+    a_log = net.a.data_dir / "log.git"
+    work = tmp_path / "work"
+    subprocess.run(["git", "clone", "--quiet", net.a.url + "log.git", str(work)], check=True,
+                   timeout=60)
+    cloned = head(work / ".git")
+    assert cloned is not None
+    stamp_tag(net.a, "f" * 40)
+    wait_for(lambda: head(a_log) != cloned, what="a log commit of A after the clone")
+    cross_stamp(net.b, "b", a_log)
+    subprocess.run(["git", "-C", str(work), "fetch", "--quiet"], check=True, timeout=60)
+    fetched = head(work / ".git", "refs/remotes/origin/main")
+    assert head(work / ".git") == cloned != fetched  # fetched, not pulled
+
+    stamp = pygit2.Repository(str(work))[head(work / ".git", "refs/remotes/origin/b-timestamps")]
+    assert isinstance(stamp, pygit2.Commit)
+    stamped = str(stamp.parent_ids[-1])
+    assert stamped not in main_chain(work / ".git")  # local main is stale
+
+    report = audit(work, net.keys_for_a)
+    assert report.ok, report.render()
+    assert (report.main_ref, report.head) == ("refs/remotes/origin/main", fetched)
+    assert [(p.ref, p.commits, p.valid) for p in report.peers] == [
+        ("refs/remotes/origin/b-timestamps", ROUNDS + 1, ROUNDS + 1)]
+    entry = next(e for e in report.log if e.commit == stamped)
+    assert entry.stamp is not None and entry.stamp.commit == str(stamp.id)
+    assert run_cmd(work, net.keys_for_a) == 0
+
+    # Several remotes: the remote of main's upstream, else origin.
+    subprocess.run(["git", "-C", str(work), "remote", "add", "old", str(net.snap_a)],
+                   check=True)
+    subprocess.run(["git", "-C", str(work), "fetch", "--quiet", "old"], check=True, timeout=60)
+    assert audit(work, net.keys_for_a).main_ref == "refs/remotes/origin/main"
+    subprocess.run(["git", "-C", str(work), "branch", "--quiet", "--set-upstream-to=old/main",
+                    "main"], check=True)
+    report = audit(work, net.keys_for_a)
+    assert report.ok, report.render()
+    assert (report.main_ref, report.head) == ("refs/remotes/old/main", head(net.snap_a))
+    assert [p.ref for p in report.peers] == ["refs/remotes/old/b-timestamps"]
 
 
 # -- targets --------------------------------------------------------------------------------
