@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint sysdeps bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,12 @@ serve: $(STAMP)
 
 ## Run the whole test suite (lint, import contracts and types first). Four test processes
 ## on two cores: most tests wait on servers, agents and git; slow kinds of test start first.
-test: lint
+test: sysdeps lint
 	$(BIN)/pytest -n 4 --dist worksteal
+
+## The system packages the tests need: installed when possible, else one line naming them.
+sysdeps:
+	sh tests/sysdeps.sh
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: $(STAMP)

@@ -19,6 +19,10 @@ class StampState:
     PENDING = "pending"  # journaled, not (yet known to be) signed
     SIGNED = "signed"
     FAILED = "failed"  # every attempt failed; the client got a 503
+    # A failed stamp the log committer has assigned to a log commit without publishing it
+    # (set in the same transaction; only ``failed`` ever becomes this). A stamp assigned while
+    # it was signed or pending is published, whatever outcome it gets later.
+    FAILED_UNLOGGED = "failed-unlogged"
 
 
 class Stamp(Base):

@@ -8,6 +8,7 @@ that uses the local PostgreSQL (the ``pg_url`` fixture) is marked ``postgres``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -16,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
-    PG_ADMIN_URL,
     TEST_UID,
     KeyMaker,
     Server,
+    ThrowawayPostgres,
     kill_pids,
     pid_gone,
     pids_mentioning,
+    postgres_bindir,
     proc_cmdline,
     seed_data_dir,
     short_tmpdir,
@@ -85,18 +87,42 @@ def other_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh database on the local PostgreSQL; fails (never skips) when it is missing."""
+def pg_admin_url() -> Iterator[str]:
+    """A PostgreSQL server for the session: a throwaway cluster started from the installed
+    server binaries (stopped at the end), or the server that ``STAMPD_TEST_PG_URL`` names
+    (e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``). Fails, never skips, when
+    neither can be had."""
+    given = os.environ.get("STAMPD_TEST_PG_URL")
+    if given:
+        yield given
+        return
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.fail("PostgreSQL server binaries are required (apt-get install postgresql), "
+                    "or set STAMPD_TEST_PG_URL to a running server")
+    cluster = ThrowawayPostgres(bindir)
+    try:
+        cluster.start()
+        yield cluster.admin_url
+    finally:
+        cluster.stop()
+    assert cluster.proc is None or cluster.proc.poll() is not None
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh database of the session's PostgreSQL server, dropped at the end."""
     import psycopg
 
     name = f"stampd_test_{uuid.uuid4().hex[:12]}"
     try:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.OperationalError as e:
-        pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required for this test: {e}")
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        pytest.fail(f"PostgreSQL at {pg_admin_url} is required for this test: {e}")
+    base = pg_admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    yield f"{base}/{name}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -132,8 +158,9 @@ def gnupg() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def keys(gnupg: dict[str, str]) -> Iterator[KeyMaker]:
-    """Test keys, each generated once per session."""
+def keys(gnupg: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[KeyMaker]:
+    """Test keys, each generated once per run (shared by the test processes of ``-n``)."""
     # Imported here, not at the top: a source module that fails to import breaks only the
     # tests that use this fixture, not the collection of every test.
     from workers.agents.gpg import GpgAgent
@@ -143,7 +170,10 @@ def keys(gnupg: dict[str, str]) -> Iterator[KeyMaker]:
     try:
         agent.start()
         pid = agent.pid
-        yield KeyMaker(home, agent)
+        # Under pytest-xdist every process's base temp dir sits in one directory of the run.
+        run_dir = tmp_path_factory.getbasetemp()
+        shared = (run_dir.parent if os.environ.get("PYTEST_XDIST_WORKER") else run_dir)
+        yield KeyMaker(home, agent, shared / "test-keys")
     finally:
         agent.stop()
         shutil.rmtree(home, ignore_errors=True)

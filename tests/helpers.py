@@ -7,6 +7,7 @@ generator, the public log and peer branches, and generated OpenPGP test keys.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import http.client
 import json
@@ -49,7 +50,6 @@ TEST_SECRET_KEY = DATA / "test-secret-key.asc"
 TEST_PUBLIC_KEY = DATA / "test-pubkey.asc"
 TEST_FPR = "474CDCD4B9FAC83751047AD207C6AAE46E9FC8C9"
 TEST_UID = "stampd Test Key <test@stampd.invalid>"
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +293,47 @@ def verify_stamp(text: str, home: Path) -> Verified:
         payload, sig = split_commit(text)
     assert text.count(SIG_BEGIN) == 1, "exactly one signature"
     return verify_detached(payload, sig, home)
+
+
+def _signed_message(payload: bytes, armored: str) -> bytes:
+    """An OpenPGP signed message (RFC 4880 11.3: a signature packet, then a literal data
+    packet holding ``payload``) from a detached binary signature: what ``gpg --verify-files``
+    checks, several in one gpg process. The signature is over the literal data's contents, as
+    the detached one is over the payload."""
+    lines = armored.strip().splitlines()
+    body = [ln for ln in lines[lines.index("") + 1: -1] if not ln.startswith("=")]
+    sig = base64.b64decode("".join(body))
+    literal = b"b\x00\x00\x00\x00\x00" + payload  # binary, no file name, no date
+    n = len(literal)
+    header = bytes([0xC0 | 11, 0xFF]) + n.to_bytes(4, "big")  # new format, 5-byte length
+    return sig + header + literal
+
+
+def verify_stamps(texts: list[str], home: Path, batch: int = 200) -> list[Verified]:
+    """`verify_stamp` for many stamps, with one gpg process per ``batch`` of them: each stamp
+    must have exactly one signature, and gpg must report a good signature (VALIDSIG) for every
+    one of them, in order."""
+    out: list[Verified] = []
+    for start in range(0, len(texts), batch):
+        chunk = texts[start:start + batch]
+        with tempfile.TemporaryDirectory(prefix="vs", dir="/tmp") as tmp:
+            files = []
+            for i, text in enumerate(chunk):
+                assert text.count(SIG_BEGIN) == 1, "exactly one signature"
+                payload, sig = split_tag(text) if text.startswith("object ") else \
+                    split_commit(text)
+                files.append(Path(tmp) / f"{i}.gpg")
+                files[-1].write_bytes(_signed_message(payload, sig))
+            r = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--status-fd", "1",
+                                "--verify-files", *map(str, files)],
+                               capture_output=True, timeout=120, check=False)
+        status = r.stdout.decode()
+        valid = re.findall(r"^\[GNUPG:\] VALIDSIG (\S+) \S+ (\d+) ", status, re.MULTILINE)
+        bad = re.findall(r"^\[GNUPG:\] (BADSIG|ERRSIG|NODATA)", status, re.MULTILINE)
+        assert r.returncode == 0 and not bad and len(valid) == len(chunk), (
+            f"gpg --verify-files: {len(valid)} of {len(chunk)} good: {status[-2000:]}")
+        out += [Verified(fingerprint=f, created=int(t)) for f, t in valid]
+    return out
 
 
 def stamp_time(text: str) -> int:
@@ -561,17 +602,37 @@ class GeneratedKey:
 
 
 class KeyMaker:
-    """Generates test keys on first use, in a home served by its own agent."""
+    """Generates test keys on first use, in a home served by its own agent. With ``shared``
+    (a directory all test processes of one run see), each key is generated once per run, not
+    once per test process: the first process to need it generates it under a lock and leaves
+    its files there; the others read them."""
 
-    def __init__(self, home: Path, agent: GpgAgent) -> None:
+    def __init__(self, home: Path, agent: GpgAgent, shared: Path | None = None) -> None:
         self.home = home
         self.agent = agent
+        self.shared = shared
         self._keys: dict[str, GeneratedKey] = {}
 
     def get(self, label: str) -> GeneratedKey:
         if label not in self._keys:
-            self._keys[label] = self._generate(label)
+            self._keys[label] = self._shared(label) if self.shared else self._generate(label)
         return self._keys[label]
+
+    def _shared(self, label: str) -> GeneratedKey:
+        import fcntl
+
+        assert self.shared is not None
+        self.shared.mkdir(mode=0o700, exist_ok=True)
+        done = self.shared / f"{label}.fpr"
+        with open(self.shared / f"{label}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not done.exists():
+                key = self._generate(label)
+                shutil.copy(key.secret_file, self.shared / key.secret_file.name)
+                shutil.copy(key.public_file, self.shared / key.public_file.name)
+                done.write_text(key.fingerprint)
+        return GeneratedKey(label, done.read_text(), self.shared / f"{label}.sec.asc",
+                            self.shared / f"{label}.pub.asc")
 
     def _generate(self, label: str) -> GeneratedKey:
         spec = EXTRA_KEYS[label] if label in EXTRA_KEYS else KEY_TYPES[label].params
@@ -666,3 +727,76 @@ class InProcessDispatcher:
 
     def keys_served(self) -> set[str]:
         return {self.key}
+
+
+# -- a throwaway PostgreSQL cluster for the test session --------------------------------------
+def postgres_bindir() -> Path | None:
+    """The directory of the installed PostgreSQL server binaries (Debian keeps them out of
+    PATH, under /usr/lib/postgresql/<version>/bin), newest version first."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                   key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    if found:
+        return found[-1].parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+class ThrowawayPostgres:
+    """A PostgreSQL cluster of its own in a temporary directory, on a free loopback port,
+    trust authentication, no fsync (test data only). The postmaster is our direct child (run as
+    the ``postgres`` user when we are root, since PostgreSQL refuses to run as root) and is
+    stopped by its PID."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="stampd-pg-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.user = "postgres" if os.geteuid() == 0 else None
+        if self.user is not None:
+            shutil.chown(self.dir, self.user, self.user)
+
+    @property
+    def admin_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *argv: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(argv, capture_output=True, timeout=120, check=False,
+                              stdin=subprocess.DEVNULL, user=self.user, cwd=self.dir)
+
+    def start(self) -> None:
+        data = self.dir / "data"
+        r = self._run(str(self.bindir / "initdb"), "-D", str(data), "-A", "trust",
+                      "-U", "postgres", "--no-sync", "-E", "UTF8")
+        if r.returncode != 0:
+            raise RuntimeError(f"initdb failed: {r.stderr.decode()[-500:]}")
+        log = open(self.dir / "postgres.log", "wb")  # noqa: SIM115 (the child keeps it)
+        self.proc = subprocess.Popen(
+            [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port),
+             "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, user=self.user)
+        log.close()
+        import psycopg
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                psycopg.connect(self.admin_url, connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (self.dir / "postgres.log").read_text(errors="replace")[-1000:]
+                    self.stop()
+                    raise RuntimeError(f"PostgreSQL did not start:\n{tail}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)

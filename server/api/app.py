@@ -28,7 +28,6 @@ from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
 from server.log.committer import LogCommitter
-from server.log.leader import AdvisoryLeader
 from server.log.peers import CrossStamper
 from server.log.repository import LogRepository
 from server.settings import Settings
@@ -77,8 +76,12 @@ def create_app(
         stats = Stats()
         journal = Journal(engine, stats)
         dispatcher = make_dispatcher(settings, engine, stats)
-        leader = (AdvisoryLeader(psycopg_dsn(engine)) if settings.dispatch == "database"
-                  else None)
+        leader = None
+        if settings.dispatch == "database":
+            # psycopg is imported only where PostgreSQL is used (it costs start-up time).
+            from server.log.leader import AdvisoryLeader
+
+            leader = AdvisoryLeader(psycopg_dsn(engine))
         cross = CrossStamper(engine, settings, clock, leader=leader)
         loop = asyncio.get_running_loop()
 
@@ -89,7 +92,8 @@ def create_app(
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
                                  keys[0].public, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
-                                 key_files=log_key_files(keys), leader=leader)
+                                 key_files=log_key_files(keys), leader=leader,
+                                 request_timeout=settings.request_timeout)
         stamper = Stamper(journal, dispatcher, keys, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         await dispatcher.start()

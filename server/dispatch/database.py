@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import URL, Connection, CursorResult, Engine, make_url
 
 from server.dispatch import Signed
@@ -125,6 +124,8 @@ class DbDispatcher:
     # -- results -------------------------------------------------------------------------------
     def _listen(self) -> None:
         """LISTEN for finished jobs; reconnect when the connection drops."""
+        import psycopg  # only database dispatch needs it: not imported at start-up
+
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:

@@ -6,8 +6,8 @@ on one PostgreSQL, the holder of the log lock (`server.log.leader`). The databas
 Git object ids go to ``hashes.log`` (Zeitgitter's format); digest stamps go to ``digests.log``
 (``<algorithm> <hex>`` per line, sorted, unique; only present when the period has digests).
 
-1. In one transaction, a `LogCommit` row is created (state ``pending``) and every stamp not yet
-   logged is assigned to it.
+1. In one transaction, a `LogCommit` row is created (state ``pending``) and every stamp whose
+   outcome is settled is assigned to it (see "Which stamps" below).
 2. The tree (``hashes.log``, ``pubkey.asc``) is written, a worker signs the commit object, and
    ``main`` advances to it.
 3. The row becomes ``committed`` with the git commit id.
@@ -15,27 +15,57 @@ Git object ids go to ``hashes.log`` (Zeitgitter's format); digest stamps go to `
 A crash between 1 and 3 leaves a pending row; on the next run its stamps are committed under the
 same number (or, if the git commit was already written, the row is only marked). Stamps recorded
 during an unfinished period are simply not assigned yet, so they reach the next commit.
-"""
 
+Which stamps: the log shows exactly the stamps whose signature may have reached a client.
+
+- ``signed`` stamps are assigned and published.
+- ``failed`` stamps (the client got a 503; nothing signed left the server) are assigned, so they
+  are not looked at again, and marked ``failed-unlogged`` in the same transaction: not
+  published, not counted. A period of failed stamps only makes no log commit; they go along
+  with the next one.
+- ``pending`` stamps may still be signed or fail. A live request gets its outcome within the
+  request timeout (the stamper gives up then), recorded with the journal's next write, so a
+  pending stamp younger than ``request_timeout + OUTCOME_GRACE`` is left for a later log
+  commit. An older one belongs to a process that died between journaling and recording the
+  outcome, perhaps after its signature went out: it is assigned and published.
+
+What a log commit publishes is thus fixed when its stamps are assigned: every stamp assigned to
+it except those marked ``failed-unlogged`` then, whatever outcome a pending one gets later
+(`_hashes`). `sync_from_db` relies on that to rebuild identical trees; and rows assigned by
+older versions, which published failed stamps too, still rebuild as they were.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import ColumnElement, Engine, and_, insert, or_, select, update
 
 from server.dispatch import Dispatcher
 from server.errors import StampError
 from server.log.repository import LogRepository
-from server.models import LogCommit, LogCommitState, Stamp
+from server.models import LogCommit, LogCommitState, Stamp, StampState
 from workers.formats.jobs import CommitJob
 
 log = logging.getLogger(__name__)
 
 SIGN_TIMEOUT = 120.0
+# Seconds past the request timeout after which a pending stamp is taken for orphaned (its
+# process died). They cover what lies between a stamp's time and its outcome besides the
+# signing itself: the journal commit before signing, the journal's wait before it writes an
+# outcome (UPDATE_DELAY, 0.5 s) and that write, and stamp times in whole seconds.
+OUTCOME_GRACE = 10.0
+# The longest request timeout the settings allow: the default, so that a committer not told
+# the timeout never takes a live stamp for orphaned.
+MAX_REQUEST_TIMEOUT = 25.0
+# Seconds a log commit waits when it finds young pending stamps, for outcomes already known
+# but not yet written (the journal writes them within UPDATE_DELAY): stamps answered before
+# the log commit began are then in it rather than in the next one.
+SETTLE = 1.0
 
 
 def log_message(number: int, count: int, t: int) -> str:
@@ -56,6 +86,8 @@ class LogCommitter:
         peer_keys: Callable[[], dict[str, str]] | None = None,
         key_files: dict[str, str] | None = None,
         leader: Callable[[], bool] | None = None,
+        request_timeout: float = MAX_REQUEST_TIMEOUT,
+        settle: float = SETTLE,
     ) -> None:
         self.engine = engine
         self.repo = repo
@@ -68,6 +100,9 @@ class LogCommitter:
         self.key_files = key_files or {}  # the server's further public keys, by log path
         # Several API hosts: only the holder of the log lock commits (see server.log.leader).
         self.leader = leader
+        # The stamper's STAMPD_REQUEST_TIMEOUT: no live request stays pending longer.
+        self.request_timeout = request_timeout
+        self.settle = settle
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.started_at = clock()
@@ -104,10 +139,15 @@ class LogCommitter:
             head = None
             for lc_id in await asyncio.to_thread(self._pending_ids):
                 head = await self._finish(lc_id)
+            if self.settle > 0 and await asyncio.to_thread(self._outcomes_due):
+                await self._wait_for_outcomes()
             new_id = await asyncio.to_thread(self._assign)
             if new_id is not None:
                 head = await self._finish(new_id)
             return head
+
+    async def _wait_for_outcomes(self) -> None:
+        await asyncio.sleep(self.settle)
 
     # -- database steps (run in a thread) -------------------------------------------------
     def _pending_ids(self) -> list[int]:
@@ -118,31 +158,57 @@ class LogCommitter:
             )
             return [r[0] for r in rows]
 
+    def _orphan_cutoff(self) -> int:
+        """Pending stamps with a time before this second have no live request behind them."""
+        # stamped_at is whole seconds: stamped_at < now - t  <=>  stamped_at < ceil(now - t)
+        return math.ceil(self.clock() - self.request_timeout - OUTCOME_GRACE)
+
+    def _outcomes_due(self) -> bool:
+        """Are there unassigned stamps whose outcome may still be recorded?"""
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(Stamp.id).where(Stamp.log_commit_id.is_(None),
+                                       Stamp.state == StampState.PENDING,
+                                       Stamp.stamped_at >= self._orphan_cutoff()).limit(1)
+            ).first() is not None
+
     def _assign(self) -> int | None:
-        with self.engine.begin() as conn:
-            last = conn.execute(
-                select(func.max(Stamp.id)).where(Stamp.log_commit_id.is_(None))
-            ).scalar()
-            if last is None:
+        published: ColumnElement[bool] = and_(
+            Stamp.log_commit_id.is_(None),
+            or_(Stamp.state == StampState.SIGNED,
+                and_(Stamp.state == StampState.PENDING,
+                     Stamp.stamped_at < self._orphan_cutoff())))
+        with self.engine.connect() as conn, conn.begin() as tx:
+            # Nothing to publish, no log commit (and no number used up): failed stamps alone
+            # wait for the next one.
+            if conn.execute(select(Stamp.id).where(published).limit(1)).first() is None:
                 return None
             lc_id = conn.execute(
                 insert(LogCommit).values(created_at=int(self.clock()),
                                          state=LogCommitState.PENDING, hash_count=0)
                 .returning(LogCommit.id)
             ).scalar_one()
+            if not conn.execute(update(Stamp).where(published)
+                                .values(log_commit_id=lc_id)).rowcount:
+                tx.rollback()  # what was there turned failed meanwhile
+                return None
+            # Failed stamps go along unpublished, marked so in the same transaction: what the
+            # log commit shows is fixed now (see the module docstring).
             conn.execute(
-                update(Stamp).where(Stamp.log_commit_id.is_(None), Stamp.id <= last)
-                .values(log_commit_id=lc_id)
-            )
+                update(Stamp).where(Stamp.log_commit_id.is_(None),
+                                    Stamp.state == StampState.FAILED)
+                .values(log_commit_id=lc_id, state=StampState.FAILED_UNLOGGED))
             return int(lc_id)
 
     def _hashes(self, lc_id: int) -> tuple[list[str], list[str]]:
-        """(git object ids, "<algorithm> <digest>" lines) of a log commit's stamps."""
+        """(git object ids, "<algorithm> <digest>" lines) that a log commit publishes: its
+        stamps but those that had failed when they were assigned."""
         commits: list[str] = []
         digests: list[str] = []
         with self.engine.connect() as conn:
             rows = conn.execute(select(Stamp.kind, Stamp.commit, Stamp.algorithm, Stamp.digest)
-                                .where(Stamp.log_commit_id == lc_id))
+                                .where(Stamp.log_commit_id == lc_id,
+                                       Stamp.state != StampState.FAILED_UNLOGGED))
             for kind, commit, algorithm, digest in rows:
                 if kind == "digest":
                     digests.append(f"{algorithm} {digest}")

@@ -206,7 +206,8 @@ class _SqlAlchemyWriter(_Writer):
                 if updates:
                     self.conn.execute(
                         update(table)
-                        .where(table.c.id == bindparam("sid"))
+                        .where(table.c.id == bindparam("sid"),
+                               table.c.state == StampState.PENDING)
                         .values(state=bindparam("state"), worker=bindparam("worker"),
                                 attempts=func.coalesce(bindparam("attempts"), table.c.attempts),
                                 object_id=bindparam("object_id"), error=bindparam("error"),
@@ -230,8 +231,11 @@ class _SqliteWriter(_Writer):
     """
 
     CHUNK = 200  # rows per INSERT (x 11 parameters, far below SQLite's variable limit)
+    # Only a pending stamp takes an outcome (a re-applied update must not undo the log
+    # committer's marking of a failed stamp).
     UPDATE = ("UPDATE stamps SET state = ?, worker = ?, attempts = COALESCE(?, attempts), "
-              "object_id = ?, error = ?, receipt = ? WHERE id = ?")
+              "object_id = ?, error = ?, receipt = ? WHERE id = ? "
+              f"AND state = '{StampState.PENDING}'")
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -80,7 +80,9 @@ class Node:
         journal = Journal(self.engine)
         journal.start()
         try:
-            await journal.record(TagRequest(f"{self._stamps:040x}", "t"), int(self.clock()))
+            sid = await journal.record(TagRequest(f"{self._stamps:040x}", "t"),
+                                       int(self.clock()))
+            journal.signed(sid, "w1", 1, None)  # the outcome, written as the journal stops
         finally:
             await journal.stop()
         head = await self.committer.commit_now()

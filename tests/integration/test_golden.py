@@ -21,6 +21,7 @@ from tests.helpers import (
     TEST_UID,
     keyring,
     verify_stamp,
+    verify_stamps,
 )
 from workers.worker import OpenPgpSigner
 
@@ -81,3 +82,14 @@ def test_golden_objects_pass_git(tmp_path: Path) -> None:
                        capture_output=True, text=True, env=env, timeout=30, check=False)
     assert r.returncode == 0, r.stderr
     assert f"VALIDSIG {TEST_FPR}" in r.stderr
+
+
+def test_batch_verification_agrees_with_gpg_verify(tmp_path: Path) -> None:
+    """The tests' batch verifier (`verify_stamps`, one gpg process for many stamps) accepts
+    what `gpg --verify` accepts and refuses a stamp whose signed part was changed."""
+    gnupg = keyring(TEST_PUBLIC_KEY, tmp_path / "g")
+    texts = [(DATA / f"golden-{name}.txt").read_text() for name in sorted(CASES)]
+    assert verify_stamps(texts, gnupg) == [verify_stamp(t, gnupg) for t in texts]
+    tampered = texts[0].replace("Timestamp of commit", "Timestamp of komit", 1)
+    with pytest.raises(AssertionError, match="1 of 2 good"):
+        verify_stamps([texts[1], tampered], gnupg)

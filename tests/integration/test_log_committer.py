@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pygit2
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, insert, select, update
 
 from server import db
-from server.log.committer import LogCommitter
+from server.log.committer import OUTCOME_GRACE, LogCommitter
 from server.log.repository import LogRepository
-from server.models import LogCommit, LogCommitState, Stamp
+from server.models import LogCommit, LogCommitState, Stamp, StampState
 from server.stamping.journal import Journal
 from server.stamping.requests import BranchRequest, DigestRequest, Request, TagRequest
 from tests.helpers import TEST_FPR, TEST_PUBLIC_KEY, TEST_UID, InProcessDispatcher, keyring
@@ -34,6 +34,9 @@ from workers.formats.jobs import CommitJob
 T0 = 1_795_400_000  # 2026-11-23 02:13:20 UTC
 PUBKEY = TEST_PUBLIC_KEY.read_text()
 TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+REQUEST_TIMEOUT = 20
+# A pending stamp this many seconds old (and no more) may still get its outcome recorded.
+OLD = REQUEST_TIMEOUT + OUTCOME_GRACE
 
 
 class Clock:
@@ -73,18 +76,45 @@ def make_committer(engine: Engine, repo: LogRepository, dispatcher: InProcessDis
                    clock: Callable[[], float], heads: list[str] | None = None,
                    interval: float = 3600, pubkey: str = PUBKEY,
                    peer_keys: Callable[[], dict[str, str]] | None = None,
-                   key_files: dict[str, str] | None = None) -> LogCommitter:
+                   key_files: dict[str, str] | None = None,
+                   settle: float = 0) -> LogCommitter:
     return LogCommitter(engine, repo, dispatcher, pubkey, interval, clock,
                         on_commit=None if heads is None else heads.append,
-                        peer_keys=peer_keys, key_files=key_files)
+                        peer_keys=peer_keys, key_files=key_files,
+                        request_timeout=REQUEST_TIMEOUT, settle=settle)
 
 
-async def record(engine: Engine, reqs: list[Request], t: int) -> list[int]:
-    """Journal the requests (as the stamping path does before signing); their stamp ids."""
+async def record(engine: Engine, reqs: list[Request], t: int,
+                 outcome: str = StampState.SIGNED) -> list[int]:
+    """Journal the requests (as the stamping path does before signing), then record their
+    outcome as the stamping path does after it (``pending``: none, as if the process died or
+    were still signing); their stamp ids."""
     journal = Journal(engine)
     journal.start()
     try:
-        return list(await asyncio.gather(*(journal.record(r, t) for r in reqs)))
+        ids = list(await asyncio.gather(*(journal.record(r, t) for r in reqs)))
+        await outcomes(journal, ids, outcome)
+        return ids
+    finally:
+        await journal.stop()  # writes the outcomes still waiting
+
+
+async def outcomes(journal: Journal, ids: list[int], outcome: str) -> None:
+    for sid in ids:
+        if outcome == StampState.SIGNED:
+            journal.signed(sid, "w1", 1, None)
+        elif outcome == StampState.FAILED:
+            journal.failed(sid, "timed out")
+        else:
+            assert outcome == StampState.PENDING
+
+
+async def late_outcome(engine: Engine, ids: list[int], outcome: str) -> None:
+    """An outcome recorded after the stamp was journaled by another `record` call."""
+    journal = Journal(engine)
+    journal.start()
+    try:
+        await outcomes(journal, ids, outcome)
     finally:
         await journal.stop()
 
@@ -141,6 +171,29 @@ def assigned(engine: Engine) -> dict[int, int | None]:
     with engine.connect() as conn:
         rows = conn.execute(select(Stamp.id, Stamp.log_commit_id))
         return {r.id: r.log_commit_id for r in rows}
+
+
+def states(engine: Engine) -> dict[int, str]:
+    """stamp id -> state."""
+    with engine.connect() as conn:
+        return {r.id: r.state for r in conn.execute(select(Stamp.id, Stamp.state))}
+
+
+def logged(repo: LogRepository, oid: str) -> tuple[bytes, bytes | None]:
+    """(hashes.log, digests.log or None) of a log commit."""
+    c = commit_of(repo, oid)
+    return blob(c, "hashes.log"), blob(c, "digests.log") if "digests.log" in c.tree else None
+
+
+def rebuilt_identically(engine: Engine, repo: LogRepository, other_dir: Path,
+                        dispatcher: InProcessDispatcher, clock: Clock) -> None:
+    """Another host rebuilds every log commit from the rows alone, to the same ids."""
+    other = LogRepository(other_dir / "log.git")
+    reader = make_committer(engine, other, dispatcher, clock)
+    assert reader.sync_from_db() == len(main_history(repo))
+    assert main_history(other) == main_history(repo)
+    for oid in main_history(repo):
+        assert commit_of(other, oid).tree_id == commit_of(repo, oid).tree_id
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,3 +446,175 @@ def test_sync_from_db_rebuilds_the_log_with_identical_ids(
     fourth = asyncio.run(writer.commit_now())
     assert fourth is not None
     assert reader.sync_from_db() == 1 and other.head() == fourth
+
+
+# -- which stamps the log shows: exactly those that were (or may have been) signed ----------
+
+
+def test_failed_stamps_are_left_out_of_the_log(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+    tmp_path: Path,
+) -> None:
+    """A stamp that failed (the client got a 503, nothing signed reached anyone) is not
+    published, neither a git stamp in hashes.log nor a digest in digests.log, nor counted."""
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock)
+    a, b, c = "a" * 64, "b" * 64, "c" * 128
+
+    async def scenario() -> str | None:
+        await record(engine, [tag(1), DigestRequest("sha256", a)], T0)
+        await record(engine, [tag(2), DigestRequest("sha256", b), DigestRequest("sha512", c),
+                              tag(1)],  # the same commit once more, failed this time
+                     T0, StampState.FAILED)
+        clock.advance(60)
+        return await committer.commit_now()
+
+    head = asyncio.run(scenario())
+    assert head is not None
+    assert logged(repo, head) == (f"{1:040x}\n".encode(), f"sha256 {a}\n".encode())
+    assert commit_of(repo, head).message.startswith("stampd log commit 1\n\n2 hashes stamped ")
+    assert log_rows(engine) == [(1, LogCommitState.COMMITTED, head, 2)]
+    # Every stamp was considered by this log commit, failed ones too (never again).
+    assert set(assigned(engine).values()) == {1}
+    assert Counter(states(engine).values()) == {StampState.SIGNED: 2,
+                                                StampState.FAILED_UNLOGGED: 4}
+    assert asyncio.run(committer.commit_now()) is None
+    rebuilt_identically(engine, repo, tmp_path / "other", inproc_dispatcher, clock)
+
+
+def test_a_period_of_failed_stamps_only_commits_nothing(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+) -> None:
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock)
+
+    async def scenario() -> tuple[str | None, list[int], str | None]:
+        failed = await record(engine, [tag(3), DigestRequest("sha256", "3" * 64)], T0,
+                              StampState.FAILED)
+        clock.advance(3600)
+        nothing = await committer.commit_now()
+        assert log_rows(engine) == []  # no row, so no number is used up
+        assert set(assigned(engine).values()) == {None}
+        await record(engine, [tag(4)], int(clock()))
+        clock.advance(60)
+        return nothing, failed, await committer.commit_now()
+
+    nothing, failed, head = asyncio.run(scenario())
+    assert nothing is None
+    assert head is not None and main_history(repo) == [head]
+    assert logged(repo, head) == (f"{4:040x}\n".encode(), None)  # no digests.log at all
+    assert log_rows(engine) == [(1, LogCommitState.COMMITTED, head, 1)]
+    assert {assigned(engine)[i] for i in failed} == {1}  # taken along, not published
+    assert len(inproc_dispatcher.jobs) == 1
+
+
+def test_young_pending_stamps_wait_for_their_outcome(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+    tmp_path: Path,
+) -> None:
+    """A pending stamp may still fail: it is left for a later log commit, even when newer
+    stamps (higher ids) are committed, and goes into the first one after its outcome."""
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock)
+
+    async def scenario() -> tuple[list[str | None], list[int]]:
+        signing = await record(engine, [tag(5), DigestRequest("sha256", "5" * 64)], T0,
+                               StampState.PENDING)
+        failing = await record(engine, [tag(6)], T0, StampState.PENDING)
+        await record(engine, [tag(7)], T0)
+        clock.advance(OLD)  # not more: any of them may still get its outcome
+        heads = [await committer.commit_now()]
+        await late_outcome(engine, signing, StampState.SIGNED)
+        await late_outcome(engine, failing, StampState.FAILED)
+        clock.advance(1)
+        heads.append(await committer.commit_now())
+        heads.append(await committer.commit_now())
+        return heads, signing + failing
+
+    (first, second, third), late = asyncio.run(scenario())
+    assert first is not None and second is not None and third is None
+    assert logged(repo, first) == (f"{7:040x}\n".encode(), None)
+    assert logged(repo, second) == (f"{5:040x}\n".encode(), f"sha256 {'5' * 64}\n".encode())
+    assert log_rows(engine) == [(1, LogCommitState.COMMITTED, first, 1),
+                                (2, LogCommitState.COMMITTED, second, 2)]
+    assert [assigned(engine)[i] for i in late] == [2, 2, 2]
+    rebuilt_identically(engine, repo, tmp_path / "other", inproc_dispatcher, clock)
+
+
+def test_pending_stamps_of_a_dead_process_are_published_once_old(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+    tmp_path: Path,
+) -> None:
+    """A process killed between signing and recording the outcome leaves its stamps pending,
+    and their signatures may have reached clients: once no live request can be behind them
+    any more (older than the request timeout plus a grace), they are published."""
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock)
+
+    async def scenario() -> tuple[str | None, str | None, list[int]]:
+        orphans = await record(engine, [tag(8), DigestRequest("sha512", "8" * 128)], T0,
+                               StampState.PENDING)
+        clock.advance(OLD)
+        early = await committer.commit_now()
+        clock.advance(1)
+        return early, await committer.commit_now(), orphans
+
+    early, head, orphans = asyncio.run(scenario())
+    assert early is None
+    assert head is not None
+    assert logged(repo, head) == (f"{8:040x}\n".encode(), f"sha512 {'8' * 128}\n".encode())
+    assert log_rows(engine) == [(1, LogCommitState.COMMITTED, head, 2)]
+
+    # Should an outcome still arrive (a process that was only stalled, or another host whose
+    # clock is behind), what was published stays published: the rows rebuild the same log.
+    asyncio.run(late_outcome(engine, orphans, StampState.FAILED))
+    assert states(engine) == dict.fromkeys(orphans, StampState.FAILED)
+    assert committer._hashes(1) == ([f"{8:040x}"], [f"sha512 {'8' * 128}"])
+    rebuilt_identically(engine, repo, tmp_path / "other", inproc_dispatcher, clock)
+
+
+def test_outcomes_due_any_moment_are_waited_for(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outcomes are recorded a little after the answer (with the next journal write): a log
+    commit that finds young pending stamps first waits that long, so that stamps answered
+    before it began are in it."""
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock, settle=1.0)
+    waits: list[float] = []
+
+    async def scenario() -> str | None:
+        ids = await record(engine, [tag(0xA)], T0, StampState.PENDING)
+        await record(engine, [tag(0xB)], T0)
+
+        async def sleep(seconds: float) -> None:  # the outcome lands while it waits
+            waits.append(seconds)
+            await late_outcome(engine, ids, StampState.SIGNED)
+
+        monkeypatch.setattr(committer, "_wait_for_outcomes", lambda: sleep(committer.settle))
+        return await committer.commit_now()
+
+    head = asyncio.run(scenario())
+    assert waits == [1.0]
+    assert head is not None
+    assert logged(repo, head) == (f"{0xA:040x}\n{0xB:040x}\n".encode(), None)
+
+
+def test_failed_stamps_assigned_by_an_older_version_stay_published(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+) -> None:
+    """Before failed stamps were left out, they were assigned and published like any other:
+    a log commit assigned then (a pending row after a crash, or a committed one rebuilt on
+    another host) keeps showing them, so its tree is what it was."""
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock)
+    asyncio.run(record(engine, [tag(0xC)], T0, StampState.FAILED))
+    with engine.begin() as conn:
+        conn.execute(insert(LogCommit).values(id=1, created_at=T0, hash_count=0,
+                                              state=LogCommitState.PENDING))
+        conn.execute(update(Stamp).values(log_commit_id=1))
+    head = asyncio.run(committer.commit_now())
+    assert head is not None
+    assert logged(repo, head) == (f"{0xC:040x}\n".encode(), None)
+    assert log_rows(engine) == [(1, LogCommitState.COMMITTED, head, 1)]

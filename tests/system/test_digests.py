@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -160,3 +162,35 @@ def test_digests_reach_the_log(seeded_dir: Path, server_factory: list[Server]) -
     tree = log_commits(seeded_dir)[0].tree
     assert tree["digests.log"].data.decode() == f"sha256 {H256}\nsha512 {H512}\n"  # type: ignore[attr-defined]
     assert tree["hashes.log"].data == b""  # type: ignore[attr-defined]
+
+
+def logged_digests(data_dir: Path) -> list[str]:
+    """Every line of every digests.log on main."""
+    return [line for c in log_commits(data_dir) if "digests.log" in c.tree
+            for line in c.tree["digests.log"].data.decode().splitlines()]  # type: ignore[attr-defined]
+
+
+def test_failed_digest_stays_out_of_the_log(seeded_dir: Path,
+                                            server_factory: list[Server]) -> None:
+    """A digest answered with 503 was never signed: the log does not list it."""
+    server = start_server(seeded_dir, workers=1, commit_interval=2,
+                          extra_env={"STAMPD_REQUEST_TIMEOUT": "2"})
+    server_factory.append(server)
+    failing = hashlib.sha256(b"never signed").hexdigest()
+    (worker,) = server.worker_pids()
+    os.kill(worker, signal.SIGSTOP)  # no worker can sign within the request timeout
+    try:
+        status, _, body = curl(server, "--data", f"sha256={failing}", server.url + "v1/stamps")
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert status == 503, body
+    status, _, body = curl(server, "--data", f"sha256={H256}", server.url + "v1/stamps")
+    assert status == 200, body
+
+    wait_for(lambda: f"sha256 {H256}" in logged_digests(seeded_dir), what="the signed digest")
+    assert logged_digests(seeded_dir) == [f"sha256 {H256}"]
+    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+        rows = db.execute("select digest, state, log_commit_id is not null from stamps "
+                          "order by id").fetchall()
+    # The failed stamp went along with that log commit, unpublished.
+    assert rows == [(failing, "failed-unlogged", 1), (H256, "signed", 1)]
