@@ -432,6 +432,12 @@ def _is_receipt_target(target: str) -> bool:
     return target == "-" or Path(target).is_file()
 
 
+def _looks_like_a_file(target: str) -> bool:
+    """A target that can only be meant as a file (a path or a receipt's name), never a git
+    tag or commit name."""
+    return "/" in target or target.endswith((".asc", ".receipt", ".txt"))
+
+
 def report_receipt(res: ReceiptResult) -> Iterator[str]:
     st = res.statement
     yield f"valid receipt: {st.algorithm} {st.digest}"
@@ -462,6 +468,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                   "use --key KEYFILE to check against a key you hold", file=sys.stderr)
         lines = report_receipt(res)
     else:
+        if _looks_like_a_file(args.target):
+            raise Malformed(f"no such file: {args.target}")
         if args.file is not None or args.digest is not None:
             raise Malformed("--file and --digest apply to receipts, not to git stamps")
         if args.key is None:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ def pool_config(settings: Settings) -> PoolConfig:
     return PoolConfig(
         workers=settings.worker_count,
         keys_dir=settings.keys_dir.resolve(),
-        runtime_dir=(settings.runtime_dir or Path(tempfile.gettempdir())).resolve(),
+        runtime_dir=settings.worker_homes_dir.resolve(),
         dispatch=dispatch,
         extra_keys=tuple(settings.extra_key_specs),
         extra_key_workers=settings.extra_key_workers,
@@ -85,11 +84,15 @@ def _prepare(settings: Settings) -> None:
         log.info("generated signing key %s", primary.fingerprint)
     ensure_extra_keys(settings.keys_dir, settings.extra_key_specs, primary.uid,
                       passphrase)
-    engine = db.make_engine(settings.db_url)
+    engine = db.make_engine(settings.db_url)  # a new SQLite file is created 0600
     try:
         db.upgrade(engine)
     finally:
         engine.dispose()
+    path = db.sqlite_path(settings.db_url)
+    if path is not None and path.exists() and path.stat().st_mode & 0o077:
+        log.warning("database %s is accessible to others (mode %o): chmod 600 it and its "
+                    "-wal and -shm files", path, path.stat().st_mode & 0o777)
     LogRepository(settings.log_repo)
 
 
@@ -144,6 +147,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     _prepare(settings)
+    log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
+             settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(settings),
+             "no workers here (--no-workers)" if args.no_workers else
+             f"{settings.worker_count} workers" + (f" + {settings.extra_key_workers} per extra "
+                                                   "key" if settings.extra_key_specs else ""))
     pool = None if args.no_workers else PoolProcess(settings)
     if pool is not None:
         pool.start()
@@ -174,6 +182,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if pool is not None:
             pool.stop()
     return 0
+
+
+def _safe_url(url: str) -> str:
+    """A database URL without its password, for the log."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _key_summary(settings: Settings) -> str:
+    from workers.keys.keyset import served_keys
+
+    return ", ".join(f"{k.id} {k.fingerprint}"
+                     for k in served_keys(settings.keys_dir, settings.extra_key_specs))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -214,13 +236,17 @@ def cmd_keys(args: argparse.Namespace) -> int:
         store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
     elif args.keys_command == "import":
         store.import_key(args.file, settings.read_passphrase())
-    from workers.keys.keyset import served_keys
+    from workers.keys.keyset import served_keys, stored_key_specs
 
-    keys = served_keys(settings.keys_dir, settings.extra_key_specs)
+    # The configured extra keys, and any other the data directory holds.
+    specs = settings.extra_key_specs
+    specs += [s for s in stored_key_specs(settings.keys_dir) if s not in specs]
+    keys = served_keys(settings.keys_dir, specs)
     if getattr(args, "ssh", False):
         lines = [k.allowed_signers("git,stampd") for k in keys if k.format == "ssh"]
         if not lines:
-            raise CommandError("no SSH key (set STAMPD_EXTRA_KEYS=ssh:ed25519)")
+            raise CommandError(f"no SSH key in {settings.keys_dir} "
+                               "(set STAMPD_EXTRA_KEYS=ssh:ed25519 and start the server once)")
         print("".join(line for line in lines if line), end="")
         return 0
     key = store.public_key()
@@ -234,15 +260,25 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="stampd", description=__doc__,
+        prog="stampd",
+        description="stampd: a timestamping server for git (Zeitgitter protocol) and digests. "
+        "`stampd serve` runs it (data in ./var by default); `stampd verify`, `audit` and "
+        "`hook` are for users of any stampd server. Every setting is also an environment "
+        "variable STAMPD_<NAME>.",
         epilog="Exit status: 0 success; 1 the command failed (one line on stderr says why); "
         "2 bad arguments or settings. verify and audit have their own (see their --help).")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (STAMPD_LOG_LEVEL)")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", type=Path, help="data directory (STAMPD_DATA_DIR)")
-        p.add_argument("--database-url", help="SQLAlchemy URL (STAMPD_DATABASE_URL)")
+    def common(p: argparse.ArgumentParser, inner: bool = False) -> None:
+        """The data directory and database options. Commands with subcommands (db, keys)
+        take them before or after the subcommand: ``keys --data-dir D show`` and
+        ``keys show --data-dir D`` (an inner option only overrides when given)."""
+        default = argparse.SUPPRESS if inner else None
+        p.add_argument("--data-dir", type=Path, default=default,
+                       help="data directory (STAMPD_DATA_DIR)")
+        p.add_argument("--database-url", default=default,
+                       help="SQLAlchemy URL (STAMPD_DATABASE_URL)")
 
     serve = sub.add_parser("serve", help="HTTP API, worker pool and log committer")
     common(serve)
@@ -266,11 +302,13 @@ def parser() -> argparse.ArgumentParser:
     dbp = sub.add_parser("db", help="database migrations")
     common(dbp)
     dbsub = dbp.add_subparsers(dest="db_command", required=True)
-    up = dbsub.add_parser("upgrade")
+    up = dbsub.add_parser("upgrade", help="migrate the database to REVISION (default: the newest)")
     up.add_argument("revision", nargs="?", default="head")
-    down = dbsub.add_parser("downgrade")
+    down = dbsub.add_parser("downgrade", help="migrate the database back to REVISION")
     down.add_argument("revision")
-    dbsub.add_parser("check", help="fail if the schema differs from the models")
+    check = dbsub.add_parser("check", help="fail if the schema differs from the models")
+    for p in (up, down, check):
+        common(p, inner=True)
     dbp.set_defaults(func=cmd_db)
 
     keys = sub.add_parser("keys", help="the signing key")
@@ -285,6 +323,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--force", action="store_true")
     imp = keysub.add_parser("import", help="import a secret key file")
     imp.add_argument("file", type=Path)
+    for p in (show, gen, imp):
+        common(p, inner=True)
     keys.set_defaults(func=cmd_keys)
 
     verify = sub.add_parser(
@@ -380,6 +420,19 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_FAILED, _one_line(exc.message)
     if isinstance(exc, AgentError | SshAgentError):
         return EXIT_FAILED, _one_line(str(exc))
+    from alembic.util.exc import CommandError as MigrationError
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    if isinstance(exc, MigrationError):
+        hint = " (run `stampd db upgrade`)" if "not up to date" in str(exc) else ""
+        return EXIT_FAILED, _one_line(f"database: {exc}{hint}")
+    if isinstance(exc, ArgumentError):
+        return EXIT_USAGE, _one_line(f"invalid STAMPD_DATABASE_URL: {exc}")
+    if isinstance(exc, DBAPIError):
+        first = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc) else ""
+        if "does not exist" in first:
+            first += " (create it first, e.g. `createdb -h HOST -U USER NAME`)"
+        return EXIT_FAILED, _one_line(f"database unavailable: {first}")
     if isinstance(exc, OSError):
         return EXIT_FAILED, _one_line(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
     return None

@@ -105,8 +105,21 @@ class Settings(BaseSettings):
     )
     max_attempts: int = Field(default=3, ge=1, description="signing attempts per stamp")
     runtime_dir: Path | None = Field(
-        default=None, description="where worker homes and agent sockets live; default a tmp dir"
+        default=None,
+        description="where worker homes (key copies) and agent sockets live; "
+        "default <data_dir>/run/workers",
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_means_psycopg(cls, v: str | None) -> str | None:
+        """``postgres://`` and ``postgresql://`` (what libpq and most hosts print) mean the
+        psycopg 3 driver stampd ships with."""
+        if v is not None:
+            for scheme in ("postgres://", "postgresql://"):
+                if v.startswith(scheme):
+                    return "postgresql+psycopg://" + v[len(scheme):]
+        return v
 
     @field_validator("key_uid")
     @classmethod
@@ -167,6 +180,12 @@ class Settings(BaseSettings):
     @property
     def dispatch_socket(self) -> Path:
         return self.data_dir / "run" / "dispatch.sock"
+
+    @property
+    def worker_homes_dir(self) -> Path:
+        """Where the workers' private homes go: ``runtime_dir``, by default a private
+        directory of the data directory (the supervisor makes it, mode 0700)."""
+        return self.runtime_dir or self.data_dir / "run" / "workers"
 
     def read_passphrase(self) -> str | None:
         if self.passphrase_file is not None:

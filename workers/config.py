@@ -71,6 +71,9 @@ class WorkerConfig:
     format: KeyFormat = "openpgp"
     passphrase: str | None = field(default=None, repr=False)  # of an OpenPGP key
     log_level: str = "INFO"
+    # The supervisor's PID: the worker is orphaned once its parent is another (None: the
+    # parent it finds when it starts, which may already be another).
+    supervisor: int | None = None
 
     def __post_init__(self) -> None:
         if self.format not in ("openpgp", "ssh"):
@@ -82,6 +85,7 @@ class WorkerConfig:
             "name": self.name, "home": str(self.home), "key_dir": str(self.key_dir),
             "dispatch": self.dispatch.to_dict(), "key_id": self.key_id, "format": self.format,
             "passphrase": self.passphrase, "log_level": self.log_level,
+            "supervisor": self.supervisor,
         })
 
     @classmethod
@@ -94,7 +98,8 @@ class WorkerConfig:
                    key_dir=Path(_str(d, "key_dir")),
                    dispatch=DispatchConfig.from_dict(_dict(d, "dispatch")),
                    key_id=_str(d, "key_id"), format=cast(KeyFormat, fmt),
-                   passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"))
+                   passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"),
+                   supervisor=None if d.get("supervisor") is None else _int(d, "supervisor"))
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class PoolConfig:
 
     workers: int  # workers of the primary key
     keys_dir: Path  # the key store: the primary key, extra keys in subdirectories
-    runtime_dir: Path  # where the workers' private homes are made
+    runtime_dir: Path  # where the workers' private homes are made (workers.pool makes it)
     dispatch: DispatchConfig
     extra_keys: tuple[KeySpec, ...] = ()
     extra_key_workers: int = 1  # workers of each extra key
@@ -119,16 +124,18 @@ class PoolConfig:
                 raise ConfigError("key format must be 'openpgp' or 'ssh'")
         _check_log_level(self.log_level)
 
-    def worker_config(self, name: str, home: Path, key: KeySpec | None = None) -> WorkerConfig:
+    def worker_config(self, name: str, home: Path, key: KeySpec | None = None,
+                      supervisor: int | None = None) -> WorkerConfig:
         """The configuration of worker ``name`` with home ``home``, serving the extra key
-        ``key`` (None: the primary key)."""
+        ``key`` (None: the primary key), started by the supervisor with PID ``supervisor``."""
         if key is None:
             return WorkerConfig(name, home, self.keys_dir, self.dispatch,
-                                passphrase=self.passphrase, log_level=self.log_level)
+                                passphrase=self.passphrase, log_level=self.log_level,
+                                supervisor=supervisor)
         return WorkerConfig(name, home, key_dir(self.keys_dir, key), self.dispatch, key_id=key.id,
                             format=cast(KeyFormat, key.format),
                             passphrase=self.passphrase if key.format == "openpgp" else None,
-                            log_level=self.log_level)
+                            log_level=self.log_level, supervisor=supervisor)
 
     def to_json(self) -> str:
         return json.dumps({

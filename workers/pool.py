@@ -1,9 +1,22 @@
 """The supervisor: starts N signing workers, reaps and respawns them, stops them on SIGTERM.
 
-Each worker gets a fresh private home (mode 0700) under the runtime directory. When a worker
-exits for any reason, the supervisor kills the gpg-agent it left behind (recorded in
-``<home>/agent.pid``), removes the home with the imported key, and starts a replacement after a
-short backoff that grows while workers keep dying young.
+Each worker gets a fresh private home (mode 0700) under the runtime directory: by default
+``<data_dir>/run/workers``, made private (0700) by the supervisor (`prepare_runtime_dir`). The
+home holds an imported copy of the secret key. When a worker exits for any reason, the
+supervisor kills the agent it left behind (recorded in ``<home>/agent.pid``), removes the home
+with the key, and starts a replacement after a short backoff that grows while workers keep
+dying young.
+
+Homes must not outlive their workers, even when the supervisor is killed with SIGKILL:
+
+- the workers die with the supervisor, and their agents with them (``PR_SET_PDEATHSIG``,
+  `workers.agents.base.die_with_parent`); a worker that outlives its supervisor all the same
+  removes its own home;
+- the supervisor holds a lock (``flock``) on every home it made, for as long as the home is
+  in use; at start it removes every home under the runtime directory that nobody holds
+  (`sweep_stale_homes`: those of a supervisor killed before it could clean up), after killing
+  an agent still serving it. The lock, not a PID, tells a stale home from one of another live
+  supervisor sharing the directory.
 
 Run as ``python -m workers.pool`` (by ``stampd serve``), the supervisor reads its `PoolConfig`
 as JSON from stdin; ``stampd worker`` runs a `WorkerPool` in its own process. Each worker gets
@@ -14,10 +27,13 @@ only names it (``--name``, ``--home``, ``--key-id``) for ``ps`` and ``pgrep``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.agents.base import die_with_parent
 from workers.config import ConfigError, PoolConfig
 from workers.keys.keyset import KeySpec
 from workers.worker import AGENT_PID_FILE, EXIT_CONFIG
@@ -34,6 +51,15 @@ log = logging.getLogger(__name__)
 
 STOP_DEADLINE = 10.0
 MAX_BACKOFF = 5.0
+HOME_PREFIX = "stampd-w"  # a home is <runtime dir>/stampd-w<slot>-<8 random characters>
+SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less its NUL)
+# The longest socket name in a home: gpg-agent's (its socket is in the home unless
+# /run/user/<uid> exists); ssh-agent's is "agent.sock".
+LONGEST_SOCKET = "S.gpg-agent"
+
+
+class RuntimeDirError(Exception):
+    """No usable directory for the workers' homes."""
 
 
 @dataclass
@@ -43,6 +69,7 @@ class Slot:
     proc: subprocess.Popen[bytes] | None = None
     home: Path | None = None
     started: float = 0.0
+    lock: int = -1  # a descriptor of the home, flock()ed while the home is in use
     due: float = 0.0  # when to (re)start
     quick_deaths: int = 0
     restarts: int = 0
@@ -64,35 +91,38 @@ class WorkerPool:
 
     # -- worker lifecycle ------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
-        self.runtime.mkdir(parents=True, exist_ok=True)
-        home = Path(tempfile.mkdtemp(prefix=f"stampd-w{slot.index}-", dir=self.runtime))
-        os.chmod(home, 0o700)
+        home, lock = make_home(self.runtime, slot.index)
         name = f"{os.uname().nodename}:{os.getpid()}:{slot.index}"
-        config = self.config.worker_config(name, home, slot.key)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.worker", "--name", name, "--home", str(home),
-             "--key-id", config.key_id],
-            stdin=subprocess.PIPE,
-            env={**self.env, "GNUPGHOME": str(home)},
-            preexec_fn=_unblock_signals,  # the supervisor blocks these for sigtimedwait
-        )
-        slot.proc, slot.home, slot.started = proc, home, time.monotonic()
+        config = self.config.worker_config(name, home, slot.key, supervisor=os.getpid())
+        die_with_us = die_with_parent()
+
+        def preexec() -> None:
+            _unblock_signals()  # the supervisor blocks these for sigtimedwait
+            die_with_us()
+
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.worker", "--name", name, "--home", str(home),
+                 "--key-id", config.key_id],
+                stdin=subprocess.PIPE,
+                env={**self.env, "GNUPGHOME": str(home)},
+                preexec_fn=preexec,
+            )
+        except BaseException:
+            shutil.rmtree(home, ignore_errors=True)
+            os.close(lock)
+            raise
+        slot.proc, slot.home, slot.lock, slot.started = proc, home, lock, time.monotonic()
         send_config(proc, config.to_json())
         log.info("started worker %d (pid %d)", slot.index, proc.pid)
 
     def _cleanup(self, slot: Slot) -> None:
         if slot.home is None:
             return
-        pid_file = slot.home / AGENT_PID_FILE
-        try:
-            agent_pid = int(pid_file.read_text())
-        except (OSError, ValueError):
-            agent_pid = 0
-        if agent_pid and _is_agent_of(agent_pid, slot.home):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(agent_pid, signal.SIGKILL)
-        shutil.rmtree(slot.home, ignore_errors=True)
-        slot.home = None
+        remove_home(slot.home)
+        if slot.lock >= 0:
+            os.close(slot.lock)  # (after the removal: nobody sweeps a half-removed home)
+        slot.home, slot.lock = None, -1
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -120,6 +150,14 @@ class WorkerPool:
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            self.runtime = prepare_runtime_dir(self.config.runtime_dir, len(self.slots))
+        except (OSError, RuntimeDirError) as e:
+            log.error("supervisor: no directory for the worker homes: %s", e)
+            return EXIT_CONFIG
+        for home in sweep_stale_homes(self.runtime):
+            log.warning("supervisor: removed the stale worker home %s (its supervisor did not "
+                        "clean up)", home)
         watched = WATCHED
         signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         parent = os.getppid()
@@ -168,14 +206,117 @@ def _unblock_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, WATCHED)
 
 
-def _is_agent_of(pid: int, home: Path) -> bool:
-    """Is ``pid`` a gpg-agent or ssh-agent serving ``home``? (Guards against a reused PID.)"""
+# -- homes -------------------------------------------------------------------------------------
+
+def prepare_runtime_dir(wanted: Path, workers: int) -> Path:
+    """The directory for the homes of ``workers`` workers: ``wanted``, made (mode 0700, and so
+    are the parents it needs) if it is missing; an existing one is left as it is.
+
+    Unless an agent's socket in a home there would not fit a socket path: then a short private
+    directory in the system's temp directory, named after ``wanted`` (the next start finds the
+    same one, and its stale homes), and a warning that says so. The socket cannot be moved
+    out of the home alone: gpg finds its agent by a path derived from the home (GnuPG moves
+    it to /run/user/<uid> only where that exists, seldom for a service user), and ssh-agent's
+    socket is in the home too."""
+    if _longest_socket(wanted, workers) <= SUN_PATH_MAX:
+        _make_dirs(wanted)
+        return wanted
+    digest = hashlib.sha256(os.fsencode(wanted)).hexdigest()[:12]
+    short = Path(tempfile.gettempdir()) / f"stampd-{os.geteuid()}-{digest}"
+    if _longest_socket(short, workers) > SUN_PATH_MAX:
+        raise RuntimeDirError(f"agent sockets in {wanted} (and in {short}) would exceed "
+                              f"{SUN_PATH_MAX} bytes: set STAMPD_RUNTIME_DIR to a short directory")
+    log.warning("worker homes: agent sockets in %s would exceed %d bytes; the homes go to %s "
+                "instead (set STAMPD_RUNTIME_DIR to choose)", wanted, SUN_PATH_MAX, short)
+    _make_dirs(short)
+    info = short.lstat()  # in a directory others may write to: it must be ours, and private
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise RuntimeDirError(f"{short} is not a private directory of ours (mode 0700); "
+                              "set STAMPD_RUNTIME_DIR to a short private directory")
+    return short
+
+
+def _longest_socket(runtime: Path, workers: int) -> int:
+    home = runtime / f"{HOME_PREFIX}{max(workers - 1, 0)}-{'x' * 8}"
+    return len(os.fsencode(home / LONGEST_SOCKET))
+
+
+def _make_dirs(path: Path) -> None:
+    """``path`` and its missing parents, each made with mode 0700."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+            os.chmod(directory, 0o700)  # (whatever the umask)
+
+
+def make_home(runtime: Path, index: int) -> tuple[Path, int]:
+    """A fresh private home for worker ``index``, and a descriptor of it holding its lock."""
+    for _ in range(10):
+        home = Path(tempfile.mkdtemp(prefix=f"{HOME_PREFIX}{index}-", dir=runtime))  # 0700
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), home.lstat()):
+                return home, fd
+        os.close(fd)  # another supervisor's sweep removed it before we held it
+    raise RuntimeDirError(f"cannot keep a home in {runtime}: removed each time")
+
+
+def remove_home(home: Path) -> None:
+    """Kill the agent that serves ``home`` (if it still runs), then remove the home."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        agent_pid = int((home / AGENT_PID_FILE).read_text())
+    except (OSError, ValueError):
+        agent_pid = 0
+    if agent_pid > 0 and _is_agent_of(agent_pid, home):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent_pid, signal.SIGKILL)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def sweep_stale_homes(runtime: Path) -> list[Path]:
+    """Remove the homes in ``runtime`` that no live supervisor holds (see `make_home`); those
+    removed. Only our own directories named like homes are looked at."""
+    removed = []
+    try:
+        entries = sorted(runtime.iterdir())
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(HOME_PREFIX):
+            continue
+        try:
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # not a directory (a link, say), or gone
+            continue
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use
+            remove_home(entry)
+            removed.append(entry)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _is_agent_of(pid: int, home: Path) -> bool:
+    """Is ``pid`` our gpg-agent or ssh-agent serving ``home``? (Guards against a reused PID.)"""
+    proc = Path(f"/proc/{pid}")
+    try:
+        cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        owner = proc.stat().st_uid
     except OSError:
         return False
     is_agent = bool(cmdline) and cmdline[0].endswith((b"gpg-agent", b"ssh-agent"))
-    return is_agent and str(home).encode() in b" ".join(cmdline)
+    return is_agent and owner == os.geteuid() and str(home).encode() in b" ".join(cmdline)
 
 
 def send_config(proc: subprocess.Popen[bytes], config_json: str) -> None:

@@ -10,7 +10,11 @@ database DSN) and a private 0700 home directory. The worker
 3. builds and signs every job it receives (no process spawn per signature),
 4. exits non-zero as soon as its agent is gone, and stops its agent when it exits.
 
-The supervisor removes the home (and kills a left-over agent) after the process is reaped.
+The supervisor removes the home (and kills a left-over agent) after the process is reaped. The
+worker dies with its supervisor (SIGKILL, set by the supervisor), and its agent with it (the
+same, `workers.agents.base.die_with_parent`); a worker that finds its supervisor gone all the
+same (where that signal is not to be had) stops its agent and removes its home itself: nobody
+else would until the next supervisor starts.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -153,9 +158,12 @@ def sign(signer: Signer, job_id: int | None, data: dict[str, Any]) -> Result:
         return Result(int(job_id or 0), error=f"malformed job: {e!r}")
 
 
-def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name: str) -> int:
+def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name: str,
+          parent: int | None = None) -> int:
+    """Sign the jobs that come over ``sock``. ``parent``: the supervisor's PID (default: our
+    parent's now)."""
     frames = FrameBuffer()
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     while True:
         message = frames.next()
         while message is None:
@@ -182,11 +190,12 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
 
 
 def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, key_id: str,
-             beat_every: float = 2.0) -> int:
-    """The worker loop of database dispatch: claim, sign, record, notify (`workers.jobtable`)."""
+             beat_every: float = 2.0, parent: int | None = None) -> int:
+    """The worker loop of database dispatch: claim, sign, record, notify (`workers.jobtable`).
+    ``parent`` as for `serve`."""
     import psycopg
 
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         conn.execute(jobtable.LISTEN_JOBS)
         last_beat = 0.0
@@ -225,9 +234,10 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                 conn.execute(*jobtable.forget_worker(name))
 
 
-def run(config: WorkerConfig) -> int:
-    """Start the agent, load the key, serve jobs until the agent, the supervisor or the
-    dispatcher is gone; the exit status."""
+def run(config: WorkerConfig, supervisor: int | None = None) -> int:
+    """Start the agent, load the key, serve jobs until the agent, the supervisor (PID
+    ``supervisor``, default: our parent's now) or the dispatcher is gone; the exit status."""
+    supervisor = os.getppid() if supervisor is None else supervisor
     agent: GpgAgent | SshAgent
     if config.format == "ssh":
         agent = SshAgent(config.home)
@@ -248,12 +258,13 @@ def run(config: WorkerConfig) -> int:
             assert dispatch.dsn is not None  # (DispatchConfig checks it)
             log.info("ready: key %s (%s), agent pid %d, jobs from the database",
                      fingerprint, config.key_id, agent.pid)
-            return serve_db(dispatch.dsn, signer, agent, config.name, config.key_id)
+            return serve_db(dispatch.dsn, signer, agent, config.name, config.key_id,
+                            parent=supervisor)
         assert dispatch.socket is not None
         sock = connect(dispatch.socket, time.monotonic() + 120)
         sock.sendall(Hello(config.name, os.getpid(), fingerprint, config.key_id).frame())
         log.info("ready: key %s (%s), agent pid %d", fingerprint, config.key_id, agent.pid)
-        return serve(sock, signer, agent, config.name)
+        return serve(sock, signer, agent, config.name, supervisor)
     except (AgentError, SshAgentError):
         log.exception("the agent failed")
         return EXIT_AGENT_DIED
@@ -262,11 +273,16 @@ def run(config: WorkerConfig) -> int:
         return EXIT_NO_DISPATCHER
     finally:
         agent.stop()
+        if os.getppid() != supervisor:  # orphaned: the home and its key copy are ours to remove
+            log.warning("worker %s: supervisor is gone; removing home %s", config.name,
+                        config.home)
+            shutil.rmtree(config.home, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m workers.worker [--name N --home H --key-id K] < config.json``. The options
     only label the process (``ps``, ``pgrep``); when given, they must match the configuration."""
+    parent = os.getppid()  # first of all (the configuration should say it, though)
     ap = argparse.ArgumentParser(prog="workers.worker",
                                  description="one signing worker; its configuration (JSON) "
                                  "comes on stdin")
@@ -290,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level,
                         format=f"%(asctime)s worker[{config.name}] %(levelname)s %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    return run(config)
+    return run(config, parent if config.supervisor is None else config.supervisor)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -94,5 +95,10 @@ def test_sigterm_stops_everything_in_order(seeded_dir: Path, server_factory: lis
         time.sleep(0.1)
     assert server.worker_pids() == [] and server.agent_pids() == []
     log = server.log()
+    # One start-up line says what is served, from where, with which keys and workers.
+    data = re.escape(str(seeded_dir.resolve()))
+    assert re.search(rf"serving http://127\.0\.0\.1:{server.port}/ from {data}: database "
+                     rf"sqlite:///\S+stampd\.sqlite3, keys primary {TEST_FPR}, 2 workers\n",
+                     log), log[:2000]
     assert "supervisor: stopping on signal 15" in log
     assert "parent process is gone" not in log

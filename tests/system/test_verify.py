@@ -249,6 +249,10 @@ def test_garbage_is_malformed(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         code, _, err = verify(capsys, path, "--key", TEST_PUBLIC_KEY)
         assert code == 2, f"{name}: {err}"
         assert err.startswith("stampd verify: malformed: ")
+    # A receipt path that does not exist says so (it is no git tag or commit either).
+    for missing in (tmp_path / "gone.asc", "gone.receipt.asc"):
+        code, _, err = verify(capsys, missing)
+        assert code == 2 and err == f"stampd verify: malformed: no such file: {missing}\n", err
 
 
 def test_receipt_of_another_server(live_server: Server, other_server: Server, tmp_path: Path,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -31,8 +33,41 @@ def test_exit_status_of_each_error_family() -> None:
     assert exit_status(ZeroDivisionError()) is None  # a bug keeps its traceback
 
 
-def test_main_prints_one_line(tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+def test_main_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                               ) -> None:
     assert main(["keys", "--data-dir", str(tmp_path), "show"]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert err.startswith("stampd keys: no public key at ") and err.count("\n") == 1
+
+
+def test_options_work_before_and_after_the_subcommand(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["keys", "show", "--data-dir", str(tmp_path)],
+                 ["keys", "--data-dir", str(tmp_path), "show"]):
+        assert main(argv) == EXIT_FAILED
+        assert capsys.readouterr().err == (
+            f"stampd keys: no public key at {tmp_path}/keys/pubkey.asc\n")
+
+
+def test_database_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    assert main(["db", "check", "--data-dir", str(tmp_path)]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not up to date" in err and "stampd db upgrade" in err
+    assert main(["db", "--database-url", "nonsense://x", "check"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("stampd db: invalid STAMPD_DATABASE_URL: ") and err.count("\n") == 1
+    assert main(["db", "upgrade", "--data-dir", str(tmp_path)]) == 0
+    assert main(["db", "check", "--data-dir", str(tmp_path)]) == 0
+
+
+def test_postgres_urls_mean_psycopg() -> None:
+    for url in ("postgres://u@h/db", "postgresql://u@h/db", "postgresql+psycopg://u@h/db"):
+        assert Settings(database_url=url).db_url == "postgresql+psycopg://u@h/db"
+
+
+def test_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "timestamping server" in out and "Only this module" not in out

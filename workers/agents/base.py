@@ -6,20 +6,25 @@ once broken, fails every later call at once instead of talking on out of step.
 `AgentProcess`: an agent started as our own child in a private home: its PID, whether it runs,
 and stopping it for sure (a polite request, then SIGTERM, then SIGKILL, each waited for a
 bounded time; a finalizer as the safety net that kills and reaps it and removes its socket).
+The agent dies with its parent: SIGKILL when the process that started it is gone
+(`die_with_parent`, Linux), so a worker killed with SIGKILL does not leave its agent serving.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -28,6 +33,38 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 STOP_GRACE = 5.0  # seconds an agent gets to exit after each step of stop()
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _find_prctl() -> Callable[..., int] | None:
+    """libc's prctl(2), looked up once, before any fork (a forked child must not load it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - every Linux libc has it
+        return None
+
+
+_prctl = _find_prctl()
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn`` for `subprocess.Popen`: the child gets ``sig`` when the process that
+    starts it (this one) is gone. (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing.)
+
+    The signal comes when the *thread* that forked the child ends, so start such children
+    from a thread that lives as long as they should: the main thread. The setting survives
+    ``exec`` (of anything but set-user-ID programs). A parent that died before the child set
+    it is caught too: the child then kills itself at once."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _prctl is not None and _prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0 \
+                and os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 class AgentSocket:

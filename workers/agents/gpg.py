@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from workers.agents.base import AgentProcess, AgentSocket
+from workers.agents.base import AgentProcess, AgentSocket, die_with_parent
 from workers.agents.base import stderr_tail as _stderr_tail
 from workers.formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from workers.formats.sexp import SexpError, signature_values
@@ -488,6 +488,7 @@ class GpgAgent(AgentProcess):
                 stderr=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # a terminal's Ctrl-C is for us, not for the agent
+                preexec_fn=die_with_parent(),  # and it does not outlive us
             )
         except OSError as exc:
             socket_path.unlink(missing_ok=True)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from workers.agents.base import AgentProcess, AgentSocket
+from workers.agents.base import AgentProcess, AgentSocket, die_with_parent
 from workers.agents.base import stderr_tail as _stderr_tail
 from workers.formats.sshsig import (
     DEFAULT_HASH,
@@ -285,6 +285,7 @@ class SshAgent(AgentProcess):
                 stderr=stderr,
                 env=_tool_env(None),
                 start_new_session=True,  # a terminal's Ctrl-C is for us, not for the agent
+                preexec_fn=die_with_parent(),  # and it does not outlive us
             )
         except OSError as exc:
             raise SshAgentError(f"cannot start ssh-agent {self._ssh_agent}: {exc}") from exc

@@ -134,6 +134,20 @@ def ensure_extra_keys(keys_dir: Path, specs: list[KeySpec], uid: str,
             SshKeyStore(key_dir(keys_dir, spec)).ensure(spec.algo, f"stampd {uid}")
 
 
+def stored_key_specs(keys_dir: Path) -> list[KeySpec]:
+    """The extra keys a key directory holds (``<format>-<algorithm>/`` with a public key),
+    whether or not the settings name them."""
+    found: list[KeySpec] = []
+    for sub in sorted(keys_dir.glob("*-*")):
+        fmt, _, algo = sub.name.partition("-")
+        spec = KeySpec(fmt, algo)
+        ssh = fmt == "ssh" and algo in SSH_TYPES and SshKeyStore(sub).public_key_file.is_file()
+        pgp = fmt == "openpgp" and KeyStore(sub).public_key_file.is_file()
+        if ssh or pgp:
+            found.append(spec)
+    return found
+
+
 def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
     """Every key the server signs with, the primary first (public parts only)."""
     primary = KeyStore(keys_dir).public_key()

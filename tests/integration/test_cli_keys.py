@@ -1,0 +1,30 @@
+"""`stampd keys show` finds the data directory's keys without any environment variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server.cli import main
+from tests.helpers import TEST_FPR, seed_data_dir
+from workers.keys.keyset import SshKeyStore, stored_key_specs
+
+
+def test_keys_show_finds_ssh_keys_of_the_data_dir(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STAMPD_EXTRA_KEYS", raising=False)
+    data = seed_data_dir(tmp_path / "data")
+    assert main(["keys", "show", "--ssh", "--data-dir", str(data)]) == 1
+    assert "no SSH key in" in capsys.readouterr().err
+    store = SshKeyStore(data / "keys" / "ssh-ed25519")
+    assert store.ensure("ed25519", "stampd test")
+    assert [s.id for s in stored_key_specs(data / "keys")] == ["ssh-ed25519"]
+    assert main(["keys", "show", "--ssh", "--data-dir", str(data)]) == 0
+    line = capsys.readouterr().out
+    key = store.public_key().to_line(comment=False)
+    assert line == f'test@stampd.invalid namespaces="git,stampd" {key}\n'
+    assert main(["keys", "show", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert TEST_FPR in out and "key ssh-ed25519:" in out
