@@ -168,6 +168,23 @@ class AgentSocket:
         return chunk
 
 
+def remove_stale_socket(path: Path, error: type[Exception], agent: str) -> None:
+    """Remove a socket file no agent serves (a dead agent's); raise ``error`` when a live
+    ``agent`` still listens on it. Agents will not bind over an existing socket."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(os.fspath(path))
+    except OSError:
+        path.unlink()  # stale socket of a dead agent
+    else:
+        raise error(f"another {agent} already listens on {path}")
+    finally:
+        probe.close()
+
+
 def stderr_tail(result: subprocess.CompletedProcess[bytes], lines: int = 5) -> str:
     """The last lines of a tool's stderr, on one line (for error messages)."""
     text = result.stderr.decode("utf-8", "replace").strip().splitlines()

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from workers.agents.base import AgentProcess, AgentSocket, die_with_parent
+from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
 from workers.agents.base import stderr_tail as _stderr_tail
 from workers.formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from workers.formats.sexp import SexpError, signature_values
@@ -624,17 +624,7 @@ class GpgAgent(AgentProcess):
                 home=self.home,
                 what="create socket directory",
             )
-        if path.exists() or path.is_symlink():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.settimeout(1.0)
-                probe.connect(os.fspath(path))
-            except OSError:
-                path.unlink()  # stale socket of a dead agent
-            else:
-                raise AgentError(f"another gpg-agent already listens on {path}")
-            finally:
-                probe.close()
+        remove_stale_socket(path, AgentError, "gpg-agent")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(os.fspath(path))

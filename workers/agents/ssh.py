@@ -27,14 +27,13 @@ import logging
 import os
 import re
 import selectors
-import socket
 import struct
 import subprocess
 import time
 from pathlib import Path
 from typing import IO
 
-from workers.agents.base import AgentProcess, AgentSocket, die_with_parent
+from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
 from workers.agents.base import stderr_tail as _stderr_tail
 from workers.formats.sshsig import (
     DEFAULT_HASH,
@@ -269,7 +268,7 @@ class SshAgent(AgentProcess):
                 f"agent socket path is longer than {_SUN_PATH_MAX} bytes: {socket_path}; "
                 "use a shorter home directory"
             )
-        self._remove_stale_socket(socket_path)
+        remove_stale_socket(socket_path, SshAgentError, "ssh-agent")
         stderr: IO[bytes] | int = subprocess.DEVNULL
         log_handle = None
         if self._log_file is not None:
@@ -360,22 +359,6 @@ class SshAgent(AgentProcess):
         return conn
 
     # -- internals ------------------------------------------------------------------------
-
-    @staticmethod
-    def _remove_stale_socket(path: Path) -> None:
-        """ssh-agent will not bind over an existing socket: remove one no agent serves."""
-        if not (path.exists() or path.is_symlink()):
-            return
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.settimeout(1.0)
-            probe.connect(os.fspath(path))
-        except OSError:
-            path.unlink()  # stale socket of a dead agent
-        else:
-            raise SshAgentError(f"another ssh-agent already listens on {path}")
-        finally:
-            probe.close()
 
     @staticmethod
     def _read_announced_pid(proc: subprocess.Popen[bytes]) -> int:
