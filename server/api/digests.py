@@ -88,6 +88,26 @@ def parse_digest_body(ctype: str, body: bytes) -> tuple[DigestRequest, dict[str,
     return DigestRequest(algorithm=algorithm, digest=digest), choice
 
 
+PAGE_MAX = 100  # receipts in one answer of GET /v1/stamps/<algorithm>/<hex>
+
+
+def page_params(limit: list[str], after: list[str]) -> tuple[int, int]:
+    """(limit, after) of a receipts page from the query: ``limit`` 1..`PAGE_MAX` (default
+    `PAGE_MAX`), ``after`` a serial (default 0: from the first); each at most once."""
+
+    def one(name: str, values: list[str], default: int, low: int, high: int) -> int:
+        if len(values) > 1:
+            raise BadRequest(f"'{name}' given more than once")
+        if not values:
+            return default
+        v = values[0]
+        if not (v.isdigit() and len(v) <= 19 and low <= int(v) <= high):
+            raise BadRequest(f"'{name}' must be a whole number from {low} to {high}")
+        return int(v)
+
+    return one("limit", limit, PAGE_MAX, 1, PAGE_MAX), one("after", after, 0, 0, 2**63 - 1)
+
+
 def wants_json(request: Request) -> bool:
     return JSON in request.headers.get("accept", "")
 
@@ -148,27 +168,45 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
 
     @router.get("/v1/stamps/{algorithm}/{digest}")
     async def get_receipts(algorithm: str, digest: str, request: Request) -> Response:
+        """The receipts of a digest, oldest first, a page at a time: ``limit`` (default and
+        most `PAGE_MAX`) receipts with a serial after ``after``; a ``Link: <...>; rel="next"``
+        header (and ``"next"`` in JSON) names the next page while there is one."""
         s = services()
         try:
             check_digest(algorithm, digest)
         except ValueError as e:
             raise BadRequest(str(e)) from None
+        limit, after = page_params(request.query_params.getlist("limit"),
+                                   request.query_params.getlist("after"))
+        as_json = wants_json(request)
 
-        def query() -> list[str]:
+        def page() -> tuple[list[int], Any]:
+            # The query and the answer's body are built in a thread: a digest stamped
+            # thousands of times must not hold up the event loop.
             with s.engine.connect() as conn:
                 rows = conn.execute(
-                    select(Stamp.receipt).where(
+                    select(Stamp.id, Stamp.receipt).where(
                         Stamp.algorithm == algorithm, Stamp.digest == digest,
                         Stamp.state == StampState.SIGNED, Stamp.receipt.is_not(None),
-                    ).order_by(Stamp.id)
-                )
-                return [r[0] for r in rows if r[0] is not None]
+                        Stamp.id > after,
+                    ).order_by(Stamp.id).limit(limit + 1)
+                ).all()
+            ids = [r[0] for r in rows]
+            receipts = [r[1] for r in rows[:limit] if r[1] is not None]
+            if as_json:
+                return ids, [receipt_json(r) for r in receipts]
+            return ids, "".join(receipts)
 
-        receipts = await asyncio.to_thread(query)
-        if not receipts:
-            raise NotFound(f"no receipt for {algorithm} {digest}")
-        if wants_json(request):
-            return JSONResponse({"receipts": [receipt_json(r) for r in receipts]})
-        return PlainTextResponse("".join(receipts))
+        ids, body = await asyncio.to_thread(page)
+        if not ids:
+            raise NotFound(f"no receipt for {algorithm} {digest}"
+                           + (f" after serial {after}" if after else ""))
+        more = len(ids) > limit
+        next_url = (f"/v1/stamps/{algorithm}/{digest}?limit={limit}&after={ids[limit - 1]}"
+                    if more else None)
+        headers = {"Link": f'<{next_url}>; rel="next"'} if next_url else None
+        if as_json:
+            return JSONResponse({"receipts": body, "next": next_url}, headers=headers)
+        return PlainTextResponse(body, headers=headers)
 
     app.include_router(router)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import signal
@@ -89,6 +90,53 @@ def test_fetch_again(live_server: Server) -> None:
     status, _, body = curl(live_server, "-H", "Accept: application/json",
                            live_server.url + f"v1/stamps/sha256/{digest}")
     assert [r["receipt"] for r in json.loads(body)["receipts"]] == [first, second]
+
+
+def get(server: Server, path: str, accept: str | None = None
+        ) -> tuple[int, dict[str, str], str]:
+    """(status, headers, body) of a GET."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", path, headers={"Accept": accept} if accept else {})
+    r = conn.getresponse()
+    body = r.read().decode()
+    conn.close()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, body
+
+
+def test_receipts_come_a_page_at_a_time(live_server: Server) -> None:
+    """One digest stamped many times: receipts are answered in pages (limit + cursor), each
+    page naming the next one, so a lookup's cost is bounded whatever the history."""
+    digest = hashlib.sha256(b"paged").hexdigest()
+    receipts = [curl(live_server, "--data", f"sha256={digest}", live_server.url + "v1/stamps")[2]
+                for _ in range(3)]
+    base = f"/v1/stamps/sha256/{digest}"
+    status, headers, first = get(live_server, base + "?limit=2")
+    assert status == 200 and first == receipts[0] + receipts[1]
+    next_url = headers["link"].removeprefix("<").split(">;")[0]
+    assert headers["link"].endswith('>; rel="next"') and next_url.startswith(base + "?limit=2&")
+    status, headers, rest = get(live_server, next_url)
+    assert status == 200 and rest == receipts[2] and "link" not in headers
+    status, _, body = get(live_server, base + "?limit=2", accept="application/json")
+    page = json.loads(body)
+    assert [r["receipt"] for r in page["receipts"]] == receipts[:2]
+    assert page["next"] == next_url
+    status, _, body = get(live_server, next_url, accept="application/json")
+    assert json.loads(body)["next"] is None
+    # Without a limit a page holds at most 100 receipts.
+    serial = int(parse_statement(split_receipt(receipts[2])[0]).serial)
+    with sqlite3.connect(live_server.data_dir / "stampd.sqlite3") as db:
+        db.executemany(
+            "insert into stamps (kind, algorithm, digest, stamped_at, state, attempts, receipt)"
+            " values ('digest', 'sha256', ?, 0, 'signed', 1, ?)",
+            [(digest, f"receipt {i}\n") for i in range(150)])
+    status, headers, body = get(live_server, base)
+    assert status == 200 and body.count("\n") > 0 and "link" in headers
+    assert body.startswith(receipts[0]) and body.endswith("receipt 96\n")
+    status, _, body = get(live_server, f"{base}?after={serial}&limit=1")
+    assert status == 200 and body == "receipt 0\n"
+    for bad in ("limit=0", "limit=101", "limit=x", "after=-1", "limit=1&limit=2"):
+        status, headers, body = get(live_server, f"{base}?{bad}")
+        assert status == 400 and headers["content-type"] == "application/problem+json", bad
 
 
 def test_one_line_file_stamp(live_server: Server, tmp_path: Path) -> None:
