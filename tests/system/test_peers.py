@@ -77,6 +77,9 @@ def test_peer_down_then_back(tmp_path: Path, server_factory: list[Server]) -> No
     server_factory.append(b)
     wait_for(lambda: len(branch(a_dir, "bee-timestamps")) >= 1, timeout=30,
              what="the peer's stamp after it came back")
+    # The branch moves first, then the row is marked done (a moment later).
+    wait_for(lambda: cross_rows(a_dir)[-1][1] != "pending", timeout=30,
+             what="the cross-stamp row's outcome")
     stamp = branch(a_dir, "bee-timestamps")[0]
     # The stamp covers the newest head, and with it the heads missed while the peer was down.
     assert stamp.parents[-1].id == branch(a_dir, "main")[0].id
