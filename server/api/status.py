@@ -69,19 +69,29 @@ def _when(t: int | None) -> str:
 
 
 def chart(per_minute: list[int]) -> str:
-    """An inline SVG bar chart of stamps per minute."""
-    width, height = 600, 120
+    """An inline SVG bar chart of stamps per minute, oldest minute on the left, with its axes
+    labelled: the y axis in stamps per minute (up to the peak), the x axis in minutes ago."""
+    width, plot, height = 600, 120, 136  # the bars stand on y = plot; labels below
     peak = max(per_minute) or 1
     bar = width / len(per_minute)
     bars = []
     for i, n in enumerate(per_minute):
-        h = round(n / peak * (height - 20))
-        bars.append(f'<rect x="{i * bar:.1f}" y="{height - h}" width="{bar - 1:.1f}" '
-                    f'height="{h}"><title>{n} stamps</title></rect>')
+        h = round(n / peak * (plot - 20))
+        bars.append(f'<rect x="{i * bar:.1f}" y="{plot - h}" width="{bar - 1:.1f}" '
+                    f'height="{h}"><title>{len(per_minute) - i} min ago: {n} stamps'
+                    f'</title></rect>')
+    minutes = len(per_minute)
     return (f'<svg id="throughput" role="img" aria-label="stamps per minute, last hour" '
             f'viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="none" '
             f'height="{height}">'
-            f'<text x="2" y="12" class="axis">peak {peak}/min</text>{"".join(bars)}</svg>')
+            f'<text x="2" y="12" class="axis">stamps per minute (peak {peak})</text>'
+            f'{"".join(bars)}'
+            f'<line x1="0" y1="{plot}" x2="{width}" y2="{plot}" stroke="#555"/>'
+            f'<text x="2" y="{height - 2}" class="axis">{minutes} min ago</text>'
+            f'<text x="{width / 2:.0f}" y="{height - 2}" class="axis" text-anchor="middle">'
+            f'{minutes // 2} min ago</text>'
+            f'<text x="{width - 2}" y="{height - 2}" class="axis" text-anchor="end">now</text>'
+            f'</svg>')
 
 
 CSS = """
@@ -152,9 +162,11 @@ recorded before it is signed and published in a <a href="/log.git/info/refs">pub
 <p>Timestamp a git commit with the <code>git timestamp</code> client:</p>
 <pre>git timestamp --server {e(url.rstrip('/'))} --tag my-stamp
 git timestamp --server {e(url.rstrip('/'))} --branch my-timestamps</pre>
-<p>Stamp a file's digest with curl, and check the receipt with gpg:</p>
+<p>Stamp a file's digest with curl, and check the receipt with gpg (once, import the server's
+key; compare its fingerprint with the one above):</p>
 <pre>sha256sum FILE | cut -d' ' -f1 |
   curl -sS --data-urlencode sha256@- {e(url)}v1/stamps &gt; FILE.receipt.asc
+curl -sS '{e(url)}?request=get-public-key-v1' | gpg --import
 gpg --verify FILE.receipt.asc</pre>
 <p>Stamp every commit of a repository with the git hook:</p>
 <pre>stampd hook install --server {e(url.rstrip('/'))}</pre>

@@ -40,6 +40,10 @@ def test_status_page_in_chromium(seeded_dir: Path, server_factory: list[Server],
     assert "stampd log commit 1" in page  # recent log commits
     assert "nobody" in page and "http://127.0.0.1:9/" in page  # peers and their state
     assert "git timestamp --server" in page and "v1/stamps" in page  # how to use it
+    # The gpg recipe imports the key before it verifies; the chart's axes have units.
+    assert f"curl -sS '{server.url}?request=get-public-key-v1' | gpg --import" in page
+    assert page.index("gpg --import") < page.index("gpg --verify FILE.receipt.asc")
+    assert "stamps per minute (peak " in page and ">60 min ago<" in page and ">now<" in page
     assert "http://" not in page.split("<body>")[0].replace(server.url, "")  # no external assets
 
     shot = tmp_path / "status.png"
