@@ -146,6 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server.api.httpproto import StampdHttpProtocol
 
     settings = build_settings(args)
+    _check_listen(settings.host, settings.port)
     _prepare(settings)
     log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
              settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(settings),
@@ -182,6 +183,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if pool is not None:
             pool.stop()
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail at once, before anything is prepared or started, when the address cannot be
+    listened on (in use, or not an address of this host)."""
+    import socket
+
+    from client.errors import CommandError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise CommandError(f"cannot listen on {host}:{port}: {e.strerror} "
+                               "(set --port/STAMPD_PORT or --host/STAMPD_HOST)") from None
 
 
 def _safe_url(url: str) -> str:

@@ -71,3 +71,19 @@ def test_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     out = capsys.readouterr().out
     assert "timestamping server" in out and "Only this module" not in out
+
+
+def test_serve_on_a_busy_port_is_one_line_and_prepares_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["serve", "--port", str(port), "--data-dir", str(tmp_path / "d")])
+    assert code == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err == (f"stampd serve: cannot listen on 127.0.0.1:{port}: Address already in use "
+                   "(set --port/STAMPD_PORT or --host/STAMPD_HOST)\n")
+    assert not (tmp_path / "d").exists()  # no key generated, no database made
