@@ -242,6 +242,31 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_public(keys_dir: Path, specs: list[Any], target: Path) -> None:
+    """Copy the public half of every key in ``keys_dir`` to ``target`` in the key store's own
+    layout (``pubkey.asc``, ``<id>/pubkey.asc``, ``<id>/id.pub``), so that ``target`` can be an
+    API host's ``keys/``; plus ``allowed_signers`` (SSH keys) for verifiers. No secret key is
+    read."""
+    import shutil
+
+    from workers.keys.keyset import SshKeyStore, key_dir, served_keys
+    from workers.keys.store import KeyStore
+
+    keys = served_keys(keys_dir, specs)  # checks every public key parses
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(KeyStore(keys_dir).public_key_file, target / "pubkey.asc")
+    for spec in specs:
+        src = key_dir(keys_dir, spec)
+        public = (KeyStore(src).public_key_file if spec.format == "openpgp"
+                  else SshKeyStore(src).public_key_file)
+        (target / spec.id).mkdir(exist_ok=True)
+        shutil.copyfile(public, target / spec.id / public.name)
+    signers = "".join(k.allowed_signers("git,stampd") or "" for k in keys)
+    if signers:
+        (target / "allowed_signers").write_text(signers)
+    print(f"public keys of {len(keys)} signing key(s) written to {target}")
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     from client.errors import CommandError
     from workers.keys.store import KeyStore
@@ -260,6 +285,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
     specs = settings.extra_key_specs
     specs += [s for s in stored_key_specs(settings.keys_dir) if s not in specs]
     keys = served_keys(settings.keys_dir, specs)
+    if args.keys_command == "export-public":
+        export_public(settings.keys_dir, specs, args.dir)
+        return 0
     if getattr(args, "ssh", False):
         lines = [k.allowed_signers("git,stampd") for k in keys if k.format == "ssh"]
         if not lines:
@@ -341,7 +369,11 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--force", action="store_true")
     imp = keysub.add_parser("import", help="import a secret key file")
     imp.add_argument("file", type=Path)
-    for p in (show, gen, imp):
+    export = keysub.add_parser(
+        "export-public", help="write the public keys to DIR: a keys/ directory for an API "
+        "host (no secret), and allowed_signers for verifiers")
+    export.add_argument("dir", type=Path)
+    for p in (show, gen, imp, export):
         common(p, inner=True)
     keys.set_defaults(func=cmd_keys)
 

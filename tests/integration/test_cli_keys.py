@@ -28,3 +28,25 @@ def test_keys_show_finds_ssh_keys_of_the_data_dir(
     assert main(["keys", "show", "--data-dir", str(data)]) == 0
     out = capsys.readouterr().out
     assert TEST_FPR in out and "key ssh-ed25519:" in out
+
+
+def test_export_public_gives_an_api_host_its_keys_and_no_secret(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STAMPD_EXTRA_KEYS", raising=False)
+    data = seed_data_dir(tmp_path / "data")
+    SshKeyStore(data / "keys" / "ssh-ed25519").ensure("ed25519", "stampd test")
+    out = tmp_path / "api" / "keys"
+    assert main(["keys", "export-public", str(out), "--data-dir", str(data)]) == 0
+    assert capsys.readouterr().out == f"public keys of 2 signing key(s) written to {out}\n"
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == ["allowed_signers", "pubkey.asc", "ssh-ed25519/id.pub"]
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert b"PRIVATE" not in f.read_bytes(), f  # no secret key material
+    assert (out / "pubkey.asc").read_bytes() == (data / "keys/pubkey.asc").read_bytes()
+    # The exported directory serves as an API host's keys/: the same keys, same fingerprints.
+    assert main(["keys", "show", "--data-dir", str(out.parent)]) == 0
+    shown = capsys.readouterr().out
+    assert TEST_FPR in shown and "key ssh-ed25519:" in shown
+    assert (out / "allowed_signers").read_text().startswith("test@stampd.invalid ")
