@@ -68,8 +68,10 @@ def _setup_logging(level: str | None = None) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _prepare(settings: Settings) -> None:
-    """Data directory, key (generated on first start), migrated database, log repository."""
+def _prepare(settings: Settings, signs_here: bool = True) -> None:
+    """Data directory, keys (generated on first start; a host that keeps only public keys
+    never gets new ones, and must not sign: ``signs_here``), migrated database, log
+    repository."""
     from server import db
     from server.log.repository import LogRepository
     from workers.keys.keyset import ensure_extra_keys
@@ -78,12 +80,12 @@ def _prepare(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = KeyStore(settings.keys_dir)
     passphrase = settings.read_passphrase()
-    generated = store.ensure(settings.key_uid, settings.key_algo, passphrase)
+    generated = store.ensure(settings.key_uid, settings.key_algo, passphrase, signs_here)
     primary = store.public_key()
     if generated:
         log.info("generated signing key %s", primary.fingerprint)
     ensure_extra_keys(settings.keys_dir, settings.extra_key_specs, primary.uid,
-                      passphrase)
+                      passphrase, signs_here)
     engine = db.make_engine(settings.db_url)  # a new SQLite file is created 0600
     try:
         db.upgrade(engine)
@@ -147,7 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     _check_listen(settings.host, settings.port)
-    _prepare(settings)
+    _prepare(settings, signs_here=not args.no_workers)
     log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
              settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(settings),
              "no workers here (--no-workers)" if args.no_workers else

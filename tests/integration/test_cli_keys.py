@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from server.cli import main
-from tests.helpers import TEST_FPR, seed_data_dir
+from tests.helpers import TEST_FPR, free_port, seed_data_dir
 from workers.keys.keyset import SshKeyStore, stored_key_specs
 
 
@@ -50,3 +50,34 @@ def test_export_public_gives_an_api_host_its_keys_and_no_secret(
     shown = capsys.readouterr().out
     assert TEST_FPR in shown and "key ssh-ed25519:" in shown
     assert (out / "allowed_signers").read_text().startswith("test@stampd.invalid ")
+
+
+def test_a_host_with_only_public_keys_never_makes_a_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12, A1 (the part that lost stamps): an API host given only the public keys must
+    serve those, never generate a key of its own; a host that signs refuses to start without
+    its secret key, in one line naming the file."""
+    monkeypatch.setenv("STAMPD_EXTRA_KEYS", "ssh:ed25519")
+    data = seed_data_dir(tmp_path / "signer")
+    SshKeyStore(data / "keys" / "ssh-ed25519").ensure("ed25519", "stampd test")
+    api = tmp_path / "api"
+    assert main(["keys", "export-public", str(api / "keys"), "--data-dir", str(data)]) == 0
+    before = {p: p.read_bytes() for p in (api / "keys").rglob("*") if p.is_file()}
+    capsys.readouterr()
+
+    from server.cli import _prepare
+    from server.settings import Settings
+
+    _prepare(Settings(data_dir=api), signs_here=False)  # `stampd serve --no-workers`
+    after = {p: p.read_bytes() for p in (api / "keys").rglob("*") if p.is_file()}
+    assert after == before  # no key generated, none changed
+    assert not (api / "keys" / "secret-key.asc").exists()
+
+    port = str(free_port())
+    assert main(["serve", "--port", port, "--data-dir", str(api)]) == 1  # with workers
+    err = capsys.readouterr().err
+    assert err == (f"stampd serve: {api}/keys/secret-key.asc is missing: this host has only "
+                   "the public key (an API host runs with --no-workers); restore the secret "
+                   "key to sign here\n")
+    assert {p: p.read_bytes() for p in (api / "keys").rglob("*") if p.is_file()} == before

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.formats.sshsig import SshPublicKey, allowed_signers_line
-from workers.keys.store import KeyStore, KeyStoreError
+from workers.keys.store import KeyStore, KeyStoreError, ensure_files
 
 PRIMARY = "primary"
 SSH_TYPES = {
@@ -71,9 +71,12 @@ class SshKeyStore:
     def public_key_file(self) -> Path:
         return self.dir / "id.pub"
 
-    def ensure(self, algo: str, comment: str) -> bool:
-        if self.private_key_file.exists() and self.public_key_file.exists():
-            return False
+    def ensure(self, algo: str, comment: str, need_secret: bool = True) -> bool:
+        """Generate the key when the store holds none; see `ensure_files`."""
+        return ensure_files(self.private_key_file, self.public_key_file, need_secret,
+                            lambda: self._generate(algo, comment))
+
+    def _generate(self, algo: str, comment: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.dir / "id.tmp"
         for f in (tmp, tmp.with_suffix(".tmp.pub")):
@@ -86,7 +89,6 @@ class SshKeyStore:
         os.chmod(tmp, 0o600)
         os.replace(tmp.with_suffix(".tmp.pub"), self.public_key_file)
         os.replace(tmp, self.private_key_file)
-        return True
 
     def public_key(self) -> SshPublicKey:
         try:
@@ -126,12 +128,13 @@ def key_dir(keys_dir: Path, spec: KeySpec) -> Path:
 
 
 def ensure_extra_keys(keys_dir: Path, specs: list[KeySpec], uid: str,
-                      passphrase: str | None) -> None:
+                      passphrase: str | None, need_secret: bool = True) -> None:
     for spec in specs:
         if spec.format == "openpgp":
-            KeyStore(key_dir(keys_dir, spec)).ensure(uid, spec.algo, passphrase)
+            KeyStore(key_dir(keys_dir, spec)).ensure(uid, spec.algo, passphrase, need_secret)
         else:
-            SshKeyStore(key_dir(keys_dir, spec)).ensure(spec.algo, f"stampd {uid}")
+            SshKeyStore(key_dir(keys_dir, spec)).ensure(spec.algo, f"stampd {uid}",
+                                                        need_secret)
 
 
 def stored_key_specs(keys_dir: Path) -> list[KeySpec]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,27 @@ def _signing_key(keys: list[Key]) -> tuple[KeyPart, str]:
     return signing, uid
 
 
+def ensure_files(secret: Path, public: Path, need_secret: bool,
+                 generate: Callable[[], None]) -> bool:
+    """The key-generation rule of every key store: generate only where neither half of the
+    key exists; a public key alone is kept (a host that does not sign needs no more), and a
+    missing half that is needed is an error, never a reason to make a different key."""
+    if secret.exists() and public.exists():
+        return False
+    if not secret.exists() and not public.exists():
+        generate()
+        return True
+    if not public.exists():
+        raise KeyStoreError(f"{public} is missing beside {secret}: restore it (a new key "
+                            "would not match the stamps already issued)")
+    if need_secret:
+        raise KeyStoreError(f"{secret} is missing: this host has only the public key "
+                            "(an API host runs with --no-workers); restore the secret key "
+                            "to sign here")
+    return False
+
+
+
 class KeyStore:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -88,12 +110,13 @@ class KeyStore:
     def exists(self) -> bool:
         return self.secret_key_file.exists() and self.public_key_file.exists()
 
-    def ensure(self, uid: str, algo: str = "ed25519", passphrase: str | None = None) -> bool:
-        """Generate the key unless one exists. True if it was generated now."""
-        if self.exists():
-            return False
-        self.generate(uid, algo, passphrase)
-        return True
+    def ensure(self, uid: str, algo: str = "ed25519", passphrase: str | None = None,
+               need_secret: bool = True) -> bool:
+        """Generate the key when the store holds none (a first start). True if it was
+        generated now. A store holding only the public key (an API host's) is never given a
+        new key: with ``need_secret`` that is a `KeyStoreError` naming the missing file."""
+        return ensure_files(self.secret_key_file, self.public_key_file, need_secret,
+                            lambda: self.generate(uid, algo, passphrase))
 
     def generate(self, uid: str, algo: str = "ed25519", passphrase: str | None = None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
