@@ -448,9 +448,10 @@ def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:  
 GIT_TIMESTAMP = Path(sys.executable).parent / "git-timestamp"
 
 
-def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60,
-                       env=env, check=False)
+def git(repo: Path, *args: str, env: dict[str, str] | None = None,
+        input: str | None = None) -> str:
+    r = subprocess.run(["git", *args], cwd=repo, input=input, capture_output=True, text=True,
+                       timeout=60, env=env, check=False)
     assert r.returncode == 0, f"git {' '.join(args)}: {r.stdout}{r.stderr}"
     return r.stdout + r.stderr
 

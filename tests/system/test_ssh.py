@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TEST_FPR, Load, Server, keyring, seed_data_dir, start_server, verify_stamp
+from tests.helpers import (
+    TEST_FPR,
+    Load,
+    Server,
+    git,
+    keyring,
+    make_repo,
+    seed_data_dir,
+    start_server,
+    verify_stamp,
+)
 from workers.formats.receipts import parse_statement, split_receipt
 
 SSH_TYPES = ["ed25519", "ecdsa-p256", "ecdsa-p384", "ecdsa-p521", "rsa"]
@@ -42,24 +52,9 @@ def post(server: Server, fields: dict[str, str], path: str = "") -> str:
         return str(r.read().decode())
 
 
-def git(repo: Path, *args: str, input: str | None = None,
-        env: dict[str, str] | None = None) -> str:
-    r = subprocess.run(["git", *args], cwd=repo, input=input, capture_output=True, text=True,
-                       timeout=60, env=env, check=False)
-    assert r.returncode == 0, f"git {args}: {r.stdout}{r.stderr}"
-    return r.stdout + r.stderr
-
-
 @pytest.fixture
 def repo(tmp_path: Path, server: Server) -> Path:
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    git(path, "config", "user.name", "T")
-    git(path, "config", "user.email", "t@example.invalid")
-    (path / "f").write_text("x\n")
-    git(path, "add", "f")
-    git(path, "commit", "-q", "-m", "one")
+    path = make_repo(tmp_path / "repo")
     with urllib.request.urlopen(server.url + "v1/keys/allowed_signers", timeout=10) as r:
         (tmp_path / "allowed_signers").write_bytes(r.read())
     git(path, "config", "gpg.format", "ssh")
