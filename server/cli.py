@@ -251,7 +251,7 @@ def export_public(keys_dir: Path, specs: list[Any], target: Path) -> None:
     read."""
     import shutil
 
-    from workers.keys.keyset import SshKeyStore, key_dir, served_keys
+    from workers.keys.keyset import SshKeyStore, allowed_signers, key_dir, served_keys
     from workers.keys.store import KeyStore
 
     keys = served_keys(keys_dir, specs)  # checks every public key parses
@@ -263,7 +263,7 @@ def export_public(keys_dir: Path, specs: list[Any], target: Path) -> None:
                   else SshKeyStore(src).public_key_file)
         (target / spec.id).mkdir(exist_ok=True)
         shutil.copyfile(public, target / spec.id / public.name)
-    signers = "".join(k.allowed_signers("git,stampd") or "" for k in keys)
+    signers = allowed_signers(keys)
     if signers:
         (target / "allowed_signers").write_text(signers)
     print(f"public keys of {len(keys)} signing key(s) written to {target}")
@@ -281,7 +281,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
     elif args.keys_command == "import":
         store.import_key(args.file, settings.read_passphrase())
-    from workers.keys.keyset import served_keys, stored_key_specs
+    from workers.keys.keyset import allowed_signers, served_keys, stored_key_specs
 
     # The configured extra keys, and any other the data directory holds.
     specs = settings.extra_key_specs
@@ -291,11 +291,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
         export_public(settings.keys_dir, specs, args.dir)
         return 0
     if getattr(args, "ssh", False):
-        lines = [k.allowed_signers("git,stampd") for k in keys if k.format == "ssh"]
-        if not lines:
+        signers = allowed_signers(keys)
+        if not signers:
             raise CommandError(f"no SSH key in {settings.keys_dir} "
                                "(set STAMPD_EXTRA_KEYS=ssh:ed25519 and start the server once)")
-        print("".join(line for line in lines if line), end="")
+        print(signers, end="")
         return 0
     key = store.public_key()
     print(f"fingerprint: {key.fingerprint}\nuser id:     {key.uid}\n"

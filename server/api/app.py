@@ -34,13 +34,13 @@ from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
 from server.stats import Stats
-from workers.keys.keyset import ServedKey, served_keys
+from workers.keys.keyset import ServedKey, allowed_signers, served_keys
 
 
 def log_key_files(keys: list[ServedKey]) -> dict[str, str]:
     """Every public key besides pubkey.asc, for the log: keys/<id>.asc|.pub, allowed_signers."""
     files = {f"keys/{k.log_name}": k.public for k in keys[1:]}
-    signers = "".join(k.allowed_signers("git,stampd") or "" for k in keys)
+    signers = allowed_signers(keys)
     if signers:
         files["allowed_signers"] = signers
     return files

@@ -28,8 +28,8 @@ from server.errors import BadRequest, NotFound, StampError
 from server.models import Stamp, StampState
 from server.stamping.requests import DigestRequest, choose_key, key_fields
 from workers.formats.receipts import ALGORITHMS, check_digest, parse_statement, split_receipt
+from workers.keys.keyset import SSH_NAMESPACES, allowed_signers
 
-SSH_NAMESPACES = "git,stampd"
 URLENCODED = "application/x-www-form-urlencoded"
 JSON = "application/json"
 
@@ -159,9 +159,9 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             for k in services().keys]})
 
     @router.get("/v1/keys/allowed_signers")
-    async def allowed_signers() -> Response:
+    async def get_allowed_signers() -> Response:
         """For `git config gpg.ssh.allowedSignersFile` and `ssh-keygen -Y verify -f`."""
-        text = "".join(k.allowed_signers(SSH_NAMESPACES) or "" for k in services().keys)
+        text = allowed_signers(services().keys)
         if not text:
             raise NotFound("this server has no SSH key")
         return PlainTextResponse(text)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ SSH_TYPES = {
     "rsa4096": ["-t", "rsa", "-b", "4096"],
 }
 RECEIPT_NAMESPACE = "stampd"  # SSH signature namespace of digest receipts (git objects: "git")
+SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,12 @@ def stored_key_specs(keys_dir: Path) -> list[KeySpec]:
         if ssh or pgp:
             found.append(spec)
     return found
+
+
+def allowed_signers(keys: Sequence[ServedKey]) -> str:
+    """The ``allowed_signers`` file of the SSH keys among ``keys`` (for git's
+    ``gpg.ssh.allowedSignersFile`` and ``ssh-keygen -Y verify``); empty when there is none."""
+    return "".join(k.allowed_signers(SSH_NAMESPACES) or "" for k in keys)
 
 
 def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
