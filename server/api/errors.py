@@ -25,6 +25,9 @@ from server.errors import (
 )
 
 Dialect = Literal["zeitgitter", "v1"]
+# Every answer says: no browser may guess another type than the one sent (an error body that
+# echoes a submitted value stays text).
+NOSNIFF = (b"x-content-type-options", b"nosniff")
 PROBLEM = "application/problem+json"
 
 _STATUS: dict[type[StampError], tuple[int, str]] = {
@@ -60,7 +63,7 @@ async def send_plain(send: Send, exc: StampError) -> int:
     status, _ = status_of(exc, "zeitgitter")
     body = exc.message.encode() + b"\n"
     headers = [(b"content-type", b"text/plain; charset=utf-8"),
-               (b"content-length", str(len(body)).encode())]
+               (b"content-length", str(len(body)).encode()), NOSNIFF]
     headers += [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api import status
 from server.api.body import read_body
-from server.api.errors import send_plain, status_of
+from server.api.errors import NOSNIFF, send_plain, status_of
 from server.api.services import Services
 from server.errors import (
     BadRequest,
@@ -134,9 +134,6 @@ async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Field
     return fields
 
 
-NOSNIFF = (b"x-content-type-options", b"nosniff")
-
-
 def _nosniff(send: Send) -> Send:
     """``send`` adding ``X-Content-Type-Options: nosniff`` to every response: no browser
     guesses a type other than the one sent (an error body that echoes a submitted value stays
@@ -165,10 +162,10 @@ class ZeitgitterPost:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        send = _nosniff(send)
         if scope["method"] != "POST" or scope["path"] != "/":
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _nosniff(send))
             return
+        # The hot path sends its own headers, nosniff among them (no wrapper per request).
         s = self.services()
         kind = "invalid"
         try:
@@ -183,7 +180,7 @@ class ZeitgitterPost:
         s.stats.request(kind, 200)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", GIT_OBJECT),
-                                (b"content-length", str(len(text)).encode())]})
+                                (b"content-length", str(len(text)).encode()), NOSNIFF]})
         await send({"type": "http.response.body", "body": text})
 
 
