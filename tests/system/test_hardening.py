@@ -174,6 +174,7 @@ EVERY_KIND = [
     ("GET", "/?request=get-public-key-v1", None, {}),
     ("GET", "/?request=nonsense", None, {}),
     ("POST", "/", tag_form("a."), {"Content-Type": FORM}),
+    ("POST", "/", tag_form("nosniff"), {"Content-Type": FORM}),  # a stamp: 200
     ("POST", "/", b"x", {"Content-Type": "text/plain"}),
     ("POST", "/v1/stamps", f"sha256={H256}".encode(), {"Content-Type": FORM}),
     ("POST", "/v1/stamps", b"sha256=<script>", {"Content-Type": FORM}),
