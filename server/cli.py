@@ -14,6 +14,7 @@ from typing import Any
 
 from server.settings import Settings
 from workers.config import LOG_LEVELS, DispatchConfig, PoolConfig
+from workers.keys.keyset import ServedKey
 
 log = logging.getLogger("stampd")
 
@@ -68,27 +69,31 @@ def _setup_logging(level: str | None = None) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _prepare(settings: Settings, signs_here: bool = True) -> None:
+def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
     """Data directory, keys (generated on first start; a host that keeps only public keys
     never gets new ones, and must not sign: ``signs_here``), migrated database, log
-    repository."""
+    repository. Returns the keys this server serves."""
     from server import db
     from server.log.repository import LogRepository
+    from server.signing_keys import serving_keys
     from workers.keys.keyset import ensure_extra_keys
     from workers.keys.store import KeyStore
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = KeyStore(settings.keys_dir)
-    passphrase = settings.read_passphrase()
-    generated = store.ensure(settings.key_uid, settings.key_algo, passphrase, signs_here)
-    primary = store.public_key()
-    if generated:
-        log.info("generated signing key %s", primary.fingerprint)
-    ensure_extra_keys(settings.keys_dir, settings.extra_key_specs, primary.uid,
-                      passphrase, signs_here)
+    if signs_here:  # an API host never makes a key: it serves the registered ones
+        store = KeyStore(settings.keys_dir)
+        passphrase = settings.read_passphrase()
+        if store.ensure(settings.key_uid, settings.key_algo, passphrase):
+            log.info("generated signing key %s", store.public_key().fingerprint)
+        ensure_extra_keys(settings.keys_dir, settings.extra_key_specs,
+                          store.public_key().uid, passphrase)
     engine = db.make_engine(settings.db_url)  # a new SQLite file is created 0600
     try:
         db.upgrade(engine)
+        if signs_here:
+            _register_keys(settings, engine)
+        keys = serving_keys(settings.keys_dir, settings.extra_key_specs, settings.dispatch,
+                            engine)
     finally:
         engine.dispose()
     path = db.sqlite_path(settings.db_url)
@@ -96,6 +101,33 @@ def _prepare(settings: Settings, signs_here: bool = True) -> None:
         log.warning("database %s is accessible to others (mode %o): chmod 600 it and its "
                     "-wal and -shm files", path, path.stat().st_mode & 0o777)
     LogRepository(settings.log_repo)
+    return keys
+
+
+def _require_migrated(engine: Any) -> None:
+    """A worker host does not migrate the shared database (API hosts and `stampd db upgrade`
+    do); it refuses to start on one that is not up to date."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from client.errors import CommandError
+    from server import db
+
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    head = ScriptDirectory.from_config(db.alembic_config(engine)).get_current_head()
+    if current != head:
+        raise CommandError(f"the database is at schema revision {current or 'none'}, not "
+                           f"{head}: run `stampd db upgrade` (or start an API host) first")
+
+
+def _register_keys(settings: Settings, engine: Any, replace: bool = False) -> None:
+    """Register the public halves of the keys this host signs with (`server.signing_keys`)."""
+    from server.signing_keys import register, this_host
+    from workers.keys.keyset import served_keys
+
+    keys = served_keys(settings.keys_dir, settings.extra_key_specs)
+    register(engine, settings.keys_dir, keys, this_host(settings.data_dir), replace=replace)
 
 
 class PoolProcess:
@@ -149,9 +181,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     _check_listen(settings.host, settings.port)
-    _prepare(settings, signs_here=not args.no_workers)
+    keys = _prepare(settings, signs_here=not args.no_workers)
     log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
-             settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(settings),
+             settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(keys),
              "no workers here (--no-workers)" if args.no_workers else
              f"{settings.worker_count} workers" + (f" + {settings.extra_key_workers} per extra "
                                                    "key" if settings.extra_key_specs else ""))
@@ -211,17 +243,22 @@ def _safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _key_summary(settings: Settings) -> str:
-    from workers.keys.keyset import served_keys
-
-    return ", ".join(f"{k.id} {k.fingerprint}"
-                     for k in served_keys(settings.keys_dir, settings.extra_key_specs))
+def _key_summary(keys: list[ServedKey]) -> str:
+    return ", ".join(f"{k.id} {k.fingerprint}" for k in keys)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from server import db
     from workers.pool import WorkerPool
 
     settings = build_settings(args)
+    if settings.dispatch == "database":  # a worker host: API hosts serve what it registers
+        engine = db.make_engine(settings.db_url)
+        try:
+            _require_migrated(engine)
+            _register_keys(settings, engine)
+        finally:
+            engine.dispose()
     return WorkerPool(pool_config(settings), env=child_env()).run()
 
 
@@ -289,6 +326,19 @@ def cmd_keys(args: argparse.Namespace) -> int:
     keys = served_keys(settings.keys_dir, specs)
     if args.keys_command == "export-public":
         export_public(settings.keys_dir, specs, args.dir)
+        return 0
+    if args.keys_command == "register":
+        from server import db
+
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = db.make_engine(settings.db_url)
+        try:
+            db.upgrade(engine)
+            _register_keys(settings, engine, replace=args.replace)
+        finally:
+            engine.dispose()
+        print(f"registered {len(settings.extra_key_specs) + 1} signing key(s) in the database"
+              + (" (replacing every other registration)" if args.replace else ""))
         return 0
     if getattr(args, "ssh", False):
         signers = allowed_signers(keys)
@@ -375,7 +425,12 @@ def parser() -> argparse.ArgumentParser:
         "export-public", help="write the public keys to DIR: a keys/ directory for an API "
         "host (no secret), and allowed_signers for verifiers")
     export.add_argument("dir", type=Path)
-    for p in (show, gen, imp, export):
+    reg = keysub.add_parser(
+        "register", help="record this host's public keys in the database (a host that signs "
+        "does so at start); --replace makes them the only registered keys, after a key was "
+        "replaced on purpose")
+    reg.add_argument("--replace", action="store_true")
+    for p in (show, gen, imp, export, reg):
         common(p, inner=True)
     keys.set_defaults(func=cmd_keys)
 

@@ -70,3 +70,8 @@ class JournalError(Unavailable):
 
 class PeerError(StampError):
     """A peer could not be reached, or its answer failed a check."""
+
+
+class KeyRegistryError(StampError):
+    """This host's key files disagree with the keys registered in the database, or there are
+    no keys to serve (a start-up error)."""

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from workers.jobtable import JobState
@@ -147,3 +157,21 @@ class WorkerHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float)
+
+
+class SigningKey(Base):
+    """The public half of a key some host signs with, registered by that host at start
+    (`server.signing_keys`): API hosts serve exactly these, and a host whose key files disagree
+    with them refuses to start."""
+
+    __tablename__ = "signing_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "primary" or <format>-<algo>
+    format: Mapped[str] = mapped_column(String(16))  # "openpgp" | "ssh"
+    fingerprint: Mapped[str] = mapped_column(String(128))
+    algorithm: Mapped[str] = mapped_column(String(64))
+    public: Mapped[str] = mapped_column(Text)  # armored OpenPGP key or OpenSSH public key line
+    uid: Mapped[str] = mapped_column(String(500))  # the user id written into its stamps
+    is_primary: Mapped[bool] = mapped_column(Boolean)
+    host: Mapped[str] = mapped_column(String(255))  # the host that registered it last
+    registered_at: Mapped[int] = mapped_column(BigInteger)

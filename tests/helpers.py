@@ -200,7 +200,9 @@ def start_server(
     wait: bool = True,
     port: int | None = None,
     runtime_dir: Path | None = None,
+    args: tuple[str, ...] = (),
 ) -> Server:
+    """``stampd serve`` on loopback with ``data_dir`` (and ``args``, e.g. ``--no-workers``)."""
     port = port or free_port()
     runtime = runtime_dir or short_tmpdir("sr")
     env = dict(os.environ)
@@ -212,7 +214,7 @@ def start_server(
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),
            "--data-dir", str(data_dir), "--workers", str(workers),
-           "--commit-interval", str(commit_interval)]
+           "--commit-interval", str(commit_interval), *args]
     if database_url:
         cmd += ["--database-url", database_url]
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -31,10 +31,11 @@ from server.log.committer import LogCommitter
 from server.log.peers import CrossStamper
 from server.log.repository import LogRepository
 from server.settings import Settings
+from server.signing_keys import serving_keys
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
 from server.stats import Stats
-from workers.keys.keyset import ServedKey, allowed_signers, served_keys
+from workers.keys.keyset import ServedKey, allowed_signers
 
 
 def log_key_files(keys: list[ServedKey]) -> dict[str, str]:
@@ -71,8 +72,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        keys = served_keys(settings.keys_dir, settings.extra_key_specs)
         engine = db.make_engine(settings.db_url)
+        keys = serving_keys(settings.keys_dir, settings.extra_key_specs, settings.dispatch,
+                            engine)
         stats = Stats()
         journal = Journal(engine, stats)
         dispatcher = make_dispatcher(settings, engine, stats)

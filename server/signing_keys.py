@@ -1,0 +1,155 @@
+"""Which keys a server serves, agreed through the database.
+
+A host that signs (``stampd serve`` with workers, ``stampd worker``) registers the public half
+of every key it holds in the ``signing_keys`` table at start. An API host of the several-hosts
+setup (``stampd serve --no-workers`` with ``STAMPD_DISPATCH=database``) needs no key files at
+all: it serves exactly the registered keys. Wherever key files and the registry both exist they
+must agree, key by key (same fingerprint for the same key id); a host whose files disagree
+refuses to start, saying which key and which host registered the other one. The registry
+changes only when a key is first registered, or on purpose with ``stampd keys register
+--replace``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.errors import KeyRegistryError
+from server.models import SigningKey
+from workers.keys.keyset import (
+    PRIMARY,
+    KeySpec,
+    ServedKey,
+    SshKeyStore,
+    key_dir,
+    served_keys,
+)
+from workers.keys.store import KeyStore
+
+REPLACE_HINT = ("if the key was replaced on purpose, run `stampd keys register --replace` on "
+                "the host holding the new key")
+
+
+def this_host(data_dir: Path) -> str:
+    """How a registration names its host: host name and data directory."""
+    return f"{socket.gethostname()}:{data_dir.resolve()}"[:255]
+
+
+def public_file(keys_dir: Path, key: ServedKey) -> Path:
+    """The file of ``keys_dir`` that holds ``key``'s public half."""
+    if key.id == PRIMARY:
+        return KeyStore(keys_dir).public_key_file
+    spec = KeySpec(*key.id.split("-", 1))
+    if key.format == "openpgp":
+        return KeyStore(key_dir(keys_dir, spec)).public_key_file
+    return SshKeyStore(key_dir(keys_dir, spec)).public_key_file
+
+
+def local_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
+    """The keys of ``specs`` whose public halves ``keys_dir`` holds, the primary first; empty
+    when it holds no primary key (an API host that takes its keys from the database)."""
+    if not KeyStore(keys_dir).public_key_file.exists():
+        return []
+    present = [s for s in specs if (key_dir(keys_dir, s) / ("pubkey.asc" if s.format ==
+                                                            "openpgp" else "id.pub")).exists()]
+    return served_keys(keys_dir, present)
+
+
+def _key(row: SigningKey) -> ServedKey:
+    return ServedKey(row.id, row.format, row.fingerprint, row.algorithm, row.public, row.uid,
+                     primary=row.is_primary)
+
+
+def registered(engine: Engine) -> list[ServedKey]:
+    """Every registered key, the primary first."""
+    with Session(engine) as s:
+        rows = s.scalars(select(SigningKey).order_by(SigningKey.is_primary.desc(),
+                                                     SigningKey.id)).all()
+        return [_key(r) for r in rows]
+
+
+def _disagreement(keys_dir: Path, mine: ServedKey, theirs: ServedKey, host: str) -> str:
+    return (f"key {mine.id} in {public_file(keys_dir, mine)} has fingerprint "
+            f"{mine.fingerprint}, but the database has {theirs.fingerprint} for it "
+            f"(registered by {host}): every host must hold the same keys; {REPLACE_HINT}")
+
+
+def check_agree(keys_dir: Path, mine: list[ServedKey], theirs: list[ServedKey],
+                hosts: dict[str, str] | None = None) -> None:
+    """Raise `KeyRegistryError` for the first of ``mine`` that the registry ``theirs`` holds
+    with another fingerprint, or does not hold at all."""
+    by_id = {k.id: k for k in theirs}
+    for key in mine:
+        other = by_id.get(key.id)
+        if other is None:
+            raise KeyRegistryError(
+                f"key {key.id} in {public_file(keys_dir, key)} is not registered in the "
+                "database: no host that signs serves it (start the worker host holding it, "
+                f"or remove the file); {REPLACE_HINT}")
+        if other.fingerprint != key.fingerprint:
+            raise KeyRegistryError(_disagreement(keys_dir, key, other,
+                                                 (hosts or {}).get(key.id, "another host")))
+
+
+def register(engine: Engine, keys_dir: Path, keys: list[ServedKey], host: str,
+             replace: bool = False, clock: float | None = None) -> None:
+    """Record ``keys`` as served by ``host``. A key already registered with another fingerprint
+    is a `KeyRegistryError` naming both, unless ``replace``: then ``keys`` become the whole
+    registry (keys of other ids are dropped)."""
+    now = int(clock if clock is not None else time.time())
+    for _ in range(3):  # two hosts registering the same new key at once: one insert loses
+        try:
+            with Session(engine) as s, s.begin():
+                rows = {r.id: r for r in s.scalars(select(SigningKey)).all()}
+                if replace:
+                    s.execute(delete(SigningKey))
+                    s.flush()
+                    rows = {}
+                for key in keys:
+                    row = rows.get(key.id)
+                    if row is not None and row.fingerprint != key.fingerprint:
+                        raise KeyRegistryError(_disagreement(keys_dir, key, _key(row), row.host))
+                    if row is None:
+                        s.add(SigningKey(id=key.id, format=key.format,
+                                         fingerprint=key.fingerprint, algorithm=key.algorithm,
+                                         public=key.public, uid=key.uid,
+                                         is_primary=key.primary, host=host, registered_at=now))
+            return
+        except IntegrityError:
+            continue
+    raise KeyRegistryError("could not register the signing keys: other hosts kept "
+                           "registering at the same time; start this host again")
+
+
+def serving_keys(keys_dir: Path, specs: list[KeySpec], dispatch: str,
+                 engine: Engine) -> list[ServedKey]:
+    """The keys this server serves (the primary first). Key files of this host must agree with
+    the registered keys, if any. With workers on this host (socket dispatch) it serves its
+    key files' keys (it registered them at start). Otherwise (an API host) it serves the
+    registered keys, which must include every extra key ``specs`` names; or, while none is
+    registered, its own public key files."""
+    mine = local_keys(keys_dir, specs)
+    with Session(engine) as s:
+        hosts = {r.id: r.host for r in s.scalars(select(SigningKey)).all()}
+    theirs = registered(engine)
+    if theirs:
+        check_agree(keys_dir, mine, theirs, hosts)
+    if mine and (dispatch == "socket" or not theirs):
+        return mine
+    if not theirs:
+        raise KeyRegistryError(
+            f"no signing keys: {keys_dir} holds none and no host that signs has registered its "
+            "keys in the database yet; start a worker host (`stampd worker`) first, or copy "
+            "the public keys here (`stampd keys export-public`)")
+    ids = {k.id for k in theirs}
+    for spec in specs:
+        if spec.id not in ids:
+            raise KeyRegistryError(f"STAMPD_EXTRA_KEYS names {spec.format}:{spec.algo}, but no "
+                                   "host that signs has registered that key in the database")
+    return theirs
