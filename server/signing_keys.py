@@ -41,14 +41,17 @@ def this_host(data_dir: Path) -> str:
     return f"{socket.gethostname()}:{data_dir.resolve()}"[:255]
 
 
+def _spec_public_file(keys_dir: Path, spec: KeySpec) -> Path:
+    """Where ``keys_dir`` keeps the public half of the extra key ``spec``."""
+    store = KeyStore if spec.format == "openpgp" else SshKeyStore
+    return store(key_dir(keys_dir, spec)).public_key_file
+
+
 def public_file(keys_dir: Path, key: ServedKey) -> Path:
     """The file of ``keys_dir`` that holds ``key``'s public half."""
     if key.id == PRIMARY:
         return KeyStore(keys_dir).public_key_file
-    spec = KeySpec(*key.id.split("-", 1))
-    if key.format == "openpgp":
-        return KeyStore(key_dir(keys_dir, spec)).public_key_file
-    return SshKeyStore(key_dir(keys_dir, spec)).public_key_file
+    return _spec_public_file(keys_dir, KeySpec(*key.id.split("-", 1)))
 
 
 def local_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
@@ -56,9 +59,7 @@ def local_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
     when it holds no primary key (an API host that takes its keys from the database)."""
     if not KeyStore(keys_dir).public_key_file.exists():
         return []
-    present = [s for s in specs if (key_dir(keys_dir, s) / ("pubkey.asc" if s.format ==
-                                                            "openpgp" else "id.pub")).exists()]
-    return served_keys(keys_dir, present)
+    return served_keys(keys_dir, [s for s in specs if _spec_public_file(keys_dir, s).exists()])
 
 
 def _key(row: SigningKey) -> ServedKey:
@@ -66,12 +67,17 @@ def _key(row: SigningKey) -> ServedKey:
                      primary=row.is_primary)
 
 
-def registered(engine: Engine) -> list[ServedKey]:
-    """Every registered key, the primary first."""
+def _registrations(engine: Engine) -> list[tuple[ServedKey, str]]:
+    """Every registered key with the host that registered it, the primary first."""
     with Session(engine) as s:
         rows = s.scalars(select(SigningKey).order_by(SigningKey.is_primary.desc(),
                                                      SigningKey.id)).all()
-        return [_key(r) for r in rows]
+        return [(_key(r), r.host) for r in rows]
+
+
+def registered(engine: Engine) -> list[ServedKey]:
+    """Every registered key, the primary first."""
+    return [key for key, _ in _registrations(engine)]
 
 
 def _disagreement(keys_dir: Path, mine: ServedKey, theirs: ServedKey, host: str) -> str:
@@ -98,11 +104,11 @@ def check_agree(keys_dir: Path, mine: list[ServedKey], theirs: list[ServedKey],
 
 
 def register(engine: Engine, keys_dir: Path, keys: list[ServedKey], host: str,
-             replace: bool = False, clock: float | None = None) -> None:
+             replace: bool = False) -> None:
     """Record ``keys`` as served by ``host``. A key already registered with another fingerprint
     is a `KeyRegistryError` naming both, unless ``replace``: then ``keys`` become the whole
     registry (keys of other ids are dropped)."""
-    now = int(clock if clock is not None else time.time())
+    now = int(time.time())
     for _ in range(3):  # two hosts registering the same new key at once: one insert loses
         try:
             with Session(engine) as s, s.begin():
@@ -135,9 +141,9 @@ def serving_keys(keys_dir: Path, specs: list[KeySpec], dispatch: str,
     registered keys, which must include every extra key ``specs`` names; or, while none is
     registered, its own public key files."""
     mine = local_keys(keys_dir, specs)
-    with Session(engine) as s:
-        hosts = {r.id: r.host for r in s.scalars(select(SigningKey)).all()}
-    theirs = registered(engine)
+    registrations = _registrations(engine)
+    theirs = [key for key, _ in registrations]
+    hosts = {key.id: host for key, host in registrations}
     if theirs:
         check_agree(keys_dir, mine, theirs, hosts)
     if mine and (dispatch == "socket" or not theirs):
