@@ -95,23 +95,36 @@ def reap(max_attempts: int, claimed_before: float, seen_since: float) -> Sql:
     """Take back the claims older than ``claimed_before`` and those of workers without a
     heartbeat since ``seen_since``: back to the queue while the job has been claimed fewer than
     ``max_attempts`` times, else failed (`GAVE_UP`). Returns ``id, state`` of each job taken
-    back."""
+    back.
+
+    The rows are locked in ``id`` order and those another transaction holds are skipped
+    (``FOR UPDATE SKIP LOCKED``): the reapers of several API hosts run at once, and a
+    statement that never waits for a row lock cannot deadlock. A skipped job is either being
+    stored by its worker or taken back by another reaper; if it is still a late claim, the
+    next run takes it."""
     return _sql(
+        "WITH taken AS MATERIALIZED (SELECT id FROM jobs WHERE state = %(claimed)s "
+        "AND (claimed_at < %(late)s "
+        "OR worker NOT IN (SELECT name FROM worker_heartbeats WHERE last_seen >= %(since)s)) "
+        "ORDER BY id FOR UPDATE SKIP LOCKED) "
         "UPDATE jobs SET "
         "state = CASE WHEN attempts < %(max)s THEN %(queued)s ELSE %(failed)s END, "
         "worker = CASE WHEN attempts < %(max)s THEN NULL ELSE worker END, "
         "claimed_at = CASE WHEN attempts < %(max)s THEN NULL ELSE claimed_at END, "
         "error = CASE WHEN attempts < %(max)s THEN error ELSE %(gave_up)s END "
-        "WHERE state = %(claimed)s AND (claimed_at < %(late)s "
-        "OR worker NOT IN (SELECT name FROM worker_heartbeats WHERE last_seen >= %(since)s)) "
-        "RETURNING id, state",
+        "FROM taken WHERE jobs.id = taken.id "
+        "RETURNING jobs.id, jobs.state",
         max=max_attempts, gave_up=GAVE_UP, late=claimed_before, since=seen_since)
 
 
 def prune_heartbeats(seen_before: float) -> Sql:
-    """Forget the workers not seen since ``seen_before``."""
-    return _sql("DELETE FROM worker_heartbeats WHERE last_seen < %(before)s",
-                before=seen_before)
+    """Forget the workers not seen since ``seen_before`` (rows locked in name order, those
+    held elsewhere skipped, as in `reap`)."""
+    return _sql(
+        "WITH gone AS MATERIALIZED (SELECT name FROM worker_heartbeats "
+        "WHERE last_seen < %(before)s ORDER BY name FOR UPDATE SKIP LOCKED) "
+        "DELETE FROM worker_heartbeats USING gone WHERE worker_heartbeats.name = gone.name",
+        before=seen_before)
 
 
 # -- the worker side -------------------------------------------------------------------------

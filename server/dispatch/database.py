@@ -9,10 +9,13 @@ they still own the claim, and ``NOTIFY stampd_done, '<id>'``. The API side waits
 stampd_done`` (no polling in the request's latency; a once-a-second sweep only catches
 notifications lost with a dropped connection).
 
-Workers send heartbeats. A reaper, run by every API host (its statements are idempotent),
-puts jobs back in the queue when their worker's heartbeat stopped or the claim is older than
-the signing timeout. A signature that a dead worker made but did not record is never issued:
-only a recorded result is returned, so a retried job is signed anew and answered once.
+Workers send heartbeats. A reaper, run by every API host (its statements are idempotent and
+never wait for a row lock, so reapers running at once cannot deadlock), puts jobs back in the
+queue when their worker's heartbeat stopped or the claim is older than the signing timeout.
+Transient database errors (deadlock, serialization failure, a lost connection) run a
+transaction again a bounded number of times (`server.db.run_transaction`). A signature that
+a dead worker made but did not record is never issued: only a recorded result is returned,
+so a retried job is signed anew and answered once.
 The same `server.dispatch.Dispatcher` protocol as the socket transport.
 """
 
@@ -27,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import URL, Connection, CursorResult, Engine, make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from server import db
 from server.dispatch import Signed
 from server.errors import QueueFull, SigningFailed, Unavailable
 from server.stats import Stats
@@ -107,7 +112,11 @@ class DbDispatcher:
     async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
         if len(self._waiting) >= self.max_queue:
             raise QueueFull("too many stamps waiting; retry shortly")
-        job_id = await asyncio.to_thread(self._insert, encode_job(job), key)
+        try:
+            job_id = await asyncio.to_thread(self._insert, encode_job(job), key)
+        except (SQLAlchemyError, db.CommitUnknown) as e:
+            log.warning("could not queue a job: %s: %s", type(e).__name__, e)
+            raise Unavailable("database unavailable; retry later") from e
         fut = asyncio.get_running_loop().create_future()
         self._waiting[job_id] = fut
         try:
@@ -116,10 +125,14 @@ class DbDispatcher:
             self._waiting.pop(job_id, None)
 
     def _insert(self, payload: str, key: str) -> int:
-        with self.engine.begin() as conn:
+        # Run again after a transient error, but not after a connection lost during COMMIT
+        # (the job may be queued already: `server.db.CommitUnknown` fails the request).
+        def work(conn: Connection) -> int:
             job_id = execute(conn, jobtable.enqueue(key, payload, time.time())).scalar_one()
             execute(conn, jobtable.notify_queued())
-        return int(job_id)
+            return int(job_id)
+
+        return db.run_transaction(self.engine, work, what="enqueue a job")
 
     # -- results -------------------------------------------------------------------------------
     def _listen(self) -> None:
@@ -153,8 +166,12 @@ class DbDispatcher:
         ids = [i for i in ids if i in waiting]
         if not ids:
             return
-        with self.engine.connect() as conn:
-            rows = execute(conn, jobtable.finished(ids)).all()
+
+        def read() -> list[Any]:
+            with self.engine.connect() as conn:
+                return list(execute(conn, jobtable.finished(ids)).all())
+
+        rows = db.retry_transient(read, what="read finished jobs")
         assert self._loop is not None
         for row in rows:
             self._loop.call_soon_threadsafe(self._resolve, row.id, row.state, row.result,
@@ -182,9 +199,12 @@ class DbDispatcher:
     def reap(self) -> None:
         now = time.time()
         dead = now - self.heartbeat_timeout
-        with self.engine.begin() as conn:
-            alive = execute(conn, jobtable.live_workers(dead)).all()
-            self.workers = {r.name: WorkerView(r.name, r.key_id, r.pid) for r in alive}
+
+        # Its statements never wait for a row lock (`workers.jobtable.reap`), so several API
+        # hosts reaping at once cannot deadlock; a lost connection runs it again (idempotent:
+        # a second run finds nothing left to take, and the sweep resolves failed jobs).
+        def work(conn: Connection) -> tuple[list[Any], list[Any], list[Any]]:
+            alive = list(execute(conn, jobtable.live_workers(dead)).all())
             # Claims of dead or late workers: back to the queue, or failed after max attempts.
             taken = execute(conn, jobtable.reap(self.max_attempts, now - self.sign_timeout,
                                                 dead)).all()
@@ -195,6 +215,11 @@ class DbDispatcher:
             if failed:
                 execute(conn, jobtable.notify_done(failed[0].id))
             execute(conn, jobtable.prune_heartbeats(now - 3600))
+            return alive, requeued, failed
+
+        alive, requeued, failed = db.run_transaction(self.engine, work, what="reap jobs",
+                                                     idempotent=True)
+        self.workers = {r.name: WorkerView(r.name, r.key_id, r.pid) for r in alive}
         if requeued:
             self.requeued += len(requeued)
             log.warning("requeued %d jobs of dead or late workers", len(requeued))

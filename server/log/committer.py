@@ -43,8 +43,10 @@ import math
 import time
 from collections.abc import Callable
 
-from sqlalchemy import ColumnElement, Engine, and_, insert, or_, select, update
+from sqlalchemy import ColumnElement, Engine, Select, and_, insert, or_, select, update
 
+from server import db
+from server.db import reading
 from server.dispatch import Dispatcher
 from server.errors import StampError
 from server.log.repository import LogRepository
@@ -66,6 +68,11 @@ MAX_REQUEST_TIMEOUT = 25.0
 # but not yet written (the journal writes them within UPDATE_DELAY): stamps answered before
 # the log commit began are then in it rather than in the next one.
 SETTLE = 1.0
+
+
+def _locked(where: ColumnElement[bool]) -> Select[int]:
+    """The ids of the stamps matching ``where``, locked in id order (``FOR UPDATE``)."""
+    return select(Stamp.id).where(where).order_by(Stamp.id).with_for_update()
 
 
 def log_message(number: int, count: int, t: int) -> str:
@@ -90,6 +97,9 @@ class LogCommitter:
         settle: float = SETTLE,
     ) -> None:
         self.engine = engine
+        # Its reads take no lock on SQLite: reading a period's stamps must not hold up the
+        # journal's writes (see server.db.reading).
+        self.reader = reading(engine)
         self.repo = repo
         self.dispatcher = dispatcher
         self.pubkey = pubkey
@@ -151,7 +161,7 @@ class LogCommitter:
 
     # -- database steps (run in a thread) -------------------------------------------------
     def _pending_ids(self) -> list[int]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(
                 select(LogCommit.id).where(LogCommit.state == LogCommitState.PENDING)
                 .order_by(LogCommit.id)
@@ -165,7 +175,7 @@ class LogCommitter:
 
     def _outcomes_due(self) -> bool:
         """Are there unassigned stamps whose outcome may still be recorded?"""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(
                 select(Stamp.id).where(Stamp.log_commit_id.is_(None),
                                        Stamp.state == StampState.PENDING,
@@ -173,6 +183,9 @@ class LogCommitter:
             ).first() is not None
 
     def _assign(self) -> int | None:
+        return db.retry_transient(self._assign_once, what="assign stamps to a log commit")
+
+    def _assign_once(self) -> int | None:
         published: ColumnElement[bool] = and_(
             Stamp.log_commit_id.is_(None),
             or_(Stamp.state == StampState.SIGNED,
@@ -188,16 +201,17 @@ class LogCommitter:
                                          state=LogCommitState.PENDING, hash_count=0)
                 .returning(LogCommit.id)
             ).scalar_one()
-            if not conn.execute(update(Stamp).where(published)
+            # Rows are locked in id order, as the journal's batch updates lock them, so that
+            # two writers can never wait on each other (PostgreSQL; SQLite has one writer).
+            if not conn.execute(update(Stamp).where(Stamp.id.in_(_locked(published)))
                                 .values(log_commit_id=lc_id)).rowcount:
                 tx.rollback()  # what was there turned failed meanwhile
                 return None
             # Failed stamps go along unpublished, marked so in the same transaction: what the
             # log commit shows is fixed now (see the module docstring).
-            conn.execute(
-                update(Stamp).where(Stamp.log_commit_id.is_(None),
-                                    Stamp.state == StampState.FAILED)
-                .values(log_commit_id=lc_id, state=StampState.FAILED_UNLOGGED))
+            failed = and_(Stamp.log_commit_id.is_(None), Stamp.state == StampState.FAILED)
+            conn.execute(update(Stamp).where(Stamp.id.in_(_locked(failed)))
+                         .values(log_commit_id=lc_id, state=StampState.FAILED_UNLOGGED))
             return int(lc_id)
 
     def _hashes(self, lc_id: int) -> tuple[list[str], list[str]]:
@@ -205,7 +219,7 @@ class LogCommitter:
         stamps but those that had failed when they were assigned."""
         commits: list[str] = []
         digests: list[str] = []
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(Stamp.kind, Stamp.commit, Stamp.algorithm, Stamp.digest)
                                 .where(Stamp.log_commit_id == lc_id,
                                        Stamp.state != StampState.FAILED_UNLOGGED))
@@ -222,14 +236,17 @@ class LogCommitter:
                                      "git_commit": git_commit, "hash_count": count}
         if raw is not None:
             values.update(raw=raw, files=json.dumps(files or {}))
-        with self.engine.begin() as conn:
-            conn.execute(update(LogCommit).where(LogCommit.id == lc_id).values(**values))
+        db.run_transaction(
+            self.engine,
+            lambda conn: conn.execute(update(LogCommit).where(LogCommit.id == lc_id)
+                                      .values(**values)),
+            what="mark a log commit", idempotent=True)
 
     def sync_from_db(self) -> int:
         """Bring the local repository up to the log recorded in the database (the log writer
         may have moved here from another host): rebuild every recorded commit that is missing,
         check it has the recorded id, and point main at the newest. Returns commits added."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(
                 select(LogCommit.id, LogCommit.git_commit, LogCommit.raw, LogCommit.files)
                 .where(LogCommit.state == LogCommitState.COMMITTED,

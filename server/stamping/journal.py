@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, update
 
+from server import db
 from server.errors import JournalError
 from server.models import Stamp, StampState
 from server.stamping.requests import Request
@@ -60,6 +61,11 @@ class Journal:
             self._writer = _SqlAlchemyWriter(engine)
         self._task: asyncio.Task[None] | None = None
         self.commits = 0  # transactions written (for tests and metrics)
+
+    @property
+    def retries(self) -> int:
+        """Group commits run again after a transient database error (deadlock, ...)."""
+        return self._writer.retries
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="journal")
@@ -108,6 +114,14 @@ class Journal:
                               "attempts": None, "object_id": None, "error": error[:1000],
                               "receipt": None})
         self._schedule_updates()
+
+    async def failed_durably(self, stamp_id: int, error: str) -> None:
+        """Record a failure and wait until it is committed (see `Stamper._failed`)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._update_waiters.append(fut)
+        self.failed(stamp_id, error)
+        self._wake.set()
+        await fut
 
     def _schedule_updates(self) -> None:
         """Outcomes ride along with the next insert; when none comes soon, flush them alone
@@ -175,6 +189,7 @@ class _Writer:
     whatever was open) and the next write connects anew."""
 
     conn: Connection | sqlite3.Connection | None = None
+    retries = 0  # transactions run again after a transient error
 
     def close(self) -> None:
         if self.conn is not None:
@@ -184,18 +199,44 @@ class _Writer:
 
 
 class _SqlAlchemyWriter(_Writer):
-    """Any database: one connection kept open by the journal thread (no pool round trip)."""
+    """Any database: one connection kept open by the journal thread (no pool round trip).
+
+    On PostgreSQL several API hosts (and the log committer) write ``stamps`` at once, so two
+    rules keep a group commit from deadlocking or failing a whole group under contention:
+
+    - Row locks are taken in one order. The only existing rows a group commit locks are those
+      its outcomes update, one statement per row in ascending id order (a stable sort, so two
+      outcomes of one stamp keep theirs). Every writer that follows the same order waits for
+      the other's commit instead of holding a row the other waits for; inserted rows are new
+      and no other transaction waits for them (the ids come from a sequence).
+    - A transient error (`server.db.is_transient`: deadlock, serialization failure, a lost
+      connection) rolls the group back; it is run again, a bounded number of times. That is
+      idempotent: the outcomes only touch ``pending`` rows and set the same values again, and a
+      group that inserts requests is never run again after the connection was lost during its
+      COMMIT (`server.db.CommitUnknown`: it may have committed): its requests fail (503) and
+      nothing is recorded twice.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.conn: Connection | None = None
+        self.retries = 0  # groups run again after a transient error (for tests and logs)
 
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
+        ordered = sorted(updates, key=lambda u: int(u["sid"]))
+        return db.retry_transient(lambda: self._write(rows, ordered), what="journal write",
+                                  on_retry=self._retried)
+
+    def _retried(self, _error: BaseException) -> None:
+        self.retries += 1
+
+    def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
         if self.conn is None or self.conn.closed or self.conn.invalidated:
             self.conn = self.engine.connect()
         table = cast(Table, Stamp.__table__)
         try:
-            with self.conn.begin():
+            tx = self.conn.begin()
+            try:
                 ids: list[int] = []
                 if rows:
                     result = self.conn.execute(
@@ -214,11 +255,16 @@ class _SqlAlchemyWriter(_Writer):
                                 receipt=bindparam("receipt")),
                         updates,
                     )
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    tx.rollback()
+                raise
+            # Outcomes alone may be committed twice; inserted requests may not.
+            db.commit(tx, idempotent=not rows)
             return ids
         except Exception:
             self.close()
             raise
-
 
 
 class _SqliteWriter(_Writer):
