@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,14 @@ def _register_keys(settings: Settings, engine: Any, replace: bool = False) -> No
 
 class PoolProcess:
     """Runs the worker supervisor (``python -m workers.pool``, its `PoolConfig` on stdin) as a
-    child process and restarts it if it dies."""
+    child process and restarts it if it dies.
+
+    `start` waits until the first supervisor has checked every key (one test signature each,
+    made in the supervisor's agents and verified against the key's public key file) and raises
+    `CommandError` with its one-line reason when one cannot sign: nothing is served then.
+    (The private keys stay out of this process: the supervisor only reports.)"""
+
+    START_TIMEOUT = 300.0  # for the key check; each of its steps has a deadline of its own
 
     def __init__(self, settings: Settings) -> None:
         self.config = pool_config(settings)
@@ -140,15 +148,41 @@ class PoolProcess:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
 
-    def _spawn(self) -> None:
+    def _spawn(self, check_keys: bool = False) -> None:
         from workers.pool import send_config
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "workers.pool"],
-                                     stdin=subprocess.PIPE, env=child_env())
+        argv = [sys.executable, "-m", "workers.pool"]
+        if not check_keys:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_env())
+            send_config(self.proc, self.config.to_json())
+            return
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = subprocess.Popen([*argv, "--check-keys", "--report-fd", str(write_fd)],
+                                         stdin=subprocess.PIPE, env=child_env(),
+                                         pass_fds=(write_fd,))
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
         send_config(self.proc, self.config.to_json())
+        line = _read_report(read_fd, self.START_TIMEOUT)
+        if line == "ok":
+            return
+        from client.errors import CommandError
+
+        proc, self.proc = self.proc, None
+        try:
+            code = proc.wait(timeout=30 if line else 0.1)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(timeout=10)
+        raise CommandError(line or f"the worker supervisor exited with {code} before it "
+                           "started its workers")
 
     def start(self) -> None:
-        self._spawn()
+        self._spawn(check_keys=True)
         self._thread.start()
 
     def _watch(self) -> None:
@@ -173,6 +207,39 @@ class PoolProcess:
                 self.proc.wait(timeout=10)
 
 
+def _read_report(fd: int, timeout: float) -> str:
+    """The one line the supervisor writes to ``fd`` (then closed); empty when it exited, or
+    did not answer within ``timeout`` seconds, without writing one."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    data = b""
+    try:
+        while b"\n" not in data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return _one_line(data.decode("utf-8", "replace").partition("\n")[0])
+
+
+def _require_programs(settings: Settings, signs_here: bool = True) -> None:
+    """Fail at once, in one line, when a program this host runs is missing or too old: gpg
+    (every host reads OpenPGP keys), gpg-agent and gpgconf where keys sign, the OpenSSH tools
+    where SSH keys sign (`workers.agents.programs`)."""
+    from workers.agents.programs import GNUPG, OPENSSH, require
+
+    needed = list(GNUPG) if signs_here else [p for p in GNUPG if p.name == "gpg"]
+    if signs_here and any(spec.format == "ssh" for spec in settings.extra_key_specs):
+        needed += OPENSSH
+    require(needed)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -181,15 +248,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     _check_listen(settings.host, settings.port)
+    _require_programs(settings, signs_here=not args.no_workers)
     keys = _prepare(settings, signs_here=not args.no_workers)
+    pool = None if args.no_workers else PoolProcess(settings)
+    if pool is not None:
+        pool.start()  # after every key made a good test signature
     log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
              settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(keys),
              "no workers here (--no-workers)" if args.no_workers else
              f"{settings.worker_count} workers" + (f" + {settings.extra_key_workers} per extra "
                                                    "key" if settings.extra_key_specs else ""))
-    pool = None if args.no_workers else PoolProcess(settings)
-    if pool is not None:
-        pool.start()
     # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal when it is done; with
     # this handler in place the re-raised signal unwinds through `finally` (stopping the
     # pool) instead of killing the process.
@@ -252,6 +320,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.pool import WorkerPool
 
     settings = build_settings(args)
+    _require_programs(settings)
     if settings.dispatch == "database":  # a worker host: API hosts serve what it registers
         engine = db.make_engine(settings.db_url)
         try:
@@ -259,7 +328,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             _register_keys(settings, engine)
         finally:
             engine.dispose()
-    return WorkerPool(pool_config(settings), env=child_env()).run()
+    pool = WorkerPool(pool_config(settings), env=child_env())
+    pool.prepare(check_keys=True)  # a key that cannot sign stops the start here, in one line
+    return pool.run()
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -513,8 +584,10 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
     from client.errors import CommandError
     from server.errors import StampError
     from workers.agents.gpg import AgentError
+    from workers.agents.programs import ProgramError
     from workers.agents.ssh import SshAgentError
     from workers.keys.store import KeyStoreError
+    from workers.pool import RuntimeDirError
 
     if isinstance(exc, ValidationError):
         problems = "; ".join(
@@ -523,9 +596,9 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_USAGE, _one_line(f"invalid setting: {problems}")
     if isinstance(exc, CommandError):
         return exc.exit_code, _one_line(str(exc))
-    if isinstance(exc, StampError | KeyStoreError):
+    if isinstance(exc, StampError | KeyStoreError | ProgramError):
         return EXIT_FAILED, _one_line(exc.message)
-    if isinstance(exc, AgentError | SshAgentError):
+    if isinstance(exc, AgentError | SshAgentError | RuntimeDirError):
         return EXIT_FAILED, _one_line(str(exc))
     from alembic.util.exc import CommandError as MigrationError
     from sqlalchemy.exc import ArgumentError, DBAPIError

@@ -18,14 +18,28 @@ Homes must not outlive their workers, even when the supervisor is killed with SI
   an agent still serving it. The lock, not a PID, tells a stale home from one of another live
   supervisor sharing the directory.
 
+Keys that cannot sign. Before it starts any worker, the supervisor can check every key it
+serves (`WorkerPool.prepare` with ``check_keys``): one test signature per key, made through an
+agent in a home of its own and verified against the key's public key file (`check_key`); the
+first key that fails stops the start with `KeyUnusable`, one line naming the key file. Later, a
+worker that cannot load its key exits with `EXIT_KEY_UNUSABLE` and leaves the reason in its
+home: the supervisor logs one warning per key (not one per attempt) and retries that key's
+workers with a backoff of at most `MAX_KEY_BACKOFF` seconds, while the other keys' workers go on
+serving. A key whose workers keep dying young for another reason (its agent keeps failing) is
+reported the same way, after `FAILING_AFTER` deaths in a row.
+
 Run as ``python -m workers.pool`` (by ``stampd serve``), the supervisor reads its `PoolConfig`
 as JSON from stdin; ``stampd worker`` runs a `WorkerPool` in its own process. Each worker gets
 its `WorkerConfig` the same way, on the stdin of ``python -m workers.worker``; its command line
-only names it (``--name``, ``--home``, ``--key-id``) for ``ps`` and ``pgrep``.
+only names it (``--name``, ``--home``, ``--key-id``) for ``ps`` and ``pgrep``. With
+``--check-keys`` the supervisor checks the keys first, and ``--report-fd N`` has it write one
+line to descriptor N before it starts its workers: ``ok``, or why it does not start (it then
+exits with `EXIT_KEY_UNUSABLE` or `EXIT_CONFIG`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -38,19 +52,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from workers.agents.base import die_with_parent
+from workers.agents.gpg import AgentError
+from workers.agents.ssh import SshAgentError
 from workers.config import ConfigError, PoolConfig
-from workers.keys.keyset import KeySpec
-from workers.worker import AGENT_PID_FILE, EXIT_CONFIG
+from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable
+from workers.worker import (
+    AGENT_PID_FILE,
+    EXIT_AGENT_DIED,
+    EXIT_CONFIG,
+    EXIT_KEY_UNUSABLE,
+    EXIT_NO_DISPATCHER,
+    READY,
+    UNUSABLE,
+    check_key,
+    read_status,
+)
 
 log = logging.getLogger(__name__)
 
 STOP_DEADLINE = 10.0
-MAX_BACKOFF = 5.0
+MAX_BACKOFF = 5.0  # the longest wait before a worker that keeps dying young is restarted
+MAX_KEY_BACKOFF = 30.0  # the same, for a worker that cannot load its key
+YOUNG = 5.0  # a worker that exits sooner died young; one that lives longer is stable
+FAILING_AFTER = 3  # young deaths in a row after which a key is reported as failing
 HOME_PREFIX = "stampd-w"  # a home is <runtime dir>/stampd-w<slot>-<8 random characters>
 SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less its NUL)
 # The longest socket name in a home: gpg-agent's (its socket is in the home unless
@@ -74,6 +103,10 @@ class Slot:
     quick_deaths: int = 0
     restarts: int = 0
 
+    @property
+    def key_id(self) -> str:
+        return PRIMARY if self.key is None else self.key.id
+
 
 class WorkerPool:
     def __init__(self, config: PoolConfig, env: Mapping[str, str] | None = None) -> None:
@@ -87,7 +120,9 @@ class WorkerPool:
             for _ in range(config.extra_key_workers):
                 self.slots.append(Slot(len(self.slots), spec))
         self.runtime = config.runtime_dir
+        self._prepared = False
         self._stopping = False
+        self.failing: dict[str, str] = {}  # key id -> why its workers fail (reported once)
 
     # -- worker lifecycle ------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
@@ -131,16 +166,53 @@ class WorkerPool:
                 continue
             code = slot.proc.returncode
             lived = now - slot.started
+            home = slot.home
+            status = read_status(home) if home is not None else None
+            if status is not None and home is not None:  # the same words for every attempt
+                status = status.replace(str(home), "<home>")
             self._cleanup(slot)
             slot.proc = None
             if self._stopping:
                 continue
-            slot.quick_deaths = slot.quick_deaths + 1 if lived < 5.0 else 0
-            backoff = min(0.1 * 2 ** slot.quick_deaths, MAX_BACKOFF) if slot.quick_deaths else 0
+            slot.quick_deaths = slot.quick_deaths + 1 if lived < YOUNG else 0
+            unusable = code == EXIT_KEY_UNUSABLE
+            cap = MAX_KEY_BACKOFF if unusable else MAX_BACKOFF
+            backoff = min(0.1 * 2 ** slot.quick_deaths, cap) if slot.quick_deaths else 0
             slot.due = now + backoff
             slot.restarts += 1
-            log.warning("worker %d exited with %s after %.1fs; restarting in %.1fs",
-                        slot.index, code, lived, backoff)
+            if unusable or slot.quick_deaths >= FAILING_AFTER:
+                if unusable and status is not None and status.startswith(UNUSABLE + " "):
+                    reason = status[len(UNUSABLE) + 1:]
+                else:
+                    reason = (f"key {slot.key_id}: its workers keep failing (the last "
+                              f"{_exit_reason(code)})")
+                self._report_failing(slot.key_id, reason, cap)
+                log.info("worker %d (key %s) exited with %s after %.1fs; restarting in %.1fs",
+                         slot.index, slot.key_id, code, lived, backoff)
+            else:
+                log.warning("worker %d exited with %s after %.1fs; restarting in %.1fs",
+                            slot.index, code, lived, backoff)
+
+    def _report_failing(self, key_id: str, reason: str, backoff: float) -> None:
+        """One warning per key and reason, however often its workers are retried."""
+        if self.failing.get(key_id) == reason:
+            return
+        self.failing[key_id] = reason
+        log.warning("%s (its workers are retried, at most %g s apart; the other keys' workers "
+                    "go on serving)", reason, backoff)
+
+    def _note_recoveries(self) -> None:
+        """A failing key whose worker holds it and has lived past its youth works again."""
+        if not self.failing:
+            return
+        now = time.monotonic()
+        for slot in self.slots:
+            if (slot.key_id in self.failing and slot.proc is not None and slot.home is not None
+                    and slot.proc.poll() is None and now - slot.started >= YOUNG
+                    and read_status(slot.home) == READY):
+                del self.failing[slot.key_id]
+                log.warning("key %s: worker %d holds it again; it signs", slot.key_id,
+                            slot.index)
 
     def _start_due(self) -> None:
         now = time.monotonic()
@@ -149,15 +221,51 @@ class WorkerPool:
                 self._spawn(slot)
 
     # -- main loop ---------------------------------------------------------------------------
-    def run(self) -> int:
+    def prepare(self, check_keys: bool = False) -> None:
+        """Make the runtime directory and sweep the homes a killed supervisor left; with
+        ``check_keys``, check every key served (`check_keys`). Raises `RuntimeDirError`,
+        `KeyUnusable`, or the agents' errors (an agent that cannot start); starts no worker."""
         try:
             self.runtime = prepare_runtime_dir(self.config.runtime_dir, len(self.slots))
-        except (OSError, RuntimeDirError) as e:
-            log.error("supervisor: no directory for the worker homes: %s", e)
-            return EXIT_CONFIG
+        except OSError as e:
+            raise RuntimeDirError(f"no directory for the worker homes: {e}") from None
         for home in sweep_stale_homes(self.runtime):
             log.warning("supervisor: removed the stale worker home %s (its supervisor did not "
                         "clean up)", home)
+        if check_keys:
+            self.check_keys()
+        self._prepared = True
+
+    def check_keys(self) -> None:
+        """One test signature with every key served, each through an agent in a home of its
+        own, verified against the key's public key file (`workers.worker.check_key`), one key
+        after the other; `KeyUnusable` for the first that cannot sign."""
+        checked: list[KeySpec | None] = []
+        started = time.monotonic()
+        for slot in self.slots:
+            if slot.key in checked:
+                continue
+            checked.append(slot.key)
+            home, lock = make_home(self.runtime, slot.index)
+            name = f"{os.uname().nodename}:{os.getpid()}:check-{slot.key_id}"
+            config = self.config.worker_config(name, home, slot.key, supervisor=os.getpid())
+            try:
+                with _quiet("workers.agents"):  # an agent's start and stop are no news here
+                    check_key(config)
+            finally:
+                remove_home(home)
+                os.close(lock)
+        log.info("supervisor: every key signs (%s; checked in %.1fs)",
+                 ", ".join(PRIMARY if k is None else k.id for k in checked),
+                 time.monotonic() - started)
+
+    def run(self) -> int:
+        if not self._prepared:
+            try:
+                self.prepare()
+            except RuntimeDirError as e:
+                log.error("supervisor: %s", e)
+                return EXIT_CONFIG
         watched = WATCHED
         signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         parent = os.getppid()
@@ -174,6 +282,7 @@ class WorkerPool:
                     self._stopping = True
                     break
                 self._reap()
+                self._note_recoveries()
                 self._start_due()
         finally:
             self.stop()
@@ -200,6 +309,28 @@ class WorkerPool:
 
 
 WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+_EXITS = {EXIT_KEY_UNUSABLE: "could not load its key",
+          EXIT_AGENT_DIED: "exited when its agent failed",
+          EXIT_NO_DISPATCHER: "lost its dispatcher or supervisor",
+          EXIT_CONFIG: "was given a bad configuration"}
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"was killed by signal {-code}"
+    return _EXITS.get(code or 0, f"exited with status {code}")
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """Only warnings and errors of ``logger`` while the block runs."""
+    target = logging.getLogger(logger)
+    level = target.level
+    target.setLevel(max(logging.WARNING, target.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        target.setLevel(level)
 
 
 def _unblock_signals() -> None:
@@ -330,15 +461,58 @@ def send_config(proc: subprocess.Popen[bytes], config_json: str) -> None:
         log.warning("process %d exited before reading its configuration", proc.pid)
 
 
-def main() -> int:
+class _Report:
+    """The one line for ``--report-fd``: written once, then the descriptor is closed."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def __call__(self, line: str) -> bool:
+        """Write ``line``; False when there is nowhere to write it."""
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return False
+        try:
+            os.write(fd, (" ".join(line.split()) + "\n").encode())
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="workers.pool",
+                                 description="the signing workers' supervisor; its "
+                                 "configuration (JSON) comes on stdin")
+    ap.add_argument("--check-keys", action="store_true",
+                    help="first make one test signature with every key, checked against its "
+                    f"public key; exit {EXIT_KEY_UNUSABLE} when one cannot sign")
+    ap.add_argument("--report-fd", type=int, default=None,
+                    help="write one line to this descriptor before starting the workers: ok, "
+                    "or why they do not start")
+    args = ap.parse_args(argv)
+    report = _Report(args.report_fd)
     try:
         config = PoolConfig.from_json(sys.stdin.buffer.read())
     except ConfigError as e:
-        print(f"workers.pool: bad configuration on stdin: {e}", file=sys.stderr)
+        if not report(f"bad configuration on stdin: {e}"):
+            print(f"workers.pool: bad configuration on stdin: {e}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(level=config.log_level,
                         format="%(asctime)s supervisor %(levelname)s %(message)s")
-    return WorkerPool(config).run()
+    pool = WorkerPool(config)
+    try:
+        pool.prepare(check_keys=args.check_keys)
+    except (KeyUnusable, RuntimeDirError, AgentError, SshAgentError) as e:
+        message = e.message if isinstance(e, KeyUnusable) else str(e)
+        if not report(message):
+            print(f"workers.pool: {' '.join(message.split())}", file=sys.stderr)
+        if isinstance(e, KeyUnusable):
+            return EXIT_KEY_UNUSABLE
+        return EXIT_CONFIG if isinstance(e, RuntimeDirError) else EXIT_AGENT_DIED
+    report("ok")
+    return pool.run()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Started by `workers.pool.WorkerPool` as ``python -m workers.worker`` with its `W
 JSON on stdin (never in its command line or environment: it holds the key's passphrase and the
 database DSN) and a private 0700 home directory. The worker
 
-1. starts a gpg-agent in that home and imports the secret key from the key store,
+1. starts a gpg-agent in that home and imports the secret key from the key store, checking
+   that it is the key of the store's public key file (a key it cannot load or that is another
+   key: it writes why to ``<home>/status`` and exits with `EXIT_KEY_UNUSABLE`),
 2. connects to the dispatcher's Unix socket and says hello (or, with database dispatch, claims
    jobs from the ``jobs`` table: `serve_db`),
 3. builds and signs every job it receives (no process spawn per signature),
@@ -15,6 +17,9 @@ worker dies with its supervisor (SIGKILL, set by the supervisor), and its agent 
 same, `workers.agents.base.die_with_parent`); a worker that finds its supervisor gone all the
 same (where that signal is not to be had) stops its agent and removes its home itself: nobody
 else would until the next supervisor starts.
+
+`check_key` is the supervisor's start-up check of one key: the same start, then one test
+signature through the agent, verified against the key's public key file.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +55,21 @@ from workers.formats.jobs import (
     job_from_dict,
 )
 from workers.formats.sshsig import SshPublicKey
-from workers.keys.keyset import RECEIPT_NAMESPACE, SshKeyStore
-from workers.keys.store import KeyStore
+from workers.keys.keyset import RECEIPT_NAMESPACE, KeyUnusable, SshKeyStore, verify_openpgp
+from workers.keys.store import KeyStore, KeyStoreError
 
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 EXIT_AGENT_DIED = 3
 EXIT_NO_DISPATCHER = 4
+EXIT_KEY_UNUSABLE = 5  # the key cannot be loaded, or is not its public key's (see STATUS_FILE)
 AGENT_PID_FILE = "agent.pid"
+# One line the supervisor reads after the worker exited: READY once the key is loaded, or
+# UNUSABLE and the one-line reason why it cannot be.
+STATUS_FILE = "status"
+READY = "ready"
+UNUSABLE = "unusable"
 
 
 class Signer:
@@ -182,9 +194,9 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
         job_id = message.get("id")
         try:
             reply = sign(signer, job_id if isinstance(job_id, int) else None, message)
-        except (AgentError, SshAgentError):
-            log.exception("worker %s: signing failed; exiting so that another worker signs",
-                          name)
+        except (AgentError, SshAgentError) as e:
+            log.error("worker %s: signing failed (%s); exiting so that another worker signs",
+                      name, " ".join(str(e).split()))
             return EXIT_AGENT_DIED
         sock.sendall(reply.frame())
 
@@ -210,9 +222,10 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                     job_id, payload = row
                     try:
                         answer = sign(signer, job_id, decode_frame(payload.encode()))
-                    except (AgentError, SshAgentError):
-                        log.exception("worker %s: signing failed; exiting (the job is "
-                                      "requeued once our heartbeat stops)", name)
+                    except (AgentError, SshAgentError) as e:
+                        log.error("worker %s: signing failed (%s); exiting (the job is "
+                                  "requeued once our heartbeat stops)", name,
+                                  " ".join(str(e).split()))
                         return EXIT_AGENT_DIED
                     except MalformedMessage as e:
                         answer = Result(job_id, error=f"malformed job: {e!r}")
@@ -234,6 +247,89 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                 conn.execute(*jobtable.forget_worker(name))
 
 
+def write_status(home: Path, status: str) -> None:
+    """Replace the worker's one-line status in its home (`STATUS_FILE`)."""
+    tmp = home / f"{STATUS_FILE}.tmp"
+    tmp.write_text(" ".join(status.split()) + "\n")
+    os.replace(tmp, home / STATUS_FILE)
+
+
+def read_status(home: Path) -> str | None:
+    """The status a worker left in ``home``; None when it wrote none."""
+    try:
+        return (home / STATUS_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _key_files(config: WorkerConfig) -> tuple[Path, Path]:
+    """The secret and public key files of the key ``config`` names."""
+    if config.format == "ssh":
+        store = SshKeyStore(config.key_dir)
+        return store.private_key_file, store.public_key_file
+    pgp = KeyStore(config.key_dir)
+    return pgp.secret_key_file, pgp.public_key_file
+
+
+def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signer, str]:
+    """Load the key of ``config`` into the started ``agent``: its signer and fingerprint.
+
+    `KeyUnusable` when the key file cannot be loaded while the agent runs, or holds another key
+    than the public key file (no signature is made: the fingerprints are compared); the agent's
+    errors when the agent itself failed."""
+    secret, public = _key_files(config)
+    try:
+        if isinstance(agent, SshAgent):
+            ssh_key = agent.add_key(secret)
+            if ssh_key.blob != SshKeyStore(config.key_dir).public_key().blob:
+                raise KeyStoreError(f"it holds another key than {public}")
+            return SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
+        key = agent.import_secret_key(secret)
+        expected = KeyStore(config.key_dir).public_key().fingerprint
+        if key.fingerprint != expected:
+            raise KeyStoreError(f"it holds key {key.fingerprint}, not {expected} of {public}")
+        return OpenPgpSigner(key, agent.connect()), key.fingerprint
+    except KeyStoreError as e:
+        raise KeyUnusable(config.key_id, secret, e.message) from None
+    except (AgentError, SshAgentError) as e:
+        if not agent.running:  # the agent failed, not the key
+            raise
+        raise KeyUnusable(config.key_id, secret, str(e)) from None
+
+
+def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> str:
+    """The start-up check of one key: start an agent in ``config.home``, load the key, make one
+    test signature through the agent and verify it against the key's public key file (so a
+    secret key that does not match its public key is caught too); stop the agent. The key's
+    fingerprint; `KeyUnusable` (or the agent's errors) when it cannot sign."""
+    agent: GpgAgent | SshAgent
+    agent = SshAgent(config.home) if config.format == "ssh" else \
+        GpgAgent(config.home, passphrase=config.passphrase)
+    secret, public = _key_files(config)
+    try:
+        agent.start()
+        signer, fingerprint = load_signer(agent, config)
+        t = int(clock())
+        message = f"stampd key check: {config.key_id} {fingerprint} {t}\n".encode()
+        try:
+            signature = signer.signature(message, t)
+        except (AgentError, SshAgentError) as e:
+            if not agent.running:
+                raise
+            raise KeyUnusable(config.key_id, secret, f"its agent cannot sign with it: {e}"
+                              ) from None
+        try:
+            if isinstance(signer, OpenPgpSigner):
+                verify_openpgp(public, message, signature, fingerprint)
+            else:
+                SshKeyStore(config.key_dir).verify(message, signature, "git")
+        except KeyStoreError as e:
+            raise KeyUnusable(config.key_id, secret, e.message) from None
+        return fingerprint
+    finally:
+        agent.stop()
+
+
 def run(config: WorkerConfig, supervisor: int | None = None) -> int:
     """Start the agent, load the key, serve jobs until the agent, the supervisor (PID
     ``supervisor``, default: our parent's now) or the dispatcher is gone; the exit status."""
@@ -246,13 +342,8 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
     try:
         agent.start()
         (config.home / AGENT_PID_FILE).write_text(str(agent.pid))
-        signer: Signer
-        if isinstance(agent, SshAgent):
-            ssh_key = agent.add_key(SshKeyStore(config.key_dir).private_key_file)
-            signer, fingerprint = SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
-        else:
-            key = agent.import_secret_key(KeyStore(config.key_dir).secret_key_file)
-            signer, fingerprint = OpenPgpSigner(key, agent.connect()), key.fingerprint
+        signer, fingerprint = load_signer(agent, config)
+        write_status(config.home, READY)
         dispatch = config.dispatch
         if dispatch.mode == "database":
             assert dispatch.dsn is not None  # (DispatchConfig checks it)
@@ -265,8 +356,13 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
         sock.sendall(Hello(config.name, os.getpid(), fingerprint, config.key_id).frame())
         log.info("ready: key %s (%s), agent pid %d", fingerprint, config.key_id, agent.pid)
         return serve(sock, signer, agent, config.name, supervisor)
-    except (AgentError, SshAgentError):
-        log.exception("the agent failed")
+    except KeyUnusable as e:  # the supervisor reports it, once for all attempts
+        log.info("worker %s: %s", config.name, e.message)
+        with contextlib.suppress(OSError):
+            write_status(config.home, f"{UNUSABLE} {e.message}")
+        return EXIT_KEY_UNUSABLE
+    except (AgentError, SshAgentError) as e:
+        log.error("worker %s: the agent failed: %s", config.name, " ".join(str(e).split()))
         return EXIT_AGENT_DIED
     except (FileNotFoundError, ConnectionRefusedError):
         log.exception("cannot reach the dispatcher at %s", config.dispatch.socket)

@@ -33,10 +33,10 @@ async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
         checks["database"] = {"ok": False, "detail": f"{type(e).__name__}: {e}"[:300]}
     checks["workers"] = {"ok": bool(workers), "detail": f"{len(workers)} connected"}
     served = s.dispatcher.keys_served()
-    for k in s.keys:
+    for k in s.keys:  # (why a key has no worker, e.g. a key file it cannot load: the log)
         checks[f"key:{k.id}"] = {"ok": k.id in served,
                                  "detail": "worker connected" if k.id in served
-                                 else "no live worker holds this key"}
+                                 else f"no live worker holds key {k.id} ({k.fingerprint})"}
     overdue = s.committer.overdue()
     checks["log"] = {"ok": not overdue,
                      "detail": s.committer.last_error or ("overdue" if overdue else "ok")}

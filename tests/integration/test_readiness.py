@@ -47,8 +47,8 @@ def test_a_key_without_a_live_worker_is_not_ready(tmp_path: Path,
     s = services(tmp_path, InProcessDispatcher(openpgp_signer, key=EXTRA_KEY.id))
     ready, body = asyncio.run(readiness(s))
     assert not ready
-    assert body["checks"]["key:primary"] == {"ok": False,
-                                             "detail": "no live worker holds this key"}
+    assert body["checks"]["key:primary"] == {
+        "ok": False, "detail": f"no live worker holds key primary ({TEST_FPR})"}
     assert body["checks"]["key:ssh-ed25519"]["ok"]
     assert body["checks"]["workers"]["ok"]  # some worker is connected, which is not enough
 

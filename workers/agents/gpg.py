@@ -163,6 +163,16 @@ def _run(
         raise AgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
 
 
+_GPG_CHATTER = re.compile(r"gpg: (keybox '.*' created|.*: trustdb created|Total number processed)")
+
+
+def _gpg_complaint(result: subprocess.CompletedProcess[bytes]) -> str:
+    """What gpg said went wrong, on one line, without its news (a keybox created...)."""
+    lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    complaints = [line for line in lines if not _GPG_CHATTER.match(line)]
+    return " | ".join(complaints[-3:]) or _stderr_tail(result)
+
+
 def agent_socket_path(home: Path, gpgconf: str = "gpgconf") -> Path:
     """Where the agent of ``home`` listens (``gpgconf --list-dirs agent-socket``).
 
@@ -553,7 +563,7 @@ class GpgAgent(AgentProcess):
             )
         fingerprints, secret_read = self._parse_import_status(result.stdout)
         if result.returncode != 0 or not fingerprints or not secret_read:
-            problem = "no secret key in it" if result.returncode == 0 else _stderr_tail(result)
+            problem = "no secret key in it" if result.returncode == 0 else _gpg_complaint(result)
             raise AgentError(f"cannot import {key_file}: {problem}")
         if len(fingerprints) != 1:
             raise AgentError(f"{key_file} holds {len(fingerprints)} keys, expected one")

@@ -62,7 +62,8 @@ def run_gpg(home: Path, *args: str, input: bytes | None = None, timeout: float =
                               check=False, pass_fds=tuple(pass_fds),
                               stdin=subprocess.DEVNULL if input is None else None)
     except FileNotFoundError:
-        raise GpgError("gpg is not installed (GnuPG 2.2 or later is needed)") from None
+        raise GpgError("gpg is not installed (not on PATH): stampd needs GnuPG 2.2.8 or later; "
+                       "install it, e.g. `apt-get install gnupg`") from None
     except subprocess.TimeoutExpired:
         raise GpgError("gpg did not finish in time") from None
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from workers.formats.sshsig import SshPublicKey, allowed_signers_line
+from workers.keys.gnupg import GpgError, TempGnupgHome
 from workers.keys.store import KeyStore, KeyStoreError, ensure_files
 
 PRIMARY = "primary"
@@ -32,6 +34,29 @@ SSH_TYPES = {
 }
 RECEIPT_NAMESPACE = "stampd"  # SSH signature namespace of digest receipts (git objects: "git")
 SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
+
+
+CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
+
+
+class KeyUnusable(KeyStoreError):
+    """A served key cannot sign: its secret key file is unreadable or corrupt, holds another key
+    than its public key file, or its agent cannot sign with it. ``message`` is one line that
+    names the key, its file and what to do."""
+
+    def __init__(self, key_id: str, key_file: Path, reason: str) -> None:
+        self.key_id = key_id
+        self.key_file = key_file
+        self.reason = " ".join(reason.split())
+        if key_id == PRIMARY:
+            todo = ("restore the key files from a backup (a new key would not match the stamps "
+                    "already issued)")
+        else:
+            fmt, _, algo = key_id.partition("-")
+            todo = (f"restore the key files from a backup, or remove {fmt}:{algo} from "
+                    "STAMPD_EXTRA_KEYS")
+        where = "" if str(key_file) in self.reason else f" with {key_file}"
+        super().__init__(f"key {key_id} cannot sign{where}: {self.reason}; {todo}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,47 @@ class SshKeyStore:
             return SshPublicKey.from_line(self.public_key_file.read_text())
         except (OSError, ValueError) as e:
             raise KeyStoreError(f"cannot read {self.public_key_file}: {e}") from None
+
+    def verify(self, message: bytes, signature: str, namespace: str) -> None:
+        """Check an armored SSHSIG over ``message`` against the public key file
+        (``ssh-keygen -Y verify``, OpenSSH 8.1); `KeyStoreError` saying why it does not verify."""
+        line = allowed_signers_line(CHECK_PRINCIPAL, self.public_key().to_line(comment=False),
+                                    namespace)
+        with tempfile.TemporaryDirectory(prefix="stampd-c") as tmp:
+            signers, sig = Path(tmp) / "allowed_signers", Path(tmp) / "message.sig"
+            signers.write_text(line + "\n")
+            sig.write_text(signature)
+            try:
+                r = subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I",
+                                    CHECK_PRINCIPAL, "-n", namespace, "-s", str(sig)],
+                                   input=message, capture_output=True, timeout=60, check=False)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise KeyStoreError(f"cannot run ssh-keygen -Y verify: {e}") from None
+        if r.returncode != 0:
+            why = " ".join(r.stderr.decode("utf-8", "replace").split())[-300:]
+            raise KeyStoreError(f"its signature does not verify with the public key "
+                                f"{self.public_key_file} ({why or f'exit {r.returncode}'})")
+
+
+def verify_openpgp(public_key_file: Path, message: bytes, signature: str,
+                   fingerprint: str) -> None:
+    """Check an armored detached OpenPGP signature over ``message``: made by the key
+    ``fingerprint`` (the signing key or subkey) of ``public_key_file``, with gpg in a throw-away
+    keyring that holds nothing else; `KeyStoreError` saying why it does not verify."""
+    try:
+        with TempGnupgHome("stampd-c") as home:
+            imported = home.import_keys(public_key_file.read_bytes())
+            if not imported.ok:
+                raise KeyStoreError(f"cannot read the public key {public_key_file}")
+            _ok, status = home.verify_detached(message, signature)
+    except OSError as e:
+        raise KeyStoreError(f"cannot read the public key {public_key_file}: {e}") from None
+    except GpgError as e:
+        raise KeyStoreError(e.message) from None
+    if not any(v.fingerprint == fingerprint.upper() for v in status.valid):
+        why = ", ".join(status.errors) or "no valid signature"
+        raise KeyStoreError(f"its signature does not verify with the public key "
+                            f"{public_key_file} ({why})")
 
 
 @dataclass(frozen=True)
