@@ -3,7 +3,8 @@ service, starts and stops them with the app, and mounts the front ends.
 
     ZeitgitterPost (POST /, raw ASGI) ─┐
     FastAPI: GET /, /v1/*, /log.git/*, ─┴─> Services: Stamper ─> Journal, Dispatcher
-             /healthz, /readyz, /metrics                LogCommitter, CrossStamper
+             /healthz, /readyz, /metrics,               LogCommitter, CrossStamper
+             /openapi.json, /docs
 
 The secret keys never enter this process: workers hold them.
 """
@@ -21,6 +22,7 @@ from server import db
 from server.api.digests import add_digest_routes
 from server.api.health import add_health_routes
 from server.api.metrics import add_metrics_route
+from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.services import Services
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
@@ -126,4 +128,5 @@ def create_app(
     add_log_routes(app, settings.log_repo)
     add_health_routes(app, services)
     add_metrics_route(app, services)
+    add_docs_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -1,0 +1,510 @@
+"""The API's own description: ``GET /openapi.json`` (OpenAPI 3.1) and ``GET /docs`` (Swagger UI).
+
+The description is written here by hand rather than derived from the route signatures: the hot
+path ``POST /`` is a raw ASGI handler that FastAPI never sees, and the ``/v1`` handlers parse
+their bodies and queries themselves (so that every error is theirs, as problem+json, not
+FastAPI's 422). tests/system/test_openapi.py keeps it true: it fuzzes every operation of the
+live server against this document and fails on any answer the document does not describe.
+
+The key choice fields (``format``, ``key``) list what this server serves, so the document is
+built from the served keys when it is first asked for.
+
+Swagger UI comes from the fastapi-offline package's copy of ``swagger-ui-dist`` and is served
+from this server, with a Content-Security-Policy that lets the page load nothing from another
+host and run no inline script (its start-up script is a file, `INIT_JS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.resources
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+
+from server.api.digests import PAGE_MAX
+from server.api.services import Services
+from workers.formats.receipts import ALGORITHMS
+from workers.keys.keyset import ServedKey
+
+Json = dict[str, Any]
+
+# -- the document -----------------------------------------------------------------------------
+
+HEX40 = "^[0-9a-f]{40}$"
+# git's ref-name rules for refs/tags/<tagname>, as server.api.zeitgitter.valid_tagname checks.
+TAGNAME = r"^(?!.*\.\.)(?!.*\.$)(?!.*\.lock$)[_a-zA-Z][-._a-zA-Z0-9]{0,99}$"
+WS = r"[ \t\r\n]*"  # a digest may be surrounded by these; they are removed
+PROBLEM = "application/problem+json"
+TEXT = "text/plain"
+URLENCODED = "application/x-www-form-urlencoded"
+# Examples: the digests of "hello\n" (stamped by the examples of POST /v1/stamps, fetched by
+# those of the GET operations).
+EXAMPLE_DIGEST = {alg: hashlib.new(alg, b"hello\n").hexdigest() for alg in ALGORITHMS}
+
+
+def _ref(name: str) -> Json:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _text(description: str, example: str | None = None) -> Json:
+    media: Json = {"schema": {"type": "string"}}
+    if example is not None:
+        media["example"] = example
+    return {"description": description, "content": {TEXT: media}}
+
+
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again",
+                               "required": True,
+                               "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+
+
+def _errors(media: str, codes: Sequence[int], **reasons: str) -> dict[str, Json]:
+    """The error answers ``codes`` of one front end: problem+json (``/v1``) or plain text
+    (the Zeitgitter protocol, whose clients show the reason as it is). ``reasons`` replace
+    the usual one of a status (``s404="..."``)."""
+    why = {
+        400: "a malformed, unknown or repeated field or parameter, a bad digest, or a bad "
+             "key choice",
+        406: "a field is missing, malformed or given twice; unknown `request`; a file upload",
+        408: "the body did not arrive within STAMPD_BODY_TIMEOUT seconds",
+        411: "no Content-Length (chunked bodies are not accepted)",
+        413: "the body is larger than STAMPD_MAX_BODY bytes (1000 by default)",
+        415: "a media type the operation does not take",
+        503: "too many stamps waiting, no worker signed in time, or the database is "
+             "unavailable; try again after Retry-After seconds",
+    }
+    why.update({int(k.removeprefix("s")): v for k, v in reasons.items()})
+    out: dict[str, Json] = {}
+    for code in codes:
+        if media == PROBLEM:
+            content = {"schema": _ref("Problem"), "example": {
+                "type": "about:blank", "title": HTTPStatus(code).phrase, "status": code,
+                "detail": why[code]}}
+        else:
+            content = {"schema": {"type": "string"}}
+        answer: Json = {"description": why[code], "content": {media: content}}
+        if code == 503:
+            answer["headers"] = RETRY_AFTER
+        out[str(code)] = answer
+    return out
+
+
+def _key_choice(keys: Sequence[ServedKey]) -> tuple[dict[str, Json], Json]:
+    """The properties ``format`` and ``key`` of a stamp request, and the constraint that
+    they agree when both are given (on a server with keys of more than one format)."""
+    by_format: dict[str, list[str]] = {}
+    for k in keys:
+        by_format.setdefault(k.format, []).append(k.fingerprint)
+    properties = {
+        "format": {"type": "string", "enum": sorted(by_format),
+                   "description": "sign with this server's first key of this format "
+                                  "(default: its primary key)"},
+        "key": {"type": "string", "enum": [k.fingerprint for k in keys],
+                "description": "sign with the key of this fingerprint (OpenPGP fingerprints "
+                               "in any case); with `format`, the two must agree"},
+    }
+    if len(by_format) < 2:
+        return properties, {}
+    return properties, {"anyOf": [
+        {"properties": {"format": {"const": fmt}, "key": {"enum": fingerprints}}}
+        for fmt, fingerprints in sorted(by_format.items())
+    ]}
+
+
+def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
+    choice, agree = _key_choice(keys)
+    digest = {
+        alg: {"type": "string", "pattern": f"^{WS}[0-9a-f]{{{n}}}{WS}$",
+              "description": f"the {alg} digest: {n} lowercase hex digits (surrounding "
+                             "spaces, tabs, CR and LF are removed)"}
+        for alg, n in ALGORITHMS.items()
+    }
+    stamp_digest = {
+        f"Stamp{alg.upper()}": {
+            "type": "object", "title": f"a {alg} digest",
+            "properties": {alg: digest[alg], **choice},
+            "required": [alg], "additionalProperties": False, **agree,
+        } for alg in ALGORITHMS
+    }
+    # The server ignores fields it does not know, so that a newer client's field does not
+    # break it (the body's size limit, STAMPD_MAX_BODY, is answered 413 and no schema can say).
+    zeitgitter_extra = {"additionalProperties": {"type": "string"}, "maxProperties": 16,
+                        **agree}
+    return {
+        "Problem": {
+            "type": "object",
+            "description": "RFC 9457 problem details",
+            "properties": {
+                "type": {"type": "string", "const": "about:blank"},
+                "title": {"type": "string", "description": "the HTTP reason phrase"},
+                "status": {"type": "integer", "minimum": 400, "maximum": 599},
+                "detail": {"type": "string", "description": "what was wrong"},
+            },
+            "required": ["type", "title", "status", "detail"],
+            "additionalProperties": False,
+        },
+        **stamp_digest,
+        "StampDigest": {"oneOf": [_ref(f"Stamp{alg.upper()}") for alg in ALGORITHMS]},
+        "Receipt": {
+            "type": "object",
+            "description": "a receipt and the fields of its signed statement "
+                           "(docs/receipts.md)",
+            "properties": {
+                "algorithm": {"type": "string", "enum": list(ALGORITHMS)},
+                "digest": {"type": "string", "pattern": "^([0-9a-f]{64}|[0-9a-f]{128})$"},
+                "time": {"type": "integer", "minimum": 0,
+                         "description": "Unix seconds, when the request was journaled"},
+                "utc": {"type": "string",
+                        "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"},
+                "server": {"type": "string", "pattern": "^[!-~]{1,500}$"},
+                "serial": {"type": "integer", "minimum": 1},
+                "key": {"type": "string",
+                        "pattern": "^([0-9A-F]{40}|SHA256:[A-Za-z0-9+/]{43})$"},
+                "receipt": {"type": "string",
+                            "description": "the signed receipt, as the text/plain answer"},
+            },
+            "required": ["algorithm", "digest", "time", "utc", "server", "serial", "key",
+                         "receipt"],
+            "additionalProperties": False,
+        },
+        "ReceiptPage": {
+            "type": "object",
+            "properties": {
+                "receipts": {"type": "array", "items": _ref("Receipt"), "minItems": 1,
+                             "maxItems": PAGE_MAX},
+                "next": {"type": ["string", "null"],
+                         "description": "the URL of the next page; null on the last"},
+            },
+            "required": ["receipts", "next"],
+            "additionalProperties": False,
+        },
+        "Key": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "format": {"type": "string", "enum": ["openpgp", "ssh"]},
+                "fingerprint": {"type": "string"},
+                "algorithm": {"type": "string"},
+                "primary": {"type": "boolean"},
+                "public_key": {"type": "string",
+                               "description": "ASCII-armored OpenPGP key or OpenSSH public "
+                                              "key line"},
+                "allowed_signers": {"type": ["string", "null"],
+                                    "description": "SSH keys: the allowed-signers line "
+                                                   "(namespaces git and stampd)"},
+            },
+            "required": ["id", "format", "fingerprint", "algorithm", "primary",
+                         "public_key", "allowed_signers"],
+            "additionalProperties": False,
+        },
+        "Keys": {
+            "type": "object",
+            "properties": {"keys": {"type": "array", "items": _ref("Key"), "minItems": 1}},
+            "required": ["keys"],
+            "additionalProperties": False,
+        },
+        "Readiness": {
+            "type": "object",
+            "properties": {
+                "ready": {"type": "boolean"},
+                "checks": {
+                    "type": "object",
+                    "description": "each check by name: database, workers, key:<id>, log, "
+                                   "peer:<name>",
+                    "additionalProperties": {
+                        "type": "object",
+                        "properties": {"ok": {"type": "boolean"},
+                                       "detail": {"type": "string"}},
+                        "required": ["ok"],
+                    },
+                },
+            },
+            "required": ["ready", "checks"],
+        },
+        "TagStamp": {
+            "type": "object", "title": "stamp-tag-v1",
+            "properties": {
+                "request": {"type": "string", "const": "stamp-tag-v1"},
+                "commit": {"type": "string", "pattern": HEX40,
+                           "description": "the commit to stamp"},
+                "tagname": {"type": "string", "pattern": TAGNAME, "maxLength": 100,
+                            "description": "the tag's name: git's ref-name rules, no `..`, "
+                                           "not ending in `.` or `.lock`"},
+                **choice,
+            },
+            "required": ["request", "commit", "tagname"],
+            **zeitgitter_extra,
+        },
+        "BranchStamp": {
+            "type": "object", "title": "stamp-branch-v1",
+            "properties": {
+                "request": {"type": "string", "const": "stamp-branch-v1"},
+                "commit": {"type": "string", "pattern": HEX40,
+                           "description": "the commit to stamp"},
+                "tree": {"type": "string", "pattern": HEX40,
+                         "description": "the tree of `commit`"},
+                "parent": {"type": "string", "pattern": HEX40,
+                           "description": "the branch's previous stamp; must differ from "
+                                          "`commit`"},
+                **choice,
+            },
+            "required": ["request", "commit", "tree"],
+            **zeitgitter_extra,
+        },
+        "ZeitgitterStamp": {"oneOf": [_ref("TagStamp"), _ref("BranchStamp")]},
+    }
+
+
+def _receipts_path(algorithm: str, n: int) -> Json:
+    return {"get": {
+        "tags": ["digests"],
+        "operationId": f"getReceipts{algorithm.upper()}",
+        "summary": f"The receipts issued for a {algorithm} digest",
+        "description": (
+            "Oldest first, a page at a time: at most `limit` receipts with a serial above "
+            "`after`. While more follow, a `Link: <...>; rel=\"next\"` header (and `next` "
+            "in JSON) names the next page. The text answer is the receipts concatenated; "
+            "with `Accept: application/json`, a JSON page."),
+        "parameters": [
+            {"name": "digest", "in": "path", "required": True,
+             "schema": {"type": "string", "pattern": f"^[0-9a-f]{{{n}}}$"},
+             "description": f"{n} lowercase hex digits", "example": EXAMPLE_DIGEST[algorithm]},
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_MAX,
+                        "default": PAGE_MAX}},
+            {"name": "after", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "default": 0},
+             "description": "a receipt's serial: the page starts after it"},
+        ],
+        "responses": {
+            "200": {
+                "description": "the receipts",
+                "headers": {"Link": {
+                    "description": "the next page, while there is one",
+                    "schema": {"type": "string",
+                               "pattern": f'^</v1/stamps/{algorithm}/[0-9a-f]{{{n}}}'
+                                          r'\?limit=[0-9]+&after=[0-9]+>; rel="next"$'}}},
+                "content": {
+                    TEXT: {"schema": {"type": "string"}},
+                    "application/json": {"schema": _ref("ReceiptPage")},
+                },
+            },
+            **_errors(PROBLEM, [400, 404], s404="no receipt for this digest (after `after`)"),
+        },
+    }}
+
+
+def openapi_document(keys: Sequence[ServedKey]) -> Json:
+    """The OpenAPI 3.1 description of the HTTP API of a server that serves ``keys``."""
+    version = importlib.metadata.version("stampd")
+    zeitgitter_post = {
+        "tags": ["zeitgitter"],
+        "operationId": "stampGit",
+        "summary": "Stamp a commit: a signed tag (stamp-tag-v1) or merge commit "
+                   "(stamp-branch-v1)",
+        "description": (
+            "The Zeitgitter protocol v1 (docs/protocol.md), as the `git timestamp` client "
+            "sends it. Other fields are ignored, within the limit of 16 fields; a field "
+            "given twice is refused. Errors are a short plain-text reason."),
+        "requestBody": {"required": True, "content": {
+            media: {"schema": _ref("ZeitgitterStamp"), "example": {
+                "request": "stamp-tag-v1", "commit": "3" * 40, "tagname": "v1.0-timestamp"}}
+            for media in (URLENCODED, "multipart/form-data")
+        }},
+        "responses": {
+            "200": {"description": "the signed git object (a tag, or a commit)",
+                    "content": {"application/x-git-object": {"schema": {"type": "string"}}}},
+            **_errors(TEXT, [406, 408, 411, 413, 415, 503]),
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "stampd",
+            "version": version,
+            "description": (
+                "A timestamping server for git (the Zeitgitter protocol v1) and for plain "
+                "sha256/sha512 digests. Every stamp is recorded durably before it is signed "
+                "and published in a public git log, which `git clone <server>/log.git` "
+                "fetches (git's dumb HTTP protocol; not described here). A browser asking "
+                "for `/` gets the status page."),
+        },
+        "tags": [
+            {"name": "zeitgitter", "description": "git stamps (docs/protocol.md)"},
+            {"name": "digests", "description": "digest receipts (docs/receipts.md); errors "
+                                               "are application/problem+json"},
+            {"name": "keys", "description": "the signing keys"},
+            {"name": "operations", "description": "health and metrics"},
+        ],
+        "paths": {
+            "/": {
+                "get": {
+                    "tags": ["zeitgitter"],
+                    "operationId": "getRoot",
+                    "summary": "The primary public key, or a banner",
+                    "description": (
+                        "`?request=get-public-key-v1`: the primary OpenPGP key, "
+                        "ASCII-armored (the key the Zeitgitter client pins). Without "
+                        "`request`: a one-line banner, or the status page for "
+                        "`Accept: text/html`."),
+                    "parameters": [{"name": "request", "in": "query", "required": False,
+                                    "schema": {"type": "string",
+                                               "enum": ["get-public-key-v1"]}}],
+                    "responses": {
+                        "200": {"description": "the key, the banner or the status page",
+                                "content": {"application/pgp-keys": {"schema":
+                                                                     {"type": "string"}},
+                                            TEXT: {"schema": {"type": "string"}},
+                                            "text/html": {"schema": {"type": "string"}}}},
+                        **_errors(TEXT, [406], s406="a `request` other than "
+                                  "get-public-key-v1, or `request` given more than once"),
+                    },
+                },
+                "post": zeitgitter_post,
+            },
+            "/v1/stamps": {"post": {
+                "tags": ["digests"],
+                "operationId": "stampDigest",
+                "summary": "Stamp a sha256 or sha512 digest",
+                "description": (
+                    "Exactly one digest field, and optionally the key choice. The answer "
+                    "is sent only after the receipt is stored, so the GET operations find "
+                    "it from then on. The receipt is an OpenPGP cleartext-signed (or SSH "
+                    "signed) statement; with `Accept: application/json`, a JSON object of "
+                    "its fields and the receipt."),
+                "requestBody": {"required": True, "content": {
+                    media: {"schema": _ref("StampDigest"),
+                            "example": {"sha256": EXAMPLE_DIGEST["sha256"]}}
+                    for media in (URLENCODED, "application/json")
+                }},
+                "responses": {
+                    "200": {"description": "the receipt",
+                            "content": {TEXT: {"schema": {"type": "string"}},
+                                        "application/json": {"schema": _ref("Receipt")}}},
+                    **_errors(PROBLEM, [400, 408, 411, 413, 415, 503]),
+                },
+            }},
+            **{f"/v1/stamps/{alg}/{{digest}}": _receipts_path(alg, n)
+               for alg, n in ALGORITHMS.items()},
+            "/v1/keys": {"get": {
+                "tags": ["keys"],
+                "operationId": "getKeys",
+                "summary": "Every signing key of this server",
+                "responses": {"200": {"description": "the keys, the primary key first",
+                                      "content": {"application/json":
+                                                  {"schema": _ref("Keys")}}}},
+            }},
+            "/v1/keys/allowed_signers": {"get": {
+                "tags": ["keys"],
+                "operationId": "getAllowedSigners",
+                "summary": "The SSH keys as allowed-signers lines",
+                "description": "For `git config gpg.ssh.allowedSignersFile` and "
+                               "`ssh-keygen -Y verify -f`.",
+                "responses": {"200": _text("one line per SSH key"),
+                              **_errors(PROBLEM, [404], s404="this server has no SSH key")},
+            }},
+            "/healthz": {"get": {
+                "tags": ["operations"], "operationId": "getLiveness",
+                "summary": "Liveness: the process answers",
+                "responses": {"200": _text("alive", "ok\n")},
+            }},
+            "/readyz": {"get": {
+                "tags": ["operations"], "operationId": "getReadiness",
+                "summary": "Readiness, each check by name",
+                "responses": {
+                    "200": {"description": "every check passed",
+                            "content": {"application/json": {"schema": _ref("Readiness")}}},
+                    "503": {"description": "a check failed",
+                            "content": {"application/json": {"schema": _ref("Readiness")}}},
+                },
+            }},
+            "/metrics": {"get": {
+                "tags": ["operations"], "operationId": "getMetrics",
+                "summary": "Prometheus metrics (text exposition format)",
+                "responses": {"200": _text("the metrics")},
+            }},
+        },
+        "components": {"schemas": _schemas(keys)},
+    }
+
+
+# -- serving it, and Swagger UI ---------------------------------------------------------------
+
+SWAGGER_DIR = Path(str(importlib.resources.files("fastapi_offline") / "static"))
+ASSETS = {  # path under /docs/ -> (file of the fastapi-offline package, media type)
+    "swagger-ui-bundle.js": ("swagger-ui-bundle.js", "text/javascript; charset=utf-8"),
+    "swagger-ui.css": ("swagger-ui.css", "text/css; charset=utf-8"),
+    "favicon.png": ("favicon.png", "image/png"),
+}
+INIT_JS = """\
+window.addEventListener("load", function () {
+  window.ui = SwaggerUIBundle({
+    url: "/openapi.json",
+    dom_id: "#swagger-ui",
+    deepLinking: true,
+    validatorUrl: null,
+    presets: [SwaggerUIBundle.presets.apis],
+    layout: "BaseLayout",
+  });
+});
+"""
+DOCS_HTML = """\
+<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>stampd API</title>
+<link rel="icon" type="image/png" href="/docs/favicon.png">
+<link rel="stylesheet" href="/docs/swagger-ui.css">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script src="/docs/swagger-ui-bundle.js"></script>
+<script src="/docs/init.js"></script>
+</body>
+</html>
+"""
+# Swagger UI needs: its script and style files, images inlined as data: URIs in its style
+# sheet, and fetch() to this server ("Try it out"). Nothing inline, nothing from elsewhere.
+DOCS_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+DOCS_HEADERS = {"Content-Security-Policy": DOCS_CSP, "X-Frame-Options": "DENY",
+                "Referrer-Policy": "no-referrer"}
+ASSET_CACHE = "public, max-age=3600"
+
+
+def add_docs_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    """``GET /openapi.json``, ``GET /docs`` and the files of Swagger UI under ``/docs/``."""
+    cache: list[Json] = []
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json() -> Response:
+        if not cache:
+            cache.append(openapi_document(services().keys))
+        return JSONResponse(cache[0])
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        return HTMLResponse(DOCS_HTML, headers=DOCS_HEADERS)
+
+    @app.get("/docs/init.js", include_in_schema=False)
+    async def init_js() -> Response:
+        return Response(INIT_JS, media_type="text/javascript; charset=utf-8",
+                        headers={"Cache-Control": ASSET_CACHE})
+
+    for name, (file, media_type) in ASSETS.items():
+
+        def serve(file: str = file, media_type: str = media_type) -> Callable[[], Any]:
+            async def asset() -> Response:
+                return FileResponse(SWAGGER_DIR / file, media_type=media_type,
+                                    headers={"Cache-Control": ASSET_CACHE})
+            return asset
+
+        app.add_api_route(f"/docs/{name}", serve(), methods=["GET"], include_in_schema=False)
