@@ -61,7 +61,7 @@ async def read_body(scope: Scope, receive: Receive, settings: Settings,
         raise UnsupportedMediaType(f"send {' or '.join(types)}")
     if length is None:
         raise LengthRequired("Content-Length is required")
-    if not length.isdigit():
+    if not (length.isascii() and length.isdigit()):  # "²".isdigit(), but int("²") fails
         raise BadRequest("malformed Content-Length")
     if int(length) > settings.max_body:
         raise BodyTooLarge(f"body larger than {settings.max_body} bytes")

@@ -54,6 +54,13 @@ def status_of(exc: StampError, dialect: Dialect) -> tuple[int, str]:
     raise AssertionError("unreachable: StampError is mapped")
 
 
+def reason(exc: StampError) -> str:
+    """The error's message as the answer may carry it: a message may quote what the client
+    sent, and JSON lets a client send lone surrogates (``"\\ud800"``), which UTF-8 cannot
+    encode; they are written as ``\\ud800``, so that no refusal becomes a 500."""
+    return exc.message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _retry_after(exc: StampError) -> dict[str, str]:
     return {"Retry-After": str(exc.retry_after)} if isinstance(exc, Unavailable) else {}
 
@@ -61,7 +68,7 @@ def _retry_after(exc: StampError) -> dict[str, str]:
 async def send_plain(send: Send, exc: StampError) -> int:
     """Answer a Zeitgitter request over raw ASGI; returns the status sent."""
     status, _ = status_of(exc, "zeitgitter")
-    body = exc.message.encode() + b"\n"
+    body = reason(exc).encode() + b"\n"
     headers = [(b"content-type", b"text/plain; charset=utf-8"),
                (b"content-length", str(len(body)).encode()), NOSNIFF]
     headers += [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
@@ -73,6 +80,6 @@ async def send_plain(send: Send, exc: StampError) -> int:
 def problem(exc: StampError) -> JSONResponse:
     """The ``/v1`` answer: RFC 9457 problem details."""
     status, title = status_of(exc, "v1")
-    body = {"type": "about:blank", "title": title, "status": status, "detail": exc.message}
+    body = {"type": "about:blank", "title": title, "status": status, "detail": reason(exc)}
     return JSONResponse(body, status_code=status, media_type=PROBLEM,
                         headers=_retry_after(exc) or None)

@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from python_multipart.multipart import parse_options_header
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api import status
 from server.api.body import read_body
-from server.api.errors import NOSNIFF, send_plain, status_of
+from server.api.errors import NOSNIFF, reason, send_plain, status_of
 from server.api.services import Services
 from server.errors import (
     BadRequest,
@@ -107,6 +108,20 @@ def parse_stamp_request(fields: Fields) -> GitRequest:
     raise UnknownRequest("unknown request type")
 
 
+def _multipart_complete(scope: Scope, body: bytes) -> bool:
+    """Whether a multipart body ends its last part with the close delimiter
+    (``--<boundary>--``, RFC 2046 5.1.1). The multipart parser takes a body cut short as
+    complete and drops the unterminated part: a branch request whose ``parent`` part was cut
+    off would be stamped without its parent."""
+    ctype = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+    _, params = parse_options_header(ctype)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        return False
+    close = b"--" + boundary + b"--"
+    return body.startswith(close) or b"\r\n" + close in body
+
+
 async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Fields:
     """Read and parse a form body within the size and time limits."""
     mtype, body = await read_body(scope, receive, settings, (URLENCODED, MULTIPART))
@@ -118,6 +133,8 @@ async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Field
         except (UnicodeError, ValueError):
             raise BadRequest("malformed form body") from None
     else:
+        if not _multipart_complete(scope, body):
+            raise BadRequest("malformed multipart body")
         request = Request(scope)
         request._body = body  # Starlette parses the cached body
         try:
@@ -188,8 +205,12 @@ def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> Non
     """``GET /``: the public key (``?request=get-public-key-v1``), the status page for a
     browser, or a line about the server."""
 
-    @app.get("/")
+    # POST / never reaches the app (ZeitgitterPost answers it first); it is named here so that
+    # the Allow header of a 405 answer for / lists it.
+    @app.api_route("/", methods=["GET", "POST"])
     async def root_get(request: Request) -> Response:
+        if request.method != "GET":
+            raise AssertionError("POST / is served by ZeitgitterPost")
         s = services()
         requests = request.query_params.getlist("request")
         if not requests and "text/html" in request.headers.get("accept", ""):
@@ -207,4 +228,4 @@ def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> Non
 
 def _plain(exc: StampError) -> Response:
     status_code, _ = status_of(exc, "zeitgitter")
-    return PlainTextResponse(exc.message + "\n", status_code=status_code)
+    return PlainTextResponse(reason(exc) + "\n", status_code=status_code)
