@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint sysdeps bench clean
+.PHONY: serve test lint sysdeps bench fuzz soak crash slow readflood proof clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,26 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run
+
+## Proof of issue 12 (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
+## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
+## broken promise.
+fuzz: $(STAMP) sysdeps
+	$(BIN)/python -m bench.fuzz
+
+soak: $(STAMP) sysdeps
+	$(BIN)/python -m bench.soak
+
+crash: $(STAMP) sysdeps
+	$(BIN)/python -m bench.crash
+
+slow: $(STAMP)
+	$(BIN)/python -m bench.slow
+
+readflood: $(STAMP)
+	$(BIN)/python -m bench.readflood
+
+proof: fuzz soak crash slow readflood
 
 clean:
 	rm -rf $(VENV) var

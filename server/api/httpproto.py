@@ -4,24 +4,113 @@ uvicorn arms its keep-alive timer only after a response. A connection that never
 request, or sends its headers a byte at a time, would stay open forever. Here a connection must
 deliver complete request headers within ``timeout_keep_alive`` seconds of connecting or of the
 previous response; the body has its own timeout in `server.api.body.read_body`.
+
+Timeouts alone do not bound the number of connections: a client that opens more of them within
+a timeout than the process may open files (``RLIMIT_NOFILE``; 1024 under systemd's default)
+takes every descriptor, and then the event loop accepts and drops every new connection, the
+normal clients' too, and the database and the workers cannot open files either (`bench.slow`
+shows it). So a process holds at most `connection_limit` client connections, its soft
+``RLIMIT_NOFILE`` less `FD_RESERVE` for everything else. A connection beyond it closes the
+oldest connection that has not delivered a whole request (idle keep-alive, headers or body
+still arriving), which costs no client an answer (nginx reuses idle connections the same way);
+only when every connection holds a request being served is the new one closed instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import resource
+import weakref
+from collections import OrderedDict
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+log = logging.getLogger(__name__)
+
+# Descriptors a process keeps for all but client connections: database files and connections
+# (SQLite: 3 files per connection), the log repository, the workers' sockets, the event loop's
+# own, threads' files, peers.
+FD_RESERVE = 256
+REPORT_EVERY = 60.0  # seconds between warnings while the limit is being hit
+
+
+def connection_limit(nofile: int | None = None) -> int:
+    """Client connections one process may hold, given its soft ``RLIMIT_NOFILE`` (by default
+    the current one): all but `FD_RESERVE` descriptors, and at least half of them."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if nofile == resource.RLIM_INFINITY:
+            nofile = 1 << 20
+    return max(nofile // 2, nofile - FD_RESERVE)
+
+
+class _Connections:
+    """The connection limit of one server, and its connections that have not delivered a
+    whole request, oldest first (those may be closed to make room)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.evictable: OrderedDict[StampdHttpProtocol, None] = OrderedDict()
+        self.evicted = 0
+        self.refused = 0
+        self._reported_at: float | None = None
+
+    def waiting(self, proto: StampdHttpProtocol) -> None:
+        self.evictable.pop(proto, None)
+        self.evictable[proto] = None
+
+    def busy(self, proto: StampdHttpProtocol) -> None:
+        self.evictable.pop(proto, None)
+
+    def admit(self, proto: StampdHttpProtocol, open_connections: int) -> None:
+        """Make room for ``proto`` if it is one too many (called once it is counted)."""
+        if open_connections <= self.limit:
+            return
+        victim = next((p for p in self.evictable if p is not proto), proto)
+        if victim is proto:
+            self.refused += 1
+        else:
+            self.evicted += 1
+        self.evictable.pop(victim, None)
+        victim.transport.close()
+        now = proto.loop.time()
+        if self._reported_at is None or now - self._reported_at >= REPORT_EVERY:
+            self._reported_at = now
+            log.warning("connection limit %d reached: %d connections without a whole request "
+                        "closed, %d new ones refused so far (the limit is RLIMIT_NOFILE less "
+                        "%d; raise LimitNOFILE= / ulimit -n for more)", self.limit,
+                        self.evicted, self.refused, FD_RESERVE)
+
+
+_servers: weakref.WeakKeyDictionary[ServerState, _Connections] = weakref.WeakKeyDictionary()
+
+
+def _connections_of(state: ServerState) -> _Connections:
+    conns = _servers.get(state)
+    if conns is None:
+        conns = _servers[state] = _Connections(connection_limit())
+    return conns
 
 
 class StampdHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._headers_deadline: float | None = None
+        self._limit = _connections_of(self.server_state)
+        self._owed_400: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._arm_headers_timer()
+        self._limit.waiting(self)
+        self._limit.admit(self, len(self.connections))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._limit.busy(self)
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -30,9 +119,44 @@ class StampdHttpProtocol(HttpToolsProtocol):
         else:
             self._headers_deadline = None
 
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._limit.busy(self)  # a whole request: it is served, never closed for room
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer unparsable bytes with 400 and close, but only after the answers owed to the
+        complete requests pipelined before them: HTTP/1.1 answers in order, and uvicorn would
+        send the 400 first, as if it answered the first request."""
+        if self._owed_400 is not None or self.transport.is_closing():
+            return  # already owed; the parser stays failed, more bytes change nothing
+        cycle = self.cycle
+        earlier_owed = bool(self.pipeline)
+        if self.pipeline and self.pipeline[0][0] is cycle and cycle.more_body:
+            self.pipeline.popleft()  # the request whose body was bad: the 400 answers it
+        elif cycle is not None and not cycle.more_body and not cycle.response_complete:
+            earlier_owed = True  # a complete request still being answered
+        if earlier_owed:
+            self._owed_400 = msg
+            self.flow.pause_reading()
+            return
+        super().send_400_response(msg)
+
     def on_response_complete(self) -> None:
         self._headers_deadline = None
+        last = not self.pipeline  # no pipelined request starts now: every answer is sent
         super().on_response_complete()
+        if self._owed_400 is not None and not self.transport.is_closing():
+            if last:
+                msg, self._owed_400 = self._owed_400, None
+                self._unset_keepalive_if_required()
+                super().send_400_response(msg)
+            else:
+                self.flow.pause_reading()
+            return
+        if not self.transport.is_closing() and self.cycle.response_complete \
+                and not self.pipeline:
+            self._limit.waiting(self)  # idle until the next request
 
     def _waiting_for_headers(self) -> bool:
         if self.transport.is_closing():

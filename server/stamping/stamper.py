@@ -7,6 +7,7 @@ holding the chosen key sign it, then record the outcome.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 from server.dispatch import Dispatcher, Signed
@@ -17,6 +18,11 @@ from workers.formats.gitobjects import git_object_id
 from workers.formats.jobs import Job
 from workers.formats.receipts import Statement
 from workers.keys.keyset import ServedKey
+
+log = logging.getLogger(__name__)
+
+# Seconds a failed stamp's answer waits for its outcome to be committed (see Stamper._failed).
+FAILURE_WRITE_TIMEOUT = 5.0
 
 
 class Stamper:
@@ -40,11 +46,30 @@ class Stamper:
             async with asyncio.timeout(self.request_timeout):
                 return await self.dispatcher.sign(job, key.id)
         except TimeoutError:
-            self.journal.failed(stamp_id, "timed out")
+            await self._failed(stamp_id, "timed out")
             raise Unavailable("no worker could sign in time; retry later") from None
         except StampError as e:
-            self.journal.failed(stamp_id, e.message)
+            await self._failed(stamp_id, e.message)
             raise
+        except Exception as e:
+            await self._failed(stamp_id, f"{type(e).__name__}: {e}")
+            raise
+
+    async def _failed(self, stamp_id: int, error: str) -> None:
+        """Record the failure, and wait until it is committed before the client is told.
+
+        The log committer publishes a stamp left ``pending`` past the request timeout: its
+        process died, perhaps after the signature went out. A stamp answered 503 whose outcome
+        was still queued when the process died would be published too, though its client was
+        told it failed (`bench.crash` found such stamps after kill -9). A signature never left
+        for a failed stamp, so the wait costs only the 503's latency (one group commit). With
+        the database down the wait is bounded; the 503 goes out anyway."""
+        try:
+            async with asyncio.timeout(FAILURE_WRITE_TIMEOUT):
+                await self.journal.failed_durably(stamp_id, error)
+        except TimeoutError:
+            log.warning("failure of stamp %d not recorded within %.0f s", stamp_id,
+                        FAILURE_WRITE_TIMEOUT, extra={"stamp_id": stamp_id})
 
     async def stamp(self, req: GitRequest, key: ServedKey | None = None) -> str:
         """A signed git tag or commit for a Zeitgitter request."""
