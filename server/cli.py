@@ -122,13 +122,15 @@ def _require_migrated(engine: Any) -> None:
                            f"{head}: run `stampd db upgrade` (or start an API host) first")
 
 
-def _register_keys(settings: Settings, engine: Any, replace: bool = False) -> None:
-    """Register the public halves of the keys this host signs with (`server.signing_keys`)."""
+def _register_keys(settings: Settings, engine: Any, replace: bool = False) -> int:
+    """Register the public halves of the keys this host signs with (`server.signing_keys`);
+    returns how many."""
     from server.signing_keys import register, this_host
     from workers.keys.keyset import served_keys
 
     keys = served_keys(settings.keys_dir, settings.extra_key_specs)
     register(engine, settings.keys_dir, keys, this_host(settings.data_dir), replace=replace)
+    return len(keys)
 
 
 class PoolProcess:
@@ -267,7 +269,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit)
     try:
         uvicorn.run(
-            create_app(settings, before_shutdown=pool.stop if pool is not None else None),
+            create_app(settings, before_shutdown=pool.stop if pool is not None else None,
+                       keys=keys),
             host=settings.host,
             port=settings.port,
             loop="uvloop",
@@ -405,10 +408,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
         engine = db.make_engine(settings.db_url)
         try:
             db.upgrade(engine)
-            _register_keys(settings, engine, replace=args.replace)
+            count = _register_keys(settings, engine, replace=args.replace)
         finally:
             engine.dispose()
-        print(f"registered {len(settings.extra_key_specs) + 1} signing key(s) in the database"
+        print(f"registered {count} signing key(s) in the database"
               + (" (replacing every other registration)" if args.replace else ""))
         return 0
     if getattr(args, "ssh", False):

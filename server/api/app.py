@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -63,10 +63,13 @@ def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats) -> Disp
 def create_app(
     settings: Settings, *, clock: Callable[[], float] = time.time,
     before_shutdown: Callable[[], None] | None = None,
+    keys: Sequence[ServedKey] | None = None,
 ) -> ZeitgitterPost:
-    """``before_shutdown`` runs (in a thread) when the server stops, after the last request
-    and before the dispatcher closes: `stampd serve` stops its worker pool there, so that
-    workers are stopped rather than cut off and respawned."""
+    """``keys`` are the served keys if the caller has them already (`stampd serve` read them
+    at start-up); otherwise they are read when the app starts. ``before_shutdown`` runs (in a
+    thread) when the server stops, after the last request and before the dispatcher closes:
+    `stampd serve` stops its worker pool there, so that workers are stopped rather than cut
+    off and respawned."""
     cell: list[Services] = []  # filled when the app starts
 
     def services() -> Services:
@@ -75,8 +78,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = db.make_engine(settings.db_url)
-        keys = serving_keys(settings.keys_dir, settings.extra_key_specs, settings.dispatch,
-                            engine)
+        served = list(keys) if keys is not None else serving_keys(
+            settings.keys_dir, settings.extra_key_specs, settings.dispatch, engine)
         stats = Stats()
         journal = Journal(engine, stats)
         dispatcher = make_dispatcher(settings, engine, stats)
@@ -94,18 +97,18 @@ def create_app(
             loop.call_soon_threadsafe(cross.wake)
 
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
-                                 keys[0].public, settings.commit_interval, clock,
+                                 served[0].public, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
-                                 key_files=log_key_files(keys), leader=leader,
+                                 key_files=log_key_files(served), leader=leader,
                                  request_timeout=settings.request_timeout)
-        stamper = Stamper(journal, dispatcher, keys, public_url=settings.public_url,
+        stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         await dispatcher.start()
         journal.start()
         committer.start()
         cross.start()
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
-                             stats, keys, clock))
+                             stats, served, clock))
         app.state.services = cell[0]
         try:
             yield
