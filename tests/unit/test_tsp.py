@@ -1,0 +1,667 @@
+"""Tests of RFC 3161 time-stamping formats (workers.formats.tsp) against real clients.
+
+``cryptography`` stands in for the agent: it makes the keys and signs the prehashed bytes the
+module hands out, nothing else. Requests come from ``openssl ts -query``; the responses built
+here must pass ``openssl ts -verify`` and the ``rfc3161-client`` verifier (sigstore's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from asn1crypto import algos, cms, core
+from asn1crypto import tsp as asn1_tsp
+from asn1crypto import x509 as asn1_x509
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
+
+from workers.formats import tsp
+from workers.formats.tsp import Rejection, TokenFields, TspError
+
+POLICY = "1.3.6.1.4.1.99999.1.1"
+NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+DATA = b"stampd time-stamp test data\n"
+
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+# --- the agent stand-in -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, PrivateKey]:
+    return {
+        "p256": ec.generate_private_key(ec.SECP256R1()),
+        "p384": ec.generate_private_key(ec.SECP384R1()),
+        "rsa3072": rsa.generate_private_key(public_exponent=65537, key_size=3072),
+        "ca": ec.generate_private_key(ec.SECP256R1()),
+    }
+
+
+def algorithm(key: PrivateKey) -> str:
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return "sha384_ecdsa" if key.curve.name == "secp384r1" else "sha256_ecdsa"
+    return "sha256_rsa"
+
+
+def spki(key: PrivateKey) -> bytes:
+    public = key.public_key()
+    if isinstance(public, ec.EllipticCurvePublicKey):
+        point = public.public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
+        return tsp.ec_public_key_info(public.curve.name, point)
+    numbers = public.public_numbers()
+    return tsp.rsa_public_key_info(numbers.n, numbers.e)
+
+
+def sign(key: PrivateKey, data: bytes) -> bytes:
+    """What an agent does: sign a hash it is given, never the data."""
+    name = tsp.signature_hash(algorithm(key))
+    digest = hashlib.new(name, data).digest()
+    prehashed = utils.Prehashed(hashes.SHA384() if name == "sha384" else hashes.SHA256())
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        r, s = utils.decode_dss_signature(key.sign(digest, ec.ECDSA(prehashed)))
+        return tsp.ecdsa_signature(r, s)
+    return key.sign(digest, padding.PKCS1v15(), prehashed)
+
+
+def make_certificate(
+    key: PrivateKey,
+    subject: dict[str, str],
+    *,
+    serial: int,
+    issuer_key: PrivateKey | None = None,
+    issuer: dict[str, str] | None = None,
+    is_ca: bool = False,
+) -> bytes:
+    signer = issuer_key or key
+    tbs = tsp.tbs_certificate(
+        spki(key),
+        subject,
+        serial=serial,
+        not_before=NOW - timedelta(days=1),
+        not_after=NOW + timedelta(days=3650),
+        signature_algorithm=algorithm(signer),
+        issuer=issuer,
+        issuer_public_key_info=spki(issuer_key) if issuer_key else None,
+        is_ca=is_ca,
+    )
+    return tsp.certificate(tbs, algorithm(signer), sign(signer, tbs))
+
+
+@dataclass
+class Tsa:
+    key: PrivateKey
+    chain: list[bytes]  # the TSA certificate first
+    anchor: bytes  # what the verifier trusts
+
+    def token(
+        self, request: tsp.TimeStampRequest, *, gen_time: datetime = NOW, serial: int = 42
+    ) -> bytes:
+        fields = TokenFields(
+            policy=POLICY,
+            hash_algorithm=request.hash_algorithm,
+            digest=request.digest,
+            serial=serial,
+            gen_time=gen_time,
+            accuracy_seconds=1,
+            nonce=request.nonce,
+            tsa_name=asn1_x509.Certificate.load(self.chain[0]).subject,
+        )
+        info = tsp.tst_info(fields)
+        attributes = tsp.signed_attributes(
+            info, self.chain[0], digest_algorithm=tsp.signature_hash(algorithm(self.key))
+        )
+        return tsp.signed_data(
+            info,
+            attributes,
+            sign(self.key, attributes),
+            algorithm(self.key),
+            self.chain,
+            include_certificates=request.cert_req,
+        )
+
+
+def make_tsa(keys: dict[str, PrivateKey], kind: str, shape: str) -> Tsa:
+    key = keys[kind]
+    if shape == "self-signed":
+        cert = make_certificate(key, {"common_name": "stampd test TSA"}, serial=7)
+        return Tsa(key, [cert], cert)
+    ca_name = {"common_name": "stampd test CA", "organization_name": "stampd"}
+    ca = make_certificate(keys["ca"], ca_name, serial=1, is_ca=True)
+    cert = make_certificate(
+        key,
+        {"common_name": "stampd test TSA", "organization_name": "stampd"},
+        serial=2,
+        issuer_key=keys["ca"],
+        issuer=ca_name,
+    )
+    return Tsa(key, [cert, ca], ca)
+
+
+# --- real clients -----------------------------------------------------------------------------
+
+
+def openssl(*args: str | Path, cwd: Path, check: bool = True) -> str:
+    result = subprocess.run(
+        ["openssl", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"openssl {args} failed: {result.stdout}{result.stderr}")
+    return result.stdout + result.stderr
+
+
+def openssl_query(tmp_path: Path, *options: str) -> bytes:
+    (tmp_path / "data").write_bytes(DATA)
+    openssl("ts", "-query", "-data", "data", *options, "-out", "q.tsq", cwd=tmp_path)
+    return (tmp_path / "q.tsq").read_bytes()
+
+
+class TimeStampResp(core.Sequence):
+    """RFC 3161's TimeStampResp (asn1crypto's makes the token mandatory)."""
+
+    _fields = [
+        ("status", asn1_tsp.PKIStatusInfo),
+        ("time_stamp_token", cms.ContentInfo, {"optional": True}),
+    ]
+
+
+def request_der(**changes: object) -> bytes:
+    """A TimeStampReq built independently, for the cases openssl will not write."""
+    value: dict[str, object] = {
+        "version": 1,
+        "message_imprint": {
+            "hash_algorithm": {"algorithm": "sha256"},
+            "hashed_message": hashlib.sha256(DATA).digest(),
+        },
+        "nonce": 12345,
+        "cert_req": True,
+    }
+    value.update(changes)
+    return bytes(asn1_tsp.TimeStampReq(value).dump())
+
+
+# --- round trips ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["p256", "p384", "rsa3072"])
+def test_public_key_info_is_what_cryptography_writes(
+    keys: dict[str, PrivateKey], kind: str
+) -> None:
+    key = keys[kind]
+    expected = key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    assert spki(key) == expected
+
+
+@pytest.mark.parametrize("shape", ["self-signed", "ca"])
+@pytest.mark.parametrize("kind", ["p256", "p384", "rsa3072"])
+def test_certificates_verify_and_carry_the_tsa_extensions(
+    keys: dict[str, PrivateKey], kind: str, shape: str, tmp_path: Path
+) -> None:
+    tsa = make_tsa(keys, kind, shape)
+    cert = x509.load_der_x509_certificate(tsa.chain[0])
+    anchor = x509.load_der_x509_certificate(tsa.anchor)
+    cert.verify_directly_issued_by(anchor)
+    extensions = cert.extensions
+    eku = extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    assert eku.critical and list(eku.value) == [x509.ExtendedKeyUsageOID.TIME_STAMPING]
+    usage = extensions.get_extension_for_class(x509.KeyUsage)
+    assert usage.critical and usage.value.digital_signature and usage.value.content_commitment
+    assert not usage.value.key_cert_sign
+    assert not extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    ski = extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    assert ski == x509.SubjectKeyIdentifier.from_public_key(cert.public_key())
+    aki = extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert (
+        aki.key_identifier == x509.SubjectKeyIdentifier.from_public_key(anchor.public_key()).digest
+    )
+    if shape == "ca":
+        constraints = anchor.extensions.get_extension_for_class(x509.BasicConstraints)
+        assert constraints.critical and constraints.value.ca
+        assert anchor.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+
+    (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
+    (tmp_path / "tsa.pem").write_text(tsp.pem(tsa.chain[0], "CERTIFICATE"))
+    out = openssl(
+        "verify", "-purpose", "timestampsign", "-CAfile", "anchor.pem", "tsa.pem", cwd=tmp_path
+    )
+    assert "tsa.pem: OK" in out
+
+
+@pytest.mark.parametrize(
+    ("nonce", "cert_req"), [(True, True), (True, False), (False, True), (False, False)]
+)
+@pytest.mark.parametrize("shape", ["self-signed", "ca"])
+@pytest.mark.parametrize("kind", ["p256", "p384", "rsa3072"])
+def test_openssl_and_rfc3161_client_verify_the_response(
+    keys: dict[str, PrivateKey],
+    kind: str,
+    shape: str,
+    nonce: bool,
+    cert_req: bool,
+    tmp_path: Path,
+) -> None:
+    tsa = make_tsa(keys, kind, shape)
+    options = ["-sha256"] + ([] if nonce else ["-no_nonce"]) + (["-cert"] if cert_req else [])
+    request = tsp.parse_request(openssl_query(tmp_path, *options), policy=POLICY)
+    assert request.hash_algorithm == "sha256"
+    assert request.digest == hashlib.sha256(DATA).digest()
+    assert request.cert_req is cert_req
+    assert (request.nonce is not None) is nonce
+    token = tsa.token(request)
+    response = tsp.granted(token)
+    (tmp_path / "r.tsr").write_bytes(response)
+    (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
+    (tmp_path / "tsa.pem").write_text(tsp.pem(tsa.chain[0], "CERTIFICATE"))
+
+    text = openssl("ts", "-reply", "-in", "r.tsr", "-text", cwd=tmp_path)
+    assert "Status: Granted." in text
+    assert f"Policy OID: {POLICY}" in text
+    assert "Time stamp: Jun  1 12:00:00 2025 GMT" in text
+    assert "TSA: DirName:" in text
+
+    # A client that asked for the certificate trusts only the anchor; one that did not must
+    # bring the TSA certificate itself (-untrusted): openssl finds no signer otherwise.
+    untrusted = [] if cert_req else ["-untrusted", "tsa.pem"]
+    for against in (["-data", "data"], ["-queryfile", "q.tsq"]):
+        out = openssl(
+            "ts",
+            "-verify",
+            *against,
+            "-in",
+            "r.tsr",
+            "-CAfile",
+            "anchor.pem",
+            *untrusted,
+            cwd=tmp_path,
+        )
+        assert "Verification: OK" in out
+    if not cert_req:
+        out = openssl(
+            "ts",
+            "-verify",
+            "-data",
+            "data",
+            "-in",
+            "r.tsr",
+            "-CAfile",
+            "anchor.pem",
+            cwd=tmp_path,
+            check=False,
+        )
+        assert "signer certificate not found" in out
+
+    import rfc3161_client
+
+    decoded = rfc3161_client.decode_timestamp_response(response)
+    builder = rfc3161_client.VerifierBuilder(
+        policy_id=x509.ObjectIdentifier(POLICY),
+        roots=[x509.load_der_x509_certificate(tsa.anchor)],
+        intermediates=[x509.load_der_x509_certificate(c) for c in tsa.chain[1:]],
+        tsa_certificate=None if cert_req else x509.load_der_x509_certificate(tsa.chain[0]),
+        nonce=request.nonce,
+    )
+    assert builder.build().verify_message(decoded, DATA)
+
+
+def test_token_parses_back_and_signs_the_very_attributes(keys: dict[str, PrivateKey]) -> None:
+    tsa = make_tsa(keys, "p256", "ca")
+    request = tsp.parse_request(request_der(), policy=POLICY)
+    gen_time = NOW.replace(microsecond=250000)
+    token = tsa.token(request, gen_time=gen_time, serial=2**159 + 1)
+
+    parsed = tsp.parse_token(token)
+    assert parsed.fields.policy == POLICY
+    assert parsed.fields.digest == hashlib.sha256(DATA).digest()
+    assert parsed.fields.serial == 2**159 + 1
+    assert parsed.fields.gen_time == gen_time
+    assert parsed.fields.nonce == 12345
+    assert parsed.fields.accuracy_seconds == 1
+    assert parsed.fields.tsa_name == asn1_x509.Certificate.load(tsa.chain[0]).subject
+    assert sorted(parsed.certificates) == sorted(tsa.chain)  # a SET OF, so DER-sorted
+    assert tsp.tst_info(parsed.fields) == parsed.tst_info
+    assert b"20250601120000.25Z" in parsed.tst_info
+
+    signer = cms.ContentInfo.load(token)["content"]["signer_infos"][0]
+    attributes = signer["signed_attrs"]
+    assert b"\x31" + attributes.dump()[1:] == tsp.signed_attributes(parsed.tst_info, tsa.chain[0])
+    assert signer["signed_attrs"].native  # and asn1crypto reads them back
+    ess = attributes[2]["values"][0]["certs"][0]
+    assert ess["cert_hash"].native == hashlib.sha256(tsa.chain[0]).digest()
+    assert ess.dump()[2:4] == b"\x04\x20"  # hashAlgorithm omitted: SHA-256 is the default
+
+
+def test_fractional_gen_time_reaches_openssl(keys: dict[str, PrivateKey], tmp_path: Path) -> None:
+    tsa = make_tsa(keys, "p256", "self-signed")
+    request = tsp.parse_request(openssl_query(tmp_path, "-sha512", "-cert"), policy=POLICY)
+    token = tsa.token(request, gen_time=NOW.replace(microsecond=120000))
+    (tmp_path / "r.tsr").write_bytes(tsp.granted(token))
+    (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
+    text = openssl("ts", "-reply", "-in", "r.tsr", "-text", cwd=tmp_path)
+    assert "Time stamp: Jun  1 12:00:00.12 2025 GMT" in text
+    assert "Hash Algorithm: sha512" in text
+    out = openssl(
+        "ts",
+        "-verify",
+        "-queryfile",
+        "q.tsq",
+        "-in",
+        "r.tsr",
+        "-CAfile",
+        "anchor.pem",
+        cwd=tmp_path,
+    )
+    assert "Verification: OK" in out
+
+
+def test_signing_time_attribute_is_optional(keys: dict[str, PrivateKey]) -> None:
+    cert = make_tsa(keys, "p256", "self-signed").chain[0]
+    info = b"\x30\x00"
+    plain = cms.CMSAttributes.load(tsp.signed_attributes(info, cert))
+    timed = cms.CMSAttributes.load(tsp.signed_attributes(info, cert, signing_time=NOW))
+    late = cms.CMSAttributes.load(
+        tsp.signed_attributes(info, cert, signing_time=NOW.replace(year=2051))
+    )
+    assert [a["values"][0].name for a in late if a["type"].native == "signing_time"] == [
+        "generalized_time"
+    ]
+    with pytest.raises(TspError):
+        tsp.signed_attributes(info, cert, signing_time=NOW.replace(tzinfo=None))
+    assert len(plain) == 3
+    assert {a["type"].native for a in timed} == {
+        "content_type",
+        "message_digest",
+        "signing_certificate_v2",
+        "signing_time",
+    }
+
+
+def test_signed_data_refuses_attributes_of_another_tst_info(keys: dict[str, PrivateKey]) -> None:
+    tsa = make_tsa(keys, "p256", "self-signed")
+    request = tsp.parse_request(request_der(), policy=POLICY)
+    fields = TokenFields(POLICY, "sha256", request.digest, 1, NOW)
+    info = tsp.tst_info(fields)
+    other = tsp.tst_info(TokenFields(POLICY, "sha256", request.digest, 2, NOW))
+    attributes = tsp.signed_attributes(other, tsa.chain[0])
+    with pytest.raises(TspError, match="messageDigest"):
+        tsp.signed_data(
+            info, attributes, b"sig", "sha256_ecdsa", tsa.chain, include_certificates=True
+        )
+    with pytest.raises(TspError, match="messageDigest"):  # hashed for P-384, signed as P-256
+        tsp.signed_data(
+            info,
+            tsp.signed_attributes(info, tsa.chain[0], digest_algorithm="sha384"),
+            b"sig",
+            "sha256_ecdsa",
+            tsa.chain,
+            include_certificates=True,
+        )
+    with pytest.raises(TspError):
+        tsp.signed_data(info, attributes, b"sig", "sha1_rsa", tsa.chain, include_certificates=True)
+
+
+def test_token_fields_are_checked() -> None:
+    digest = bytes(32)
+    with pytest.raises(TspError, match="UTC"):
+        TokenFields(POLICY, "sha256", digest, 1, datetime(2025, 1, 1))
+    with pytest.raises(TspError, match="UTC"):
+        TokenFields(POLICY, "sha256", digest, 1, NOW.astimezone(timezone(timedelta(hours=2))))
+    with pytest.raises(TspError, match="length"):
+        TokenFields(POLICY, "sha256", bytes(20), 1, NOW)
+    with pytest.raises(TspError, match="nonce"):
+        TokenFields(POLICY, "sha256", digest, 1, NOW, nonce=-1)
+    with pytest.raises(TspError, match="serial"):
+        TokenFields(POLICY, "sha256", digest, 2**160, NOW)
+
+
+def test_parse_token_refuses_what_is_not_a_token() -> None:
+    for der in (b"", b"\x30\x00", b"garbage", tsp.rejection("badAlg", "no")):
+        with pytest.raises(TspError):
+            tsp.parse_token(der)
+
+
+def test_certification_request_is_signed_and_asks_for_the_tsa_extensions(
+    keys: dict[str, PrivateKey], tmp_path: Path
+) -> None:
+    for kind in ("p256", "rsa3072"):
+        key = keys[kind]
+        info = tsp.certification_request_info(
+            spki(key), {"common_name": "stampd TSA", "organization_name": "stampd"}
+        )
+        der = tsp.certification_request(info, algorithm(key), sign(key, info))
+        request = x509.load_der_x509_csr(der)
+        assert request.is_signature_valid
+        assert request.subject.rfc4514_string() == "CN=stampd TSA,O=stampd"
+        eku = request.extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+        assert eku.critical and list(eku.value) == [x509.ExtendedKeyUsageOID.TIME_STAMPING]
+        assert request.extensions.get_extension_for_class(x509.KeyUsage).critical
+        (tmp_path / "req.pem").write_text(tsp.pem(der, "CERTIFICATE REQUEST"))
+        assert "verify OK" in openssl("req", "-in", "req.pem", "-verify", "-noout", cwd=tmp_path)
+
+
+def test_key_material_is_checked() -> None:
+    with pytest.raises(TspError):
+        tsp.ec_public_key_info("secp256r1", b"\x02" + bytes(32))  # compressed
+    with pytest.raises(TspError):
+        tsp.ec_public_key_info("secp521r1", b"\x04" + bytes(132))
+    with pytest.raises(TspError):
+        tsp.ecdsa_signature(0, 1)
+    assert tsp.ecdsa_signature(1, 2**255) == (b"\x30\x26\x02\x01\x01\x02\x21\x00\x80" + bytes(31))
+
+
+# --- rejections -------------------------------------------------------------------------------
+
+
+def rejected(der: bytes, **options: object) -> Rejection:
+    with pytest.raises(Rejection) as caught:
+        tsp.parse_request(der, policy=POLICY, **options)  # type: ignore[arg-type]
+    return caught.value
+
+
+def test_request_with_policy_nonce_and_extension_is_read() -> None:
+    extension = {"extn_id": "1.2.3.4", "critical": False, "extn_value": b"x"}
+    request = tsp.parse_request(
+        request_der(req_policy=POLICY, nonce=2**160 - 1, extensions=[extension]), policy=POLICY
+    )
+    assert request == tsp.TimeStampRequest(
+        "sha256", hashlib.sha256(DATA).digest(), POLICY, 2**160 - 1, True
+    )
+    assert tsp.parse_request(request_der(nonce=0), policy=POLICY).nonce == 0
+
+
+def test_sha1_is_refused_unless_allowed(tmp_path: Path) -> None:
+    der = openssl_query(tmp_path, "-sha1")
+    assert rejected(der).failure == "badAlg"
+    request = tsp.parse_request(der, policy=POLICY, allow_sha1=True)
+    assert request.hash_algorithm == "sha1" and request.digest == hashlib.sha1(DATA).digest()
+
+
+def test_openssl_policy_request(tmp_path: Path) -> None:
+    assert (
+        tsp.parse_request(openssl_query(tmp_path, "-tspolicy", POLICY), policy=POLICY).policy
+        == POLICY
+    )
+    assert rejected(openssl_query(tmp_path, "-tspolicy", "1.2.3.4")).failure == "unacceptedPolicy"
+
+
+@pytest.mark.parametrize(
+    ("der", "failure"),
+    [
+        (request_der(version=2), "badRequest"),
+        (request_der(version=0), "badRequest"),
+        (
+            request_der(
+                message_imprint={
+                    "hash_algorithm": {"algorithm": "md5"},
+                    "hashed_message": bytes(16),
+                }
+            ),
+            "badAlg",
+        ),
+        (
+            request_der(
+                message_imprint={
+                    "hash_algorithm": {"algorithm": "sha256"},
+                    "hashed_message": bytes(20),
+                }
+            ),
+            "badDataFormat",
+        ),
+        (
+            request_der(
+                message_imprint={
+                    "hash_algorithm": {"algorithm": "sha512"},
+                    "hashed_message": bytes(32),
+                }
+            ),
+            "badDataFormat",
+        ),
+        (request_der(req_policy="1.2.3.4"), "unacceptedPolicy"),
+        (
+            request_der(extensions=[{"extn_id": "1.2.3.4", "critical": True, "extn_value": b""}]),
+            "unacceptedExtension",
+        ),
+        (request_der(nonce=-1), "badDataFormat"),
+        (request_der(nonce=2**160), "badDataFormat"),
+        (request_der() + b"\x00", "badDataFormat"),
+        (request_der()[:-1], "badDataFormat"),
+        (b"", "badDataFormat"),
+        (b"garbage", "badDataFormat"),
+        (b"\x30\x00", "badDataFormat"),
+        (bytes(TimeStampResp({"status": {"status": "granted"}}).dump()), "badDataFormat"),
+    ],
+)
+def test_bad_requests_are_rejected(der: bytes, failure: str) -> None:
+    assert rejected(der).failure == failure
+
+
+def test_hash_parameters_absent_null_or_nothing_else() -> None:
+    sha256 = bytes(core.ObjectIdentifier("2.16.840.1.101.3.4.2.1").dump())
+
+    def with_algorithm(der: bytes) -> bytes:
+        imprint = {
+            "hash_algorithm": algos.DigestAlgorithm.load(der),
+            "hashed_message": hashlib.sha256(DATA).digest(),
+        }
+        return request_der(message_imprint=imprint)
+
+    absent = with_algorithm(b"\x30\x0b" + sha256)  # the RFC 5754 form
+    assert tsp.parse_request(absent, policy=POLICY).hash_algorithm == "sha256"
+    assert absent != request_der()
+    octets = with_algorithm(b"\x30\x0d" + sha256 + b"\x04\x00")
+    assert rejected(octets).failure == "badDataFormat"
+
+
+def test_ber_is_rejected() -> None:
+    good = request_der()
+    # certReq TRUE as 0x01 (BER, not DER), and the DEFAULT FALSE written out.
+    assert rejected(good.replace(b"\x01\x01\xff", b"\x01\x01\x01")).failure == "badDataFormat"
+    explicit_false = good.replace(b"\x01\x01\xff", b"\x01\x01\x00")
+    assert rejected(explicit_false).failure == "badDataFormat"
+    # A long-form length where a short one fits.
+    long_form = b"\x30\x81" + good[1:]
+    assert rejected(long_form).failure == "badDataFormat"
+
+
+@pytest.mark.parametrize(
+    ("failure", "openssl_text"),
+    [
+        ("badAlg", "unrecognized or unsupported algorithm identifier"),
+        ("badRequest", "transaction not permitted or supported"),
+        ("badDataFormat", "the data submitted has the wrong format"),
+        ("timeNotAvailable", "the TSA's time source is not available"),
+        ("unacceptedPolicy", "the requested TSA policy is not supported by the TSA"),
+        ("unacceptedExtension", "the requested extension is not supported by the TSA"),
+        ("systemFailure", "the request cannot be handled due to system failure"),
+    ],
+)
+def test_rejection_response(failure: str, openssl_text: str, tmp_path: Path) -> None:
+    der = tsp.rejection(failure, f"refused: {failure}")
+    response = TimeStampResp.load(der, strict=True)
+    assert response.dump(force=True) == der
+    status = response["status"]
+    assert status["status"].native == "rejection"
+    assert status["status_string"].native == [f"refused: {failure}"]
+    assert status["fail_info"].native == {tsp.FAILURES[failure]}
+    assert not response["time_stamp_token"].native
+    (tmp_path / "rej.tsr").write_bytes(der)
+    text = openssl("ts", "-reply", "-in", "rej.tsr", "-text", cwd=tmp_path)
+    assert "Status: Rejected." in text
+    assert f"Status description: refused: {failure}" in text
+    assert openssl_text in text
+
+    import rfc3161_client
+
+    assert rfc3161_client.decode_timestamp_response(der).status == 2
+
+
+def test_rejection_refuses_unknown_failures() -> None:
+    with pytest.raises(TspError):
+        tsp.rejection("teapot", "no")
+    with pytest.raises(TspError):
+        Rejection("teapot", "no")
+
+
+def test_nothing_but_rejection_escapes(tmp_path: Path) -> None:
+    seeds = [
+        request_der(),
+        request_der(
+            req_policy=POLICY,
+            extensions=[{"extn_id": "1.2.3.4", "critical": False, "extn_value": b"x"}],
+        ),
+        openssl_query(tmp_path, "-sha384", "-cert"),
+    ]
+    rng = random.Random(3161)
+    for round_ in range(1500):
+        seed = bytearray(rng.choice(seeds))
+        mode = round_ % 5
+        if mode == 0:
+            der = rng.randbytes(rng.randrange(0, 120))
+        elif mode == 1:
+            for _ in range(rng.randrange(1, 4)):
+                seed[rng.randrange(len(seed))] ^= 1 << rng.randrange(8)
+            der = bytes(seed)
+        elif mode == 2:
+            seed[rng.randrange(len(seed))] = rng.randrange(256)
+            der = bytes(seed)
+        elif mode == 3:
+            cut = rng.randrange(len(seed))
+            der = bytes(seed[:cut] + seed[cut + 1 :]) if rng.random() < 0.5 else bytes(seed[:cut])
+        else:
+            at = rng.randrange(len(seed))
+            der = bytes(seed[:at] + rng.randbytes(rng.randrange(1, 4)) + seed[at:])
+        try:
+            tsp.parse_request(der, policy=POLICY, allow_sha1=bool(round_ & 1))
+        except Rejection as exc:
+            assert exc.failure in tsp.FAILURES
+
+
+def test_validity_after_2049_is_generalized_time(keys: dict[str, PrivateKey]) -> None:
+    key = keys["p256"]
+    tbs = tsp.tbs_certificate(
+        spki(key),
+        {"common_name": "long-lived TSA"},
+        serial=9,
+        not_before=NOW,
+        not_after=datetime(2060, 1, 1, tzinfo=UTC),
+        signature_algorithm="sha256_ecdsa",
+    )
+    cert = x509.load_der_x509_certificate(tsp.certificate(tbs, "sha256_ecdsa", sign(key, tbs)))
+    assert cert.not_valid_after_utc == datetime(2060, 1, 1, tzinfo=UTC)
+    validity = asn1_x509.TbsCertificate.load(tbs)["validity"]
+    assert (validity["not_before"].name, validity["not_after"].name) == (
+        "utc_time",
+        "general_time",
+    )
+    with pytest.raises(TspError):
+        tsp.certificate(tbs, "sha256_rsa", b"sig")

@@ -1,0 +1,683 @@
+"""Pure construction of RFC 3161 time-stamp requests, tokens, responses and TSA certificates.
+
+An RFC 3161 time-stamping authority (TSA) answers a ``TimeStampReq`` (a hash of the client's
+data) with a ``TimeStampResp`` holding a token: a CMS ``SignedData`` (RFC 5652) whose content is
+a ``TSTInfo`` (the hash, the time, a serial and the policy). Everything around the one
+private-key operation is public data, so this module builds and parses it without any I/O, in
+the order a TSA needs it:
+
+* :func:`parse_request` checks a request and returns a :class:`TimeStampRequest`, or raises
+  :class:`Rejection`, which :func:`rejection` turns into the ``TimeStampResp`` to send back;
+* :func:`tst_info` encodes a :class:`TokenFields` as ``TSTInfo``;
+* :func:`signed_attributes` is what the key must sign: the DER ``SET OF`` signed attributes
+  (contentType, messageDigest, signingCertificateV2 as RFC 5816 asks), to be hashed with
+  :func:`signature_hash` of the signature algorithm and signed (RFC 5652 §5.4);
+* :func:`signed_data` wraps the signature into the token (a ``ContentInfo``), and
+  :func:`granted` into the response; :func:`ecdsa_signature` turns an ECDSA ``(r, s)`` into the
+  DER ``ECDSA-Sig-Value`` that CMS carries;
+* :func:`parse_token` reads a token back (for verification tools).
+
+The TSA certificate is made the same way, from a key an agent holds: :func:`ec_public_key_info`
+or :func:`rsa_public_key_info`, then :func:`tbs_certificate` (what the issuer's key signs) and
+:func:`certificate`; or :func:`certification_request_info` and :func:`certification_request`
+for a PKCS#10 request to an outside CA. :func:`pem` armors any of them.
+
+Signature algorithms are named as asn1crypto names them: ``sha256_ecdsa`` (P-256 keys),
+``sha384_ecdsa`` (P-384 keys) and ``sha256_rsa`` (RSASSA-PKCS1-v1_5). The signer hashes the
+data with the hash :func:`signature_hash` names, and the SignerInfo's digestAlgorithm (and so
+the messageDigest attribute) uses that same hash.
+
+All DER is built and parsed with asn1crypto, never by hand. Like OpenSSL, asn1crypto writes the
+SHA-2 AlgorithmIdentifiers with NULL parameters (RFC 5754 §2 says to accept both forms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from asn1crypto import algos, cms, core, csr, keys, tsp, x509
+from asn1crypto import pem as asn1_pem
+
+__all__ = [
+    "FAILURES",
+    "HASH_ALGORITHMS",
+    "SIGNATURE_ALGORITHMS",
+    "ParsedToken",
+    "Rejection",
+    "TimeStampRequest",
+    "TokenFields",
+    "TspError",
+    "certificate",
+    "certification_request",
+    "certification_request_info",
+    "ec_public_key_info",
+    "ecdsa_signature",
+    "granted",
+    "key_identifier",
+    "parse_request",
+    "parse_token",
+    "pem",
+    "rejection",
+    "rsa_public_key_info",
+    "signature_hash",
+    "signed_attributes",
+    "signed_data",
+    "tbs_certificate",
+    "tst_info",
+]
+
+#: Message-imprint hash algorithms: name → (dotted OID, digest length).
+HASH_ALGORITHMS: Mapping[str, tuple[str, int]] = {
+    "sha1": ("1.3.14.3.2.26", 20),
+    "sha256": ("2.16.840.1.101.3.4.2.1", 32),
+    "sha384": ("2.16.840.1.101.3.4.2.2", 48),
+    "sha512": ("2.16.840.1.101.3.4.2.3", 64),
+}
+_HASH_BY_OID = {oid: name for name, (oid, _) in HASH_ALGORITHMS.items()}
+
+#: Signature algorithms we produce: name → the hash the signer applies to what it signs.
+SIGNATURE_ALGORITHMS: Mapping[str, str] = {
+    "sha256_ecdsa": "sha256",
+    "sha384_ecdsa": "sha384",
+    "sha256_rsa": "sha256",
+}
+
+#: PKIFailureInfo names (RFC 3161 §2.4.2) → asn1crypto's bit names.
+FAILURES: Mapping[str, str] = {
+    "badAlg": "bad_alg",
+    "badRequest": "bad_request",
+    "badDataFormat": "bad_data_format",
+    "timeNotAvailable": "time_not_available",
+    "unacceptedPolicy": "unaccepted_policy",
+    "unacceptedExtension": "unaccepted_extensions",
+    "addInfoNotAvailable": "add_info_not_available",
+    "systemFailure": "system_failure",
+}
+
+#: RFC 3161 asks for a large random nonce; 160 bits is as large as we take.
+MAX_NONCE_BITS = 160
+
+_CURVE_POINT_LENGTHS = {"secp256r1": 65, "secp384r1": 97}
+_UTC_TIME_LIMIT = datetime(2050, 1, 1, tzinfo=UTC)  # RFC 5280 §4.1.2.5
+
+
+class _TimeStampResp(core.Sequence):
+    """``TimeStampResp`` with the token OPTIONAL, as RFC 3161 has it.
+
+    asn1crypto 1.5's ``tsp.TimeStampResp`` makes ``timeStampToken`` mandatory, so it can neither
+    write nor read a rejection.
+    """
+
+    _fields = [
+        ("status", tsp.PKIStatusInfo),
+        ("time_stamp_token", cms.ContentInfo, {"optional": True}),
+    ]
+
+
+class TspError(ValueError):
+    """Bad input to a builder, or a token that cannot be read."""
+
+
+class Rejection(ValueError):
+    """A request the TSA refuses; :func:`rejection` makes the response to send back.
+
+    ``failure`` is the RFC 3161 PKIFailureInfo name (a key of :data:`FAILURES`), ``text`` a
+    sentence for the client's statusString. It carries no HTTP status: RFC 3161 answers a
+    rejection inside a normal response.
+    """
+
+    def __init__(self, failure: str, text: str) -> None:
+        if failure not in FAILURES:
+            raise TspError(f"unknown PKIFailureInfo {failure!r}")
+        super().__init__(f"{failure}: {text}")
+        self.failure = failure
+        self.text = text
+
+
+@dataclass(frozen=True)
+class TimeStampRequest:
+    """A checked ``TimeStampReq``: what the client wants stamped and how."""
+
+    hash_algorithm: str
+    digest: bytes
+    policy: str | None
+    nonce: int | None
+    cert_req: bool
+
+
+@dataclass(frozen=True)
+class TokenFields:
+    """The content of a ``TSTInfo``.
+
+    ``gen_time`` must be an aware datetime in UTC; it is encoded as GeneralizedTime with its
+    microseconds as a fraction without trailing zeros (none at all for a whole second), as
+    RFC 3161 §2.4.2 allows. Callers that want whole seconds pass a time with
+    ``microsecond=0``. ``tsa_name`` (an ``asn1crypto.x509.Name``) is put in ``tsa`` as a
+    directoryName.
+    """
+
+    policy: str
+    hash_algorithm: str
+    digest: bytes
+    serial: int
+    gen_time: datetime
+    accuracy_seconds: int | None = None
+    nonce: int | None = None
+    tsa_name: x509.Name | None = None
+
+    def __post_init__(self) -> None:
+        if self.hash_algorithm not in HASH_ALGORITHMS:
+            raise TspError(f"unknown hash algorithm {self.hash_algorithm!r}")
+        if len(self.digest) != HASH_ALGORITHMS[self.hash_algorithm][1]:
+            raise TspError(f"a {self.hash_algorithm} digest has the wrong length")
+        if self.serial < 0 or self.serial.bit_length() > MAX_NONCE_BITS:
+            raise TspError("the serial must be a non-negative integer of at most 160 bits")
+        if self.gen_time.utcoffset() != timedelta(0):
+            raise TspError("gen_time must be an aware datetime in UTC")
+        if self.accuracy_seconds is not None and self.accuracy_seconds < 0:
+            raise TspError("accuracy must not be negative")
+        if self.nonce is not None and (self.nonce < 0 or self.nonce.bit_length() > MAX_NONCE_BITS):
+            raise TspError("the nonce must be a non-negative integer of at most 160 bits")
+
+
+@dataclass(frozen=True)
+class ParsedToken:
+    """A token read back by :func:`parse_token`: its TSTInfo and the certificates it embeds."""
+
+    fields: TokenFields
+    tst_info: bytes
+    certificates: list[bytes]
+
+
+# --- requests and responses -------------------------------------------------------------------
+
+
+def parse_request(der: bytes, *, policy: str, allow_sha1: bool = False) -> TimeStampRequest:
+    """Check a DER ``TimeStampReq`` (RFC 3161 §2.4.1) for a TSA whose policy is ``policy``.
+
+    Raises :class:`Rejection` — and nothing else, whatever the bytes — when the request is not
+    DER or has trailing bytes (badDataFormat), is not version 1 (badRequest), uses a hash other
+    than SHA-256/384/512 (or SHA-1 when ``allow_sha1``) (badAlg), has hash parameters other than
+    absent or NULL, a digest of the wrong length or a negative or over-160-bit nonce
+    (badDataFormat), asks for another policy (unacceptedPolicy) or carries a critical extension
+    (unacceptedExtension). Non-critical extensions are ignored.
+    """
+    request = _decode_request(der)
+    try:
+        return _check_request(request, policy=policy, allow_sha1=allow_sha1)
+    except Rejection:
+        raise
+    except Exception as exc:  # untrusted input: any parser surprise is a rejection
+        raise Rejection("badDataFormat", "the request is not a valid TimeStampReq") from exc
+
+
+def _decode_request(der: bytes) -> tsp.TimeStampReq:
+    try:
+        request = tsp.TimeStampReq.load(bytes(der), strict=True)
+        _ = request.native  # asn1crypto parses lazily: force every field now
+        canonical = request.dump(force=True)
+    except Exception as exc:  # untrusted input: any parser error is a rejection
+        raise Rejection("badDataFormat", "the request is not a DER TimeStampReq") from exc
+    if canonical != der:
+        raise Rejection("badDataFormat", "the request is not in DER")
+    return request
+
+
+def _check_request(request: tsp.TimeStampReq, *, policy: str, allow_sha1: bool) -> TimeStampRequest:
+    if int(request["version"]) != 1:
+        raise Rejection("badRequest", "only version 1 requests are supported")
+
+    imprint = request["message_imprint"]
+    algorithm = imprint["hash_algorithm"]
+    name = _HASH_BY_OID.get(algorithm["algorithm"].dotted)
+    if name is None or (name == "sha1" and not allow_sha1):
+        raise Rejection("badAlg", "the hash algorithm must be SHA-256, SHA-384 or SHA-512")
+    if not isinstance(algorithm["parameters"], core.Void | core.Null):  # decoding checks it too
+        raise Rejection("badDataFormat", "the hash algorithm parameters must be absent or NULL")
+    digest = imprint["hashed_message"].native
+    if len(digest) != HASH_ALGORITHMS[name][1]:
+        raise Rejection("badDataFormat", f"a {name} digest is {HASH_ALGORITHMS[name][1]} bytes")
+
+    requested_policy = request["req_policy"].dotted if request["req_policy"].native else None
+    if requested_policy is not None and requested_policy != policy:
+        raise Rejection("unacceptedPolicy", f"this TSA only stamps under policy {policy}")
+
+    nonce = request["nonce"].native
+    if nonce is not None and (nonce < 0 or nonce.bit_length() > MAX_NONCE_BITS):
+        raise Rejection("badDataFormat", "the nonce must be non-negative and at most 160 bits")
+
+    for extension in request["extensions"] or ():
+        if extension["critical"].native:
+            oid = extension["extn_id"].dotted
+            raise Rejection("unacceptedExtension", f"critical extension {oid} is not supported")
+
+    return TimeStampRequest(
+        hash_algorithm=name,
+        digest=digest,
+        policy=requested_policy,
+        nonce=nonce,
+        cert_req=bool(request["cert_req"].native),
+    )
+
+
+def rejection(failure: str, text: str) -> bytes:
+    """The DER ``TimeStampResp`` that refuses a request: status rejection, ``text``, ``failure``."""
+    if failure not in FAILURES:
+        raise TspError(f"unknown PKIFailureInfo {failure!r}")
+    response = _TimeStampResp(
+        {
+            "status": {
+                "status": "rejection",
+                "status_string": [text],
+                "fail_info": {FAILURES[failure]},
+            }
+        }
+    )
+    return bytes(response.dump())
+
+
+def granted(token: bytes) -> bytes:
+    """The DER ``TimeStampResp`` with status granted that carries ``token`` (a ContentInfo)."""
+    response = _TimeStampResp(
+        {"status": {"status": "granted"}, "time_stamp_token": cms.ContentInfo.load(token)}
+    )
+    return bytes(response.dump())
+
+
+# --- the token --------------------------------------------------------------------------------
+
+
+def tst_info(fields: TokenFields) -> bytes:
+    """The DER ``TSTInfo`` (version 1, ordering omitted, i.e. false) for ``fields``."""
+    value: dict[str, object] = {
+        "version": "v1",
+        "policy": fields.policy,
+        "message_imprint": {
+            "hash_algorithm": {"algorithm": fields.hash_algorithm},
+            "hashed_message": fields.digest,
+        },
+        "serial_number": fields.serial,
+        "gen_time": fields.gen_time,
+    }
+    if fields.accuracy_seconds is not None:
+        value["accuracy"] = {"seconds": fields.accuracy_seconds}
+    if fields.nonce is not None:
+        value["nonce"] = fields.nonce
+    if fields.tsa_name is not None:
+        value["tsa"] = x509.GeneralName(name="directory_name", value=fields.tsa_name)
+    try:
+        return bytes(tsp.TSTInfo(value).dump())
+    except (TypeError, ValueError) as exc:
+        raise TspError(f"cannot encode the TSTInfo: {exc}") from exc
+
+
+def signature_hash(signature_algorithm: str) -> str:
+    """The hashlib name of the hash the signer applies for ``signature_algorithm``."""
+    try:
+        return SIGNATURE_ALGORITHMS[signature_algorithm]
+    except KeyError:
+        raise TspError(f"unsupported signature algorithm {signature_algorithm!r}") from None
+
+
+def signed_attributes(
+    tst_info_der: bytes,
+    certificate_der: bytes,
+    *,
+    digest_algorithm: str = "sha256",
+    signing_time: datetime | None = None,
+) -> bytes:
+    """The DER ``SET OF Attribute`` that the TSA key signs (RFC 5652 §5.4, RFC 5816).
+
+    contentType id-ct-TSTInfo; messageDigest, the ``digest_algorithm`` hash of the TSTInfo;
+    signingCertificateV2 with one ESSCertIDv2 (SHA-256 of the certificate, the default and so
+    omitted hash algorithm, and its issuerSerial); signingTime if given. The bytes returned keep
+    the SET tag: hash them with :func:`signature_hash` of the signature algorithm, sign that
+    hash, and pass the same bytes to :func:`signed_data`.
+    """
+    if digest_algorithm not in SIGNATURE_ALGORITHMS.values():
+        raise TspError(f"unsupported digest algorithm {digest_algorithm!r}")
+    cert = _load_certificate(certificate_der)
+    ess_cert_id = {
+        "cert_hash": hashlib.sha256(certificate_der).digest(),
+        "issuer_serial": {
+            "issuer": [x509.GeneralName(name="directory_name", value=cert.issuer)],
+            "serial_number": cert.serial_number,
+        },
+    }
+    attributes: list[dict[str, object]] = [
+        {"type": "content_type", "values": ["tst_info"]},
+        {
+            "type": "message_digest",
+            "values": [hashlib.new(digest_algorithm, tst_info_der).digest()],
+        },
+        {"type": "signing_certificate_v2", "values": [{"certs": [ess_cert_id]}]},
+    ]
+    if signing_time is not None:
+        when = _time(cms.Time, "generalized_time", signing_time)
+        attributes.append({"type": "signing_time", "values": [when]})
+    return bytes(cms.CMSAttributes(attributes).dump())
+
+
+def signed_data(
+    tst_info_der: bytes,
+    signed_attrs_der: bytes,
+    signature: bytes,
+    signature_algorithm: str,
+    chain: Sequence[bytes],
+    *,
+    include_certificates: bool,
+) -> bytes:
+    """The token: a DER ``ContentInfo`` holding the CMS ``SignedData`` (version 3).
+
+    ``chain`` starts with the TSA certificate (it names the signer, by issuerAndSerialNumber)
+    and may go on with its issuers; all are embedded when ``include_certificates`` (the request's
+    certReq). ``signature`` is over ``signed_attrs_der`` from :func:`signed_attributes`, which
+    must have been built for this ``tst_info_der`` with this algorithm's hash; ECDSA signatures
+    are DER ``ECDSA-Sig-Value`` (:func:`ecdsa_signature`).
+    """
+    digest_algorithm = signature_hash(signature_algorithm)
+    if not chain:
+        raise TspError("the chain must hold the TSA certificate")
+    try:
+        attributes = cms.CMSAttributes.load(signed_attrs_der, strict=True)
+        digests = [
+            attribute["values"][0].native
+            for attribute in attributes
+            if attribute["type"].native == "message_digest"
+        ]
+        content = tsp.TSTInfo.load(tst_info_der, strict=True)
+        _ = content.native
+    except ValueError as exc:
+        raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
+    if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
+        raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
+    certificates = [_load_certificate(der) for der in chain]
+    signer = certificates[0]
+
+    value: dict[str, object] = {
+        "version": "v3",
+        "digest_algorithms": [{"algorithm": digest_algorithm}],
+        "encap_content_info": {"content_type": "tst_info", "content": content},
+        "signer_infos": [
+            {
+                "version": "v1",
+                "sid": cms.SignerIdentifier(
+                    name="issuer_and_serial_number",
+                    value={"issuer": signer.issuer, "serial_number": signer.serial_number},
+                ),
+                "digest_algorithm": {"algorithm": digest_algorithm},
+                "signed_attrs": attributes,
+                "signature_algorithm": {"algorithm": signature_algorithm},
+                "signature": signature,
+            }
+        ],
+    }
+    if include_certificates:
+        value["certificates"] = [
+            cms.CertificateChoices(name="certificate", value=cert) for cert in certificates
+        ]
+    info = cms.ContentInfo({"content_type": "signed_data", "content": cms.SignedData(value)})
+    return bytes(info.dump())
+
+
+def ecdsa_signature(r: int, s: int) -> bytes:
+    """The DER ``ECDSA-Sig-Value`` (``SEQUENCE { r, s }``) for an ECDSA signature."""
+    if r <= 0 or s <= 0:
+        raise TspError("ECDSA r and s must be positive")
+    return bytes(algos.DSASignature({"r": r, "s": s}).dump())
+
+
+def parse_token(der: bytes) -> ParsedToken:
+    """Read a token (a ``ContentInfo`` with SignedData over a TSTInfo); does not verify it.
+
+    Raises :class:`TspError` when the bytes are not such a token.
+    """
+    try:
+        info = cms.ContentInfo.load(der, strict=True)
+        if info["content_type"].native != "signed_data":
+            raise TspError("the token is not a SignedData")
+        content = info["content"]
+        encap = content["encap_content_info"]
+        if encap["content_type"].native != "tst_info":
+            raise TspError("the token does not hold a TSTInfo")
+        tst = encap["content"].parsed
+        raw = bytes(encap["content"].contents)
+        fields = _token_fields(tst)
+        certificates = [
+            bytes(choice.chosen.dump())
+            for choice in content["certificates"] or ()
+            if choice.name == "certificate"
+        ]
+    except TspError:
+        raise
+    except Exception as exc:  # untrusted input: any parser error is malformed
+        raise TspError(f"not a time-stamp token: {exc}") from exc
+    return ParsedToken(fields=fields, tst_info=raw, certificates=certificates)
+
+
+def _token_fields(tst: tsp.TSTInfo) -> TokenFields:
+    if int(tst["version"]) != 1:
+        raise TspError("the TSTInfo is not version 1")
+    name = _HASH_BY_OID.get(tst["message_imprint"]["hash_algorithm"]["algorithm"].dotted)
+    if name is None:
+        raise TspError("the TSTInfo uses an unknown hash algorithm")
+    accuracy = tst["accuracy"].native
+    tsa = tst["tsa"]
+    return TokenFields(
+        policy=tst["policy"].dotted,
+        hash_algorithm=name,
+        digest=tst["message_imprint"]["hashed_message"].native,
+        serial=tst["serial_number"].native,
+        gen_time=tst["gen_time"].native.astimezone(UTC),
+        accuracy_seconds=accuracy.get("seconds") if accuracy else None,
+        nonce=tst["nonce"].native,
+        tsa_name=tsa.chosen if tsa.native is not None and tsa.name == "directory_name" else None,
+    )
+
+
+# --- certificates -----------------------------------------------------------------------------
+
+
+def ec_public_key_info(curve: str, point: bytes) -> bytes:
+    """The DER ``SubjectPublicKeyInfo`` of an EC key: ``secp256r1``/``secp384r1``, uncompressed."""
+    if _CURVE_POINT_LENGTHS.get(curve) != len(point) or point[:1] != b"\x04":
+        raise TspError(f"not an uncompressed {curve} point")
+    info = keys.PublicKeyInfo(
+        {
+            "algorithm": {
+                "algorithm": "ec",
+                "parameters": keys.ECDomainParameters(name="named", value=curve),
+            },
+            "public_key": point,
+        }
+    )
+    return bytes(info.dump())
+
+
+def rsa_public_key_info(n: int, e: int) -> bytes:
+    """The DER ``SubjectPublicKeyInfo`` of an RSA key (rsaEncryption, NULL parameters)."""
+    if n <= 0 or e <= 0:
+        raise TspError("RSA modulus and exponent must be positive")
+    info = keys.PublicKeyInfo(
+        {
+            "algorithm": {"algorithm": "rsa"},
+            "public_key": keys.RSAPublicKey({"modulus": n, "public_exponent": e}),
+        }
+    )
+    return bytes(info.dump())
+
+
+def key_identifier(public_key_info: bytes) -> bytes:
+    """The key identifier of RFC 5280 §4.2.1.2 method 1: SHA-1 of the subjectPublicKey bits."""
+    return bytes(keys.PublicKeyInfo.load(public_key_info).sha1)
+
+
+def tbs_certificate(
+    public_key_info: bytes,
+    subject: Mapping[str, str],
+    *,
+    serial: int,
+    not_before: datetime,
+    not_after: datetime,
+    signature_algorithm: str,
+    issuer: Mapping[str, str] | None = None,
+    issuer_public_key_info: bytes | None = None,
+    is_ca: bool = False,
+    time_stamping: bool = True,
+) -> bytes:
+    """The DER ``TBSCertificate`` (v3) that the issuer's key signs for :func:`certificate`.
+
+    ``subject`` and ``issuer`` are asn1crypto name dicts (``{"common_name": ...,
+    "organization_name": ...}``); without ``issuer`` (and ``issuer_public_key_info``) the
+    certificate is self-signed. Extensions (:func:`_extensions`): subjectKeyIdentifier,
+    authorityKeyIdentifier, basicConstraints, keyUsage and, for a TSA, extendedKeyUsage
+    id-kp-timeStamping (critical, RFC 3161 §2.3). A CA (``is_ca``) gets basicConstraints cA
+    (critical) and keyUsage keyCertSign + cRLSign.
+    """
+    signature_hash(signature_algorithm)
+    if serial <= 0 or serial.bit_length() > MAX_NONCE_BITS:
+        raise TspError("a certificate serial is a positive integer of at most 160 bits")
+    if not_before >= not_after:
+        raise TspError("not_before must come before not_after")
+    subject_name = x509.Name.build(dict(subject))
+    issuer_name = subject_name if issuer is None else x509.Name.build(dict(issuer))
+    authority_key = key_identifier(issuer_public_key_info or public_key_info)
+    extensions = _extensions(
+        public_key_info, is_ca=is_ca, time_stamping=time_stamping, authority_key=authority_key
+    )
+    tbs = x509.TbsCertificate(
+        {
+            "version": "v3",
+            "serial_number": serial,
+            "signature": {"algorithm": signature_algorithm},
+            "issuer": issuer_name,
+            "validity": {
+                "not_before": _time(x509.Time, "general_time", not_before),
+                "not_after": _time(x509.Time, "general_time", not_after),
+            },
+            "subject": subject_name,
+            "subject_public_key_info": keys.PublicKeyInfo.load(public_key_info),
+            "extensions": extensions,
+        }
+    )
+    return bytes(tbs.dump())
+
+
+def certificate(tbs_der: bytes, signature_algorithm: str, signature: bytes) -> bytes:
+    """The DER ``Certificate``: ``tbs_der`` and the issuer's ``signature`` over it."""
+    tbs = x509.TbsCertificate.load(tbs_der, strict=True)
+    if tbs["signature"]["algorithm"].native != signature_algorithm:
+        raise TspError("the signature algorithm differs from the one in the TBSCertificate")
+    cert = x509.Certificate(
+        {
+            "tbs_certificate": tbs,
+            "signature_algorithm": {"algorithm": signature_algorithm},
+            "signature_value": signature,
+        }
+    )
+    return bytes(cert.dump())
+
+
+def certification_request_info(
+    public_key_info: bytes, subject: Mapping[str, str], *, time_stamping: bool = True
+) -> bytes:
+    """The DER ``CertificationRequestInfo`` (PKCS#10) that the key signs.
+
+    It asks (extensionRequest) for the TSA extensions of :func:`tbs_certificate`: keyUsage,
+    extendedKeyUsage id-kp-timeStamping and basicConstraints cA false; the CA adds its own key
+    identifiers.
+    """
+    extensions = _extensions(public_key_info, is_ca=False, time_stamping=time_stamping)
+    info = csr.CertificationRequestInfo(
+        {
+            "version": "v1",
+            "subject": x509.Name.build(dict(subject)),
+            "subject_pk_info": keys.PublicKeyInfo.load(public_key_info),
+            "attributes": [{"type": "extension_request", "values": [extensions]}],
+        }
+    )
+    return bytes(info.dump())
+
+
+def certification_request(info_der: bytes, signature_algorithm: str, signature: bytes) -> bytes:
+    """The DER ``CertificationRequest``: ``info_der`` and the key's ``signature`` over it."""
+    signature_hash(signature_algorithm)
+    request = csr.CertificationRequest(
+        {
+            "certification_request_info": csr.CertificationRequestInfo.load(info_der, strict=True),
+            "signature_algorithm": {"algorithm": signature_algorithm},
+            "signature": signature,
+        }
+    )
+    return bytes(request.dump())
+
+
+def pem(der: bytes, label: str) -> str:
+    """``der`` armored as PEM under ``label`` (``CERTIFICATE``, ``CERTIFICATE REQUEST``...)."""
+    return str(asn1_pem.armor(label, der).decode("ascii"))
+
+
+def _extensions(
+    public_key_info: bytes,
+    *,
+    is_ca: bool,
+    time_stamping: bool,
+    authority_key: bytes | None = None,
+) -> list[dict[str, object]]:
+    extensions: list[dict[str, object]] = [
+        {
+            "extn_id": "basic_constraints",
+            "critical": is_ca,
+            "extn_value": {"ca": is_ca},
+        },
+        {
+            "extn_id": "key_usage",
+            "critical": True,
+            "extn_value": (
+                {"key_cert_sign", "crl_sign"} if is_ca else {"digital_signature", "non_repudiation"}
+            ),
+        },
+    ]
+    if time_stamping and not is_ca:
+        extensions.append(
+            {"extn_id": "extended_key_usage", "critical": True, "extn_value": ["time_stamping"]}
+        )
+    if authority_key is not None:
+        extensions.append(
+            {
+                "extn_id": "key_identifier",
+                "critical": False,
+                "extn_value": key_identifier(public_key_info),
+            }
+        )
+        extensions.append(
+            {
+                "extn_id": "authority_key_identifier",
+                "critical": False,
+                "extn_value": {"key_identifier": authority_key},
+            }
+        )
+    return extensions
+
+
+def _time(choice: type[core.Choice], generalized: str, moment: datetime) -> core.Choice:
+    """``moment`` as UTCTime before 2050 and GeneralizedTime from then on (RFC 5280 §4.1.2.5,
+    RFC 5652 §11.3), in whole seconds; ``generalized`` is the choice's name for the latter."""
+    if moment.utcoffset() != timedelta(0):
+        raise TspError("times must be aware datetimes in UTC")
+    moment = moment.replace(microsecond=0)
+    if moment < _UTC_TIME_LIMIT:
+        return choice(name="utc_time", value=moment)
+    return choice(name=generalized, value=moment)
+
+
+def _load_certificate(der: bytes) -> x509.Certificate:
+    try:
+        cert = x509.Certificate.load(der, strict=True)
+        _ = cert.native
+    except ValueError as exc:
+        raise TspError(f"not a DER certificate: {exc}") from exc
+    return cert
