@@ -1,0 +1,142 @@
+"""The connection limit of `server.api.httpproto`: how many client connections a process may
+hold for its RLIMIT_NOFILE, and which connection is closed when one more arrives. (Against a
+real server: tests/integration/test_http_hardening.py.)"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+
+from server.api import httpproto
+from server.api.httpproto import FD_RESERVE, REPORT_EVERY, _Connections, connection_limit
+
+
+@pytest.mark.parametrize(("nofile", "limit"), [
+    (1024, 768),  # systemd's default: all but the reserve
+    (65536, 65536 - FD_RESERVE),
+    (513, 257),  # just above 2 * reserve: the reserve still decides
+    (512, 256),
+    (400, 200),  # a small limit: at least half the descriptors serve clients
+    (300, 150),
+    (1, 0),
+])
+def test_connection_limit(nofile: int, limit: int) -> None:
+    assert connection_limit(nofile) == limit
+
+
+def test_connection_limit_reads_the_soft_rlimit_by_default() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_limit() == connection_limit(soft)
+
+
+def test_an_unlimited_rlimit_is_taken_as_a_million(monkeypatch: pytest.MonkeyPatch) -> None:
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: unlimited)
+    assert connection_limit() == (1 << 20) - FD_RESERVE
+
+
+# -- which connection is closed for a new one ---------------------------------------------------
+# `_Connections` touches of a connection only its transport's close() and its loop's clock;
+# these stand in for uvicorn's transport and event loop.
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@dataclass
+class Transport:
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass(eq=False)
+class Conn:
+    loop: Clock
+    transport: Transport = field(default_factory=Transport)
+
+
+class Server:
+    """What `StampdHttpProtocol` tells its server's `_Connections`, for plain connections."""
+
+    def __init__(self, limit: int) -> None:
+        self.limits = _Connections(limit)
+        self.clock = Clock()
+        self.open: list[Conn] = []
+
+    def connect(self) -> Conn:
+        conn = Conn(self.clock)
+        self.open.append(conn)
+        proto = cast(Any, conn)
+        self.limits.waiting(proto)  # as connection_made: no whole request yet
+        self.limits.admit(proto, len(self.open))
+        self.open = [c for c in self.open if not c.transport.closed]  # connection_lost
+        return conn
+
+    def request(self, conn: Conn) -> None:
+        self.limits.busy(cast(Any, conn))  # a whole request, being answered
+
+    def answered(self, conn: Conn) -> None:
+        self.limits.waiting(cast(Any, conn))  # idle until the next request
+
+
+def test_the_oldest_idle_connection_makes_room() -> None:
+    s = Server(limit=3)
+    a, b, c = s.connect(), s.connect(), s.connect()
+    assert not any(x.transport.closed for x in (a, b, c))  # at the limit, not beyond
+    d = s.connect()
+    assert a.transport.closed and not d.transport.closed
+    assert (s.limits.evicted, s.limits.refused) == (1, 0)
+    assert s.open == [b, c, d]
+
+
+def test_a_connection_being_answered_is_never_closed_for_room() -> None:
+    s = Server(limit=3)
+    a, b, c = s.connect(), s.connect(), s.connect()
+    s.request(a)
+    d = s.connect()
+    assert not a.transport.closed and b.transport.closed
+    # Idle again after its answer: the most recently idle, so the last to go.
+    s.answered(a)
+    e = s.connect()
+    assert c.transport.closed and not a.transport.closed
+    f = s.connect()
+    assert d.transport.closed
+    assert s.open == [a, e, f]
+
+
+def test_when_every_connection_is_being_answered_the_new_one_is_refused() -> None:
+    s = Server(limit=2)
+    a, b = s.connect(), s.connect()
+    s.request(a)
+    s.request(b)
+    c = s.connect()
+    assert c.transport.closed and not a.transport.closed and not b.transport.closed
+    assert (s.limits.evicted, s.limits.refused) == (0, 1)
+    assert s.open == [a, b]
+
+
+def test_one_warning_a_minute_while_the_limit_is_hit(caplog: pytest.LogCaptureFixture) -> None:
+    s = Server(limit=1)
+    s.connect()
+    with caplog.at_level(logging.WARNING, logger=httpproto.__name__):
+        for _ in range(50):
+            s.connect()
+        s.clock.now += REPORT_EVERY - 1
+        s.connect()
+        assert len(caplog.records) == 1
+        assert "connection limit 1 reached" in caplog.records[0].getMessage()
+        s.clock.now += 1
+        s.connect()
+    assert len(caplog.records) == 2
+    assert "52 connections without a whole request closed" in caplog.records[1].getMessage()
