@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.proof_http import Conn, HttpError, StampRequest, raise_nofile
-from bench.proof_server import ProofError, ProofServer, database
+from bench.proof_server import ProofError, ProofServer, database, progress
 
 FAULTS = ("api", "worker", "agent")
 # After the API process is killed, its stamps left pending are published once no live request
@@ -50,9 +50,6 @@ FAULTS = ("api", "worker", "agent")
 REQUEST_TIMEOUT = 20
 OUTCOME_GRACE = 10
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -45,11 +45,10 @@ from bench.fuzz_server import (
     KEEPALIVE_TIMEOUT,
     Ledger,
     LogScan,
-    Postgres,
-    SetupError,
     UnderTest,
 )
 from bench.fuzz_verdict import FAILURE_KINDS, Tally
+from bench.proof_server import Postgres, ProofError
 
 HANG_BOUND = 10.0  # seconds; above STAMPD_BODY_TIMEOUT and STAMPD_KEEPALIVE_TIMEOUT
 assert 2 * max(BODY_TIMEOUT, KEEPALIVE_TIMEOUT) < HANG_BOUND
@@ -211,7 +210,7 @@ def fuzz_database(db: str, opts: Options, pg: Postgres | None = None,
         say(f"{db}: requests sent; waiting for the log to take every stamp")
         result.ledger = under.ledger(opts.settle_timeout)
         result.audit_ok, result.audit_note = under.audit()
-    except (SetupError, RuntimeError) as e:  # RuntimeError: the server did not start
+    except (ProofError, RuntimeError) as e:  # RuntimeError: the server did not start
         result.problems.append(f"could not run: {e}")
     finally:
         if under is not None:
@@ -308,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(fuzz_database(db, opts, pg))
             print(summary(results[-1], opts), flush=True)
             print(flush=True)
-    except SetupError as e:
+    except ProofError as e:
         print(f"bench.fuzz: could not run: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -13,16 +13,14 @@ import re
 import shutil
 import time
 import urllib.request
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.fuzz_cases import Target
+from bench.proof_server import ProofError
 from tests.helpers import (
     TEST_FPR,
     Server,
-    ThrowawayPostgres,
-    postgres_bindir,
     seed_data_dir,
     start_server,
 )
@@ -34,35 +32,6 @@ COMMIT_INTERVAL = 3
 
 RESTART = re.compile(r"worker \d+ exited .*restarting")
 ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b")
-
-
-class SetupError(Exception):
-    """The server under test (or its database) could not be started."""
-
-
-class Postgres:
-    """A throwaway PostgreSQL cluster for the run, one database per server."""
-
-    def __init__(self) -> None:
-        bindir = postgres_bindir()
-        if bindir is None:
-            raise SetupError("PostgreSQL server binaries are required for --db postgres "
-                             "(apt-get install postgresql)")
-        self.cluster = ThrowawayPostgres(bindir)
-
-    def start(self) -> None:
-        self.cluster.start()
-
-    def database(self) -> str:
-        import psycopg
-
-        name = f"stampd_fuzz_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.cluster.admin_url, autocommit=True, connect_timeout=10) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.cluster.port}/{name}"
-
-    def stop(self) -> None:
-        self.cluster.stop()
 
 
 @dataclass
@@ -126,11 +95,11 @@ class UnderTest:
     def target(self) -> Target:
         status, body = self.get("/v1/keys")
         if status != 200:
-            raise SetupError(f"GET /v1/keys answered {status}")
+            raise ProofError(f"GET /v1/keys answered {status}")
         keys = json.loads(body)["keys"]
         primary = next(k["fingerprint"] for k in keys if k["primary"])
         if primary != TEST_FPR:
-            raise SetupError(f"the primary key is {primary}, not the test key")
+            raise ProofError(f"the primary key is {primary}, not the test key")
         ssh = tuple(k["fingerprint"] for k in keys if k["format"] == "ssh")
         return Target("127.0.0.1", self.server.port, primary, ssh)
 

@@ -9,17 +9,19 @@ on main) and `stampd audit` of the log cloned over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,31 @@ from tests.helpers import (
 )
 
 BIN = Path(sys.executable).parent
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_proof(name: str, body: Callable[[Path], Awaitable[int]], *, prefix: str,
+              keep: bool) -> int:
+    """Run a proof program's ``body`` in a fresh work directory: its exit status, 2 when it
+    could not run. The directory is removed unless ``keep`` or the proof failed."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    code = 2
+    try:
+        code = asyncio.run(body(workdir))
+        return code
+    except (ProofError, RuntimeError) as e:  # RuntimeError: the server did not start
+        print(f"{name}: could not run: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if keep or code != 0:
+            progress(f"data directory and server log kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 class ProofError(Exception):

@@ -24,23 +24,18 @@ import argparse
 import asyncio
 import contextlib
 import secrets
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.proof_client import normal_client
 from bench.proof_http import Conn, HttpError, Latencies, StampRequest
-from bench.proof_server import ProofError, ProofServer, database
+from bench.proof_server import ProofError, ProofServer, database, progress, run_proof
 from bench.pyspy import py_spy
 
 P99_LIMIT_MS = 50.0
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 async def seed(port: int, digest: str, copies: int, concurrency: int = 16) -> int:
@@ -209,21 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="py-spy record the API process during the flood into FILE (raw)")
     ap.add_argument("--keep", action="store_true", help="keep the data directory and log")
     args = ap.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="rf", dir="/tmp"))
-    code = 2
-    try:
-        code = asyncio.run(main_async(args, workdir))
-        return code
-    except (ProofError, RuntimeError) as e:  # RuntimeError: the server did not start
-        print(f"readflood: could not run: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if args.keep or code != 0:
-            progress(f"data directory and server log kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    return run_proof("readflood", lambda workdir: main_async(args, workdir), prefix="rf",
+                     keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import contextlib
 import os
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,15 +41,12 @@ from pathlib import Path
 
 from bench.proof_client import normal_client
 from bench.proof_http import Latencies, open_fds, raise_nofile
-from bench.proof_server import ProofError, ProofServer
+from bench.proof_server import ProofError, ProofServer, progress, run_proof
 from server.api.httpproto import connection_limit
 
 P99_LIMIT_MS = 50.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -301,23 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the data directory and log")
     args = ap.parse_args(argv)
     raise_nofile(args.idle + args.slowloris + args.stalled + args.flood + 1024)
-    workdir = Path(tempfile.mkdtemp(prefix="sl", dir="/tmp"))
-    code = 2
-    try:
-        code = asyncio.run(main_async(args, workdir))
-        return code
-    except (ProofError, RuntimeError) as e:  # RuntimeError: the server did not start
-        print(f"slow: could not run: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if args.keep or code != 0:
-            progress(f"data directory and server log kept in {workdir}")
-        else:
-            import shutil
-
-            shutil.rmtree(workdir, ignore_errors=True)
+    return run_proof("slow", lambda workdir: main_async(args, workdir), prefix="sl",
+                     keep=args.keep)
 
 
 if __name__ == "__main__":
