@@ -74,10 +74,17 @@ class WorkerConfig:
     # The supervisor's PID: the worker is orphaned once its parent is another (None: the
     # parent it finds when it starts, which may already be another).
     supervisor: int | None = None
+    # Set for the TSA key only (RFC 3161, `workers.tsa`): the common name of the self-signed
+    # TSA certificate the start-up check makes when the key has none, and its validity (days).
+    tsa_subject: str | None = None
+    tsa_days: int = 3650
 
     def __post_init__(self) -> None:
         if self.format not in ("openpgp", "ssh"):
             raise ConfigError("key format must be 'openpgp' or 'ssh'")
+        if self.tsa_subject is not None and self.format != "openpgp":
+            raise ConfigError("a TSA key must be an OpenPGP key")
+        _check_tsa_days(self.tsa_days)
         _check_log_level(self.log_level)
 
     def to_json(self) -> str:
@@ -85,7 +92,8 @@ class WorkerConfig:
             "name": self.name, "home": str(self.home), "key_dir": str(self.key_dir),
             "dispatch": self.dispatch.to_dict(), "key_id": self.key_id, "format": self.format,
             "passphrase": self.passphrase, "log_level": self.log_level,
-            "supervisor": self.supervisor,
+            "supervisor": self.supervisor, "tsa_subject": self.tsa_subject,
+            "tsa_days": self.tsa_days,
         })
 
     @classmethod
@@ -99,7 +107,8 @@ class WorkerConfig:
                    dispatch=DispatchConfig.from_dict(_dict(d, "dispatch")),
                    key_id=_str(d, "key_id"), format=cast(KeyFormat, fmt),
                    passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"),
-                   supervisor=None if d.get("supervisor") is None else _int(d, "supervisor"))
+                   supervisor=None if d.get("supervisor") is None else _int(d, "supervisor"),
+                   tsa_subject=_opt_str(d, "tsa_subject"), tsa_days=_int(d, "tsa_days"))
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,12 @@ class PoolConfig:
     extra_key_workers: int = 1  # workers of each extra key
     passphrase: str | None = field(default=None, repr=False)  # of the OpenPGP keys
     log_level: str = "INFO"
+    # RFC 3161: the extra key that is the TSA key (one of ``extra_keys``, OpenPGP), the common
+    # name of its self-signed certificate and that certificate's validity in days; its workers
+    # get them in their `WorkerConfig` (``tsa_subject``, ``tsa_days``).
+    tsa_key: KeySpec | None = None
+    tsa_subject: str | None = None
+    tsa_days: int = 3650
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.extra_key_workers < 1:
@@ -122,6 +137,12 @@ class PoolConfig:
         for spec in self.extra_keys:
             if spec.format not in ("openpgp", "ssh"):
                 raise ConfigError("key format must be 'openpgp' or 'ssh'")
+        if self.tsa_key is not None:
+            if self.tsa_key not in self.extra_keys or self.tsa_key.format != "openpgp":
+                raise ConfigError("the TSA key must be one of the extra OpenPGP keys")
+            if not self.tsa_subject:
+                raise ConfigError("the TSA key needs the subject of its certificate")
+        _check_tsa_days(self.tsa_days)
         _check_log_level(self.log_level)
 
     def worker_config(self, name: str, home: Path, key: KeySpec | None = None,
@@ -132,10 +153,13 @@ class PoolConfig:
             return WorkerConfig(name, home, self.keys_dir, self.dispatch,
                                 passphrase=self.passphrase, log_level=self.log_level,
                                 supervisor=supervisor)
+        tsa = key == self.tsa_key
         return WorkerConfig(name, home, key_dir(self.keys_dir, key), self.dispatch, key_id=key.id,
                             format=cast(KeyFormat, key.format),
                             passphrase=self.passphrase if key.format == "openpgp" else None,
-                            log_level=self.log_level, supervisor=supervisor)
+                            log_level=self.log_level, supervisor=supervisor,
+                            tsa_subject=self.tsa_subject if tsa else None,
+                            tsa_days=self.tsa_days)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -144,6 +168,9 @@ class PoolConfig:
             "extra_keys": [{"format": k.format, "algo": k.algo} for k in self.extra_keys],
             "extra_key_workers": self.extra_key_workers, "passphrase": self.passphrase,
             "log_level": self.log_level,
+            "tsa_key": None if self.tsa_key is None else {"format": self.tsa_key.format,
+                                                          "algo": self.tsa_key.algo},
+            "tsa_subject": self.tsa_subject, "tsa_days": self.tsa_days,
         })
 
     @classmethod
@@ -152,12 +179,16 @@ class PoolConfig:
         extra = d.get("extra_keys")
         if not isinstance(extra, list) or not all(isinstance(k, dict) for k in extra):
             raise ConfigError("field 'extra_keys' must be a list of objects")
+        tsa = None if d.get("tsa_key") is None else _dict(d, "tsa_key")
         return cls(workers=_int(d, "workers"), keys_dir=Path(_str(d, "keys_dir")),
                    runtime_dir=Path(_str(d, "runtime_dir")),
                    dispatch=DispatchConfig.from_dict(_dict(d, "dispatch")),
                    extra_keys=tuple(KeySpec(_str(k, "format"), _str(k, "algo")) for k in extra),
                    extra_key_workers=_int(d, "extra_key_workers"),
-                   passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"))
+                   passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"),
+                   tsa_key=None if tsa is None else KeySpec(_str(tsa, "format"),
+                                                            _str(tsa, "algo")),
+                   tsa_subject=_opt_str(d, "tsa_subject"), tsa_days=_int(d, "tsa_days"))
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -170,6 +201,11 @@ def _load(text: str | bytes) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError("the configuration must be a JSON object")
     return d
+
+
+def _check_tsa_days(days: int) -> None:
+    if days < 1:
+        raise ConfigError("a TSA certificate is valid for at least one day")
 
 
 def _check_log_level(level: str) -> None:

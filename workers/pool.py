@@ -61,6 +61,7 @@ from workers.agents.gpg import AgentError
 from workers.agents.ssh import SshAgentError
 from workers.config import ConfigError, PoolConfig
 from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable
+from workers.tsa import TsaError
 from workers.worker import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
@@ -504,13 +505,13 @@ def main(argv: list[str] | None = None) -> int:
     pool = WorkerPool(config)
     try:
         pool.prepare(check_keys=args.check_keys)
-    except (KeyUnusable, RuntimeDirError, AgentError, SshAgentError) as e:
-        message = e.message if isinstance(e, KeyUnusable) else str(e)
+    except (KeyUnusable, TsaError, RuntimeDirError, AgentError, SshAgentError) as e:
+        message = e.message if isinstance(e, KeyUnusable | TsaError) else str(e)
         if not report(message):
             print(f"workers.pool: {' '.join(message.split())}", file=sys.stderr)
         if isinstance(e, KeyUnusable):
             return EXIT_KEY_UNUSABLE
-        return EXIT_CONFIG if isinstance(e, RuntimeDirError) else EXIT_AGENT_DIED
+        return EXIT_CONFIG if isinstance(e, RuntimeDirError | TsaError) else EXIT_AGENT_DIED
     report("ok")
     return pool.run()
 

@@ -19,12 +19,14 @@ same (where that signal is not to be had) stops its agent and removes its home i
 else would until the next supervisor starts.
 
 `check_key` is the supervisor's start-up check of one key: the same start, then one test
-signature through the agent, verified against the key's public key file.
+signature through the agent, verified against the key's public key file; for the TSA key, it
+then makes the key's self-signed TSA certificate if it has none (`workers.tsa`).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import logging
 import os
@@ -38,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers import jobtable
+from workers import jobtable, tsa
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.config import ConfigError, WorkerConfig
@@ -51,6 +53,7 @@ from workers.formats.jobs import (
     MalformedMessage,
     ReceiptJob,
     Result,
+    TimestampJob,
     decode_frame,
     job_from_dict,
 )
@@ -73,7 +76,8 @@ UNUSABLE = "unusable"
 
 
 class Signer:
-    """Builds and signs git objects and receipts with one key held by one agent.
+    """Builds and signs git objects, receipts and time-stamp tokens with one key held by one
+    agent.
 
     Subclasses say how a payload is signed (OpenPGP or SSH) and which user id goes into the
     tagger/committer lines."""
@@ -87,21 +91,47 @@ class Signer:
     def receipt(self, text: str, t: int) -> str:
         raise NotImplementedError
 
+    def timestamp(self, job: TimestampJob) -> str:
+        """The RFC 3161 token of ``job`` (DER), in base64."""
+        raise NotImplementedError
+
     def build(self, job: Job) -> str:
         """The signed object of ``job`` (ASCII text)."""
         if isinstance(job, ReceiptJob):
             return self.receipt(job.text, job.time)
+        if isinstance(job, TimestampJob):
+            return self.timestamp(job)
         payload = job.payload(self.uid(job))
         return job.embed(payload, self.signature(payload, job.time)).decode("ascii")
 
 
 class OpenPgpSigner(Signer):
-    def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection) -> None:
+    """OpenPGP signatures; with ``chain`` (the key's TSA certificates, DER, its own first),
+    RFC 3161 time-stamp tokens too."""
+
+    def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection,
+                 chain: list[bytes] | None = None) -> None:
         self.key = key
         self.conn = conn
+        self.chain = chain
+        self._tsa_key: tsa.TsaKey | None = None
 
     def _sign(self, hash_algo: int, digest: bytes) -> list[int]:
         return self.conn.sign(self.key.keygrip, hash_algo, digest)
+
+    def tsa_key(self) -> tsa.TsaKey:
+        """The key as a TSA signs with it (its public key read from the agent once);
+        `tsa.TsaError` when it cannot be a TSA key."""
+        if self._tsa_key is None:
+            info = tsa.TsaKey.from_agent(self.key, self.conn).public_key_info
+            self._tsa_key = tsa.TsaKey(self.key, info, self._sign)
+        return self._tsa_key
+
+    def timestamp(self, job: TimestampJob) -> str:
+        if not self.chain:
+            raise MalformedMessage("this key has no TSA certificate")
+        token = tsa.build_token(job, self.tsa_key(), self.chain)
+        return base64.b64encode(token).decode("ascii")
 
     def uid(self, job: GitJob) -> str:
         return self.key.uid  # the client checks the uid of the key it fetched
@@ -131,6 +161,10 @@ class SshSigner(Signer):
 
     def receipt(self, text: str, t: int) -> str:
         return text + self.conn.sshsig(self.key, text.encode("utf-8"), RECEIPT_NAMESPACE)
+
+    def timestamp(self, job: TimestampJob) -> str:
+        raise MalformedMessage("an SSH key makes no RFC 3161 time-stamp tokens (the TSA key is "
+                               "an OpenPGP key)")
 
 
 def connect(path: Path, deadline: float) -> socket.socket:
@@ -276,7 +310,8 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
 
     `KeyUnusable` when the key file cannot be loaded while the agent runs, or holds another key
     than the public key file (no signature is made: the fingerprints are compared); the agent's
-    errors when the agent itself failed."""
+    errors when the agent itself failed. The TSA key (``config.tsa_subject``) also loads its
+    certificate chain, if it has one (`tsa.TsaError` when that is unreadable or another key's)."""
     secret, public = _key_files(config)
     try:
         if isinstance(agent, SshAgent):
@@ -288,7 +323,10 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
         expected = KeyStore(config.key_dir).public_key().fingerprint
         if key.fingerprint != expected:
             raise KeyStoreError(f"it holds key {key.fingerprint}, not {expected} of {public}")
-        return OpenPgpSigner(key, agent.connect()), key.fingerprint
+        signer = OpenPgpSigner(key, agent.connect())
+        if config.tsa_subject is not None:
+            _load_chain(signer, config)
+        return signer, key.fingerprint
     except KeyStoreError as e:
         raise KeyUnusable(config.key_id, secret, e.message) from None
     except (AgentError, SshAgentError) as e:
@@ -297,11 +335,23 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
         raise KeyUnusable(config.key_id, secret, str(e)) from None
 
 
+def _load_chain(signer: OpenPgpSigner, config: WorkerConfig) -> None:
+    """Give the TSA key's signer its certificate chain (none yet: it refuses timestamp jobs);
+    `tsa.TsaError` naming the chain file when it cannot be read or is another key's."""
+    chain = tsa.read_chain(config.key_dir)
+    if chain is not None:
+        tsa.check_chain(config.key_dir, chain, signer.tsa_key())
+    signer.chain = chain
+
+
 def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> str:
     """The start-up check of one key: start an agent in ``config.home``, load the key, make one
     test signature through the agent and verify it against the key's public key file (so a
-    secret key that does not match its public key is caught too); stop the agent. The key's
-    fingerprint; `KeyUnusable` (or the agent's errors) when it cannot sign."""
+    secret key that does not match its public key is caught too); for the TSA key
+    (``config.tsa_subject``), make its self-signed TSA certificate when it has none
+    (`tsa.ensure_certificate`); stop the agent. The key's fingerprint; `KeyUnusable` (or the
+    agent's errors) when it cannot sign, `tsa.TsaError` when it cannot be the TSA key or its
+    certificate chain is another key's."""
     agent: GpgAgent | SshAgent
     agent = SshAgent(config.home) if config.format == "ssh" else \
         GpgAgent(config.home, passphrase=config.passphrase)
@@ -325,6 +375,12 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
                 SshKeyStore(config.key_dir).verify(message, signature, "git")
         except KeyStoreError as e:
             raise KeyUnusable(config.key_id, secret, e.message) from None
+        if config.tsa_subject is not None and isinstance(signer, OpenPgpSigner):
+            made = tsa.ensure_certificate(config.key_dir, signer.tsa_key(), config.tsa_subject,
+                                          config.tsa_days, clock)
+            if made:
+                log.info("key %s: made a self-signed TSA certificate, %s", config.key_id,
+                         config.key_dir / tsa.TSA_CHAIN_FILE)
         return fingerprint
     finally:
         agent.stop()
@@ -356,7 +412,7 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
         sock.sendall(Hello(config.name, os.getpid(), fingerprint, config.key_id).frame())
         log.info("ready: key %s (%s), agent pid %d", fingerprint, config.key_id, agent.pid)
         return serve(sock, signer, agent, config.name, supervisor)
-    except KeyUnusable as e:  # the supervisor reports it, once for all attempts
+    except (KeyUnusable, tsa.TsaError) as e:  # the supervisor reports it, once for all attempts
         log.info("worker %s: %s", config.name, e.message)
         with contextlib.suppress(OSError):
             write_status(config.home, f"{UNUSABLE} {e.message}")

@@ -15,6 +15,7 @@ from workers.formats.jobs import (
     ReceiptJob,
     Result,
     TagJob,
+    TimestampJob,
     decode_job,
     decode_job_frame,
     encode_job,
@@ -29,11 +30,14 @@ JOBS = [
     CommitJob(T, (P, C), 5, "m\n"),
     CommitJob(T, (), 5, "m\n", uid="X <x@y>"),
     ReceiptJob("stampd receipt v1\n", 7),
+    TimestampJob("sha256", "ab" * 32, 1, 1_700_000_000, "1.2.3.4"),
+    TimestampJob("sha512", "0f" * 64, (1 << 160) - 1, 9, "2.25.1", accuracy=1,
+                 nonce=str(1 << 159), cert_req=True),
 ]
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j.op}-{getattr(j, 'uid', None)}")
-def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob) -> None:
+def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob) -> None:
     assert decode_job(encode_job(job)) == job
     buf = FrameBuffer()
     data = job_frame(42, job)
@@ -51,6 +55,13 @@ def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob) -> None:
     '{"op": "tag", "commit": "c", "tagname": "t", "time": true, "message": "m"}',
     '{"op": "commit", "tree": "t", "parents": "p", "time": 1, "message": "m"}',
     '{"op": "receipt", "time": 1}',
+    *(json.dumps({"op": "timestamp", "hash_algorithm": "sha256", "digest": "ab" * 32,
+                  "serial": 1, "time": 1, "policy": "1.2.3", "cert_req": False, **bad})
+      for bad in [{"hash_algorithm": "md5"}, {"digest": "AB" * 32}, {"digest": "ab" * 31},
+                  {"serial": -1}, {"serial": 1 << 160}, {"serial": "1"}, {"time": 1.5},
+                  {"policy": "1.2.x"}, {"policy": 123}, {"accuracy": -1}, {"accuracy": "1"},
+                  {"nonce": 5}, {"nonce": "05"}, {"nonce": "-1"}, {"nonce": str(1 << 160)},
+                  {"cert_req": 1}, {"cert_req": None}]),
 ])
 def test_malformed_jobs_are_refused(payload: str) -> None:
     with pytest.raises(MalformedMessage):

@@ -4,8 +4,9 @@ gpg-agent serves secret-key operations one at a time, so every signing worker ru
 agent in its own 0700 home (docs/agents.md). :class:`GpgAgent` starts one, imports the
 secret key from a read-only key file and stops it again by PID; :class:`AssuanConnection`
 keeps one Unix socket open and turns a digest into signature values with
-``SIGKEY``/``SETHASH``/``PKSIGN`` — no process per signature. The OpenPGP packet around those
-values is built by :mod:`workers.formats.openpgp`.
+``SIGKEY``/``SETHASH``/``PKSIGN`` — no process per signature — and reads a key's public part
+with ``READKEY`` (for TSA certificates). The OpenPGP packet around those values is built by
+:mod:`workers.formats.openpgp`.
 
 How the agent is run: ``gpg-agent --daemon`` forks and leaves an orphan of init. Its PID
 cannot be waited for, and once killed it lingers as a zombie until init gets round to reaping
@@ -266,6 +267,17 @@ class AssuanConnection(AgentSocket):
         except SexpError as exc:
             raise AgentError(f"gpg-agent returned an unusable signature: {exc}") from exc
         return values
+
+    def read_key(self, keygrip: str) -> bytes:
+        """The public key of ``keygrip`` as the agent holds it (``READKEY``): a canonical
+        S-expression ``(public-key (ecc ...))`` or ``(public-key (rsa ...))``, which
+        :func:`workers.formats.sexp.public_key` reads."""
+        if not _HEX40.fullmatch(keygrip):
+            raise ValueError(f"keygrip must be 40 hex digits: {keygrip!r}")
+        data = self.transact(f"READKEY {keygrip.upper()}")
+        if not data.startswith(b"(10:public-key"):
+            raise AgentError(f"gpg-agent returned no public key for {keygrip.upper()}")
+        return data
 
     def transact(self, command: str) -> bytes:
         """Send one Assuan command; return its ``D`` data (unescaped) once it answers OK."""

@@ -1,7 +1,8 @@
 """The job contract between the service and its signing workers.
 
 A job is one object for a worker to build and sign: a git tag (`TagJob`), a git commit
-(`CommitJob`: branch stamps and log commits) or a digest receipt (`ReceiptJob`). The service
+(`CommitJob`: branch stamps and log commits), a digest receipt (`ReceiptJob`) or an RFC 3161
+time-stamp token (`TimestampJob`). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
 `Result`. A worker first introduces itself with a `Hello`. Every message is a JSON object; each
 type encodes and decodes itself here and nowhere else.
@@ -15,11 +16,12 @@ every message.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from workers.formats import gitobjects
+from workers.formats import gitobjects, tsp
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20
@@ -133,10 +135,76 @@ class ReceiptJob:
         return cls(_str(d, "text"), _int(d, "time"))
 
 
+_OID = re.compile(r"[0-2](\.(0|[1-9][0-9]*))+")
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class TimestampJob:
+    """An RFC 3161 time-stamp token (see `workers.tsa`) over the client's ``digest``.
+
+    ``time`` is the token's genTime (Unix seconds); ``accuracy`` in seconds; ``nonce`` the
+    client's nonce as a decimal string (it may exceed what a JSON number holds exactly);
+    ``cert_req``: embed the TSA's certificates. The worker answers with the token (a DER CMS
+    ``ContentInfo``) in base64. A job that breaks these rules is `MalformedMessage`.
+    """
+
+    op: ClassVar[str] = "timestamp"
+    hash_algorithm: str
+    digest: str  # lowercase hex
+    serial: int
+    time: int
+    policy: str  # dotted OID
+    accuracy: int | None = None
+    nonce: str | None = None  # decimal
+    cert_req: bool = False
+
+    def __post_init__(self) -> None:
+        size = tsp.HASH_ALGORITHMS.get(self.hash_algorithm, (None, None))[1]
+        if size is None:
+            raise MalformedMessage(f"unknown hash algorithm {self.hash_algorithm!r}")
+        if not _HEX.fullmatch(self.digest) or len(self.digest) != 2 * size:
+            raise MalformedMessage(f"a {self.hash_algorithm} digest is {2 * size} lowercase "
+                                   "hex digits")
+        if not 0 <= self.serial < 1 << tsp.MAX_NONCE_BITS:
+            raise MalformedMessage("the serial must be non-negative and at most 160 bits")
+        if not _OID.fullmatch(self.policy):
+            raise MalformedMessage("the policy must be a dotted object identifier")
+        if self.accuracy is not None and self.accuracy < 0:
+            raise MalformedMessage("the accuracy must not be negative")
+        if self.nonce is not None and (not _DECIMAL.fullmatch(self.nonce)
+                                       or int(self.nonce) >= 1 << tsp.MAX_NONCE_BITS):
+            raise MalformedMessage("the nonce must be a decimal number of at most 160 bits")
+
+    @property
+    def nonce_value(self) -> int | None:
+        return None if self.nonce is None else int(self.nonce)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "hash_algorithm": self.hash_algorithm,
+                             "digest": self.digest, "serial": self.serial, "time": self.time,
+                             "policy": self.policy, "cert_req": self.cert_req}
+        if self.accuracy is not None:
+            d["accuracy"] = self.accuracy
+        if self.nonce is not None:
+            d["nonce"] = self.nonce
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimestampJob:
+        cert_req = d.get("cert_req")
+        if not isinstance(cert_req, bool):
+            raise MalformedMessage("field 'cert_req' must be a boolean")
+        accuracy = None if d.get("accuracy") is None else _int(d, "accuracy")
+        return cls(_str(d, "hash_algorithm"), _str(d, "digest"), _int(d, "serial"),
+                   _int(d, "time"), _str(d, "policy"), accuracy, _opt_str(d, "nonce"), cert_req)
+
+
 GitJob = TagJob | CommitJob
-Job = TagJob | CommitJob | ReceiptJob
-_JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob]] = {
-    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob)}
+Job = TagJob | CommitJob | ReceiptJob | TimestampJob
+_JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob] | type[TimestampJob]] = {
+    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob)}
 
 
 def job_from_dict(d: dict[str, Any]) -> Job:

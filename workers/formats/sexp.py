@@ -12,6 +12,12 @@ and there is no whitespace, e.g.::
 Atoms are arbitrary binary data. Integers are big-endian octet strings that may be shorter than
 the group order or carry a leading zero byte (libgcrypt's two's-complement form);
 :func:`signature_values` reads them as unsigned integers, which is what OpenPGP MPIs need.
+``READKEY`` answers with the public key in the same form, which :func:`public_key` turns into
+the X.509 ``SubjectPublicKeyInfo`` a TSA certificate carries::
+
+    (public-key(ecc(curve10:NIST P-256)(q65:<04 || x || y>)))
+    (public-key(rsa(n385:<modulus>)(e3:<exponent>)))
+
 Everything here is pure: no I/O.
 """
 
@@ -19,10 +25,13 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
+from workers.formats import tsp
+
 __all__ = [
     "SExp",
     "SexpError",
     "parse_canonical_sexp",
+    "public_key",
     "signature_values",
 ]
 
@@ -142,3 +151,61 @@ def signature_values(sexp_bytes: bytes) -> tuple[str, list[int]]:
     if names is None:
         raise SexpError(f"unsupported signature algorithm {algo!r}")
     return algo, [_integer(params, name) for name in names]
+
+
+# Curve names libgcrypt and gpg use for the curves a TSA key may have → the X.509 (RFC 5480)
+# name asn1crypto knows. READKEY spells them "NIST P-256"; key listings "nistp256".
+_X509_CURVES: dict[str, str] = {
+    "nist p-256": "secp256r1",
+    "nistp256": "secp256r1",
+    "prime256v1": "secp256r1",
+    "secp256r1": "secp256r1",
+    "1.2.840.10045.3.1.7": "secp256r1",
+    "nist p-384": "secp384r1",
+    "nistp384": "secp384r1",
+    "secp384r1": "secp384r1",
+    "1.3.132.0.34": "secp384r1",
+}
+
+
+def _atom(params: list[SExp], name: bytes) -> bytes:
+    entry = _find(params, name)
+    if entry is None or len(entry) != 2 or not isinstance(entry[1], bytes) or not entry[1]:
+        raise SexpError(f"public key lacks the parameter {name.decode()!r}")
+    return entry[1]
+
+
+def public_key(sexp_bytes: bytes) -> bytes:
+    """The DER ``SubjectPublicKeyInfo`` of a ``(public-key ...)`` from gpg-agent's ``READKEY``.
+
+    ECDSA keys on NIST P-256 and P-384 (``(ecc (curve ...) (q 04...))``, the curve named as
+    libgcrypt or gpg spells it) and RSA keys (``(rsa (n ...) (e ...))``); :class:`SexpError`
+    for anything else (ed25519, other curves, DSA) or a malformed expression.
+    """
+    top = parse_canonical_sexp(sexp_bytes)
+    if not top or top[0] != b"public-key":
+        raise SexpError("not a public-key S-expression")
+    if len(top) < 2 or not isinstance(top[1], list) or not top[1]:
+        raise SexpError("public-key lacks an algorithm list")
+    algo_atom = top[1][0]
+    if not isinstance(algo_atom, bytes):
+        raise SexpError("public-key algorithm name is not an atom")
+    algo = algo_atom.decode("ascii", "replace").lower()
+    params = top[1][1:]
+    try:
+        if algo in ("ecc", "ecdsa"):
+            curve = _atom(params, b"curve").decode("ascii", "replace")
+            x509_curve = _X509_CURVES.get(curve.lower())
+            if x509_curve is None:
+                raise SexpError(f"unsupported curve {curve!r} (NIST P-256 or P-384 only)")
+            flags = _find(params, b"flags")
+            if flags is not None and b"eddsa" in flags[1:]:
+                raise SexpError("an EdDSA key is not an ECDSA key")
+            return tsp.ec_public_key_info(x509_curve, _atom(params, b"q"))
+        if algo == "rsa":
+            n = int.from_bytes(_atom(params, b"n"), "big")
+            e = int.from_bytes(_atom(params, b"e"), "big")
+            return tsp.rsa_public_key_info(n, e)
+    except tsp.TspError as exc:
+        raise SexpError(f"unusable {algo} public key: {exc}") from exc
+    raise SexpError(f"unsupported public-key algorithm {algo!r} (ECDSA or RSA only)")

@@ -1,0 +1,150 @@
+"""RFC 3161 on the worker side, with real gpg-agents: the start-up check makes the TSA key's
+self-signed certificate (`workers.tsa.ensure_certificate` through `workers.worker.check_key`),
+a real `OpenPgpSigner` answers timestamp jobs, and ``openssl ts -verify`` accepts the tokens."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from tests.helpers import pids_mentioning, proc_cmdline, short_tmpdir
+from workers import tsa
+from workers.agents.gpg import GpgAgent
+from workers.config import DispatchConfig, WorkerConfig
+from workers.formats import sexp, tsp
+from workers.formats.jobs import TimestampJob
+from workers.keys.keyset import KeySpec, ensure_extra_keys, key_dir
+from workers.worker import OpenPgpSigner, SshSigner, check_key, load_signer, sign
+
+SUBJECT = "stampd TSA at http://127.0.0.1:8080/"
+POLICY = "1.2.3.4.1"
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A short private home for the agents; no agent may outlive the test."""
+    path = short_tmpdir("ts")
+    os.chmod(path, 0o700)
+    yield path
+    left = [p for p in pids_mentioning(str(path)) if b"agent" in proc_cmdline(p)]
+    shutil.rmtree(path, ignore_errors=True)
+    assert left == [], "an agent was left running"
+
+
+def _key(keys: Path, algo: str) -> tuple[Path, str]:
+    spec = KeySpec("openpgp", algo)
+    ensure_extra_keys(keys, [spec], "stampd test <t@stampd.invalid>", None)
+    return key_dir(keys, spec), spec.id
+
+
+def _config(home: Path, directory: Path, key_id: str, subject: str | None = SUBJECT
+            ) -> WorkerConfig:
+    return WorkerConfig("check:1:0", home, directory,
+                        DispatchConfig("socket", socket=home / "unused.sock"), key_id=key_id,
+                        tsa_subject=subject, tsa_days=30)
+
+
+def _openssl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+@pytest.mark.parametrize("algo", ["nistp256", "rsa3072"])
+def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, algo: str) -> None:
+    directory, key_id = _key(tmp_path / "keys", algo)
+    chain_file = directory / tsa.TSA_CHAIN_FILE
+    started = time.monotonic()
+    check_key(_config(home, directory, key_id))
+    made = chain_file.read_bytes()
+    check_key(_config(home, directory, key_id, "another name"))
+    assert chain_file.read_bytes() == made, "an existing chain is kept"
+    checks = time.monotonic() - started
+
+    text = _openssl("x509", "-in", str(chain_file), "-noout", "-text")
+    assert text.returncode == 0, text.stderr
+    assert "X509v3 Extended Key Usage: critical" in text.stdout
+    assert "Time Stamping" in text.stdout
+    assert "CA:FALSE" in text.stdout
+    cert = x509.load_pem_x509_certificate(made)
+    cert.verify_directly_issued_by(cert)
+    assert cert.subject.rfc4514_string() == f"CN={SUBJECT},O=stampd"
+
+    agent = GpgAgent(home)
+    agent.start()
+    try:
+        signer, _fingerprint = load_signer(agent, _config(home, directory, key_id))
+        assert isinstance(signer, OpenPgpSigner) and signer.chain == tsa.read_chain(directory)
+        # READKEY's public key is the certificate's.
+        spki = sexp.public_key(signer.conn.read_key(signer.key.keygrip))
+        assert spki == cert.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+        digest = hashlib.sha256(b"some data\n").hexdigest()
+        for n, cert_req in enumerate((True, False)):
+            job = TimestampJob("sha256", digest, 1000 + n, int(time.time()), POLICY,
+                               accuracy=1, nonce=str((1 << 70) + n), cert_req=cert_req)
+            result = sign(signer, 5, job.to_dict())
+            assert result.error is None and result.object is not None
+            token = base64.b64decode(result.object)
+            parsed = tsp.parse_token(token)
+            assert parsed.fields.nonce == (1 << 70) + n and parsed.fields.serial == 1000 + n
+            assert len(parsed.certificates) == (1 if cert_req else 0)
+            response = tmp_path / f"r{n}.tsr"
+            response.write_bytes(tsp.granted(token))
+            untrusted = [] if cert_req else ["-untrusted", str(chain_file)]
+            verified = _openssl("ts", "-verify", "-digest", digest, "-in", str(response),
+                                "-CAfile", str(chain_file), *untrusted)
+            assert verified.returncode == 0, verified.stdout + verified.stderr
+            assert "Verification: OK" in verified.stdout
+            if not cert_req:  # without the certificate openssl cannot find the signer
+                alone = _openssl("ts", "-verify", "-digest", digest, "-in", str(response),
+                                 "-CAfile", str(chain_file))
+                assert alone.returncode != 0
+
+        # Without a chain the signer refuses timestamp jobs; so does an SSH signer.
+        bare = OpenPgpSigner(signer.key, signer.conn)
+        refused = sign(bare, 6, job.to_dict())
+        assert refused.object is None and "this key has no TSA certificate" in str(refused.error)
+        ssh = SshSigner.__new__(SshSigner)
+        assert "SSH key makes no RFC 3161" in str(sign(ssh, 7, job.to_dict()).error)
+    finally:
+        agent.stop()
+    print(f"{algo}: two start-up checks in {checks:.2f}s")
+
+
+def test_a_chain_of_another_key_stops_the_check(tmp_path: Path, home: Path) -> None:
+    mine, mine_id = _key(tmp_path / "a", "nistp256")
+    other, other_id = _key(tmp_path / "b", "nistp256")
+    check_key(_config(home, other, other_id))
+    shutil.copy(other / tsa.TSA_CHAIN_FILE, mine / tsa.TSA_CHAIN_FILE)
+    with pytest.raises(tsa.TsaError) as caught:
+        check_key(_config(home, mine, mine_id))
+    assert str(mine / tsa.TSA_CHAIN_FILE) in caught.value.message
+    assert "is for another key" in caught.value.message
+
+    # A worker of that key does not start with it either.
+    agent = GpgAgent(home)
+    agent.start()
+    try:
+        with pytest.raises(tsa.TsaError, match="is for another key"):
+            load_signer(agent, _config(home, mine, mine_id))
+    finally:
+        agent.stop()
+
+
+def test_an_ed25519_key_cannot_be_the_tsa_key(tmp_path: Path, home: Path) -> None:
+    directory, key_id = _key(tmp_path / "keys", "ed25519")
+    with pytest.raises(tsa.TsaError, match="cannot be a TSA key"):
+        check_key(_config(home, directory, key_id))
+    assert not (directory / tsa.TSA_CHAIN_FILE).exists()
+    check_key(_config(home, directory, key_id, subject=None))  # as a plain key it signs

@@ -1,0 +1,336 @@
+"""RFC 3161 time-stamping with an OpenPGP key held by gpg-agent: the TSA certificate, tokens.
+
+The TSA key is one more served key (``openpgp:nistp256`` by default, see
+`workers.keys.keyset`); its directory of the key store also holds its certificate chain,
+``tsa-chain.pem`` (`TSA_CHAIN_FILE`): the PEM certificates, the TSA's own first. Every DER
+structure is built by the pure `workers.formats.tsp`; this module adds the one private-key
+operation, made through the agent exactly like an OpenPGP signature (``SIGKEY``/``SETHASH``/
+``PKSIGN``: gpg-agent does the PKCS#1 v1.5 encoding of an RSA signature with the hash's OID,
+which is sha256WithRSAEncryption), and the chain file.
+
+* `TsaKey` is the key as the TSA uses it: its ``SubjectPublicKeyInfo`` (from the agent's
+  ``READKEY``) and a signing function; `open_key` starts an agent for one (the CLI's
+  ``stampd tsa`` commands).
+* `ensure_certificate` makes a self-signed TSA certificate when the key has no chain yet
+  (the supervisor's start-up check, `workers.worker.check_key`), and refuses a chain made
+  for another key.
+* `build_token` turns a `TimestampJob` into a token; `csr` makes a PKCS#10 request for an
+  outside CA, and `check_import`/`write_chain` take that CA's answer in.
+
+Errors are `TsaError` (a `ValueError`, so that a worker refuses a job it cannot stamp), with a
+one-line ``message`` that names the file concerned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from asn1crypto import keys as asn1_keys
+from asn1crypto import pem as asn1_pem
+from asn1crypto import x509
+
+from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
+from workers.formats import openpgp, sexp, tsp
+from workers.formats.jobs import TimestampJob
+from workers.keys.store import KeyStore
+
+__all__ = [
+    "TSA_CHAIN_FILE",
+    "TSA_KEY_TYPES",
+    "TsaError",
+    "TsaKey",
+    "build_token",
+    "check_chain",
+    "check_import",
+    "csr",
+    "ensure_certificate",
+    "open_key",
+    "read_chain",
+    "signature_algorithm_for",
+    "write_chain",
+]
+
+TSA_CHAIN_FILE = "tsa-chain.pem"
+"""The TSA's certificates in its key's directory, PEM, the TSA certificate first."""
+
+TSA_KEY_TYPES = "ECDSA on NIST P-256 or P-384, or RSA of at least 2048 bits"
+"""The key types a TSA key may have (what RFC 3161 clients verify), for error messages."""
+
+ORGANIZATION = "stampd"
+"""The O of a TSA certificate's subject (and of a certificate request)."""
+
+SignFn = Callable[[int, bytes], Sequence[int]]
+"""Sign a digest made with an OpenPGP hash algorithm: the agent's signature values."""
+
+_HASH_IDS = {name: algo for algo, name in openpgp.HASH_NAMES.items()}
+_EC_ALGORITHMS = {"nistp256": "sha256_ecdsa", "nistp384": "sha384_ecdsa"}
+_MIN_RSA_BITS = 2048
+
+
+class TsaError(ValueError):
+    """A key that cannot be a TSA key, or a certificate chain that does not fit the key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = " ".join(message.split())
+
+
+def signature_algorithm_for(key: openpgp.KeyInfo) -> str:
+    """The signature algorithm (as `workers.formats.tsp` names it) of a TSA key: ECDSA P-256
+    ``sha256_ecdsa``, P-384 ``sha384_ecdsa``, RSA of 2048 bits or more ``sha256_rsa``;
+    `TsaError` for any other key (ed25519, other curves, DSA, short RSA)."""
+    curve = (key.curve or "").lower()
+    if key.pubkey_algo == openpgp.PK_ECDSA and curve in _EC_ALGORITHMS:
+        return _EC_ALGORITHMS[curve]
+    if key.pubkey_algo == openpgp.PK_RSA and key.bits >= _MIN_RSA_BITS:
+        return "sha256_rsa"
+    if key.pubkey_algo == openpgp.PK_RSA:
+        kind = f"RSA of {key.bits} bits"
+    else:
+        kind = f"a {key.curve or 'DSA'} key"
+    raise TsaError(f"key {key.fingerprint} cannot be a TSA key: it is {kind}; a TSA key is "
+                   f"{TSA_KEY_TYPES} (openpgp:nistp256, openpgp:nistp384, openpgp:rsa3072, "
+                   "openpgp:rsa4096)")
+
+
+@dataclass(frozen=True)
+class TsaKey:
+    """An OpenPGP key as the TSA signs with it: ``public_key_info`` is its DER
+    ``SubjectPublicKeyInfo``, ``sign`` the agent's signing function (`SignFn`)."""
+
+    key: openpgp.KeyInfo
+    public_key_info: bytes
+    sign: SignFn
+
+    @classmethod
+    def from_agent(cls, key: openpgp.KeyInfo, conn: AssuanConnection) -> TsaKey:
+        """The key ``conn``'s agent holds (its public part read with ``READKEY``)."""
+        signature_algorithm_for(key)
+        try:
+            info = sexp.public_key(conn.read_key(key.keygrip))
+        except sexp.SexpError as exc:
+            raise TsaError(f"the agent's public key of {key.fingerprint} is unusable: {exc}"
+                           ) from None
+        return cls(key, info, lambda algo, digest: conn.sign(key.keygrip, algo, digest))
+
+    @property
+    def algorithm(self) -> str:
+        return signature_algorithm_for(self.key)
+
+    def signature(self, data: bytes) -> bytes:
+        """The signature over ``data`` as X.509 and CMS carry it: a DER ``ECDSA-Sig-Value``, or
+        the RSA ``s`` as big-endian bytes of the modulus' length."""
+        hash_name = tsp.signature_hash(self.algorithm)
+        digest = hashlib.new(hash_name, data).digest()
+        values = list(self.sign(_HASH_IDS[hash_name], digest))
+        if self.key.pubkey_algo == openpgp.PK_ECDSA:
+            if len(values) != 2:
+                raise AgentError(f"an ECDSA signature has 2 values, the agent gave {len(values)}")
+            return tsp.ecdsa_signature(values[0], values[1])
+        if len(values) != 1:
+            raise AgentError(f"an RSA signature has 1 value, the agent gave {len(values)}")
+        size = (self.key.bits + 7) // 8
+        if values[0].bit_length() > 8 * size:
+            raise AgentError("the agent's RSA signature is longer than the modulus")
+        return values[0].to_bytes(size, "big")
+
+
+@contextlib.contextmanager
+def open_key(key_dir: Path, home: Path, passphrase: str | None = None) -> Iterator[TsaKey]:
+    """The TSA key of the key store ``key_dir``, held by a gpg-agent started in ``home`` (a
+    private, short-pathed directory) for as long as the block runs. For the CLI (``stampd tsa
+    csr``, ``import-cert``); the workers use the agent they already run."""
+    agent = GpgAgent(home, passphrase=passphrase)
+    agent.start()
+    try:
+        key = agent.import_secret_key(KeyStore(key_dir).secret_key_file)
+        with agent.connect() as conn:
+            yield TsaKey.from_agent(key, conn)
+    finally:
+        agent.stop()
+
+
+# -- the chain file ----------------------------------------------------------------------------
+
+
+def read_chain(key_dir: Path) -> list[bytes] | None:
+    """The certificates (DER) of ``key_dir``'s chain file; None when there is none."""
+    path = key_dir / TSA_CHAIN_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TsaError(f"cannot read the TSA certificate chain {path}: {exc}") from None
+    try:
+        return _parse_chain(data)
+    except TsaError as exc:
+        raise TsaError(f"{path}: {exc.message}") from None
+
+
+def write_chain(key_dir: Path, chain: Sequence[bytes]) -> Path:
+    """Replace ``key_dir``'s chain file with ``chain`` (PEM, mode 0644, atomically)."""
+    path = key_dir / TSA_CHAIN_FILE
+    tmp = key_dir / f".{TSA_CHAIN_FILE}.{os.getpid()}.tmp"
+    text = "".join(tsp.pem(der, "CERTIFICATE") for der in chain)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise TsaError(f"cannot write the TSA certificate chain {path}: {exc}") from None
+    return path
+
+
+def _parse_chain(data: bytes) -> list[bytes]:
+    if not asn1_pem.detect(data):
+        raise TsaError("not PEM certificates")
+    chain: list[bytes] = []
+    try:
+        for label, _headers, der in asn1_pem.unarmor(data, multiple=True):
+            if label != "CERTIFICATE":
+                raise TsaError(f"it holds a {label}, not only certificates")
+            cert = x509.Certificate.load(der, strict=True)
+            _ = cert.native  # asn1crypto parses lazily
+            chain.append(bytes(der))
+    except TsaError:
+        raise
+    except ValueError as exc:
+        raise TsaError(f"a certificate cannot be read: {exc}") from None
+    if not chain:
+        raise TsaError("it holds no certificate")
+    return chain
+
+
+def check_chain(key_dir: Path, chain: Sequence[bytes], key: TsaKey) -> None:
+    """`TsaError` naming ``key_dir``'s chain file unless ``chain`` (read from it) starts with a
+    certificate of ``key``."""
+    if not _same_key(chain[0], key.public_key_info):
+        raise TsaError(
+            f"the TSA certificate chain {key_dir / TSA_CHAIN_FILE} is for another key than "
+            f"{key.key.fingerprint} (its first certificate holds another public key); remove "
+            "it to have a self-signed certificate made, or import one for this key (stampd tsa "
+            "import-cert)")
+
+
+def _same_key(cert_der: bytes, public_key_info: bytes) -> bool:
+    cert_key = x509.Certificate.load(cert_der)["tbs_certificate"]["subject_public_key_info"]
+    return bool(cert_key.native == asn1_keys.PublicKeyInfo.load(public_key_info).native)
+
+
+# -- certificates ------------------------------------------------------------------------------
+
+
+def _subject(common_name: str) -> dict[str, str]:
+    if not common_name.strip():
+        raise TsaError("the TSA's name (its certificate's common name) is empty")
+    return {"common_name": common_name, "organization_name": ORGANIZATION}
+
+
+def ensure_certificate(key_dir: Path, key: TsaKey, subject: str, days: int,
+                       clock: Callable[[], float] = time.time) -> bool:
+    """Make ``key_dir``'s chain file a self-signed TSA certificate of ``key`` if there is none
+    (True), or check that the chain there is ``key``'s (False).
+
+    The certificate: v3, a random positive 71-bit serial, CN ``subject`` and O ``stampd``
+    (subject and issuer), valid from an hour before now for ``days`` days, basicConstraints cA
+    false, keyUsage digitalSignature and nonRepudiation (critical), extendedKeyUsage
+    timeStamping (critical), subject and authority key identifiers. `TsaError` when the chain
+    there cannot be read or is for another key."""
+    chain = read_chain(key_dir)
+    if chain is not None:
+        check_chain(key_dir, chain, key)
+        return False
+    if days < 1:
+        raise TsaError("a TSA certificate is valid for at least one day")
+    now = datetime.fromtimestamp(int(clock()), UTC)
+    algorithm = key.algorithm
+    tbs = tsp.tbs_certificate(
+        key.public_key_info,
+        _subject(subject),
+        serial=secrets.randbits(70) | 1 << 70,
+        not_before=now - timedelta(hours=1),
+        not_after=now + timedelta(days=days),
+        signature_algorithm=algorithm,
+    )
+    write_chain(key_dir, [tsp.certificate(tbs, algorithm, key.signature(tbs))])
+    return True
+
+
+def csr(key: TsaKey, subject: str) -> bytes:
+    """A PKCS#10 certificate request (DER) for ``key`` as a TSA, CN ``subject``, O ``stampd``,
+    signed through the agent; it asks for the extensions of `ensure_certificate`."""
+    info = tsp.certification_request_info(key.public_key_info, _subject(subject))
+    return tsp.certification_request(info, key.algorithm, key.signature(info))
+
+
+def check_import(public_key_info: bytes, chain_pem: bytes,
+                 clock: Callable[[], float] = time.time) -> list[bytes]:
+    """The certificates (DER) of ``chain_pem`` if it is a TSA chain for the key whose DER
+    ``SubjectPublicKeyInfo`` is ``public_key_info``: the first certificate holds that key, is
+    valid now and has extendedKeyUsage timeStamping alone and critical (RFC 3161 §2.3); each
+    further certificate names the issuer of the one before. Signatures are not verified (an
+    RFC 3161 client does that against its trust anchors). `TsaError` saying what is wrong."""
+    chain = _parse_chain(chain_pem)
+    first = x509.Certificate.load(chain[0])
+    if not _same_key(chain[0], public_key_info):
+        raise TsaError("the first certificate is not for this key (it holds another public key)")
+    extension = next((e for e in first["tbs_certificate"]["extensions"]
+                      if e["extn_id"].native == "extended_key_usage"), None)
+    if extension is None or extension["extn_value"].native != ["time_stamping"]:
+        raise TsaError("the first certificate is not a TSA certificate: its extended key usage "
+                       "must be timeStamping alone")
+    if not extension["critical"].native:
+        raise TsaError("the first certificate's extended key usage timeStamping is not critical")
+    now = datetime.fromtimestamp(int(clock()), UTC)
+    validity = first["tbs_certificate"]["validity"]
+    if not validity["not_before"].native <= now < validity["not_after"].native:
+        raise TsaError("the first certificate is not valid now")
+    for index in range(1, len(chain)):
+        issued = x509.Certificate.load(chain[index - 1])
+        issuer = x509.Certificate.load(chain[index])
+        if issued.issuer != issuer.subject:
+            raise TsaError(f"certificate {index + 1} of the chain is not the issuer of "
+                           f"certificate {index}")
+    return chain
+
+
+# -- tokens ------------------------------------------------------------------------------------
+
+
+def build_token(job: TimestampJob, key: TsaKey, chain: Sequence[bytes]) -> bytes:
+    """The time-stamp token (a DER CMS ``ContentInfo``) of ``job``, signed by ``key`` whose
+    certificate is ``chain[0]``: the TSTInfo names the TSA by that certificate's subject, the
+    certificates are embedded when the client asked (``cert_req``)."""
+    if not chain:
+        raise TsaError("this key has no TSA certificate")
+    algorithm = key.algorithm
+    fields = tsp.TokenFields(
+        policy=job.policy,
+        hash_algorithm=job.hash_algorithm,
+        digest=bytes.fromhex(job.digest),
+        serial=job.serial,
+        gen_time=datetime.fromtimestamp(job.time, UTC),
+        accuracy_seconds=job.accuracy,
+        nonce=job.nonce_value,
+        tsa_name=x509.Certificate.load(chain[0]).subject,
+    )
+    info = tsp.tst_info(fields)
+    attributes = tsp.signed_attributes(info, chain[0],
+                                       digest_algorithm=tsp.signature_hash(algorithm))
+    return tsp.signed_data(info, attributes, key.signature(attributes), algorithm, chain,
+                           include_certificates=job.cert_req)
