@@ -19,8 +19,9 @@ failure names the commit it concerns and the rule it breaks (``[<check>/<rule>] 
 1. **main**: linear; every commit carries exactly one OpenPGP ``gpgsig`` that `git verify-commit`
    accepts with the key of the commit's own ``pubkey.asc`` (one key, nothing else in the
    keyring); the signature time equals the committer time; the key is the root commit's key.
-2. **files**: ``hashes.log`` holds 40-hex object ids, ``digests.log`` ``sha256|sha512 <hex>``
-   lines; both sorted and unique, one entry per newline-terminated line.
+2. **files**: ``hashes.log`` holds 40-hex object ids, ``digests.log`` ``<algorithm> <hex>``
+   lines (sha256 or sha512 receipts; sha384, and sha1 where allowed, from RFC 3161); both
+   sorted and unique, one entry per newline-terminated line.
 3. **peers**: every commit of a ``<name>-timestamps`` branch is signed by the peer's pinned key,
    with the signature time equal to its committer time; its last parent is a main commit whose
    tree it carries; its first parent (if it has two) is the previous stamp of the chain.
@@ -70,7 +71,8 @@ PEER_SUFFIX = "-timestamps"
 REMOTE = "origin"
 REMOTES_PREFIX = "refs/remotes/"
 HASH_LINE = re.compile(r"[0-9a-f]{40}")
-DIGEST_LINE = re.compile(r"sha256 [0-9a-f]{64}|sha512 [0-9a-f]{128}")
+DIGEST_LINE = re.compile(
+    r"sha1 [0-9a-f]{40}|sha256 [0-9a-f]{64}|sha384 [0-9a-f]{96}|sha512 [0-9a-f]{128}")
 PEER_NAME = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9._]{0,99}")
 LOG_NUMBER = re.compile(r"stampd log commit (\d+)\n")
 SIG_BEGIN = b"-----BEGIN PGP SIGNATURE-----"
@@ -651,7 +653,8 @@ class _Auditor:
         counts = []
         for path, pattern, what, required in (
             ("hashes.log", HASH_LINE, "a 40-digit lowercase hex object id", True),
-            ("digests.log", DIGEST_LINE, "'sha256|sha512 <lowercase hex digest>'", False),
+            ("digests.log", DIGEST_LINE, "'sha1|sha256|sha384|sha512 <lowercase hex digest>'",
+             False),
         ):
             data = _blob(self.repo, c.tree, path)
             if data is None:

@@ -49,6 +49,9 @@ def pool_config(settings: Settings) -> PoolConfig:
         extra_key_workers=settings.extra_key_workers,
         passphrase=settings.read_passphrase(),
         log_level=level if level in LOG_LEVELS else "INFO",
+        tsa_key=settings.tsa_spec,
+        tsa_subject=settings.tsa_common_name if settings.tsa_spec is not None else None,
+        tsa_days=settings.tsa_cert_days,
     )
 
 
@@ -120,6 +123,51 @@ def _require_migrated(engine: Any) -> None:
     if current != head:
         raise CommandError(f"the database is at schema revision {current or 'none'}, not "
                            f"{head}: run `stampd db upgrade` (or start an API host) first")
+
+
+def _adopt_tsa_chain(settings: Settings) -> None:
+    """With several hosts, a worker host whose TSA key has no certificate chain yet takes the
+    one registered in the database (by the host that made it), so that every host's tokens
+    name the same certificate; the worker supervisor checks it is for this key."""
+    from server import db
+    from server.signing_keys import registered_certificates
+    from workers.tsa import TSA_CHAIN_FILE
+
+    spec = settings.tsa_spec
+    if settings.dispatch != "database" or spec is None:
+        return
+    chain = settings.keys_dir / spec.id / TSA_CHAIN_FILE
+    if chain.exists() or not chain.parent.is_dir():
+        return
+    engine = db.make_engine(settings.db_url)
+    try:
+        registered = registered_certificates(engine, spec.id)
+    finally:
+        engine.dispose()
+    if registered:
+        chain.write_text(registered)
+        chain.chmod(0o644)
+        log.info("took the registered TSA certificate chain of key %s into %s", spec.id, chain)
+
+
+def _register_tsa_chain(settings: Settings, replace: bool = False) -> None:
+    """With several hosts, the TSA certificate chain the worker supervisor made (or found) is
+    registered with the TSA key, so that API hosts without key files serve it."""
+    from server import db
+    from server.signing_keys import register_certificates
+    from workers.tsa import TSA_CHAIN_FILE
+
+    spec = settings.tsa_spec
+    if settings.dispatch != "database" or spec is None:
+        return
+    chain = settings.keys_dir / spec.id / TSA_CHAIN_FILE
+    if not chain.exists():  # (the supervisor's key check makes it; the server says it lacks)
+        return
+    engine = db.make_engine(settings.db_url)
+    try:
+        register_certificates(engine, spec.id, chain.read_text(), replace=replace)
+    finally:
+        engine.dispose()
 
 
 def _register_keys(settings: Settings, engine: Any, replace: bool = False) -> int:
@@ -254,7 +302,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     keys = _prepare(settings, signs_here=not args.no_workers)
     pool = None if args.no_workers else PoolProcess(settings)
     if pool is not None:
+        _adopt_tsa_chain(settings)
         pool.start()  # after every key made a good test signature
+        try:
+            _register_tsa_chain(settings)
+        except BaseException:
+            pool.stop()
+            raise
     log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
              settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(keys),
              "no workers here (--no-workers)" if args.no_workers else
@@ -331,9 +385,50 @@ def cmd_worker(args: argparse.Namespace) -> int:
             _register_keys(settings, engine)
         finally:
             engine.dispose()
+    _adopt_tsa_chain(settings)
     pool = WorkerPool(pool_config(settings), env=child_env())
     pool.prepare(check_keys=True)  # a key that cannot sign stops the start here, in one line
+    _register_tsa_chain(settings)
     return pool.run()
+
+
+def cmd_tsa(args: argparse.Namespace) -> int:
+    """``stampd tsa csr``: a PKCS #10 request for the TSA key, signed through an agent (PEM on
+    stdout); ``stampd tsa import-cert FILE``: install a chain issued for it, after checking it
+    is for this key and carries the critical time-stamping EKU (docs/tsa.md)."""
+    import tempfile
+
+    from client.errors import CommandError
+    from workers import tsa
+    from workers.formats import tsp
+    from workers.keys.store import KeyStore
+
+    settings = build_settings(args)
+    spec = settings.tsa_spec
+    if spec is None:
+        raise CommandError("RFC 3161 is off (STAMPD_TSA=false)", exit_code=EXIT_USAGE)
+    key_dir = settings.keys_dir / spec.id
+    if not KeyStore(key_dir).secret_key_file.exists():
+        raise CommandError(f"no TSA key in {key_dir}: start `stampd serve` (or `stampd worker`) "
+                           "once on this host to generate it")
+    pem = b""
+    if args.tsa_command == "import-cert":
+        try:
+            pem = args.file.read_bytes()
+        except OSError as e:
+            raise CommandError(f"cannot read {args.file}: {e.strerror}") from None
+    _require_programs(settings)
+    with tempfile.TemporaryDirectory(prefix="stampd-tsa-") as home, \
+            tsa.open_key(key_dir, Path(home), settings.read_passphrase()) as key:
+        if args.tsa_command == "csr":
+            print(tsp.pem(tsa.csr(key, settings.tsa_common_name), "CERTIFICATE REQUEST"), end="")
+            return 0
+        chain = tsa.check_import(key.public_key_info, pem)
+    path = tsa.write_chain(key_dir, chain)
+    _register_tsa_chain(settings, replace=True)
+    print(f"installed a chain of {len(chain)} certificate(s) in {path}; restart stampd to "
+          "serve it")
+    return 0
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -508,20 +603,45 @@ def parser() -> argparse.ArgumentParser:
         common(p, inner=True)
     keys.set_defaults(func=cmd_keys)
 
+    tsap = sub.add_parser("tsa", help="the RFC 3161 certificate (docs/tsa.md)")
+    common(tsap)
+    tsasub = tsap.add_subparsers(dest="tsa_command", required=True)
+    csrp = tsasub.add_parser("csr", help="write a certificate request for the TSA key (PEM)")
+    certp = tsasub.add_parser(
+        "import-cert", help="install the certificate chain a CA issued for the TSA key (PEM, "
+        "the TSA certificate first)")
+    certp.add_argument("file", type=Path)
+    for p in (csrp, certp):
+        common(p, inner=True)
+    tsap.set_defaults(func=cmd_tsa)
+
     verify = sub.add_parser(
-        "verify", help="check a digest receipt, or a git tag/commit stamp in a repository",
+        "verify", help="check a digest receipt, an RFC 3161 time-stamp token, or a git "
+        "tag/commit stamp in a repository",
         description="Exit status: 0 valid, 1 invalid (bad signature, wrong key, wrong time, "
-        "digest mismatch) or could not be checked (server key not obtainable, gpg missing), "
-        "2 malformed (not a receipt or stamp of a known format, or an unusable argument).")
-    verify.add_argument("target", help="a receipt file ('-' for stdin), or a git tag/commit")
+        "digest mismatch, a token not from the --chain TSA) or could not be checked (server "
+        "key not obtainable, gpg missing, a token checked without --chain), 2 malformed (not a "
+        "receipt, token or stamp of a known format, or an unusable argument), 3 a valid RFC "
+        "3161 token whose imprint is not in the --log yet.")
+    verify.add_argument("target", help="a receipt file ('-' for stdin), an RFC 3161 response "
+                        "(.tsr) or token, or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
-    what.add_argument("--file", type=Path, help="check that the receipt's digest is this file's")
-    what.add_argument("--digest", help="check that the receipt is for this hex digest")
+    what.add_argument("--file", "--data", dest="file", type=Path,
+                      help="check that the receipt's digest (the token's imprint) is this "
+                      "file's")
+    what.add_argument("--digest", help="check that the receipt or token is for this hex digest")
     verify.add_argument("--key", type=Path,
                         help="public key file of the server (offline); default: fetch it "
                         "from the server URL in the receipt")
     verify.add_argument("--repo", type=Path, default=Path("."),
                         help="git repository holding a tag/commit target (default: .)")
+    verify.add_argument("--chain", type=Path,
+                        help="RFC 3161 token: the certificates to trust (PEM: the TSA's "
+                        "GET /tsa.pem, or its CA's certificate)")
+    verify.add_argument("--log",
+                        help="RFC 3161 token: a clone of the server's log (path or http(s) "
+                        "URL, as for `stampd audit`): name the log commit publishing the "
+                        "imprint")
     verify.set_defaults(func=_cmd("client.verify", "cmd_verify"))
 
     audit = sub.add_parser(
@@ -591,6 +711,7 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
     from workers.agents.ssh import SshAgentError
     from workers.keys.store import KeyStoreError
     from workers.pool import RuntimeDirError
+    from workers.tsa import TsaError
 
     if isinstance(exc, ValidationError):
         problems = "; ".join(
@@ -599,6 +720,8 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_USAGE, _one_line(f"invalid setting: {problems}")
     if isinstance(exc, CommandError):
         return exc.exit_code, _one_line(str(exc))
+    if isinstance(exc, TsaError):
+        return EXIT_FAILED, _one_line(exc.message)
     if isinstance(exc, StampError | KeyStoreError | ProgramError):
         return EXIT_FAILED, _one_line(exc.message)
     if isinstance(exc, AgentError | SshAgentError | RuntimeDirError):

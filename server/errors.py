@@ -68,6 +68,11 @@ class JournalError(Unavailable):
     """The journal could not record the request durably."""
 
 
+class ClockUnsynchronised(Unavailable):
+    """The kernel reports the clock unsynchronised, and the settings say that RFC 3161 tokens
+    are not issued then."""
+
+
 class PeerError(StampError):
     """A peer could not be reached, or its answer failed a check."""
 

@@ -17,7 +17,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers.keys.keyset import KeySpec, parse_extra_keys
 
+# Key types a TSA key may have: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA).
+TSA_KEY_ALGOS = ("nistp256", "nistp384", "rsa3072", "rsa4096")
 DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
+# The default policy of RFC 3161 tokens: an OID under 2.25 (ITU-T X.667, a UUID as an
+# integer), minted for stampd's policy as docs/tsa.md describes it.
+TSA_POLICY = "2.25.178387009458913539541377305212843591845"
 PEER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
 
 
@@ -70,6 +75,29 @@ class Settings(BaseSettings):
     extra_key_workers: int = Field(default=1, ge=1, description="workers for each extra key")
     passphrase_file: Path | None = Field(default=None, description="file with the key's passphrase")
     passphrase: str | None = Field(default=None, repr=False, description="the key's passphrase")
+
+    # RFC 3161 time-stamping (docs/tsa.md).
+    tsa: bool = Field(default=True, description="answer RFC 3161 requests on POST / and /tsr")
+    tsa_key: str = Field(
+        default="openpgp:nistp256",
+        description="the key that signs RFC 3161 tokens: openpgp:nistp256|nistp384|rsa3072|rsa4096",
+    )
+    tsa_policy: str = Field(default=TSA_POLICY, description="policy OID of every token")
+    tsa_accuracy: int = Field(
+        default=1, ge=0, description="accuracy in tokens, seconds (0: not stated)"
+    )
+    tsa_allow_sha1: bool = Field(default=False, description="accept SHA-1 message imprints")
+    tsa_subject: str | None = Field(
+        default=None, description="common name of the generated TSA certificate; "
+        "default 'stampd TSA at <public URL>'"
+    )
+    tsa_cert_days: int = Field(
+        default=3650, gt=0, description="validity of the generated TSA certificate, days"
+    )
+    tsa_require_clock_sync: bool = Field(
+        default=False,
+        description="refuse RFC 3161 requests while the kernel reports the clock unsynchronised",
+    )
 
     # Public log.
     commit_interval: float = Field(default=3600.0, gt=0, description="seconds between log commits")
@@ -131,11 +159,28 @@ class Settings(BaseSettings):
     # The list settings, parsed once (from the strings above) when the settings are built.
     _extra_key_specs: list[KeySpec] = PrivateAttr(default_factory=list)
     _peer_list: list[PeerConfig] = PrivateAttr(default_factory=list)
+    _tsa_spec: KeySpec | None = PrivateAttr(default=None)
+
+    @field_validator("tsa_policy")
+    @classmethod
+    def _policy_is_an_oid(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-2](\.(0|[1-9][0-9]*))+", v):
+            raise ValueError("tsa_policy must be a dotted object identifier such as 1.2.3.4")
+        return v
 
     @model_validator(mode="after")
     def _parse_lists(self) -> Settings:
         self._extra_key_specs = parse_extra_keys(self.extra_keys)
         self._peer_list = parse_peers(self.peers)
+        if self.tsa:
+            specs = parse_extra_keys(self.tsa_key)
+            spec = specs[0] if len(specs) == 1 else None
+            if spec is None or spec.format != "openpgp" or spec.algo not in TSA_KEY_ALGOS:
+                raise ValueError("tsa_key must be one of "
+                                 + ", ".join(f"openpgp:{a}" for a in TSA_KEY_ALGOS))
+            self._tsa_spec = spec
+            if spec not in self._extra_key_specs:  # the TSA key is one more served key
+                self._extra_key_specs.append(spec)
         return self
 
     @model_validator(mode="after")
@@ -151,6 +196,15 @@ class Settings(BaseSettings):
     @property
     def extra_key_specs(self) -> list[KeySpec]:
         return list(self._extra_key_specs)
+
+    @property
+    def tsa_spec(self) -> KeySpec | None:
+        """The key that signs RFC 3161 tokens; None when RFC 3161 is off."""
+        return self._tsa_spec
+
+    @property
+    def tsa_common_name(self) -> str:
+        return self.tsa_subject or f"stampd TSA at {self.public_url}"
 
     @property
     def worker_count(self) -> int:

@@ -16,10 +16,12 @@ import socket
 import time
 from pathlib import Path
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Connection, Engine, delete, select
+from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
 from workers.keys.keyset import (
@@ -159,3 +161,33 @@ def serving_keys(keys_dir: Path, specs: list[KeySpec], dispatch: str,
             raise KeyRegistryError(f"STAMPD_EXTRA_KEYS names {spec.format}:{spec.algo}, but no "
                                    "host that signs has registered that key in the database")
     return theirs
+
+
+def register_certificates(engine: Engine, key_id: str, chain_pem: str, *,
+                          replace: bool = False) -> None:
+    """Record the certificate chain of the registered key ``key_id`` (the TSA key) as this
+    host has it. Another chain already registered is a `KeyRegistryError` unless ``replace``
+    (`stampd tsa import-cert` makes the imported chain everyone's); so is a key that is not
+    registered."""
+    def update_row(conn: Connection) -> None:
+        row = conn.execute(select(SigningKey.certificates).where(SigningKey.id == key_id)
+                           .with_for_update()).first()
+        if row is None:
+            raise KeyRegistryError(f"key {key_id} is not registered: its certificate chain "
+                                   "cannot be")
+        if row[0] and row[0] != chain_pem and not replace:
+            raise KeyRegistryError(
+                f"the TSA certificate chain of key {key_id} on this host differs from the one "
+                "another host registered: remove this host's tsa-chain.pem to take the "
+                "registered one, or run `stampd tsa import-cert FILE` to make FILE everyone's")
+        conn.execute(sa_update(SigningKey).where(SigningKey.id == key_id)
+                     .values(certificates=chain_pem))
+
+    db.run_transaction(engine, update_row, what="register a certificate chain")
+
+
+def registered_certificates(engine: Engine, key_id: str) -> str | None:
+    """The certificate chain registered for key ``key_id``, if any."""
+    with engine.connect() as conn:
+        return conn.execute(select(SigningKey.certificates)
+                            .where(SigningKey.id == key_id)).scalar_one_or_none()

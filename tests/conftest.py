@@ -33,6 +33,10 @@ from tests.helpers import (
 
 LONGEST_FIRST = ("system", "integration", "unit")
 
+# RFC 3161 (on by default) adds a key, a worker and an agent to every server and worker host:
+# the processes tests start run without it unless a test turns it on (tests/system/test_tsa*).
+os.environ.setdefault("STAMPD_TSA", "false")
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

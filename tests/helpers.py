@@ -210,6 +210,9 @@ def start_server(
         "STAMPD_RUNTIME_DIR": str(runtime),
         "STAMPD_LOG_LEVEL": "INFO",
         "PYTHONUNBUFFERED": "1",
+        # RFC 3161 (on by default) adds a key, a worker and an agent to a server: the servers
+        # of tests and benchmarks run without it unless they turn it on (tests/system/test_tsa).
+        "STAMPD_TSA": os.environ.get("STAMPD_TSA", "false"),
     })
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),

@@ -25,6 +25,7 @@ from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.services import Services
+from server.api.tsa import add_tsa_routes
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
@@ -36,13 +37,17 @@ from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
+from server.stamping.tsa import Tsa, TsaSource
 from server.stats import Stats
 from workers.keys.keyset import ServedKey, allowed_signers
 
 
-def log_key_files(keys: list[ServedKey]) -> dict[str, str]:
-    """Every public key besides pubkey.asc, for the log: keys/<id>.asc|.pub, allowed_signers."""
+def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, str]:
+    """Every public key besides pubkey.asc, for the log: keys/<id>.asc|.pub, allowed_signers;
+    and the RFC 3161 certificate chain, tsa/chain.pem."""
     files = {f"keys/{k.log_name}": k.public for k in keys[1:]}
+    if tsa is not None:
+        files["tsa/chain.pem"] = tsa.chain_pem
     signers = allowed_signers(keys)
     if signers:
         files["allowed_signers"] = signers
@@ -96,10 +101,16 @@ def create_app(
             cross.head_committed(head)
             loop.call_soon_threadsafe(cross.wake)
 
+        tsa_source = None if settings.tsa_spec is None else TsaSource(
+            served, settings.tsa_spec.id, settings.keys_dir, engine,
+            policy=settings.tsa_policy, accuracy=settings.tsa_accuracy,
+            allow_sha1=settings.tsa_allow_sha1,
+            require_clock_sync=settings.tsa_require_clock_sync)
+        tsa = None if tsa_source is None else tsa_source.get()
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
                                  served[0].public, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
-                                 key_files=log_key_files(served), leader=leader,
+                                 key_files=log_key_files(served, tsa), leader=leader,
                                  request_timeout=settings.request_timeout)
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
@@ -108,7 +119,7 @@ def create_app(
         committer.start()
         cross.start()
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
-                             stats, served, clock))
+                             stats, served, clock, tsa_source))
         app.state.services = cell[0]
         try:
             yield
@@ -132,4 +143,5 @@ def create_app(
     add_health_routes(app, services)
     add_metrics_route(app, services)
     add_docs_routes(app, services)
+    add_tsa_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -2,7 +2,9 @@
 
 The Zeitgitter protocol answers a short plain-text reason, and any bad request is a 406 (as
 the protocol's clients expect); the ``/v1`` API answers RFC 9457 ``application/problem+json``,
-and a bad request is a 400. Both add ``Retry-After`` to a 503.
+and a bad request is a 400; RFC 3161 answers the ``/v1`` status with a ``TimeStampResp`` whose
+status is ``rejection`` (``systemFailure`` for a 503, else ``badDataFormat``). All add
+``Retry-After`` to a 503.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from server.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
+from workers.formats import tsp
 
 Dialect = Literal["zeitgitter", "v1"]
 # Every answer says: no browser may guess another type than the one sent (an error body that
 # echoes a submitted value stays text).
 NOSNIFF = (b"x-content-type-options", b"nosniff")
 PROBLEM = "application/problem+json"
+TIMESTAMP_REPLY = b"application/timestamp-reply"
 
 _STATUS: dict[type[StampError], tuple[int, str]] = {
     BadRequest: (406, "Not Acceptable"),
@@ -83,3 +87,30 @@ def problem(exc: StampError) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": reason(exc)}
     return JSONResponse(body, status_code=status, media_type=PROBLEM,
                         headers=_retry_after(exc) or None)
+
+
+def _failure_of(exc: StampError) -> str:
+    """The PKIFailureInfo that tells a TSA client what an HTTP-level error means."""
+    if isinstance(exc, Unavailable):
+        return "systemFailure"
+    return "badDataFormat"
+
+
+async def send_tsa_reply(send: Send, status: int, body: bytes,
+                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """An RFC 3161 answer: a DER ``TimeStampResp``."""
+    headers = [(b"content-type", TIMESTAMP_REPLY), (b"content-length", str(len(body)).encode()),
+               NOSNIFF, *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_tsa_error(send: Send, exc: StampError) -> int:
+    """An HTTP error for an RFC 3161 client: the status, and a rejection ``TimeStampResp``
+    whose statusString says why. Returns the status sent."""
+    status, _ = status_of(exc, "v1")
+    extra = [(b"retry-after", str(exc.retry_after).encode())] \
+        if isinstance(exc, Unavailable) else []
+    text = reason(exc).encode("ascii", "backslashreplace").decode("ascii")
+    await send_tsa_reply(send, status, tsp.rejection(_failure_of(exc), text), extra)
+    return status

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import Engine
 
 from server.api.services import Services
+from server.stamping.tsa import clock_synchronised
 
 
 def _ping(engine: Engine) -> None:
@@ -21,8 +22,9 @@ def _ping(engine: Engine) -> None:
 
 async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
     """(ready, the JSON body of /readyz). Ready means: the database answers, every served key
-    (the primary one too) has a live worker holding it, so each can sign now, the log is not
-    overdue, and no peer is stale."""
+    (the primary one too) has a live worker holding it, so each can sign now, RFC 3161 (where
+    on) has its certificate chain, the clock is synchronised (where RFC 3161 requires it), the
+    log is not overdue, and no peer is stale."""
     workers = sorted(s.dispatcher.workers)
     checks: dict[str, dict[str, Any]] = {}
     try:
@@ -37,6 +39,17 @@ async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
         checks[f"key:{k.id}"] = {"ok": k.id in served,
                                  "detail": "worker connected" if k.id in served
                                  else f"no live worker holds key {k.id} ({k.fingerprint})"}
+    if s.settings.tsa:
+        checks["tsa"] = {"ok": s.tsa is not None,
+                         "detail": "RFC 3161 served" if s.tsa is not None else
+                         f"key {s.settings.tsa_key} has no TSA certificate chain"}
+    # The clock: shown always; it fails readiness only where RFC 3161 requests are refused
+    # while it is unsynchronised (STAMPD_TSA_REQUIRE_CLOCK_SYNC).
+    synced = clock_synchronised()
+    checks["clock"] = {
+        "ok": synced is not False or not (s.tsa is not None and s.tsa.require_clock_sync),
+        "detail": {True: "synchronised", False: "not synchronised",
+                   None: "unknown"}[synced] + " (kernel, adjtimex)"}
     overdue = s.committer.overdue()
     checks["log"] = {"ok": not overdue,
                      "detail": s.committer.last_error or ("overdue" if overdue else "ok")}

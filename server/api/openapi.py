@@ -43,6 +43,8 @@ WS = r"[ \t\r\n]*"  # a digest may be surrounded by these; they are removed
 PROBLEM = "application/problem+json"
 TEXT = "text/plain"
 URLENCODED = "application/x-www-form-urlencoded"
+TSQ = "application/timestamp-query"
+TSR = "application/timestamp-reply"
 # Examples: the digests of "hello\n" (stamped by the examples of POST /v1/stamps, fetched by
 # those of the GET operations).
 EXAMPLE_DIGEST = {alg: hashlib.new(alg, b"hello\n").hexdigest() for alg in ALGORITHMS}
@@ -323,6 +325,24 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
             **_errors(TEXT, [406, 408, 411, 413, 415, 503]),
         },
     }
+    binary: Json = {"schema": {"type": "string", "format": "binary"}}
+    tsa_post = {
+        "tags": ["rfc3161"],
+        "operationId": "timestamp",
+        "summary": "An RFC 3161 time-stamp token for a TimeStampReq",
+        "description": (
+            "RFC 3161 over HTTP (docs/tsa.md); `POST /` with this Content-Type is the same. "
+            "A request the TSA refuses is answered 200 with a TimeStampResp of status "
+            "`rejection` and nothing is recorded; HTTP errors carry a TimeStampResp too."),
+        "requestBody": {"required": True, "content": {TSQ: binary}},
+        "responses": {
+            "200": {"description": "a TimeStampResp: granted with the token, or rejection",
+                    "content": {TSR: binary}},
+            **_errors(TSR, [404, 408, 411, 413, 415, 503],
+                      s404="RFC 3161 is off on this server (STAMPD_TSA=false)",
+                      s415="a Content-Type other than application/timestamp-query"),
+        },
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -340,6 +360,7 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
             {"name": "digests", "description": "digest receipts (docs/receipts.md); errors "
                                                "are application/problem+json"},
             {"name": "keys", "description": "the signing keys"},
+            {"name": "rfc3161", "description": "RFC 3161 time-stamping (docs/tsa.md)"},
             {"name": "operations", "description": "health and metrics"},
         ],
         "paths": {
@@ -408,6 +429,18 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                                "`ssh-keygen -Y verify -f`.",
                 "responses": {"200": _text("one line per SSH key"),
                               **_errors(PROBLEM, [404], s404="this server has no SSH key")},
+            }},
+            "/tsr": {"post": tsa_post},
+            "/tsa.pem": {"get": {
+                "tags": ["rfc3161"], "operationId": "getTsaChain",
+                "summary": "The TSA certificate chain (PEM, the TSA certificate first)",
+                "responses": {
+                    "200": {"description": "the chain",
+                            "content": {"application/pem-certificate-chain":
+                                        {"schema": {"type": "string"}}}},
+                    "404": {"description": "RFC 3161 is off on this server",
+                            "content": {TEXT: {"schema": {"type": "string"}}}},
+                },
             }},
             "/healthz": {"get": {
                 "tags": ["operations"], "operationId": "getLiveness",

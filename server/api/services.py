@@ -13,6 +13,7 @@ from server.log.peers import CrossStamper
 from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
+from server.stamping.tsa import Tsa, TsaSource
 from server.stats import Stats
 from workers.keys.keyset import ServedKey
 
@@ -29,6 +30,12 @@ class Services:
     stats: Stats
     keys: list[ServedKey]  # every signing key, the primary first
     clock: Callable[[], float]
+    tsa_source: TsaSource | None = None  # RFC 3161; None when off
+
+    @property
+    def tsa(self) -> Tsa | None:
+        """The RFC 3161 authority; None when off or while its key has no certificate chain."""
+        return None if self.tsa_source is None else self.tsa_source.get()
 
     @property
     def key(self) -> ServedKey:

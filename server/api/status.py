@@ -9,6 +9,8 @@ import html
 import time
 from dataclasses import dataclass
 
+from asn1crypto import pem as asn1_pem
+from asn1crypto import x509
 from sqlalchemy import func, select
 
 from server.api.services import Services
@@ -127,6 +129,33 @@ def extra_keys(s: Services) -> str:
             f'<th>algorithm</th></tr>{rows}</table>')
 
 
+def tsa_section(s: Services) -> str:
+    """RFC 3161: the certificate and a recipe to copy (empty when RFC 3161 is off)."""
+    tsa = s.tsa
+    if tsa is None:
+        return ""
+    e = html.escape
+    url = s.settings.public_url
+    _, _, der = asn1_pem.unarmor(tsa.chain_pem.encode())
+    cert = x509.Certificate.load(der)
+    validity = cert["tbs_certificate"]["validity"]
+    return f"""<h2>RFC 3161 time-stamping</h2>
+<table id="tsa"><tr><th>certificate</th><td>{e(cert.subject.human_friendly)}</td></tr>
+<tr><th>issuer</th><td>{e(cert.issuer.human_friendly)}</td></tr>
+<tr><th>valid</th><td>{validity["not_before"].native:%Y-%m-%d} to
+{validity["not_after"].native:%Y-%m-%d}</td></tr>
+<tr><th>SHA-256</th><td><code>{hashlib.sha256(der).hexdigest()}</code></td></tr>
+<tr><th>policy</th><td><code>{e(tsa.policy)}</code></td></tr>
+<tr><th>chain</th><td><a href="/tsa.pem">tsa.pem</a></td></tr></table>
+<p>Any RFC 3161 client takes <code>{e(url)}</code> as its TSA URL. With openssl and curl:</p>
+<pre>openssl ts -query -data FILE -sha256 -cert -out FILE.tsq
+curl -sS -H 'Content-Type: application/timestamp-query' --data-binary @FILE.tsq \\
+     {e(url)} &gt; FILE.tsr
+curl -sS {e(url)}tsa.pem &gt; tsa.pem
+openssl ts -verify -data FILE -in FILE.tsr -CAfile tsa.pem</pre>
+"""
+
+
 def render(s: Services, snap: Snapshot) -> str:
     e = html.escape
     url = s.settings.public_url
@@ -173,7 +202,7 @@ gpg --verify FILE.receipt.asc</pre>
 <p>Clone and audit the log:</p>
 <pre>git clone {e(url)}log.git
 stampd audit {e(url)}log.git</pre>
-
+{tsa_section(s)}
 <h2>Throughput, last hour</h2>
 <p><span id="total">{snap.total_hour}</span> stamps in the last hour.</p>
 {chart(snap.per_minute)}

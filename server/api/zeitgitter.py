@@ -23,6 +23,7 @@ from server.api import status
 from server.api.body import read_body
 from server.api.errors import NOSNIFF, reason, send_plain, status_of
 from server.api.services import Services
+from server.api.tsa import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.errors import (
     BadRequest,
     InvalidCommitId,
@@ -168,7 +169,8 @@ def _nosniff(send: Send) -> Send:
 
 
 class ZeitgitterPost:
-    """Raw ASGI handler for ``POST /`` (the hot path), in front of the FastAPI app; every
+    """Raw ASGI handler for ``POST /`` (the hot path; RFC 3161 requests, told apart by their
+    Content-Type, and ``POST /tsr`` go to `server.api.tsa`), in front of the FastAPI app; every
     HTTP response, its own and the app's, gets ``X-Content-Type-Options: nosniff``."""
 
     def __init__(self, app: ASGIApp, services: Callable[[], Services]) -> None:
@@ -179,11 +181,14 @@ class ZeitgitterPost:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["method"] != "POST" or scope["path"] != "/":
+        if scope["method"] != "POST" or scope["path"] not in ("/", TSA_PATH):
             await self.app(scope, receive, _nosniff(send))
             return
         # The hot path sends its own headers, nosniff among them (no wrapper per request).
         s = self.services()
+        if scope["path"] == TSA_PATH or is_timestamp_query(scope):
+            await serve_timestamp(scope, receive, send, s)
+            return
         kind = "invalid"
         try:
             fields = await read_form(scope, receive, s.settings)

@@ -224,7 +224,7 @@ class LogCommitter:
                                 .where(Stamp.log_commit_id == lc_id,
                                        Stamp.state != StampState.FAILED_UNLOGGED))
             for kind, commit, algorithm, digest in rows:
-                if kind == "digest":
+                if kind in ("digest", "tsa"):  # RFC 3161 imprints are logged as digests
                     digests.append(f"{algorithm} {digest}")
                 elif commit is not None:
                     commits.append(commit)

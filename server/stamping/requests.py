@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from server.errors import BadRequest
-from workers.formats.jobs import CommitJob, ReceiptJob, TagJob
+from workers.formats.jobs import CommitJob, ReceiptJob, TagJob, TimestampJob
 from workers.keys.keyset import ServedKey
 
 
@@ -67,8 +67,29 @@ class DigestRequest:
         return ReceiptJob(statement, t)
 
 
+@dataclass(frozen=True)
+class TimestampRequest:
+    """An RFC 3161 ``TimeStampReq``, checked (`workers.formats.tsp.parse_request`): a token for
+    a message imprint. Its imprint is journalled and logged like a digest stamp's."""
+
+    kind: ClassVar[str] = "tsa"
+    algorithm: str
+    digest: str  # lowercase hex
+    nonce: int | None
+    cert_req: bool
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "digest": self.digest}
+
+    def job(self, t: int, serial: int, policy: str, accuracy: int | None) -> TimestampJob:
+        return TimestampJob(hash_algorithm=self.algorithm, digest=self.digest, serial=serial,
+                            time=t, policy=policy, accuracy=accuracy,
+                            nonce=None if self.nonce is None else str(self.nonce),
+                            cert_req=self.cert_req)
+
+
 GitRequest = TagRequest | BranchRequest
-Request = TagRequest | BranchRequest | DigestRequest
+Request = TagRequest | BranchRequest | DigestRequest | TimestampRequest
 
 
 def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None) -> ServedKey:

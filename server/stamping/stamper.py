@@ -7,13 +7,14 @@ holding the chosen key sign it, then record the outcome.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections.abc import Callable, Sequence
 
 from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, StampError, Unavailable
 from server.stamping.journal import Journal
-from server.stamping.requests import DigestRequest, GitRequest
+from server.stamping.requests import DigestRequest, GitRequest, TimestampRequest
 from workers.formats.gitobjects import git_object_id
 from workers.formats.jobs import Job
 from workers.formats.receipts import Statement
@@ -36,7 +37,7 @@ class Stamper:
         self.request_timeout = request_timeout
         self.clock = clock
 
-    async def _record(self, req: GitRequest | DigestRequest, key: ServedKey
+    async def _record(self, req: GitRequest | DigestRequest | TimestampRequest, key: ServedKey
                       ) -> tuple[int, int]:
         t = int(self.clock())
         return await self.journal.record(req, t, None if key.primary else key.id), t
@@ -97,3 +98,12 @@ class Stamper:
         except TimeoutError:
             raise JournalError("the receipt could not be stored; retry later") from None
         return statement, signed.text
+
+    async def timestamp(self, req: TimestampRequest, key: ServedKey, policy: str,
+                        accuracy: int | None) -> bytes:
+        """An RFC 3161 token (CMS ContentInfo, DER) for ``req``, signed by the TSA ``key``:
+        its serial number is the journal row's id and its genTime the journal time."""
+        stamp_id, t = await self._record(req, key)
+        signed = await self._sign(stamp_id, req.job(t, stamp_id, policy, accuracy), key)
+        self.journal.signed(stamp_id, signed.worker, signed.attempts, None)
+        return base64.b64decode(signed.text)

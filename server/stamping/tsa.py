@@ -1,0 +1,121 @@
+"""The RFC 3161 time-stamping authority of a server: the key that signs its tokens, the
+certificate chain published for it, its policy, and the clock check (docs/tsa.md)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from asn1crypto import pem as asn1_pem
+from asn1crypto import x509
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from server.signing_keys import registered_certificates
+from workers.keys.keyset import ServedKey
+from workers.tsa import TSA_CHAIN_FILE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tsa:
+    """What the RFC 3161 front end serves: the key that signs tokens and its chain."""
+
+    key: ServedKey
+    chain_pem: str  # the TSA certificate first
+    policy: str
+    accuracy: int | None
+    allow_sha1: bool
+    require_clock_sync: bool
+
+
+RETRY_EVERY = 5.0  # seconds between looks for a chain that is not there yet
+
+
+class TsaSource:
+    """The server's `Tsa`, once its key has a certificate chain: the chain file in the key's
+    directory (made by this host's worker supervisor when it first checked the key), or, on an
+    API host without key files, the chain a worker host registered in the database. While
+    there is none, RFC 3161 requests are refused and /readyz says so; it is looked for again
+    at most every `RETRY_EVERY` seconds."""
+
+    def __init__(self, keys: list[ServedKey], key_id: str, keys_dir: Path, engine: Engine, *,
+                 policy: str, accuracy: int, allow_sha1: bool, require_clock_sync: bool,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.key = next((k for k in keys if k.id == key_id), None)
+        self.key_id = key_id
+        self.chain_file = keys_dir / key_id / TSA_CHAIN_FILE
+        self.engine = engine
+        self._params = (policy, accuracy or None, allow_sha1, require_clock_sync)
+        self.clock = clock
+        self._tsa: Tsa | None = None
+        self._looked_at: float | None = None
+        self._warned = False
+
+    def get(self) -> Tsa | None:
+        if self._tsa is None and self.key is not None and (
+                self._looked_at is None or self.clock() - self._looked_at >= RETRY_EVERY):
+            self._looked_at = self.clock()
+            chain = self._find()
+            if chain is not None:
+                self._tsa = Tsa(self.key, chain, *self._params)
+            elif not self._warned:
+                self._warned = True
+                log.warning("RFC 3161 is on, but key %s has no certificate chain yet (%s, or "
+                            "registered by a worker host): RFC 3161 requests are refused until "
+                            "it has one", self.key_id, self.chain_file)
+        return self._tsa
+
+    def _find(self) -> str | None:
+        if self.chain_file.exists():
+            text = self.chain_file.read_text()
+        else:
+            try:
+                text = registered_certificates(self.engine, self.key_id) or ""
+            except SQLAlchemyError as e:
+                log.warning("could not read the registered TSA certificate chain: %s", e)
+                return None
+        if not text.strip():
+            return None
+        try:  # a chain that does not parse is not served
+            ders = [der for _, _, der in asn1_pem.unarmor(text.encode(), multiple=True)]
+            for der in ders:
+                _ = x509.Certificate.load(der).native
+        except ValueError as e:
+            log.warning("the TSA certificate chain of key %s cannot be read: %s", self.key_id, e)
+            return None
+        return text if ders else None
+
+
+class _Timex(ctypes.Structure):
+    # struct timex (linux/timex.h): the fields up to ``status``, then room for the rest.
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long),
+                ("status", ctypes.c_int), ("_rest", ctypes.c_byte * 256)]
+
+
+TIME_ERROR = 5  # adjtimex(): the clock is not synchronised
+
+
+def clock_synchronised() -> bool | None:
+    """Whether the kernel reports the system clock synchronised (``adjtimex(2)`` with no
+    modes: read only; what ``timedatectl`` shows as "System clock synchronized"); None where it
+    cannot be asked."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        adjtimex = ctypes.CDLL(name, use_errno=True).adjtimex
+    except (OSError, AttributeError):
+        return None
+    buf = _Timex()
+    state = adjtimex(ctypes.byref(buf))
+    if state < 0:
+        return None
+    return bool(state != TIME_ERROR)
