@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pygit2
-from asn1crypto import algos, cms, core, tsp, x509
+from asn1crypto import algos, cms, core, x509
 from asn1crypto import parser as asn1_parser
 from asn1crypto import pem as asn1_pem
 
@@ -74,7 +74,13 @@ from workers.formats.receipts import (
 )
 from workers.formats.sshsig import KEY_TYPES as SSH_KEY_TYPES
 from workers.formats.sshsig import SshPublicKey
-from workers.formats.tsp import HASH_ALGORITHMS, TokenFields, TspError, parse_token
+from workers.formats.tsp import (
+    HASH_ALGORITHMS,
+    TimeStampResp,
+    TokenFields,
+    TspError,
+    parse_token,
+)
 from workers.keys.gnupg import GnupgHome, GpgError, GpgStatus, Key, TempGnupgHome, ValidSig
 from workers.keys.keyset import RECEIPT_NAMESPACE
 
@@ -475,16 +481,6 @@ _OID_TAG = 0x06
 _GRANTED = ("granted", "granted_with_mods")
 
 
-class _TimeStampResp(core.Sequence):
-    """``TimeStampResp`` with the token OPTIONAL, as RFC 3161 has it (asn1crypto's makes it
-    mandatory, and so cannot read a rejection)."""
-
-    _fields = [
-        ("status", tsp.PKIStatusInfo),
-        ("time_stamp_token", cms.ContentInfo, {"optional": True}),
-    ]
-
-
 @dataclass(frozen=True)
 class Anchor:
     """How the signer certificate was tied to ``--chain``: the certificates from the signer's
@@ -557,7 +553,7 @@ def unwrap_token(data: bytes) -> tuple[bytes, str]:
     if contents[:1] != bytes([DER_SEQUENCE]):
         raise Malformed("neither a TimeStampResp nor a token (ContentInfo)")
     try:
-        response = _TimeStampResp.load(data, strict=True)
+        response = TimeStampResp.load(data, strict=True)
         status = response["status"]
         state = status["status"].native
         texts = status["status_string"].native or []

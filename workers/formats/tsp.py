@@ -48,6 +48,7 @@ __all__ = [
     "ParsedToken",
     "Rejection",
     "TimeStampRequest",
+    "TimeStampResp",
     "TokenFields",
     "TspError",
     "certificate",
@@ -104,7 +105,7 @@ _CURVE_POINT_LENGTHS = {"secp256r1": 65, "secp384r1": 97}
 _UTC_TIME_LIMIT = datetime(2050, 1, 1, tzinfo=UTC)  # RFC 5280 §4.1.2.5
 
 
-class _TimeStampResp(core.Sequence):
+class TimeStampResp(core.Sequence):
     """``TimeStampResp`` with the token OPTIONAL, as RFC 3161 has it.
 
     asn1crypto 1.5's ``tsp.TimeStampResp`` makes ``timeStampToken`` mandatory, so it can neither
@@ -267,7 +268,7 @@ def rejection(failure: str, text: str) -> bytes:
     """The DER ``TimeStampResp`` that refuses a request: status rejection, ``text``, ``failure``."""
     if failure not in FAILURES:
         raise TspError(f"unknown PKIFailureInfo {failure!r}")
-    response = _TimeStampResp(
+    response = TimeStampResp(
         {
             "status": {
                 "status": "rejection",
@@ -281,7 +282,7 @@ def rejection(failure: str, text: str) -> bytes:
 
 def granted(token: bytes) -> bytes:
     """The DER ``TimeStampResp`` with status granted that carries ``token`` (a ContentInfo)."""
-    response = _TimeStampResp(
+    response = TimeStampResp(
         {"status": {"status": "granted"}, "time_stamp_token": cms.ContentInfo.load(token)}
     )
     return bytes(response.dump())
