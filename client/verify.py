@@ -79,6 +79,7 @@ from workers.formats.tsp import (
     TimeStampResp,
     TokenFields,
     TspError,
+    load_certificate,
     parse_token,
 )
 from workers.keys.gnupg import GnupgHome, GpgError, GpgStatus, Key, TempGnupgHome, ValidSig
@@ -653,11 +654,9 @@ def name_text(name: x509.Name) -> str:
 
 def _load_certificate(der: bytes, origin: str) -> x509.Certificate:
     try:
-        cert = x509.Certificate.load(der, strict=True)
-        _ = cert.native
-    except ValueError as e:
+        return load_certificate(der)
+    except TspError as e:
         raise Malformed(f"a certificate in {origin} cannot be read: {e}") from None
-    return cert
 
 
 def read_chain(path: Path) -> list[bytes]:

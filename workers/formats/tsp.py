@@ -58,6 +58,7 @@ __all__ = [
     "ecdsa_signature",
     "granted",
     "key_identifier",
+    "load_certificate",
     "parse_request",
     "parse_token",
     "pem",
@@ -340,7 +341,7 @@ def signed_attributes(
     """
     if digest_algorithm not in SIGNATURE_ALGORITHMS.values():
         raise TspError(f"unsupported digest algorithm {digest_algorithm!r}")
-    cert = _load_certificate(certificate_der)
+    cert = load_certificate(certificate_der)
     ess_cert_id = {
         "cert_hash": hashlib.sha256(certificate_der).digest(),
         "issuer_serial": {
@@ -395,7 +396,7 @@ def signed_data(
         raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
     if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
         raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
-    certificates = [_load_certificate(der) for der in chain]
+    certificates = [load_certificate(der) for der in chain]
     signer = certificates[0]
 
     value: dict[str, object] = {
@@ -675,7 +676,8 @@ def _time(choice: type[core.Choice], generalized: str, moment: datetime) -> core
     return choice(name=generalized, value=moment)
 
 
-def _load_certificate(der: bytes) -> x509.Certificate:
+def load_certificate(der: bytes) -> x509.Certificate:
+    """A DER certificate, parsed whole (`TspError` if it is not one)."""
     try:
         cert = x509.Certificate.load(der, strict=True)
         _ = cert.native
