@@ -167,7 +167,10 @@ class Stampd(Server):
         env.update(STAMPD_KEY_ALGO=self.key_algo, STAMPD_RUNTIME_DIR=str(rt),
                    STAMPD_LOG_LEVEL="WARNING", TMPDIR=str(tmp), GNUPGHOME=str(self.dir / "g"),
                    STAMPD_EXTRA_KEYS=",".join(self.extra_keys),
-                   STAMPD_EXTRA_KEY_WORKERS=str(self.extra_workers))
+                   STAMPD_EXTRA_KEY_WORKERS=str(self.extra_workers),
+                   # RFC 3161 off: its key's workers would skew the rows (bench.tsa turns
+                   # it on for its own rows)
+                   STAMPD_TSA=os.environ.get("STAMPD_TSA", "false"))
         self._spawn([str(BIN / "stampd"), "serve", "--host", "127.0.0.1",
                      "--port", str(self.port), "--data-dir", str(self.data_dir),
                      "--workers", str(self.workers), "--commit-interval", "3600"], env)

@@ -327,7 +327,7 @@ def build_token(job: TimestampJob, key: TsaKey, chain: Sequence[bytes]) -> bytes
         gen_time=datetime.fromtimestamp(job.time, UTC),
         accuracy_seconds=job.accuracy,
         nonce=job.nonce_value,
-        tsa_name=x509.Certificate.load(chain[0]).subject,
+        tsa_name=tsp.subject_of(chain[0]),
     )
     info = tsp.tst_info(fields)
     attributes = tsp.signed_attributes(info, chain[0],

@@ -33,6 +33,7 @@ SHA-2 AlgorithmIdentifiers with NULL parameters (RFC 5754 §2 says to accept bot
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ __all__ = [
     "signature_hash",
     "signed_attributes",
     "signed_data",
+    "subject_of",
     "tbs_certificate",
     "tst_info",
 ]
@@ -341,7 +343,25 @@ def signed_attributes(
     """
     if digest_algorithm not in SIGNATURE_ALGORITHMS.values():
         raise TspError(f"unsupported digest algorithm {digest_algorithm!r}")
-    cert = load_certificate(certificate_der)
+    attributes: list[object] = [
+        {"type": "content_type", "values": ["tst_info"]},
+        {
+            "type": "message_digest",
+            "values": [hashlib.new(digest_algorithm, tst_info_der).digest()],
+        },
+        cms.CMSAttribute.load(_signing_certificate_v2(certificate_der)),
+    ]
+    if signing_time is not None:
+        when = _time(cms.Time, "generalized_time", signing_time)
+        attributes.append({"type": "signing_time", "values": [when]})
+    return bytes(cms.CMSAttributes(attributes).dump())
+
+
+@functools.lru_cache(maxsize=8)
+def _signing_certificate_v2(certificate_der: bytes) -> bytes:
+    """The DER signingCertificateV2 attribute naming ``certificate_der``: the same for every
+    token of a certificate, and the costliest part to encode, so it is encoded once."""
+    cert = _certificate(certificate_der)
     ess_cert_id = {
         "cert_hash": hashlib.sha256(certificate_der).digest(),
         "issuer_serial": {
@@ -349,18 +369,19 @@ def signed_attributes(
             "serial_number": cert.serial_number,
         },
     }
-    attributes: list[dict[str, object]] = [
-        {"type": "content_type", "values": ["tst_info"]},
-        {
-            "type": "message_digest",
-            "values": [hashlib.new(digest_algorithm, tst_info_der).digest()],
-        },
-        {"type": "signing_certificate_v2", "values": [{"certs": [ess_cert_id]}]},
-    ]
-    if signing_time is not None:
-        when = _time(cms.Time, "generalized_time", signing_time)
-        attributes.append({"type": "signing_time", "values": [when]})
-    return bytes(cms.CMSAttributes(attributes).dump())
+    return bytes(cms.CMSAttribute(
+        {"type": "signing_certificate_v2", "values": [{"certs": [ess_cert_id]}]}).dump())
+
+
+def subject_of(certificate_der: bytes) -> x509.Name:
+    """The subject of a certificate (the TSA's name in its tokens)."""
+    return _certificate(certificate_der).subject
+
+
+@functools.lru_cache(maxsize=8)
+def _certificate(der: bytes) -> x509.Certificate:
+    """`load_certificate`, once per certificate (a TSA signs every token with the same one)."""
+    return load_certificate(der)
 
 
 def signed_data(
@@ -396,7 +417,7 @@ def signed_data(
         raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
     if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
         raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
-    certificates = [load_certificate(der) for der in chain]
+    certificates = [_certificate(der) for der in chain]
     signer = certificates[0]
 
     value: dict[str, object] = {
