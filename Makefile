@@ -35,6 +35,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.tsa
 
 ## Proof of issue 12 (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
 ## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
