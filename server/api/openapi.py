@@ -36,7 +36,8 @@ Json = dict[str, Any]
 
 # -- the document -----------------------------------------------------------------------------
 
-HEX40 = "^[0-9a-f]{40}$"
+# A SHA-1 (40 hex digits) or SHA-256 (64) object id; one request's ids all have one length.
+OBJECT_ID = "^([0-9a-f]{40}|[0-9a-f]{64})$"
 # git's ref-name rules for refs/tags/<tagname>, as server.api.zeitgitter.valid_tagname checks.
 TAGNAME = r"^(?!.*\.\.)(?!.*\.$)(?!.*\.lock$)[_a-zA-Z][-._a-zA-Z0-9]{0,99}$"
 WS = r"[ \t\r\n]*"  # a digest may be surrounded by these; they are removed
@@ -233,7 +234,7 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
             "type": "object", "title": "stamp-tag-v1",
             "properties": {
                 "request": {"type": "string", "const": "stamp-tag-v1"},
-                "commit": {"type": "string", "pattern": HEX40,
+                "commit": {"type": "string", "pattern": OBJECT_ID,
                            "description": "the commit to stamp"},
                 "tagname": {"type": "string", "pattern": TAGNAME, "maxLength": 100,
                             "description": "the tag's name: git's ref-name rules, no `..`, "
@@ -247,13 +248,14 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
             "type": "object", "title": "stamp-branch-v1",
             "properties": {
                 "request": {"type": "string", "const": "stamp-branch-v1"},
-                "commit": {"type": "string", "pattern": HEX40,
+                "commit": {"type": "string", "pattern": OBJECT_ID,
                            "description": "the commit to stamp"},
-                "tree": {"type": "string", "pattern": HEX40,
+                "tree": {"type": "string", "pattern": OBJECT_ID,
                          "description": "the tree of `commit`"},
-                "parent": {"type": "string", "pattern": HEX40,
+                "parent": {"type": "string", "pattern": OBJECT_ID,
                            "description": "the branch's previous stamp; must differ from "
-                                          "`commit`"},
+                                          "`commit`; `commit`, `tree` and `parent` all have "
+                                          "40 digits (SHA-1) or all 64 (SHA-256)"},
                 **choice,
             },
             "required": ["request", "commit", "tree"],
