@@ -19,8 +19,9 @@ failure names the commit it concerns and the rule it breaks (``[<check>/<rule>] 
 1. **main**: linear; every commit carries exactly one OpenPGP ``gpgsig`` that `git verify-commit`
    accepts with the key of the commit's own ``pubkey.asc`` (one key, nothing else in the
    keyring); the signature time equals the committer time; the key is the root commit's key.
-2. **files**: ``hashes.log`` holds 40-hex object ids, ``digests.log`` ``<algorithm> <hex>``
-   lines (sha256 or sha512 receipts; sha384, and sha1 where allowed, from RFC 3161); both
+2. **files**: ``hashes.log`` holds 40-hex (SHA-1) or 64-hex (SHA-256) object ids,
+   ``digests.log`` ``<algorithm> <hex>`` lines (sha256 or sha512 receipts; sha384, and sha1
+   where allowed, from RFC 3161); both
    sorted and unique, one entry per newline-terminated line.
 3. **peers**: every commit of a ``<name>-timestamps`` branch is signed by the peer's pinned key,
    with the signature time equal to its committer time; its last parent is a main commit whose
@@ -70,7 +71,7 @@ MAIN = "main"
 PEER_SUFFIX = "-timestamps"
 REMOTE = "origin"
 REMOTES_PREFIX = "refs/remotes/"
-HASH_LINE = re.compile(r"[0-9a-f]{40}")
+HASH_LINE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1 or SHA-256 repositories
 DIGEST_LINE = re.compile(
     r"sha1 [0-9a-f]{40}|sha256 [0-9a-f]{64}|sha384 [0-9a-f]{96}|sha512 [0-9a-f]{128}")
 PEER_NAME = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9._]{0,99}")
@@ -652,7 +653,7 @@ class _Auditor:
         oid = str(c.id)
         counts = []
         for path, pattern, what, required in (
-            ("hashes.log", HASH_LINE, "a 40-digit lowercase hex object id", True),
+            ("hashes.log", HASH_LINE, "a 40- or 64-digit lowercase hex object id", True),
             ("digests.log", DIGEST_LINE, "'sha1|sha256|sha384|sha512 <lowercase hex digest>'",
              False),
         ):

@@ -7,9 +7,15 @@ gpg. Installing it pins the server's key (trust on first use): the key is fetche
 the repository's git config (``stampd.server``, ``stampd.branch``, ``stampd.fingerprint``,
 ``stampd.uid``), which the hook reads.
 
+With ``--format ssh`` the stamps are SSH-signed: the server's SSH key (``--key``, or its first)
+is pinned as one allowed-signers line in ``<git common dir>/stampd/allowed_signers``
+(``stampd.format``, ``stampd.key``), and the hook checks stamps with ``ssh-keygen``.
+
 An existing ``post-commit`` hook that is not stampd's is never replaced silently: ``install``
-refuses unless ``--force`` (which keeps it as ``post-commit.stampd-backup``), and ``uninstall``
-removes only a hook carrying stampd's marker line.
+refuses unless ``--force``, which keeps it as ``post-commit.user``; stampd's hook runs it first
+on every commit (a chain, not a dead backup). ``uninstall`` removes only a hook carrying stampd's
+marker line, and puts ``post-commit.user`` back (or a ``post-commit.stampd-backup`` left by
+earlier versions).
 """
 
 from __future__ import annotations
@@ -27,15 +33,23 @@ from importlib import resources
 from pathlib import Path
 
 from client.errors import CommandError
-from client.verify import KEYRING_PREFIX, VerifyError, fetch_public_key
+from client.verify import (
+    KEYRING_PREFIX,
+    VerifyError,
+    fetch_allowed_signers,
+    fetch_public_key,
+    ssh_keys_from,
+)
 from workers.keys.gnupg import GnupgHome, GpgError, TempGnupgHome
 
 HOOK = "post-commit"
 MARKER = "# stampd-post-commit-hook v1"
 MARKER_PREFIX = "# stampd-post-commit-hook "
-BACKUP_SUFFIX = ".stampd-backup"
+USER_SUFFIX = ".user"  # the user's own hook, which stampd's runs first
+BACKUP_SUFFIX = ".stampd-backup"  # where versions before the chain kept it (restored too)
 KEYRING = Path("stampd") / "gnupg"
 KEY_FILE = Path("stampd") / "server-key.asc"
+ALLOWED_SIGNERS = Path("stampd") / "allowed_signers"
 
 
 class HookError(CommandError):
@@ -84,6 +98,14 @@ class RepoPaths:
     @property
     def keyring(self) -> Path:
         return self.common / KEYRING
+
+    @property
+    def user_hook(self) -> Path:
+        return self.hooks / (HOOK + USER_SUFFIX)
+
+    @property
+    def allowed_signers(self) -> Path:
+        return self.common / ALLOWED_SIGNERS
 
 
 def repo_paths(repo: Path) -> RepoPaths:
@@ -177,13 +199,22 @@ def write_keyring(target: Path, key: PinnedKey) -> None:
     (target.parent / KEY_FILE.name).write_bytes(key.armored)
 
 
-def _backup_path(hook: Path) -> Path:
-    backup = hook.with_name(hook.name + BACKUP_SUFFIX)
-    n = 1
-    while backup.exists() or backup.is_symlink():
-        backup = hook.with_name(f"{hook.name}{BACKUP_SUFFIX}.{n}")
-        n += 1
-    return backup
+def pin_ssh_key(server: str, fingerprint: str | None) -> tuple[str, str]:
+    """(fingerprint, allowed-signers line) of the server's SSH key ``fingerprint``, or of its
+    first SSH key."""
+    try:
+        text = fetch_allowed_signers(server)
+    except VerifyError as e:
+        raise HookError(e.message) from None
+    for line in text.splitlines():
+        keys = ssh_keys_from(line)
+        if keys and (fingerprint is None or keys[0].fingerprint == fingerprint):
+            return keys[0].fingerprint, line
+    raise HookError(f"{server} has no SSH key" + (f" {fingerprint}" if fingerprint else ""))
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
 
 
 def _config(repo: Path, name: str) -> str | None:
@@ -193,7 +224,8 @@ def _config(repo: Path, name: str) -> str | None:
         return None
 
 
-def install(repo: Path, server: str, branch: str | None, force: bool) -> list[str]:
+def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str = "openpgp",
+            ssh_key: str | None = None) -> list[str]:
     """Install the hook and pin the server key; return lines describing what was done."""
     server = check_server_url(server)
     branch = branch or default_branch(server)
@@ -207,9 +239,18 @@ def install(repo: Path, server: str, branch: str | None, force: bool) -> list[st
     foreign = exists and not is_ours(hook)
     if foreign and not force:
         raise HookError(f"{hook} exists and is not stampd's hook; not replacing it (use --force "
-                        f"to install anyway, keeping it as {hook.name}{BACKUP_SUFFIX})")
+                        f"to install anyway: it is kept as {hook.name}{USER_SUFFIX} and runs "
+                        "before stampd's)")
+    if foreign and _exists(paths.user_hook):
+        raise HookError(f"{hook} is not stampd's hook, and {paths.user_hook.name} exists too; "
+                        "move one of them away first")
+    if fmt not in ("openpgp", "ssh"):
+        raise HookError(f"--format must be openpgp or ssh, not {fmt!r}", 2)
+    if ssh_key is not None and fmt != "ssh":
+        raise HookError("--key goes with --format ssh", 2)
     script = hook_script()
     key = pin_key(server)
+    ssh = pin_ssh_key(server, ssh_key) if fmt == "ssh" else None
     pinned = _config(repo, "stampd.fingerprint")
     if pinned and pinned != key.fingerprint and _config(repo, "stampd.server") == server \
             and not force:
@@ -217,14 +258,20 @@ def install(repo: Path, server: str, branch: str | None, force: bool) -> list[st
                         f"{key.fingerprint}; if you trust the new key, use --force")
     write_keyring(paths.keyring, key)
     for name, value in (("server", server), ("branch", branch),
-                        ("fingerprint", key.fingerprint), ("uid", key.uid)):
+                        ("fingerprint", key.fingerprint), ("uid", key.uid), ("format", fmt)):
         _git(repo, "config", "--local", f"stampd.{name}", value)
     lines = []
+    if ssh is not None:
+        paths.allowed_signers.write_text(ssh[1] + "\n", encoding="ascii")
+        _git(repo, "config", "--local", "stampd.key", ssh[0])
+        lines.append(f"ssh key: {ssh[0]} (pinned in {paths.allowed_signers})")
+    else:
+        with contextlib.suppress(HookError):
+            _git(repo, "config", "--local", "--unset", "stampd.key")
     paths.hooks.mkdir(parents=True, exist_ok=True)
     if foreign:
-        backup = _backup_path(hook)
-        hook.rename(backup)
-        lines.append(f"kept the previous hook as {backup}")
+        hook.rename(paths.user_hook)
+        lines.append(f"kept the previous hook as {paths.user_hook}; it runs before stampd's")
     tmp = hook.with_name(f".{hook.name}.stampd-tmp")
     tmp.write_text(script, encoding="ascii")
     os.chmod(tmp, 0o755)
@@ -237,7 +284,8 @@ def install(repo: Path, server: str, branch: str | None, force: bool) -> list[st
 
 
 def uninstall(repo: Path) -> list[str]:
-    """Remove stampd's hook (restoring a backed-up hook); never touch anyone else's."""
+    """Remove stampd's hook (putting back the user's hook it ran, or a backed-up one); never
+    touch anyone else's."""
     paths = repo_paths(repo)
     hook = paths.hook
     if not (hook.exists() or hook.is_symlink()):
@@ -246,10 +294,11 @@ def uninstall(repo: Path) -> list[str]:
         raise HookError(f"{hook} is not stampd's hook; leaving it alone")
     hook.unlink()
     lines = [f"removed {hook}"]
-    backup = hook.with_name(hook.name + BACKUP_SUFFIX)
-    if backup.exists() or backup.is_symlink():
-        backup.rename(hook)
-        lines.append(f"restored the previous hook from {backup.name}")
+    for kept in (paths.user_hook, hook.with_name(hook.name + BACKUP_SUFFIX)):
+        if _exists(kept):
+            kept.rename(hook)
+            lines.append(f"restored the previous hook from {kept.name}")
+            break
     lines.append(f"kept the timestamp branch, {paths.keyring} and git config stampd.*")
     return lines
 
@@ -257,7 +306,8 @@ def uninstall(repo: Path) -> list[str]:
 def cmd_install(args: argparse.Namespace) -> int:
     """``stampd hook install [--server URL] [--branch NAME] [--repo DIR] [--force]``: 0 when
     installed; otherwise raise a `HookError`."""
-    print("\n".join(install(args.repo, args.server, args.branch, args.force)))
+    print("\n".join(install(args.repo, args.server, args.branch, args.force, args.format,
+                             args.key)))
     return 0
 
 

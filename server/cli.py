@@ -669,12 +669,20 @@ def parser() -> argparse.ArgumentParser:
                          "from the server URL, e.g. localhost-8080-timestamps)")
     install.add_argument("--repo", type=Path, default=Path("."))
     install.add_argument("--force", action="store_true",
-                         help="replace an existing post-commit hook that is not ours")
+                         help="install over an existing post-commit hook that is not ours: it "
+                         "is kept as post-commit.user and runs before stampd's; or trust a "
+                         "changed server key")
+    install.add_argument("--format", choices=("openpgp", "ssh"), default="openpgp",
+                         help="the stamps' signatures: OpenPGP (checked with gpg) or SSH "
+                         "(checked with ssh-keygen; the server must have an SSH key)")
+    install.add_argument("--key", default=None,
+                         help="with --format ssh: the server's SSH key to use, SHA256:... "
+                         "(default: its first SSH key)")
     install.set_defaults(func=_cmd("client.hook", "cmd_install"))
     uninstall = hooksub.add_parser(
         "uninstall", help="remove stampd's post-commit hook",
-        description="Exit status: 0 removed (or no hook to remove), 1 the hook is not "
-        "stampd's, or the repository is unusable.")
+        description="A hook kept as post-commit.user is put back. Exit status: 0 removed (or "
+        "no hook to remove), 1 the hook is not stampd's, or the repository is unusable.")
     uninstall.add_argument("--repo", type=Path, default=Path("."))
     uninstall.set_defaults(func=_cmd("client.hook", "cmd_uninstall"))
     return ap

@@ -282,7 +282,8 @@ def split_tag(text: str) -> tuple[bytes, str]:
 
 def split_commit(text: str) -> tuple[bytes, str]:
     m = re.search(
-        r"^gpgsig (-----BEGIN PGP SIGNATURE-----\n(?: .*\n)+?) -----END PGP SIGNATURE-----\n",
+        r"^gpgsig(?:-sha256)? (-----BEGIN PGP SIGNATURE-----\n(?: .*\n)+?) "
+        r"-----END PGP SIGNATURE-----\n",
         text, re.MULTILINE,
     )
     assert m, "no gpgsig header"

@@ -36,7 +36,10 @@ Json = dict[str, Any]
 
 # -- the document -----------------------------------------------------------------------------
 
+# Object ids of SHA-1 and SHA-256 repositories; one request's ids all have one length.
 HEX40 = "^[0-9a-f]{40}$"
+HEX64 = "^[0-9a-f]{64}$"
+OBJECT_ID = "^([0-9a-f]{40}|[0-9a-f]{64})$"
 # git's ref-name rules for refs/tags/<tagname>, as server.api.zeitgitter.valid_tagname checks.
 TAGNAME = r"^(?!.*\.\.)(?!.*\.$)(?!.*\.lock$)[_a-zA-Z][-._a-zA-Z0-9]{0,99}$"
 WS = r"[ \t\r\n]*"  # a digest may be surrounded by these; they are removed
@@ -233,7 +236,7 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
             "type": "object", "title": "stamp-tag-v1",
             "properties": {
                 "request": {"type": "string", "const": "stamp-tag-v1"},
-                "commit": {"type": "string", "pattern": HEX40,
+                "commit": {"type": "string", "pattern": OBJECT_ID,
                            "description": "the commit to stamp"},
                 "tagname": {"type": "string", "pattern": TAGNAME, "maxLength": 100,
                             "description": "the tag's name: git's ref-name rules, no `..`, "
@@ -243,23 +246,25 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
             "required": ["request", "commit", "tagname"],
             **zeitgitter_extra,
         },
-        "BranchStamp": {
-            "type": "object", "title": "stamp-branch-v1",
+        # One request's ids have one length: a SHA-1 and a SHA-256 variant.
+        **{f"BranchStamp{suffix}": {
+            "type": "object", "title": f"stamp-branch-v1 ({name})",
             "properties": {
                 "request": {"type": "string", "const": "stamp-branch-v1"},
-                "commit": {"type": "string", "pattern": HEX40,
-                           "description": "the commit to stamp"},
-                "tree": {"type": "string", "pattern": HEX40,
+                "commit": {"type": "string", "pattern": pattern,
+                           "description": f"the commit to stamp ({name})"},
+                "tree": {"type": "string", "pattern": pattern,
                          "description": "the tree of `commit`"},
-                "parent": {"type": "string", "pattern": HEX40,
+                "parent": {"type": "string", "pattern": pattern,
                            "description": "the branch's previous stamp; must differ from "
                                           "`commit`"},
                 **choice,
             },
             "required": ["request", "commit", "tree"],
             **zeitgitter_extra,
-        },
-        "ZeitgitterStamp": {"oneOf": [_ref("TagStamp"), _ref("BranchStamp")]},
+        } for suffix, name, pattern in (("", "SHA-1", HEX40), ("Sha256", "SHA-256", HEX64))},
+        "ZeitgitterStamp": {"oneOf": [_ref("TagStamp"), _ref("BranchStamp"),
+                                      _ref("BranchStampSha256")]},
     }
 
 

@@ -34,7 +34,7 @@ from server.errors import (
 from server.settings import Settings
 from server.stamping.requests import BranchRequest, GitRequest, TagRequest, choose_key, key_fields
 
-HEX40 = re.compile(r"[0-9a-f]{40}")
+OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1 or SHA-256 repositories
 TAGNAME = re.compile(r"[_a-zA-Z][-._a-zA-Z0-9]{0,99}")
 
 STAMP_TAG = "stamp-tag-v1"
@@ -65,9 +65,19 @@ def _object_id(fields: Fields, name: str, required: bool = True) -> str | None:
     value = _one(fields, name, required)
     if value is None:
         return None
-    if not HEX40.fullmatch(value):
-        raise InvalidCommitId(f"field '{name}' must be 40 lowercase hex digits")
+    if not OBJECT_ID.fullmatch(value):
+        raise InvalidCommitId(f"field '{name}' must be 40 (SHA-1) or 64 (SHA-256) lowercase "
+                              "hex digits")
     return value
+
+
+def _same_length(**ids: str | None) -> None:
+    """All object ids of one request come from one repository: all 40 or all 64 digits."""
+    given = {name: oid for name, oid in ids.items() if oid is not None}
+    if len({len(oid) for oid in given.values()}) > 1:
+        lengths = ", ".join(f"'{name}' has {len(oid)}" for name, oid in given.items())
+        raise InvalidCommitId("object ids of one request must all be SHA-1 (40 hex digits) or "
+                              f"all SHA-256 (64): {lengths}")
 
 
 def valid_tagname(name: str) -> bool:
@@ -103,6 +113,7 @@ def parse_stamp_request(fields: Fields) -> GitRequest:
         tree = _object_id(fields, "tree")
         assert commit is not None and tree is not None
         parent = _object_id(fields, "parent", required=False)
+        _same_length(commit=commit, tree=tree, parent=parent)
         if parent == commit:
             raise BadRequest("'parent' and 'commit' must differ")
         return BranchRequest(commit=commit, tree=tree, parent=parent)

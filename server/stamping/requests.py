@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from server.errors import BadRequest
+from workers.formats.gitobjects import object_format_of
 from workers.formats.jobs import CommitJob, ReceiptJob, TagJob, TimestampJob
 from workers.keys.keyset import ServedKey
 
@@ -21,35 +22,47 @@ def _message(commit: str, url: str, t: int) -> str:
 
 @dataclass(frozen=True)
 class TagRequest:
-    """Zeitgitter ``stamp-tag-v1``: a signed tag of ``commit``."""
+    """Zeitgitter ``stamp-tag-v1``: a signed tag of ``commit`` (40 hex digits: a SHA-1
+    repository; 64: a SHA-256 one)."""
 
     kind: ClassVar[str] = "tag"
     commit: str
     tagname: str
 
+    @property
+    def object_format(self) -> str:
+        return object_format_of(self.commit)
+
     def journal_fields(self) -> dict[str, Any]:
         return {"commit": self.commit, "tagname": self.tagname}
 
     def job(self, t: int, url: str, uid: str | None) -> TagJob:
-        return TagJob(self.commit, self.tagname, t, _message(self.commit, url, t), uid)
+        return TagJob(self.commit, self.tagname, t, _message(self.commit, url, t), uid,
+                      self.object_format)
 
 
 @dataclass(frozen=True)
 class BranchRequest:
     """Zeitgitter ``stamp-branch-v1``: a signed merge of ``parent`` (if any) and ``commit``
-    with the tree of ``commit``."""
+    with the tree of ``commit``. Its ids are all 40 hex digits (a SHA-1 repository) or all 64
+    (a SHA-256 one)."""
 
     kind: ClassVar[str] = "branch"
     commit: str
     tree: str
     parent: str | None = None
 
+    @property
+    def object_format(self) -> str:
+        return object_format_of(self.commit)
+
     def journal_fields(self) -> dict[str, Any]:
         return {"commit": self.commit, "tree": self.tree, "parent": self.parent}
 
     def job(self, t: int, url: str, uid: str | None) -> CommitJob:
         parents = (self.parent, self.commit) if self.parent else (self.commit,)
-        return CommitJob(self.tree, parents, t, _message(self.commit, url, t), uid)
+        return CommitJob(self.tree, parents, t, _message(self.commit, url, t), uid,
+                         self.object_format)
 
 
 @dataclass(frozen=True)

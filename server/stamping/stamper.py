@@ -15,7 +15,6 @@ from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, StampError, Unavailable
 from server.stamping.journal import Journal
 from server.stamping.requests import DigestRequest, GitRequest, TimestampRequest
-from workers.formats.gitobjects import git_object_id
 from workers.formats.jobs import Job
 from workers.formats.receipts import Statement
 from workers.keys.keyset import ServedKey
@@ -80,7 +79,7 @@ class Stamper:
         job = req.job(t, self.public_url, uid)
         signed = await self._sign(stamp_id, job, key)
         self.journal.signed(stamp_id, signed.worker, signed.attempts,
-                            git_object_id(job.object_type, signed.text.encode("ascii")))
+                            job.object_id(signed.text.encode("ascii")))
         return signed.text
 
     async def receipt(self, req: DigestRequest, key: ServedKey | None = None

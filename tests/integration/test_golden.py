@@ -31,10 +31,17 @@ C = "0123456789abcdef0123456789abcdef01234567"
 TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 P = "fedcba9876543210fedcba9876543210fedcba98"
 
+# SHA-256 repositories: 64-hex ids (the empty tree's SHA-256 id), gpgsig-sha256.
+C64 = C + "89abcdef" * 3
+TREE64 = "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321"
+P64 = P + "76543210" * 3
+
 CASES = {
     "tag": TagRequest(commit=C, tagname="v1.0-stamp"),
     "branch": BranchRequest(commit=C, tree=TREE),
     "branch-parent": BranchRequest(commit=C, tree=TREE, parent=P),
+    "sha256-tag": TagRequest(commit=C64, tagname="v1.0-stamp"),
+    "sha256-branch-parent": BranchRequest(commit=C64, tree=TREE64, parent=P64),
 }
 
 
@@ -82,6 +89,29 @@ def test_golden_objects_pass_git(tmp_path: Path) -> None:
                        capture_output=True, text=True, env=env, timeout=30, check=False)
     assert r.returncode == 0, r.stderr
     assert f"VALIDSIG {TEST_FPR}" in r.stderr
+
+
+def test_golden_sha256_objects_pass_git(tmp_path: Path) -> None:
+    """In a SHA-256 repository git finds the signature of the golden commit in gpgsig-sha256
+    and of the golden tag after its message, and names them by their SHA-256."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "--bare", "--object-format=sha256", str(repo)],
+                   check=True, timeout=30)
+    env = {**os.environ, "GNUPGHOME": str(keyring(TEST_PUBLIC_KEY, tmp_path / "g"))}
+    text = (DATA / "golden-sha256-branch-parent.txt").read_text()
+    assert f"committer {TEST_UID} {T} +0000\ngpgsig-sha256 -----BEGIN PGP SIGNATURE-----\n \n" \
+        in text
+    for kind, name in (("commit", "sha256-branch-parent"), ("tag", "sha256-tag")):
+        blob = (DATA / f"golden-{name}.txt").read_bytes()
+        oid = subprocess.run(["git", "--git-dir", str(repo), "hash-object", "-t", kind, "-w",
+                              "--literally", "--stdin"], input=blob, capture_output=True,
+                             check=True, timeout=30).stdout.decode().strip()
+        job = CASES[name].job(T, URL, None)
+        assert oid == job.object_id(blob) and len(oid) == 64
+        r = subprocess.run(["git", "--git-dir", str(repo), f"verify-{kind}", "--raw", oid],
+                           capture_output=True, text=True, env=env, timeout=30, check=False)
+        assert r.returncode == 0, r.stderr
+        assert f"VALIDSIG {TEST_FPR}" in r.stderr
 
 
 def test_batch_verification_agrees_with_gpg_verify(tmp_path: Path) -> None:

@@ -15,16 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from client.hook import BACKUP_SUFFIX, MARKER
+from client.hook import BACKUP_SUFFIX, MARKER, USER_SUFFIX
 from server import cli
-from tests.helpers import ROOT, TEST_FPR, TEST_UID, Server, free_port, git, make_repo
+from tests.helpers import (
+    ROOT,
+    TEST_FPR,
+    TEST_UID,
+    Server,
+    free_port,
+    git,
+    make_repo,
+    seed_data_dir,
+    start_server,
+)
 
 HOOK_SCRIPT = ROOT / "client" / "hooks" / "post-commit"
 BRANCH = "stamps"
 MISSED = re.compile(r"^stampd: timestamp not obtained \((.+)\); the next commit's stamp will "
                     r"cover this one$")
 # What the hook runs besides git, curl and gpg (and what `git commit` needs).
-HOOK_TOOLS = ("git", "curl", "gpg", "sh", "date", "mktemp", "rm", "tr", "wc")
+HOOK_TOOLS = ("git", "curl", "gpg", "ssh-keygen", "sh", "date", "mktemp", "rm", "tr", "wc")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -79,6 +89,16 @@ class Proxy:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with an SSH key beside its OpenPGP key."""
+    data = seed_data_dir(tmp_path_factory.mktemp("hook-ssh") / "data")
+    s = start_server(data, workers=1, extra_env={"STAMPD_EXTRA_KEYS": "ssh:ed25519"})
+    s.wait_ready(workers=2)
+    yield s
+    s.stop()
 
 
 @pytest.fixture
@@ -267,11 +287,12 @@ def test_stamp_signed_by_another_key_is_rejected(
     assert lines == []
 
 
-def test_foreign_hooks_are_never_overwritten(live_server: Server, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_foreign_hooks_are_never_overwritten_and_chained(
+        live_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo = make_repo(tmp_path / "repo")
     hook = repo / ".git" / "hooks" / "post-commit"
-    mine = "#!/bin/sh\necho my own hook\n"
+    ran = repo / ".git" / "user-hook-ran"
+    mine = f"#!/bin/sh\necho \"my own hook $#\" >>'{ran}'\nexit 3\n"
     hook.write_text(mine)
     hook.chmod(0o755)
 
@@ -284,17 +305,106 @@ def test_foreign_hooks_are_never_overwritten(live_server: Server, tmp_path: Path
 
     code, out, err = install(capsys, repo, live_server.url, "--force")
     assert code == 0, err
-    backup = hook.with_name("post-commit" + BACKUP_SUFFIX)
-    assert backup.read_text() == mine and "kept the previous hook" in out
+    user = hook.with_name("post-commit" + USER_SUFFIX)
+    assert user.read_text() == mine and "kept the previous hook" in out
     assert MARKER in hook.read_text()
-    _, lines = commit(repo, "stamped")
-    assert lines == [] and branch_head(repo)
+    # Each commit runs the user's hook first, then stamps.
+    for n, name in enumerate(("stamped", "stamped-again"), 1):
+        _, lines = commit(repo, name)
+        assert lines == [] and branch_head(repo)
+        assert ran.read_text() == "my own hook 0\n" * n
+    # Its exit status is the hook's (git ignores a post-commit hook's status).
+    r = subprocess.run([str(hook)], cwd=repo, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 3 and r.stderr == ""
+    # Re-installing keeps the chain; a second foreign hook beside it is refused, not lost.
+    code, out, err = install(capsys, repo, live_server.url)
+    assert code == 0 and user.read_text() == mine
+    hook.write_text("#!/bin/sh\necho another\n")
+    code, _, err = install(capsys, repo, live_server.url, "--force")
+    assert code == 1 and "post-commit.user exists too" in err
+    hook.write_text(hook_script_text())
 
     code, out, err = hook_cmd(capsys, "uninstall", "--repo", repo)
     assert code == 0, err
-    assert hook.read_text() == mine and not backup.exists()
+    assert hook.read_text() == mine and not user.exists()
     code, _, err = hook_cmd(capsys, "uninstall", "--repo", repo)
     assert code == 1 and hook.read_text() == mine
+
+
+def test_a_backup_of_an_earlier_version_is_restored(
+        live_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = make_repo(tmp_path / "repo")
+    assert install(capsys, repo, live_server.url)[0] == 0
+    hook = repo / ".git" / "hooks" / "post-commit"
+    backup = hook.with_name("post-commit" + BACKUP_SUFFIX)
+    backup.write_text("#!/bin/sh\necho old\n")
+    code, out, err = hook_cmd(capsys, "uninstall", "--repo", repo)
+    assert code == 0, err
+    assert hook.read_text() == "#!/bin/sh\necho old\n" and not backup.exists()
+    assert "restored the previous hook" in out
+
+
+def hook_script_text() -> str:
+    return HOOK_SCRIPT.read_text()
+
+
+def make_repo_of(path: Path, object_format: str) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main", f"--object-format={object_format}")
+    git(path, "config", "user.name", "Tester")
+    git(path, "config", "user.email", "tester@example.invalid")
+    (path / "a.txt").write_text("hello\n")
+    git(path, "add", "a.txt")
+    git(path, "commit", "-q", "-m", "first")
+    return path
+
+
+@pytest.mark.parametrize("signer", ["openpgp", "ssh"])
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_hook_in_sha1_and_sha256_repositories(
+        ssh_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        object_format: str, signer: str) -> None:
+    repo = make_repo_of(tmp_path / "repo", object_format)
+    code, out, err = install(capsys, repo, ssh_server.url, "--format", signer)
+    assert code == 0, err
+    stampd = repo / ".git" / "stampd"
+    if signer == "ssh":
+        assert "ssh key: SHA256:" in out
+        assert git(repo, "config", "stampd.format").strip() == "ssh"
+        assert git(repo, "config", "stampd.key").strip().startswith("SHA256:")
+        check = ["-c", "gpg.format=ssh", "-c",
+                 f"gpg.ssh.allowedSignersFile={stampd / 'allowed_signers'}"]
+        env = None
+    else:
+        check, env = [], pinned_env(repo)
+    commits = [commit(repo, name) for name in ("one", "two")]
+    assert all(lines == [] for _, lines in commits), commits
+    head = branch_head(repo)
+    assert head and len(head) == (64 if object_format == "sha256" else 40)
+    assert parents(repo, head)[1] == commits[1][0]
+    header = "gpgsig-sha256" if object_format == "sha256" else "gpgsig"
+    kind = "SSH" if signer == "ssh" else "PGP"
+    for stamp in (head, parents(repo, head)[0]):
+        body = git(repo, "cat-file", "commit", stamp)
+        assert f"\n{header} -----BEGIN {kind} SIGNATURE-----\n" in body
+        git(repo, *check, "verify-commit", stamp, env=env)
+    git(repo, "fsck", "--strict", "--no-dangling")
+    if signer == "openpgp":
+        assert cli.main(["verify", BRANCH, "--repo", str(repo),
+                         "--key", str(stampd / "server-key.asc")]) == 0
+    else:
+        # Another SSH key pinned: the server's stamps no longer verify, nothing is stored.
+        other = tmp_path / "other"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                       check=True, timeout=60)
+        principal = (stampd / "allowed_signers").read_text().split()[0]
+        (stampd / "allowed_signers").write_text(
+            f"{principal} {(other.with_suffix('.pub')).read_text().split(' ', 2)[0]} "
+            f"{(other.with_suffix('.pub')).read_text().split(' ', 2)[1]}\n")
+        _, lines = commit(repo, "three")
+        assert_missed(lines, "does not verify with the pinned key")
+        assert branch_head(repo) == head
 
 
 def test_core_hooks_path_and_uninstall(live_server: Server, tmp_path: Path,

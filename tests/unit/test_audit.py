@@ -23,6 +23,10 @@ def test_line_checks() -> None:
     a, b = "a" * 40, "b" * 40
     assert check_lines(f"{a}\n{b}\n".encode(), HASH_LINE, "an id") == []
     assert check_lines(b"", HASH_LINE, "an id") == []
+    # SHA-256 repositories' ids (64 digits) sort among the SHA-1 ones; other lengths do not pass.
+    c = a + "0" * 24
+    assert check_lines(f"{a}\n{c}\n{b}\n".encode(), HASH_LINE, "an id") == []
+    assert check_lines(f"{a}\n{c[:50]}\n".encode(), HASH_LINE, "an id") != []
     assert check_lines(f"{a}\n{b}".encode(), HASH_LINE, "an id") == [
         "does not end with a newline"]
     assert check_lines(f"{a.upper()}\n".encode(), HASH_LINE, "an id")[0].startswith(

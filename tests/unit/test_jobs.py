@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -29,6 +30,8 @@ JOBS = [
     TagJob(C, "v1", 1_700_000_000, "msg\n", uid="X <x@y>"),
     CommitJob(T, (P, C), 5, "m\n"),
     CommitJob(T, (), 5, "m\n", uid="X <x@y>"),
+    TagJob("c" * 64, "v1", 1_700_000_000, "msg\n", object_format="sha256"),
+    CommitJob("e" * 64, ("a" * 64, "c" * 64), 5, "m\n", uid="X <x@y>", object_format="sha256"),
     ReceiptJob("stampd receipt v1\n", 7),
     TimestampJob("sha256", "ab" * 32, 1, 1_700_000_000, "1.2.3.4"),
     TimestampJob("sha512", "0f" * 64, (1 << 160) - 1, 9, "2.25.1", accuracy=1,
@@ -36,7 +39,8 @@ JOBS = [
 ]
 
 
-@pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j.op}-{getattr(j, 'uid', None)}")
+@pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j.op}-{getattr(j, 'uid', None)}-"
+                                                   f"{getattr(j, 'object_format', None)}")
 def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob) -> None:
     assert decode_job(encode_job(job)) == job
     buf = FrameBuffer()
@@ -54,6 +58,14 @@ def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob) ->
     '{"op": "tag", "commit": "c", "tagname": "t", "time": "1", "message": "m"}',
     '{"op": "tag", "commit": "c", "tagname": "t", "time": true, "message": "m"}',
     '{"op": "commit", "tree": "t", "parents": "p", "time": 1, "message": "m"}',
+    *(json.dumps({"op": "tag", "commit": "c" * 40, "tagname": "t", "time": 1, "message": "m",
+                  **bad})
+      for bad in [{"commit": "c" * 39}, {"commit": "C" * 40}, {"commit": "c" * 64},
+                  {"object_format": "sha256"}, {"object_format": "sha512"},
+                  {"object_format": 1}]),
+    *(json.dumps({"op": "commit", "tree": "e" * 64, "parents": ["a" * 64], "time": 1,
+                  "message": "m", "object_format": "sha256", **bad})
+      for bad in [{"tree": "e" * 40}, {"parents": ["a" * 64, "c" * 40]}, {"object_format": None}]),
     '{"op": "receipt", "time": 1}',
     *(json.dumps({"op": "timestamp", "hash_algorithm": "sha256", "digest": "ab" * 32,
                   "serial": 1, "time": 1, "policy": "1.2.3", "cert_req": False, **bad})
@@ -66,6 +78,47 @@ def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob) ->
 def test_malformed_jobs_are_refused(payload: str) -> None:
     with pytest.raises(MalformedMessage):
         decode_job(payload)
+
+
+def test_sha1_jobs_are_encoded_as_before() -> None:
+    """The job of a 40-hex request carries no ``object_format``: its JSON is what it was."""
+    assert encode_job(TagJob(C, "v1", 1, "m\n")) == \
+        f'{{"op":"tag","commit":"{C}","tagname":"v1","time":1,"message":"m\\n"}}'
+    assert encode_job(CommitJob(T, (P, C), 5, "m\n", "X <x@y>")) == \
+        f'{{"op":"commit","tree":"{T}","parents":["{P}","{C}"],"time":5,"message":"m\\n",' \
+        '"uid":"X <x@y>"}'
+    c64 = "c" * 64
+    assert encode_job(TagJob(c64, "v1", 1, "m\n", object_format="sha256")) == \
+        f'{{"op":"tag","commit":"{c64}","tagname":"v1","time":1,"message":"m\\n",' \
+        '"object_format":"sha256"}'
+
+
+def test_sha256_jobs_build_what_git_writes_there() -> None:
+    """A SHA-256 commit carries its signature in ``gpgsig-sha256`` and is named by SHA-256; a
+    tag is signed as in SHA-1 repositories."""
+    sig = "-----BEGIN PGP SIGNATURE-----\n\nAAAA\n-----END PGP SIGNATURE-----\n"
+    commit = CommitJob("e" * 64, ("a" * 64,), 5, "m\n", object_format="sha256")
+    signed = commit.embed(commit.payload("U <u@v>"), sig)
+    assert signed == (f"tree {'e' * 64}\nparent {'a' * 64}\nauthor U <u@v> 5 +0000\n"
+                      "committer U <u@v> 5 +0000\ngpgsig-sha256 -----BEGIN PGP SIGNATURE-----\n"
+                      " \n AAAA\n -----END PGP SIGNATURE-----\n\nm\n").encode()
+    assert commit.object_id(signed) == hashlib.sha256(
+        b"commit %d\0" % len(signed) + signed).hexdigest()
+    old = CommitJob(T, (P,), 5, "m\n")
+    assert old.embed(old.payload("U <u@v>"), sig).count(b"\ngpgsig -----BEGIN") == 1
+    assert old.object_id(b"x") == hashlib.sha1(b"commit 1\0x").hexdigest()
+    tag = TagJob("c" * 64, "t", 5, "m\n", object_format="sha256")
+    signed = tag.embed(tag.payload("U <u@v>"), sig)
+    assert signed.endswith(b"\nm\n" + sig.encode())
+    assert tag.object_id(signed) == hashlib.sha256(b"tag %d\0" % len(signed) + signed).hexdigest()
+
+
+def test_sha256_requests_make_sha256_jobs() -> None:
+    c, t, p = "c" * 64, "e" * 64, "a" * 64
+    assert TagRequest(c, "v1").job(0, "u", None).object_format == "sha256"
+    job = BranchRequest(c, t, p).job(0, "u", None)
+    assert job.object_format == "sha256" and job.parents == (p, c)
+    assert TagRequest(C, "v1").job(0, "u", None).object_format == "sha1"
 
 
 def test_hello_and_results() -> None:

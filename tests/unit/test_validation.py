@@ -59,3 +59,33 @@ def test_longest_tagname_accepted() -> None:
     assert parse_stamp_request(
         {"request": ["stamp-tag-v1"], "commit": [C], "tagname": [name]}
     ) == TagRequest(C, name)
+
+
+C64, T64, P64 = C + "89abcdef" * 3, T + "01234567" * 3, P + "76543210" * 3
+
+
+def test_sha256_ids_are_accepted() -> None:
+    tag = parse_stamp_request({"request": ["stamp-tag-v1"], "commit": [C64], "tagname": ["t"]})
+    assert tag == TagRequest(commit=C64, tagname="t") and tag.object_format == "sha256"
+    fields = {"request": ["stamp-branch-v1"], "commit": [C64], "tree": [T64], "parent": [P64]}
+    branch = parse_stamp_request(fields)
+    assert branch == BranchRequest(commit=C64, tree=T64, parent=P64)
+    assert branch.object_format == "sha256"
+    assert parse_stamp_request({"request": ["stamp-tag-v1"], "commit": [C],
+                                "tagname": ["t"]}).object_format == "sha1"
+
+
+@pytest.mark.parametrize("ids", [
+    (C64[:63], T64, None), (C64 + "0", T64, None), (C64.upper(), T64, None),
+    (C64, T, None), (C, T64, None), (C64, T64, P), (C, T, P64),
+])
+def test_bad_and_mixed_length_ids_are_refused(ids: tuple[str, str, str | None]) -> None:
+    commit, tree, parent = ids
+    fields = {"request": ["stamp-branch-v1"], "commit": [commit], "tree": [tree]}
+    if parent is not None:
+        fields["parent"] = [parent]
+    with pytest.raises(InvalidCommitId) as e:
+        parse_stamp_request(fields)
+    mixed = len({len(commit), len(tree), len(parent or commit)}) > 1 and len(commit) in (40, 64)
+    if mixed and commit.islower():
+        assert "must all be SHA-1 (40 hex digits) or all SHA-256 (64)" in e.value.message

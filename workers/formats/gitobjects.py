@@ -1,14 +1,37 @@
 """Pure construction of the git objects stampd signs: tags and commits, with embedded signatures.
 
 Byte layout follows git (docs/protocol.md): a tag's signature is appended after its
-message; a commit's goes into a ``gpgsig`` header right before the blank line, each further line
-prefixed by one space. The signed payload is the object without its signature.
+message; a commit's goes into a ``gpgsig`` header (``gpgsig-sha256`` in a SHA-256 repository)
+right before the blank line, each further line prefixed by one space. The signed payload is the
+object without its signature.
+
+A repository's object format (``sha1`` or ``sha256``, `OBJECT_FORMATS`) decides how long its
+object ids are, which hash names an object and which header carries a commit's signature; a tag
+is signed the same way in both.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+
+SHA1 = "sha1"
+SHA256 = "sha256"
+# object format -> (hex digits of an object id, the commit header that carries the signature)
+OBJECT_FORMATS: dict[str, tuple[int, str]] = {SHA1: (40, "gpgsig"), SHA256: (64, "gpgsig-sha256")}
+
+
+def object_format_of(oid: str) -> str:
+    """The object format whose ids have the length of ``oid``; `ValueError` for any other."""
+    for name, (digits, _) in OBJECT_FORMATS.items():
+        if len(oid) == digits:
+            return name
+    raise ValueError(f"an object id has 40 (SHA-1) or 64 (SHA-256) hex digits, not {len(oid)}")
+
+
+def signature_header(object_format: str) -> str:
+    """The commit header git reads the signature from in a repository of ``object_format``."""
+    return OBJECT_FORMATS[object_format][1]
 
 
 def tag_payload(commit: str, tagname: str, uid: str, t: int, message: str) -> bytes:
@@ -32,7 +55,8 @@ def embed_tag_signature(payload: bytes, signature: str) -> bytes:
 
 
 def embed_commit_signature(payload: bytes, signature: str, header: str = "gpgsig") -> bytes:
-    """Insert ``signature`` as the ``gpgsig`` header just before the blank line."""
+    """Insert ``signature`` as the ``header`` header (`signature_header`) just before the
+    blank line."""
     if not signature.endswith("\n"):
         raise ValueError("signature must end in a newline")
     end = payload.index(b"\n\n") + 1
@@ -40,6 +64,9 @@ def embed_commit_signature(payload: bytes, signature: str, header: str = "gpgsig
     return payload[:end] + f"{header} {folded}".encode("ascii") + payload[end:]
 
 
-def git_object_id(kind: str, body: bytes) -> str:
-    """SHA-1 object id of a git object of ``kind`` ("tag", "commit", ...)."""
-    return hashlib.sha1(f"{kind} {len(body)}\0".encode() + body).hexdigest()
+def git_object_id(kind: str, body: bytes, object_format: str = SHA1) -> str:
+    """Object id of a git object of ``kind`` ("tag", "commit", ...) in a repository of
+    ``object_format``: ``<hash>("<kind> <length>\\0" + body)``."""
+    if object_format not in OBJECT_FORMATS:
+        raise ValueError(f"unknown object format {object_format!r}")
+    return hashlib.new(object_format, f"{kind} {len(body)}\0".encode() + body).hexdigest()

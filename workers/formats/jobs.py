@@ -50,9 +50,37 @@ def _opt_str(d: dict[str, Any], name: str) -> str | None:
     return None if d.get(name) is None else _str(d, name)
 
 
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def _object_format(d: dict[str, Any]) -> str:
+    """A git job's ``object_format``: absent for SHA-1 (the jobs of 40-hex requests are
+    unchanged), ``"sha256"`` for a SHA-256 repository."""
+    value = _opt_str(d, "object_format")
+    return gitobjects.SHA1 if value is None else value
+
+
+def _check_ids(object_format: str, *ids: str) -> None:
+    """The ids of a git job have the length of its object format."""
+    if object_format not in gitobjects.OBJECT_FORMATS:
+        raise MalformedMessage(f"unknown object format {object_format!r}")
+    digits = gitobjects.OBJECT_FORMATS[object_format][0]
+    for oid in ids:
+        if len(oid) != digits or not _HEX.fullmatch(oid):
+            raise MalformedMessage(f"a {object_format} object id is {digits} lowercase hex "
+                                   f"digits, not {oid[:80]!r}")
+
+
+def _with_format(d: dict[str, Any], object_format: str) -> dict[str, Any]:
+    if object_format != gitobjects.SHA1:
+        d["object_format"] = object_format
+    return d
+
+
 @dataclass(frozen=True)
 class TagJob:
-    """A signed tag of ``commit`` named ``tagname``."""
+    """A signed tag of ``commit`` named ``tagname``, in a repository of ``object_format``
+    (``sha1`` or ``sha256``: the length of ``commit``)."""
 
     op: ClassVar[str] = "tag"
     object_type: ClassVar[str] = "tag"  # the git object it builds
@@ -61,31 +89,40 @@ class TagJob:
     time: int
     message: str
     uid: str | None = None  # tagger user id, for keys that have none of their own (SSH)
+    object_format: str = gitobjects.SHA1
+
+    def __post_init__(self) -> None:
+        _check_ids(self.object_format, self.commit)
 
     def payload(self, uid: str) -> bytes:
         """The tag without its signature (what is signed)."""
         return gitobjects.tag_payload(self.commit, self.tagname, uid, self.time, self.message)
 
-    @staticmethod
-    def embed(payload: bytes, signature: str) -> bytes:
+    def embed(self, payload: bytes, signature: str) -> bytes:
+        """A tag's signature follows its message in both object formats."""
         return gitobjects.embed_tag_signature(payload, signature)
+
+    def object_id(self, signed: bytes) -> str:
+        """The id of the signed tag ``signed`` in its repository."""
+        return gitobjects.git_object_id(self.object_type, signed, self.object_format)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "commit": self.commit, "tagname": self.tagname,
                              "time": self.time, "message": self.message}
         if self.uid is not None:
             d["uid"] = self.uid
-        return d
+        return _with_format(d, self.object_format)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TagJob:
         return cls(_str(d, "commit"), _str(d, "tagname"), _int(d, "time"), _str(d, "message"),
-                   _opt_str(d, "uid"))
+                   _opt_str(d, "uid"), _object_format(d))
 
 
 @dataclass(frozen=True)
 class CommitJob:
-    """A signed commit of ``tree`` with ``parents`` (a branch stamp, or a log commit)."""
+    """A signed commit of ``tree`` with ``parents`` (a branch stamp, or a log commit), in a
+    repository of ``object_format`` (``sha1`` or ``sha256``: the length of every id)."""
 
     op: ClassVar[str] = "commit"
     object_type: ClassVar[str] = "commit"  # the git object it builds
@@ -94,21 +131,31 @@ class CommitJob:
     time: int
     message: str
     uid: str | None = None  # author/committer user id, for keys without one (SSH)
+    object_format: str = gitobjects.SHA1
+
+    def __post_init__(self) -> None:
+        _check_ids(self.object_format, self.tree, *self.parents)
 
     def payload(self, uid: str) -> bytes:
         """The commit without its signature (what is signed)."""
         return gitobjects.commit_payload(self.tree, self.parents, uid, self.time, self.message)
 
-    @staticmethod
-    def embed(payload: bytes, signature: str) -> bytes:
-        return gitobjects.embed_commit_signature(payload, signature)
+    def embed(self, payload: bytes, signature: str) -> bytes:
+        """The signature in ``gpgsig`` (SHA-1) or ``gpgsig-sha256`` (SHA-256), as git writes
+        it in a repository of that format."""
+        return gitobjects.embed_commit_signature(
+            payload, signature, gitobjects.signature_header(self.object_format))
+
+    def object_id(self, signed: bytes) -> str:
+        """The id of the signed commit ``signed`` in its repository."""
+        return gitobjects.git_object_id(self.object_type, signed, self.object_format)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "tree": self.tree, "parents": list(self.parents),
                              "time": self.time, "message": self.message}
         if self.uid is not None:
             d["uid"] = self.uid
-        return d
+        return _with_format(d, self.object_format)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CommitJob:
@@ -116,7 +163,7 @@ class CommitJob:
         if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
             raise MalformedMessage("field 'parents' must be a list of strings")
         return cls(_str(d, "tree"), tuple(parents), _int(d, "time"), _str(d, "message"),
-                   _opt_str(d, "uid"))
+                   _opt_str(d, "uid"), _object_format(d))
 
 
 @dataclass(frozen=True)
@@ -137,7 +184,6 @@ class ReceiptJob:
 
 _OID = re.compile(r"[0-2](\.(0|[1-9][0-9]*))+")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
-_HEX = re.compile(r"[0-9a-f]+")
 
 
 @dataclass(frozen=True)
