@@ -9,8 +9,12 @@ Without ``--key`` the server's key is fetched from the ``server:`` URL of the re
 that server's answer; say ``--key`` for an offline check against a key you hold).
 
 A git target (a tag or commit in ``--repo``) is checked with ``git verify-tag --raw`` or
-``git verify-commit --raw`` against the ``--key`` file only, and the tagger/committer time must be
-the signature's creation time.
+``git verify-commit --raw`` against the ``--key`` file only. OpenPGP: the tagger/committer time
+must be the signature's creation time. SSH (``-----BEGIN SSH SIGNATURE-----``): ``--key`` is a
+``.pub`` or allowed-signers file, git checks with ``gpg.format=ssh`` and an allowed-signers file
+of only those keys (namespace ``git``); the signature, which carries no time, covers the
+tagger/committer time. A stamp signed in any other way (X.509, an OpenPGP message) is
+"unsupported".
 
 An RFC 3161 time-stamp response (``.tsr``) or bare token (a DER file: the first byte tells it
 from a receipt's text) is checked offline with ``cryptography``: one SignerInfo whose signature
@@ -24,8 +28,8 @@ timeStamping EKU and validity at ``genTime``, the ``tsa`` name (if any) its subj
 log clone or its URL, audited as ``stampd audit`` does) the first main commit whose
 ``digests.log`` holds the imprint is named, with its earliest peer stamp.
 
-Exit status: 0 valid, 1 invalid (or could not be checked), 2 malformed, 3 a valid token whose
-imprint is not in the ``--log`` (yet).
+Exit status: 0 valid, 1 invalid (or could not be checked, or unsupported), 2 malformed, 3 a
+valid token whose imprint is not in the ``--log`` (yet).
 """
 
 from __future__ import annotations
@@ -112,6 +116,13 @@ class CannotCheck(VerifyError):
     """The check could not be made (key not obtainable, gpg missing): not shown valid."""
 
     kind = "cannot check"
+
+
+class Unsupported(CannotCheck):
+    """Well-formed, but signed in a way stampd verify cannot check (an X.509 signature, an
+    OpenPGP message): not shown valid, exit status 1."""
+
+    kind = "unsupported"
 
 
 class Malformed(VerifyError):
@@ -403,17 +414,47 @@ def _identity(line: str) -> tuple[str, int]:
     return m.group(1), int(m.group(2))
 
 
-def describe_git_object(kind: str, body: str) -> tuple[str, str, int]:
-    """(stamped commit, signer, time) of a tag or commit object; `Malformed` if unsigned."""
+# The lines that start a signature block git knows (gpg-interface.c), and the formats
+# `stampd verify` checks.
+SIGNATURE_STARTS = {
+    "-----BEGIN PGP SIGNATURE-----": "openpgp",
+    "-----BEGIN PGP MESSAGE-----": None,
+    "-----BEGIN SIGNED MESSAGE-----": None,  # X.509 (gpgsm)
+    "-----BEGIN SSH SIGNATURE-----": "ssh",
+}
+
+
+def _signature_format(first_line: str, kind: str) -> str:
+    """"openpgp" or "ssh" for a signature block starting with ``first_line``; `Unsupported`
+    for any other."""
+    fmt = SIGNATURE_STARTS.get(first_line)
+    if fmt is None:
+        what = first_line.strip("-").removeprefix("BEGIN ").lower() or "an unknown signature"
+        raise Unsupported(f"the {kind} is signed in a format stampd verify cannot check "
+                          f"({what}); only OpenPGP and SSH stamps can be checked")
+    return fmt
+
+
+@dataclass(frozen=True)
+class GitObject:
+    stamped: str  # the commit the stamp is about
+    signer: str
+    time: int
+    signature: str  # "openpgp" or "ssh"
+
+
+def describe_git_object(kind: str, body: str) -> GitObject:
+    """What a tag or commit stamp says; `Malformed` if unsigned, `Unsupported` if signed in
+    a format other than OpenPGP or SSH."""
     headers = _headers(body)
     if kind == "tag":
-        signatures = body.count("\n-----BEGIN PGP SIGNATURE-----\n")
-        if "\n-----BEGIN SSH SIGNATURE-----\n" in body and not signatures:
-            raise Malformed("an SSH-signed tag: only OpenPGP stamps can be checked")
-        if not signatures:
-            raise Malformed("the tag carries no OpenPGP signature: not a stamp")
-        if signatures > 1:
+        starts = [line for line in body.split("\n") if line in SIGNATURE_STARTS
+                  or re.fullmatch(r"-----BEGIN [A-Z0-9 ]*SIGNATURE-----", line)]
+        if not starts:
+            raise Malformed("the tag carries no signature: not a stamp")
+        if len(starts) > 1:
             raise Invalid("more than one signature (only one is allowed)")
+        fmt = _signature_format(starts[0], kind)
         stamped = next((h[7:] for h in headers if h.startswith("object ")), "")
         ident = next((h for h in headers if h.startswith("tagger ")), None)
     else:
@@ -422,22 +463,77 @@ def describe_git_object(kind: str, body: str) -> tuple[str, str, int]:
             raise Malformed("the commit carries no signature: not a stamp")
         if len(sig_headers) > 1:
             raise Invalid("more than one signature (only one is allowed)")
-        if "-----BEGIN SSH SIGNATURE-----" in sig_headers[0]:
-            raise Malformed("an SSH-signed commit: only OpenPGP stamps can be checked")
+        fmt = _signature_format(sig_headers[0].split(" ", 1)[1], kind)
         parents = [h[7:] for h in headers if h.startswith("parent ")]
         stamped = parents[-1] if parents else ""
         ident = next((h for h in headers if h.startswith("committer ")), None)
     if ident is None:
         raise Malformed(f"the {kind} has no {'tagger' if kind == 'tag' else 'committer'} line")
     signer, t = _identity(ident)
-    return stamped, signer, t
+    return GitObject(stamped=stamped, signer=signer, time=t, signature=fmt)
+
+
+_GOOD_SSH = re.compile(r'Good "git" signature for \S+ with \S+ key (SHA256:[A-Za-z0-9+/=]+)')
+
+
+def verify_git_ssh(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Path
+                   ) -> tuple[ValidSig, str]:
+    """An SSH-signed tag or commit: ``git verify-tag|verify-commit`` with ``gpg.format=ssh``
+    and an allowed-signers file holding only the SSH keys of ``key_file`` (namespace git).
+    An SSH signature carries no time: the tagger/committer time, which it covers, is the
+    stamp's."""
+    try:
+        text = key_file.read_text(encoding="ascii", errors="replace")[:MAX_KEY + 1]
+    except OSError as e:
+        raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+    keys = ssh_keys_from(text)
+    if not keys:
+        raise Malformed(f"the {kind} is SSH-signed, and {key_file} holds no SSH public key "
+                        "(give the server's allowed-signers line, GET /v1/keys/allowed_signers, "
+                        "or its .pub)")
+    with tempfile.TemporaryDirectory(prefix=KEYRING_PREFIX) as tmp:
+        signers = Path(tmp) / "allowed_signers"
+        signers.write_text("".join(f'stamp-{i}@stampd namespaces="git" '
+                                   f"{k.to_line(comment=False)}\n"
+                                   for i, k in enumerate(keys)), encoding="ascii")
+        r = _git(repo, "-c", "gpg.format=ssh", "-c", f"gpg.ssh.allowedSignersFile={signers}",
+                 "verify-tag" if kind == "tag" else "verify-commit", "--raw", oid)
+    output = r.stdout + r.stderr
+    if "ssh-keygen" in output and "No such file" in output:
+        raise CannotCheck("ssh-keygen is not installed (OpenSSH 8.2 or later)")
+    good = _GOOD_SSH.findall(output)
+    if r.returncode != 0 or len(good) != 1:
+        detail = output.strip().splitlines()
+        raise Invalid("the SSH signature does not verify with a key of "
+                      f"{key_file}: {detail[-1][:200] if detail else r.returncode}")
+    fingerprint = good[0]
+    if fingerprint not in {k.fingerprint for k in keys}:
+        raise Invalid(f"signed by {fingerprint}, which is not in the key file {key_file}")
+    sig = ValidSig(fingerprint=fingerprint, created=obj.time, sig_class="ssh",
+                   primary=fingerprint)
+    return sig, f"key file {key_file}"
 
 
 def verify_git(repo: Path, target: str, key_file: Path) -> GitResult:
     """Check a tag or commit stamp with git against the key file only."""
     oid, kind = resolve_git_object(repo, target)
     body = _git(repo, "cat-file", kind, oid).stdout
-    stamped, signer, t = describe_git_object(kind, body)
+    obj = describe_git_object(kind, body)
+    if obj.signature == "ssh":
+        sig, origin = verify_git_ssh(repo, oid, kind, obj, key_file)
+    else:
+        sig, origin = verify_git_openpgp(repo, oid, kind, obj, key_file)
+    name = target
+    if kind == "tag":
+        name = next((h[4:] for h in _headers(body) if h.startswith("tag ")), target)
+    return GitResult(kind=kind, oid=oid, name=name, stamped=obj.stamped, signer=obj.signer,
+                     time=obj.time, signature=sig, key_origin=origin)
+
+
+def verify_git_openpgp(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Path
+                       ) -> tuple[ValidSig, str]:
+    """An OpenPGP-signed tag or commit: ``git verify-tag|verify-commit --raw`` in a keyring
+    holding only ``key_file``; a binary signature made in the tagger/committer second."""
     with gpg_checks(), TempGnupgHome(KEYRING_PREFIX) as home:
         origin = load_keyring(home, key_file, None)
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
@@ -450,13 +546,9 @@ def verify_git(repo: Path, target: str, key_file: Path) -> GitResult:
         raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
     if sig.sig_class != SIG_BINARY:
         raise Invalid(f"signature class {sig.sig_class} is not a binary signature (00)")
-    if sig.created != t:
-        raise Invalid(f"signature made at {sig.created}, but the {kind} says {t}")
-    name = target
-    if kind == "tag":
-        name = next((h[4:] for h in _headers(body) if h.startswith("tag ")), target)
-    return GitResult(kind=kind, oid=oid, name=name, stamped=stamped, signer=signer, time=t,
-                     signature=sig, key_origin=origin)
+    if sig.created != obj.time:
+        raise Invalid(f"signature made at {sig.created}, but the {kind} says {obj.time}")
+    return sig, origin
 
 
 # --------------------------------------------------------------------------- RFC 3161 tokens

@@ -529,11 +529,11 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="stampd",
         description="stampd: a timestamping server for git (Zeitgitter protocol) and digests. "
-        "`stampd serve` runs it (data in ./var by default); `stampd verify`, `audit` and "
-        "`hook` are for users of any stampd server. Every setting is also an environment "
-        "variable STAMPD_<NAME>.",
+        "`stampd serve` runs it (data in ./var by default); `stampd stamp`, `verify`, "
+        "`audit` and `hook` are for users of any stampd server. Every setting is also an "
+        "environment variable STAMPD_<NAME>.",
         epilog="Exit status: 0 success; 1 the command failed (one line on stderr says why); "
-        "2 bad arguments or settings. verify and audit have their own (see their --help).")
+        "2 bad arguments or settings. stamp, verify and audit have their own (see their --help).")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (STAMPD_LOG_LEVEL)")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -654,6 +654,38 @@ def parser() -> argparse.ArgumentParser:
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")
     audit.set_defaults(func=_cmd("client.audit", "cmd_audit"))
+
+    stampp = sub.add_parser(
+        "stamp", help="obtain a tag or branch stamp of a commit from a stampd (or Zeitgitter) "
+        "server, check it as `git timestamp` does, and store it in the repository",
+        description="OpenPGP or SSH stamps (--format ssh), SHA-1 or SHA-256 repositories. "
+        "Exit status: 0 stored; 1 not stamped (server unreachable or answered an error, its "
+        "key changed from the pinned one, git or gpg failed); 2 an unusable argument or "
+        "repository (no server, a bad name, an unknown commit, an existing tag, a commit the "
+        "branch stamps already); 3 the server's answer was refused (not the object asked for, "
+        "a time off by 30 s or more, a signature that does not verify with the trusted key): "
+        "nothing was stored.")
+    which = stampp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tag", metavar="NAME", help="make the stamp the tag refs/tags/NAME")
+    which.add_argument("--branch", metavar="NAME",
+                       help="add the stamp to the timestamp branch NAME (a merge chain: its "
+                       "parents are the branch's previous stamp and COMMIT)")
+    stampp.add_argument("commit", nargs="?", default="HEAD", metavar="COMMIT",
+                        help="the commit to stamp (default: HEAD)")
+    stampp.add_argument("--server", default=None,
+                        help="server URL (default: $STAMPD_SERVER, else git config "
+                        "timestamp.server)")
+    stampp.add_argument("--format", choices=("openpgp", "ssh"), default=None,
+                        help="the stamp's signature (default: openpgp; ssh with --key "
+                        "SHA256:...)")
+    stampp.add_argument("--key", default=None, metavar="FILE|SHA256:...",
+                        help="the key to trust instead of the pinned one (trust on first use): "
+                        "an armored OpenPGP public key file; with --format ssh a .pub or "
+                        "allowed-signers file, or the fingerprint of one of the server's SSH "
+                        "keys")
+    stampp.add_argument("--repo", type=Path, default=Path("."),
+                        help="the git repository (default: .)")
+    stampp.set_defaults(func=_cmd("client.stamp", "cmd_stamp"))
 
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
     hooksub = hook.add_subparsers(dest="hook_command", required=True)
