@@ -78,4 +78,6 @@ def manifest_request(body: bytes) -> ManifestRequest:
     try:
         return ManifestRequest(parse_body(body))
     except MalformedManifest as e:
+        if not e.count:  # no line to name (an empty body)
+            raise BadRequest(str(e)) from None
         raise BadManifest(str(e), e.bad, e.count) from None
