@@ -29,6 +29,8 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from server.api.digests import PAGE_MAX
 from server.api.services import Services
+from workers.formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
+from workers.formats.manifests import MAX_LINE, line_regex
 from workers.formats.receipts import ALGORITHMS
 from workers.keys.keyset import ServedKey
 
@@ -45,6 +47,9 @@ TEXT = "text/plain"
 URLENCODED = "application/x-www-form-urlencoded"
 TSQ = "application/timestamp-query"
 TSR = "application/timestamp-reply"
+# A manifest body: one or more checksum lines of one algorithm, the last LF optional.
+MANIFEST_PATTERN = "^(?:" + "|".join(
+    rf"(?:{line_regex(alg)}\n)*{line_regex(alg)}\n?" for alg in MANIFEST_ALGORITHMS) + ")$"
 # Examples: the digests of "hello\n" (stamped by the examples of POST /v1/stamps, fetched by
 # those of the GET operations).
 EXAMPLE_DIGEST = {alg: hashlib.new(alg, b"hello\n").hexdigest() for alg in ALGORITHMS}
@@ -280,6 +285,16 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
             **zeitgitter_extra,
         },
         "ZeitgitterStamp": {"oneOf": [_ref("TagStamp"), _ref("BranchStamp")]},
+        "ManifestBody": {
+            "type": "string", "title": "checksum lines", "pattern": MANIFEST_PATTERN,
+            "description": (
+                "`sha256sum` or `sha512sum` output: lines of one algorithm, each `<hex>  "
+                "<name>`, `<hex> *<name>`, `<hex>` or `SHA256 (<name>) = <hex>` (`SHA512` "
+                "for sha512), optionally after a `\\`; lowercase hex; a name without "
+                "control characters, not ending in a space; each line ending in LF (the "
+                f"last may lack it); at most {MAX_LINE} characters a line. No `#` lines, "
+                "no empty lines."),
+        },
     }
 
 
@@ -325,6 +340,7 @@ def _receipts_path(algorithm: str, n: int) -> Json:
 def openapi_document(keys: Sequence[ServedKey]) -> Json:
     """The OpenAPI 3.1 description of the HTTP API of a server that serves ``keys``."""
     version = importlib.metadata.version("stampd")
+    choice, agree = _key_choice(keys)
     zeitgitter_post = {
         "tags": ["zeitgitter"],
         "operationId": "stampGit",
@@ -445,22 +461,27 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                     "the lines as sent, OpenPGP cleartext-signed (or SSH-signed): "
                     "`gpg --verify` and `sha256sum -c` check it. A bad line is refused "
                     "(400, naming the line numbers) and nothing is recorded."),
-                "parameters": [
-                    {"name": "format", "in": "query", "required": False,
-                     "schema": {"type": "string", "enum": sorted({k.format for k in keys})}},
-                    {"name": "key", "in": "query", "required": False,
-                     "schema": {"type": "string", "enum": [k.fingerprint for k in keys]}},
-                ],
+                # `format` and `key` are one object parameter (form style, exploded: on the
+                # wire `?format=...&key=...`), so that JSON Schema can say they agree.
+                "parameters": [{
+                    "name": "keyChoice", "in": "query", "required": False,
+                    "style": "form", "explode": True,
+                    "description": "the query parameters `format` and `key` (each at most "
+                                   "once), as for `POST /v1/stamps`; other query parameters "
+                                   "are ignored",
+                    "schema": {"type": "object", "properties": choice, **agree}}],
                 "requestBody": {"required": True, "content": {
-                    media: {"schema": {"type": "string"},
+                    media: {"schema": _ref("ManifestBody"),
                             "example": f"{EXAMPLE_DIGEST['sha256']}  release.tar.gz\n"}
                     for media in (URLENCODED, TEXT, "application/octet-stream")}},
                 "responses": {
                     "200": {"description": "the signed manifest",
                             "content": {TEXT: {"schema": {"type": "string"}}}},
                     **_errors(PROBLEM, [400, 408, 413, 415, 503],
-                              s400="a line that is not a checksum line (`lines` names the "
-                                   "first ones), an empty body, or a bad key choice",
+                              s400="a body that is not checksum lines of one algorithm "
+                                   "(`lines` names the first bad ones), a line longer than "
+                                   f"{MAX_LINE} characters, an empty body, a body that is "
+                                   "not UTF-8, or a bad key choice",
                               s408="the body did not arrive in time (STAMPD_BODY_TIMEOUT "
                                    "per chunk, plus a second per MiB in all)",
                               s413="more than STAMPD_MAX_MANIFEST_BYTES bytes or "

@@ -45,12 +45,18 @@ _NAME = r"[^\x00-\x1f\x7f]*[^\x00-\x20\x7f]"
 _BSD_NAME = r"[^\x00-\x1f\x7f]*"
 
 
-def _line_pattern(algorithm: str) -> re.Pattern[str]:
+def line_regex(algorithm: str) -> str:
+    """One checksum line of ``algorithm`` (no anchors, no line end), with two groups: the
+    digest of a coreutils line, the digest of a BSD line. Written in the syntax that Python
+    and ECMA-262 (JSON Schema's ``pattern``) share: the OpenAPI description uses it too."""
     n = ALGORITHMS[algorithm]
     tag = BSD_TAGS[algorithm]
-    return re.compile(
-        rf"^\\?(?:([0-9a-f]{{{n}}})(?: [ *]{_NAME})?|{tag} \({_BSD_NAME}\) = ([0-9a-f]{{{n}}}))$",
-        re.M)
+    return (rf"\\?(?:([0-9a-f]{{{n}}})(?: [ *]{_NAME})?"
+            rf"|{tag} \({_BSD_NAME}\) = ([0-9a-f]{{{n}}}))")
+
+
+def _line_pattern(algorithm: str) -> re.Pattern[str]:
+    return re.compile(rf"^{line_regex(algorithm)}$", re.M)
 
 
 _PATTERNS = {alg: _line_pattern(alg) for alg in ALGORITHMS}
