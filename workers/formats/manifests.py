@@ -98,6 +98,9 @@ def _algorithm_of(first: str) -> str | None:
 
 
 def _diagnose(lines: list[str], algorithm: str | None) -> MalformedManifest:
+    if algorithm is None:  # the first line is bad: hold the rest to the first good line's
+        algorithm = next((alg for line in lines for alg, p in _PATTERNS.items()
+                          if len(line) <= MAX_LINE and p.fullmatch(line)), None)
     pattern = _PATTERNS[algorithm] if algorithm else None
     bad = [i for i, line in enumerate(lines, 1)
            if pattern is None or len(line) > MAX_LINE or not pattern.fullmatch(line)]
