@@ -109,7 +109,7 @@ class Signer:
     def build_manifest(self, job: ManifestJob) -> str:
         """Only a well-formed manifest is signed: its lines are checksum lines of its
         algorithm, its header parses and names this worker's key."""
-        manifests.check_lines(job.lines, job.algorithm)
+        manifests.check_structure(job.lines, job.algorithm)
         header = job.header()
         if header.key != self.fingerprint:
             raise MalformedMessage("the manifest names another key")
@@ -171,7 +171,7 @@ class OpenPgpSigner(Signer):
         return self.key.fingerprint
 
     def manifest(self, header: str, lines: str, t: int) -> str:
-        # No line of a manifest starts with "-" (check_lines): nothing is dash-escaped.
+        # No line of a manifest starts with "-" (check_structure): nothing is dash-escaped.
         head, signature = cleartext.clearsign_parts(header + lines, self.key, t, self._sign)
         return head + header + signature
 

@@ -18,6 +18,7 @@ from workers.formats.manifests import (
     bucket_of,
     buckets,
     check_lines,
+    check_structure,
     packed_contains,
     parse_body,
     parse_header,
@@ -54,6 +55,7 @@ def test_lines_taken(body: str, algorithm: str, digests: list[str]) -> None:
     assert (m.algorithm, m.digests, m.lines) == (algorithm, digests, len(digests))
     assert m.text == body if body.endswith("\n") else body + "\n"
     assert re.fullmatch(MANIFEST_PATTERN, body)  # the OpenAPI description takes it too
+    assert check_structure(m.text, algorithm) == m.lines  # and the worker's check
 
 
 @pytest.mark.parametrize(("body", "bad"), [
@@ -78,6 +80,9 @@ def test_bad_lines_named(body: str, bad: list[int]) -> None:
     assert (e.bad, e.count) == (bad, len(bad))
     assert f"line {', '.join(map(str, bad))}" in str(e)
     assert not re.fullmatch(MANIFEST_PATTERN, body)
+    for algorithm in ("sha256", "sha512"):  # the worker's check refuses it too
+        with pytest.raises(MalformedManifest):
+            check_structure(body, algorithm)
 
 
 def test_what_names_no_line() -> None:
@@ -150,3 +155,13 @@ def test_buckets_hold_each_digest_once_sorted() -> None:
     assert not packed_contains(by_bucket.get(bucket_of(absent), b""), absent)
     near = digests[0][:-2] + ("00" if digests[0][-2:] != "00" else "01")  # same bucket
     assert not packed_contains(by_bucket[bucket_of(digests[0])], near)
+
+
+def test_worker_check_survives_cpython_possessive_group_bug() -> None:
+    """The body schemathesis found: with capturing groups inside the worker's possessive
+    repeat, CPython 3.11's re raised SystemError (a 500)."""
+    body = ("\\0e4db991bdc882a1dfc78ca04ef77a95e212a0e17f4a0ae8daf10d41468027fd  \U000c322fĝd"
+            "\U000bcc327¤\U000a742a\x9b¨\U000996e0ç9^y\n\\db2591b626c0e157424a53d82c60039f464c4"
+            "3a273a19b98260c325f2ef43495 *\x84ĊM\x9a/Ã\nSHA256 (\U000fd02eĒA\U000f05f8) = f08dfbf"
+            "34b0db30fb2c788daed25285b01b1699208d998178cfe188801aa7d95\n")
+    assert check_structure(parse_body(body.encode()).text, "sha256") == 3

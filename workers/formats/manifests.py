@@ -26,7 +26,7 @@ The signed text is the header, then the lines exactly as sent::
     <the lines>
 
 Pure: nothing of stampd is imported; the service checks a body with `parse_body`, the worker
-checks the lines again with `check_lines` before it signs anything.
+checks the lines again with `check_structure` before it signs anything.
 """
 
 from __future__ import annotations
@@ -45,14 +45,16 @@ _NAME = r"[^\x00-\x1f\x7f]*[^\x00-\x20\x7f]"
 _BSD_NAME = r"[^\x00-\x1f\x7f]*"
 
 
-def line_regex(algorithm: str) -> str:
-    """One checksum line of ``algorithm`` (no anchors, no line end), with two groups: the
-    digest of a coreutils line, the digest of a BSD line. Written in the syntax that Python
-    and ECMA-262 (JSON Schema's ``pattern``) share: the OpenAPI description uses it too."""
+def line_regex(algorithm: str, capture: bool = True) -> str:
+    """One checksum line of ``algorithm`` (no anchors, no line end), with two groups (unless
+    not ``capture``): the digest of a coreutils line, the digest of a BSD line. Written in the
+    syntax that Python and ECMA-262 (JSON Schema's ``pattern``) share: the OpenAPI
+    description uses it too."""
     n = ALGORITHMS[algorithm]
     tag = BSD_TAGS[algorithm]
-    return (rf"\\?(?:([0-9a-f]{{{n}}})(?: [ *]{_NAME})?"
-            rf"|{tag} \({_BSD_NAME}\) = ([0-9a-f]{{{n}}}))")
+    g = "(" if capture else "(?:"
+    return (rf"\\?(?:{g}[0-9a-f]{{{n}}})(?: [ *]{_NAME})?"
+            rf"|{tag} \({_BSD_NAME}\) = {g}[0-9a-f]{{{n}}}))")
 
 
 def _line_pattern(algorithm: str) -> re.Pattern[str]:
@@ -60,6 +62,11 @@ def _line_pattern(algorithm: str) -> re.Pattern[str]:
 
 
 _PATTERNS = {alg: _line_pattern(alg) for alg in ALGORITHMS}
+# Whole texts of one algorithm's lines, for the worker's check (`check_structure`): one match
+# over the text, possessive, so no per-line objects and no backtracking state.
+# No capturing groups in it: CPython 3.11's re raises SystemError ("The span of capturing
+# group is wrong") for some texts when a possessive repeat holds them.
+_TEXTS = {alg: re.compile(rf"(?:{line_regex(alg, capture=False)}\n)++") for alg in ALGORITHMS}
 _FIRST_HEX = re.compile(r"\\?(?:[0-9a-f]+|SHA(256|512) \(.*\) = ([0-9a-f]+))")
 
 
@@ -128,6 +135,20 @@ def check_lines(text: str, algorithm: str | None = None) -> Manifest:
         if len(found) == count and (len(text) - count) <= count * MAX_LINE:
             return Manifest(algorithm, text, count, [a or b for a, b in found])
     raise _diagnose(text[:-1].split("\n"), algorithm)
+
+
+def check_structure(text: str, algorithm: str) -> int:
+    """The worker's check of a job's lines: every line a checksum line of ``algorithm``, as
+    `check_lines` holds them, without collecting the digests (the service did); the number
+    of lines. Raises `MalformedManifest` (naming the bad lines)."""
+    if algorithm not in ALGORITHMS:
+        raise MalformedManifest(f"unknown algorithm {algorithm!r}")
+    count = text.count("\n")
+    if (_TEXTS[algorithm].fullmatch(text) is None
+            or (len(text) - count) > count * MAX_LINE):
+        check_lines(text, algorithm)  # raises, naming the bad lines
+        raise MalformedManifest("lines longer than allowed")
+    return count
 
 
 def parse_body(body: bytes) -> Manifest:
@@ -225,7 +246,10 @@ def buckets(digests: list[str]) -> list[tuple[int, bytes]]:
     grouped: dict[str, list[str]] = {}
     for d in digests:
         grouped.setdefault(d[:BUCKET_HEX], []).append(d)
-    return [(int(prefix, 16), bytes.fromhex("".join(sorted(set(group)))))
+    # Duplicates are rare: one set of all tells whether 65,536 small ones are needed.
+    distinct = len(set(digests)) == len(digests)
+    return [(int(prefix, 16),
+             bytes.fromhex("".join(sorted(group) if distinct else sorted(set(group)))))
             for prefix, group in sorted(grouped.items())]
 
 
