@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint sysdeps bench fuzz soak crash slow readflood proof clean
+.PHONY: serve test lint sysdeps bench bench-manifest fuzz soak crash slow readflood proof clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.tsa
+
+## POST /v1/manifests of 10,000 and 1,000,000 lines: digests/s and peak RSS (bench/README.md).
+bench-manifest: $(STAMP)
+	$(BIN)/python -m bench.manifest
 
 ## Proof of issue 12 (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
 ## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a

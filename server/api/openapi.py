@@ -29,6 +29,8 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from server.api.digests import PAGE_MAX
 from server.api.services import Services
+from workers.formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
+from workers.formats.manifests import MAX_LINE, line_regex
 from workers.formats.receipts import ALGORITHMS
 from workers.keys.keyset import ServedKey
 
@@ -48,6 +50,9 @@ TEXT = "text/plain"
 URLENCODED = "application/x-www-form-urlencoded"
 TSQ = "application/timestamp-query"
 TSR = "application/timestamp-reply"
+# A manifest body: one or more checksum lines of one algorithm, the last LF optional.
+MANIFEST_PATTERN = "^(?:" + "|".join(
+    rf"(?:{line_regex(alg)}\n)*{line_regex(alg)}\n?" for alg in MANIFEST_ALGORITHMS) + ")$"
 # Examples: the digests of "hello\n" (stamped by the examples of POST /v1/stamps, fetched by
 # those of the GET operations).
 EXAMPLE_DIGEST = {alg: hashlib.new(alg, b"hello\n").hexdigest() for alg in ALGORITHMS}
@@ -150,6 +155,11 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
                 "title": {"type": "string", "description": "the HTTP reason phrase"},
                 "status": {"type": "integer", "minimum": 400, "maximum": 599},
                 "detail": {"type": "string", "description": "what was wrong"},
+                "lines": {"type": "array", "items": {"type": "integer", "minimum": 1},
+                          "maxItems": 20,
+                          "description": "POST /v1/manifests: the first bad line numbers"},
+                "bad_lines": {"type": "integer", "minimum": 1,
+                              "description": "POST /v1/manifests: how many lines are bad"},
             },
             "required": ["type", "title", "status", "detail"],
             "additionalProperties": False,
@@ -181,8 +191,23 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
         "ReceiptPage": {
             "type": "object",
             "properties": {
-                "receipts": {"type": "array", "items": _ref("Receipt"), "minItems": 1,
+                "receipts": {"type": "array", "items": _ref("Receipt"),
                              "maxItems": PAGE_MAX},
+                "manifests": {
+                    "type": "array", "maxItems": PAGE_MAX,
+                    "description": "signed manifests that cover the digest (present only "
+                                   "when there are some); receipts and manifests of a page "
+                                   "are the first `limit` by serial",
+                    "items": {"type": "object", "additionalProperties": False,
+                              "required": ["serial", "time", "algorithm", "key", "url"],
+                              "properties": {
+                                  "serial": {"type": "integer", "minimum": 1},
+                                  "time": {"type": "integer", "minimum": 0},
+                                  "algorithm": {"type": "string",
+                                                "enum": ["sha256", "sha512"]},
+                                  "key": {"type": "string"},
+                                  "url": {"type": "string",
+                                          "pattern": "^/v1/manifests/[0-9]+$"}}}},
                 "next": {"type": ["string", "null"],
                          "description": "the URL of the next page; null on the last"},
             },
@@ -265,6 +290,16 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
         } for suffix, name, pattern in (("", "SHA-1", HEX40), ("Sha256", "SHA-256", HEX64))},
         "ZeitgitterStamp": {"oneOf": [_ref("TagStamp"), _ref("BranchStamp"),
                                       _ref("BranchStampSha256")]},
+        "ManifestBody": {
+            "type": "string", "title": "checksum lines", "pattern": MANIFEST_PATTERN,
+            "description": (
+                "`sha256sum` or `sha512sum` output: lines of one algorithm, each `<hex>  "
+                "<name>`, `<hex> *<name>`, `<hex>` or `SHA256 (<name>) = <hex>` (`SHA512` "
+                "for sha512), optionally after a `\\`; lowercase hex; a name without "
+                "control characters, not ending in a space; each line ending in LF (the "
+                f"last may lack it); at most {MAX_LINE} characters a line. No `#` lines, "
+                "no empty lines."),
+        },
     }
 
 
@@ -310,6 +345,7 @@ def _receipts_path(algorithm: str, n: int) -> Json:
 def openapi_document(keys: Sequence[ServedKey]) -> Json:
     """The OpenAPI 3.1 description of the HTTP API of a server that serves ``keys``."""
     version = importlib.metadata.version("stampd")
+    choice, agree = _key_choice(keys)
     zeitgitter_post = {
         "tags": ["zeitgitter"],
         "operationId": "stampGit",
@@ -418,6 +454,58 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
             }},
             **{f"/v1/stamps/{alg}/{{digest}}": _receipts_path(alg, n)
                for alg, n in ALGORITHMS.items()},
+            "/v1/manifests": {"post": {
+                "tags": ["digests"],
+                "operationId": "stampManifest",
+                "summary": "Stamp a whole sha256sum/sha512sum output with one signature",
+                "description": (
+                    "The body is checksum lines of one algorithm (`<hex>  <name>`, "
+                    "`<hex> *<name>`, `<hex>`, `SHA256 (<name>) = <hex>`), at most "
+                    "STAMPD_MAX_MANIFEST_BYTES bytes and STAMPD_MAX_MANIFEST_LINES lines "
+                    "(docs/manifests.md). The answer is the server's `#` header lines and "
+                    "the lines as sent, OpenPGP cleartext-signed (or SSH-signed): "
+                    "`gpg --verify` and `sha256sum -c` check it. A bad line is refused "
+                    "(400, naming the line numbers) and nothing is recorded."),
+                # `format` and `key` are one object parameter (form style, exploded: on the
+                # wire `?format=...&key=...`), so that JSON Schema can say they agree.
+                "parameters": [{
+                    "name": "keyChoice", "in": "query", "required": False,
+                    "style": "form", "explode": True,
+                    "description": "the query parameters `format` and `key` (each at most "
+                                   "once), as for `POST /v1/stamps`; other query parameters "
+                                   "are ignored",
+                    "schema": {"type": "object", "properties": choice, **agree}}],
+                "requestBody": {"required": True, "content": {
+                    media: {"schema": _ref("ManifestBody"),
+                            "example": f"{EXAMPLE_DIGEST['sha256']}  release.tar.gz\n"}
+                    for media in (URLENCODED, TEXT, "application/octet-stream")}},
+                "responses": {
+                    "200": {"description": "the signed manifest",
+                            "content": {TEXT: {"schema": {"type": "string"}}}},
+                    **_errors(PROBLEM, [400, 408, 413, 415, 503],
+                              s400="a body that is not checksum lines of one algorithm "
+                                   "(`lines` names the first bad ones), a line longer than "
+                                   f"{MAX_LINE} characters, an empty body, a body that is "
+                                   "not UTF-8, or a bad key choice",
+                              s408="the body did not arrive in time (STAMPD_BODY_TIMEOUT "
+                                   "per chunk, plus a second per MiB in all)",
+                              s413="more than STAMPD_MAX_MANIFEST_BYTES bytes or "
+                                   "STAMPD_MAX_MANIFEST_LINES lines"),
+                },
+            }},
+            "/v1/manifests/{serial}": {"get": {
+                "tags": ["digests"],
+                "operationId": "getManifest",
+                "summary": "A signed manifest again",
+                "parameters": [{"name": "serial", "in": "path", "required": True,
+                                "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}}],
+                "responses": {
+                    "200": {"description": "the signed manifest",
+                            "content": {TEXT: {"schema": {"type": "string"}}}},
+                    **_errors(PROBLEM, [400, 404], s400="a serial that is not a number",
+                              s404="no signed manifest of that serial"),
+                },
+            }},
             "/v1/keys": {"get": {
                 "tags": ["keys"],
                 "operationId": "getKeys",

@@ -9,10 +9,13 @@ import pytest
 
 from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
 from workers.formats.jobs import (
+    MAX_FRAME,
+    MAX_MANIFEST_FRAME,
     CommitJob,
     FrameBuffer,
     Hello,
     MalformedMessage,
+    ManifestJob,
     ReceiptJob,
     Result,
     TagJob,
@@ -140,6 +143,61 @@ def test_oversized_frame_is_refused() -> None:
     with pytest.raises(MalformedMessage):
         buf.next()
     assert json.loads(frame({"a": 1})[4:]) == {"a": 1}
+
+
+H256 = "ab" * 32
+# A manifest job of about 1.4 MB: its frame is larger than MAX_FRAME.
+BIG_MANIFEST = ManifestJob("sha256", 1_700_000_000, "http://s/", 9, "F" * 40,
+                           "".join(f"{H256} *f{i:05}\n" for i in range(19_000)))
+
+
+def frames_of(buf: FrameBuffer, data: bytes, step: int = 1 << 20) -> list[dict[str, object]]:
+    """What ``buf`` makes of ``data`` fed in pieces, as a socket gives it."""
+    out = []
+    for i in range(0, len(data), step):
+        buf.feed(data[i:i + step])
+        while (message := buf.next()) is not None:
+            out.append(message)
+    return out
+
+
+def test_manifest_job_round_trip_over_the_worker_buffer() -> None:
+    data = job_frame(7, BIG_MANIFEST)
+    assert len(data) - 4 > MAX_FRAME
+    assert decode_job(encode_job(BIG_MANIFEST)) == BIG_MANIFEST
+    [message] = frames_of(FrameBuffer(MAX_MANIFEST_FRAME), data)
+    assert decode_job_frame(message) == (7, BIG_MANIFEST)
+    header = BIG_MANIFEST.header()
+    assert header.lines == 19_000 and header.key == "F" * 40
+    answer = f"BEGIN\n{header.text()}SIG\n"  # what a worker sends back: no lines
+    assert BIG_MANIFEST.signed(answer) == f"BEGIN\n{header.text()}{BIG_MANIFEST.lines}SIG\n"
+
+
+def test_only_a_manifest_job_may_exceed_max_frame() -> None:
+    # The dispatcher reads results and hellos with the default buffer: no large frame at all,
+    # refused at the header, before its body is read.
+    buf = FrameBuffer()
+    buf.feed(job_frame(7, BIG_MANIFEST)[:4])
+    with pytest.raises(MalformedMessage, match="too large"):
+        buf.next()
+    # The worker's buffer takes a large frame only if it is a manifest job.
+    text = "x" * MAX_FRAME
+    for large in (job_frame(1, ReceiptJob(text, 5)), Result(1, object=text).frame(),
+                  frame({"id": 1, "op": "tag", "junk": text}), frame({"op": "manifest!",
+                                                                    "junk": text})):
+        with pytest.raises(MalformedMessage, match="too large"):
+            frames_of(FrameBuffer(MAX_MANIFEST_FRAME), large)
+    # Up to MAX_FRAME, any frame is taken.
+    base = len(job_frame(1, ReceiptJob("", 5))) - 4
+    exact = job_frame(1, ReceiptJob("x" * (MAX_FRAME - base), 5))
+    assert len(exact) - 4 == MAX_FRAME
+    assert [decode_job_frame(m)[0] for m in frames_of(FrameBuffer(MAX_MANIFEST_FRAME), exact)
+            ] == [1]
+    # And no frame beyond MAX_MANIFEST_FRAME, manifest or not.
+    buf = FrameBuffer(MAX_MANIFEST_FRAME)
+    buf.feed((MAX_MANIFEST_FRAME + 1).to_bytes(4, "big"))
+    with pytest.raises(MalformedMessage, match="too large"):
+        buf.next()
 
 
 def test_each_request_knows_its_kind_row_and_job() -> None:

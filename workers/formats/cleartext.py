@@ -26,6 +26,10 @@ BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----"
 def canonical_text(text: str) -> bytes:
     """The bytes a cleartext signature covers: CR LF line ends, no trailing whitespace, no
     final line ending."""
+    # The common case: no line ends in white space (any CR takes the general path).
+    # Substring searches, not a regex: for a 74 MB manifest 0.13 s instead of 0.4 s.
+    if not ("\r" in text or " \n" in text or "\t\n" in text or text.endswith((" ", "\t"))):
+        return text.removesuffix("\n").replace("\n", "\r\n").encode("utf-8")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -33,13 +37,22 @@ def canonical_text(text: str) -> bytes:
 
 
 def dash_escape(text: str) -> str:
+    if not text.startswith("-") and "\n-" not in text:
+        return text if text.endswith("\n") else text + "\n"
     return "".join(("- " + line if line.startswith("-") else line) + "\n"
                    for line in text.rstrip("\n").split("\n"))
+
+
+def clearsign_parts(text: str, key: KeyInfo, created: int,
+                    sign: Callable[[int, bytes], Sequence[int]]) -> tuple[str, str]:
+    """(armor head, signature block) of ``text`` cleartext-signed: the message is the head,
+    ``text`` dash-escaped, then the signature block."""
+    signature = detached_signature(canonical_text(text), key, created, sign, sig_type=SIG_TEXT)
+    return f"{BEGIN_SIGNED}\nHash: {ARMOR_HASH_NAMES[hash_algo_for(key)]}\n\n", signature
 
 
 def clearsign(text: str, key: KeyInfo, created: int,
               sign: Callable[[int, bytes], Sequence[int]]) -> str:
     """``text`` (LF line ends) as a cleartext-signed message by ``key`` made at ``created``."""
-    signature = detached_signature(canonical_text(text), key, created, sign, sig_type=SIG_TEXT)
-    header = f"{BEGIN_SIGNED}\nHash: {ARMOR_HASH_NAMES[hash_algo_for(key)]}\n\n"
-    return header + dash_escape(text) + signature
+    head, signature = clearsign_parts(text, key, created, sign)
+    return head + dash_escape(text) + signature

@@ -1,0 +1,167 @@
+"""Manifest lines (workers/formats/manifests.py): what is taken, what is refused and which
+line numbers the refusal names; the header, the splice, the digest buckets; and the OpenAPI
+body pattern, which must take exactly what the parser takes."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+
+from server.api.openapi import MANIFEST_PATTERN
+from workers.formats.manifests import (
+    MAX_LINE,
+    MAX_REPORTED,
+    Header,
+    MalformedManifest,
+    bucket_of,
+    buckets,
+    check_lines,
+    check_structure,
+    packed_contains,
+    parse_body,
+    parse_header,
+    splice,
+    unpack,
+)
+
+H256 = hashlib.sha256(b"a").hexdigest()
+H512 = hashlib.sha512(b"a").hexdigest()
+G256 = hashlib.sha256(b"b").hexdigest()
+
+
+def refused(body: bytes) -> MalformedManifest:
+    with pytest.raises(MalformedManifest) as e:
+        parse_body(body)
+    return e.value
+
+
+@pytest.mark.parametrize(("body", "algorithm", "digests"), [
+    (f"{H256}  a.txt\n", "sha256", [H256]),                        # text mode
+    (f"{H256} *a.bin\n", "sha256", [H256]),                        # binary mode
+    (f"{H256}\n", "sha256", [H256]),                               # no name
+    (f"SHA256 (a b.txt) = {H256}\n", "sha256", [H256]),            # BSD (--tag)
+    (f"SHA256 () = {H256}\n", "sha256", [H256]),                   # BSD, empty name
+    (f"\\{H256}  a\\\\b\n", "sha256", [H256]),                      # coreutils' escaped name
+    (f"\\SHA256 (a\\nb) = {H256}\n", "sha256", [H256]),
+    (f"{H256}  ü ñ/名前 x\n", "sha256", [H256]),                    # UTF-8, inner spaces
+    (f"{H512}  a\n{H512} *b\nSHA512 (c) = {H512}\n{H512}\n", "sha512", [H512] * 4),
+    (f"{H256}  a\n{G256}  b\n{H256}  a\n", "sha256", [H256, G256, H256]),  # duplicates kept
+    (f"{H256}  a\n{G256}  b", "sha256", [H256, G256]),                # no final LF
+])
+def test_lines_taken(body: str, algorithm: str, digests: list[str]) -> None:
+    m = parse_body(body.encode())
+    assert (m.algorithm, m.digests, m.lines) == (algorithm, digests, len(digests))
+    assert m.text == body if body.endswith("\n") else body + "\n"
+    assert re.fullmatch(MANIFEST_PATTERN, body)  # the OpenAPI description takes it too
+    assert check_structure(m.text, algorithm) == m.lines  # and the worker's check
+
+
+@pytest.mark.parametrize(("body", "bad"), [
+    (f"{H256}  a\n{H256.upper()}  b\n", [2]),                      # uppercase hex
+    (f"{H256}  a\n# a comment\n{H256}  c\n", [2]),                 # a '#' line (header forgery)
+    (f"# stampd manifest v1\n{H256}  a\n", [1]),
+    (f"{H256}  a\n{H256}  b \n", [2]),                              # trailing space in a name
+    (f"{H256}  a\n{H256}  b\t\n", [2]),                             # trailing tab
+    (f"{H256}  a\n{H512}  b\n", [2]),                               # mixed: the first decides
+    (f"{H512}  a\n{H256}  b\n{H256}  c\n", [2, 3]),
+    (f"{H256}  a\tb\n{H256}  c\x7f\n{H256}  \x1bd\n", [1, 2, 3]),   # control characters
+    (f"{H256}  a\r\n", [1]),                                        # CRLF
+    (f"{H256}  a\n\n{H256}  b\n", [2]),                             # an empty line
+    (f"{H256[:-1]}  a\n{H256}0  b\n", [1, 2]),                      # wrong length
+    (f"{H256}a\n{H256} a\n{H256}   a\n", [1, 2]),                   # one space then no mode
+    (f"SHA512 (a) = {H256}\n", [1]),                                # tag and length disagree
+    (f"sha256 (a) = {H256}\n", [1]),
+    (f"{H256}  ok\n-----BEGIN PGP SIGNATURE-----\n", [2]),
+])
+def test_bad_lines_named(body: str, bad: list[int]) -> None:
+    e = refused(body.encode())
+    assert (e.bad, e.count) == (bad, len(bad))
+    assert f"line {', '.join(map(str, bad))}" in str(e)
+    assert not re.fullmatch(MANIFEST_PATTERN, body)
+    for algorithm in ("sha256", "sha512"):  # the worker's check refuses it too
+        with pytest.raises(MalformedManifest):
+            check_structure(body, algorithm)
+
+
+def test_what_names_no_line() -> None:
+    for body in (b"", b"\n", b" \n\t"):
+        assert refused(body).count == 0
+
+
+def test_a_bad_first_line_does_not_make_every_line_bad() -> None:
+    # The algorithm is then the first good line's.
+    e = refused(f"hello\n{H512}  a\n{H256}  b\n".encode())
+    assert e.bad == [1, 3] and "sha512 checksum lines" in str(e)
+    e = refused(b"hello\nworld\n")  # no good line: no algorithm to hold them to
+    assert e.bad == [1, 2] and "sha256 or sha512" in str(e)
+
+
+def test_not_utf8_names_its_lines() -> None:
+    e = refused(f"{H256}  a\n{H256}  \xff\n{H256}  b\n".encode("latin-1"))
+    assert (e.bad, e.count) == ([2], 1) and "UTF-8" in str(e)
+
+
+def test_at_most_twenty_line_numbers() -> None:
+    e = refused(f"{H256}  ok\n".encode() + b"X\n" * 30)
+    assert e.bad == list(range(2, 2 + MAX_REPORTED)) and e.count == 30
+    assert str(e).endswith(", ...")
+
+
+def test_a_line_longer_than_max_line() -> None:
+    assert parse_body(f"{H256}  {'n' * (MAX_LINE - 66)}\n".encode()).lines == 1
+    e = refused(f"{H256}  {'n' * (MAX_LINE - 65)}\n".encode())
+    assert e.bad == [1]
+
+
+def test_check_lines_holds_the_algorithm_given() -> None:
+    assert check_lines(f"{H256}  a\n", "sha256").digests == [H256]
+    with pytest.raises(MalformedManifest):
+        check_lines(f"{H256}  a\n", "sha512")
+    with pytest.raises(MalformedManifest):
+        check_lines(f"{H256}  a\n", "md5")
+    with pytest.raises(MalformedManifest):
+        check_lines(f"{H256}  a")  # the worker takes only whole lines
+
+
+def test_header_round_trip_and_splice() -> None:
+    h = Header("sha512", 1_700_000_000, "https://stamp.example/", 42, "A" * 40, 3)
+    text = h.text()
+    assert text.startswith("# stampd manifest v1\n") and "# utc: 2023-11-14T22:13:20Z\n" in text
+    assert parse_header(text + "more") == h
+    with pytest.raises(MalformedManifest):
+        parse_header(text.replace("22:13:20", "22:13:21"))  # utc and time disagree
+    with pytest.raises(MalformedManifest):
+        parse_header(text.replace("# serial: 42", "# serial: 042"))
+    lines = f"{H512}  a\n"
+    assert splice(f"BEGIN\n{text}SIG\n", text, lines) == f"BEGIN\n{text}{lines}SIG\n"
+    for answer in ("BEGIN\nSIG\n", f"{text}{text}SIG\n"):  # the header none or twice
+        with pytest.raises(MalformedManifest):
+            splice(answer, text, lines)
+
+
+def test_buckets_hold_each_digest_once_sorted() -> None:
+    digests = [hashlib.sha256(i.to_bytes(4, "big")).hexdigest() for i in range(5000)]
+    rows = buckets(digests + digests[:100])
+    assert [b for b, _ in rows] == sorted({bucket_of(d) for d in digests})
+    assert sum(len(p) for _, p in rows) == 32 * len(digests)
+    by_bucket = dict(rows)
+    for d in digests[:50]:
+        got = unpack(by_bucket[bucket_of(d)], 32)
+        assert d in got and got == sorted(got)
+        assert packed_contains(by_bucket[bucket_of(d)], d)
+    absent = hashlib.sha256(b"absent").hexdigest()
+    assert not packed_contains(by_bucket.get(bucket_of(absent), b""), absent)
+    near = digests[0][:-2] + ("00" if digests[0][-2:] != "00" else "01")  # same bucket
+    assert not packed_contains(by_bucket[bucket_of(digests[0])], near)
+
+
+def test_worker_check_survives_cpython_possessive_group_bug() -> None:
+    """The body schemathesis found: with capturing groups inside the worker's possessive
+    repeat, CPython 3.11's re raised SystemError (a 500)."""
+    body = ("\\0e4db991bdc882a1dfc78ca04ef77a95e212a0e17f4a0ae8daf10d41468027fd  \U000c322fĝd"
+            "\U000bcc327¤\U000a742a\x9b¨\U000996e0ç9^y\n\\db2591b626c0e157424a53d82c60039f464c4"
+            "3a273a19b98260c325f2ef43495 *\x84ĊM\x9a/Ã\nSHA256 (\U000fd02eĒA\U000f05f8) = f08dfbf"
+            "34b0db30fb2c788daed25285b01b1699208d998178cfe188801aa7d95\n")
+    assert check_structure(parse_body(body.encode()).text, "sha256") == 3
