@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.tsa
+	$(BIN)/python -m bench.manifest
 
 ## POST /v1/manifests of 10,000 and 1,000,000 lines: digests/s and peak RSS (bench/README.md).
 bench-manifest: $(STAMP)

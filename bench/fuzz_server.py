@@ -8,6 +8,7 @@ digests.log of every commit on main) and `stampd audit` of that log, cloned over
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -24,6 +25,7 @@ from tests.helpers import (
     seed_data_dir,
     start_server,
 )
+from workers.formats.manifests import unpack
 
 # Short, so that cases which wait for them stay short; the hang bound lies well above both.
 BODY_TIMEOUT = 2
@@ -167,6 +169,10 @@ class UnderTest:
                 rows = conn.execute(text(
                     'select "commit", tree, parent, tagname, digest, state from stamps'
                 )).all()
+                # a manifest's digests are kept packed by bucket, beside its stamp
+                packed = conn.execute(text(
+                    "select m.algorithm, m.digests, s.state from manifest_digests m "
+                    "join stamps s on s.id = m.stamp_id")).all()
         finally:
             engine.dispose()
         values: set[str] = set()
@@ -175,6 +181,11 @@ class UnderTest:
             values |= {v for v in (commit, tree, parent, tagname, digest) if v}
             if state == "signed":
                 published |= {v for v in (commit, digest) if v}
+        for algorithm, digests, state in packed:
+            unpacked = set(unpack(bytes(digests), hashlib.new(algorithm).digest_size))
+            values |= unpacked
+            if state == "signed":
+                published |= unpacked
         commits, log_values = read_log(self.data / "log.git")
         return Ledger(len(rows), values, published, commits, log_values, settled)
 
