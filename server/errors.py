@@ -17,6 +17,16 @@ class BadRequest(StampError):
     """A field is missing, malformed or given twice, or the request type is unknown."""
 
 
+class BadManifest(BadRequest):
+    """Lines of a manifest that are not checksum lines: ``lines`` holds the first of their line
+    numbers (1-based), ``count`` how many there are."""
+
+    def __init__(self, message: str, lines: list[int], count: int) -> None:
+        super().__init__(message)
+        self.lines = lines
+        self.count = count
+
+
 class InvalidCommitId(BadRequest):
     pass
 

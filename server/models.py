@@ -9,6 +9,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -41,7 +42,7 @@ class Stamp(Base):
     __tablename__ = "stamps"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    kind: Mapped[str] = mapped_column(String(16))  # "tag" | "branch" | "digest"
+    kind: Mapped[str] = mapped_column(String(16))  # tag|branch|digest|tsa|manifest
     commit: Mapped[str | None] = mapped_column(String(64))  # git stamps
     algorithm: Mapped[str | None] = mapped_column(String(16))  # digest stamps: sha256 | sha512
     digest: Mapped[str | None] = mapped_column(String(128))  # digest stamps: lowercase hex
@@ -55,7 +56,7 @@ class Stamp(Base):
     worker: Mapped[str | None] = mapped_column(String(64))
     object_id: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
-    receipt: Mapped[str | None] = mapped_column(Text)  # digest stamps: the signed receipt
+    receipt: Mapped[str | None] = mapped_column(Text)  # the signed receipt or manifest
     log_commit_id: Mapped[int | None] = mapped_column(ForeignKey("log_commits.id"), index=True)
 
     __table_args__ = (
@@ -178,3 +179,19 @@ class SigningKey(Base):
     # The TSA key's certificate chain (PEM, the TSA certificate first), so that API hosts
     # without key files publish it and sign with it (`server.stamping.tsa`).
     certificates: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class ManifestDigests(Base):
+    """The distinct digests of one manifest (a `Stamp` of kind ``manifest``) whose first 16 bits
+    are ``bucket``: sorted, packed as raw bytes (`workers.formats.manifests.buckets`). Written
+    in the transaction that journals the manifest."""
+
+    __tablename__ = "manifest_digests"
+
+    stamp_id: Mapped[int] = mapped_column(BigId, ForeignKey("stamps.id"), primary_key=True,
+                                          autoincrement=False)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    algorithm: Mapped[str] = mapped_column(String(16))
+    digests: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index("ix_manifest_digests_bucket", "algorithm", "bucket"),)

@@ -44,13 +44,15 @@ from workers import jobtable, tsa
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.config import ConfigError, WorkerConfig
-from workers.formats import cleartext, openpgp
+from workers.formats import cleartext, manifests, openpgp
 from workers.formats.jobs import (
+    MAX_MANIFEST_FRAME,
     FrameBuffer,
     GitJob,
     Hello,
     Job,
     MalformedMessage,
+    ManifestJob,
     ReceiptJob,
     Result,
     TimestampJob,
@@ -95,10 +97,32 @@ class Signer:
         """The RFC 3161 token of ``job`` (DER), in base64."""
         raise NotImplementedError
 
+    @property
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def manifest(self, header: str, lines: str, t: int) -> str:
+        """``header`` + ``lines`` signed, the lines left out of the answer
+        (`ManifestJob.signed` puts them back)."""
+        raise NotImplementedError
+
+    def build_manifest(self, job: ManifestJob) -> str:
+        """Only a well-formed manifest is signed: its lines are checksum lines of its
+        algorithm, its header parses and names this worker's key."""
+        manifests.check_lines(job.lines, job.algorithm)
+        header = job.header()
+        if header.key != self.fingerprint:
+            raise MalformedMessage("the manifest names another key")
+        text = header.text()
+        manifests.parse_header(text)
+        return self.manifest(text, job.lines, job.time)
+
     def build(self, job: Job) -> str:
         """The signed object of ``job`` (ASCII text)."""
         if isinstance(job, ReceiptJob):
             return self.receipt(job.text, job.time)
+        if isinstance(job, ManifestJob):
+            return self.build_manifest(job)
         if isinstance(job, TimestampJob):
             return self.timestamp(job)
         payload = job.payload(self.uid(job))
@@ -142,6 +166,15 @@ class OpenPgpSigner(Signer):
     def receipt(self, text: str, t: int) -> str:
         return cleartext.clearsign(text, self.key, t, self._sign)
 
+    @property
+    def fingerprint(self) -> str:
+        return self.key.fingerprint
+
+    def manifest(self, header: str, lines: str, t: int) -> str:
+        # No line of a manifest starts with "-" (check_lines): nothing is dash-escaped.
+        head, signature = cleartext.clearsign_parts(header + lines, self.key, t, self._sign)
+        return head + header + signature
+
 
 class SshSigner(Signer):
     """SSHSIG signatures: namespace ``git`` for git objects, ``stampd`` for receipts. A
@@ -161,6 +194,14 @@ class SshSigner(Signer):
 
     def receipt(self, text: str, t: int) -> str:
         return text + self.conn.sshsig(self.key, text.encode("utf-8"), RECEIPT_NAMESPACE)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.key.fingerprint
+
+    def manifest(self, header: str, lines: str, t: int) -> str:
+        return header + self.conn.sshsig(self.key, (header + lines).encode("utf-8"),
+                                         RECEIPT_NAMESPACE)
 
     def timestamp(self, job: TimestampJob) -> str:
         raise MalformedMessage("an SSH key makes no RFC 3161 time-stamp tokens (the TSA key is "
@@ -208,7 +249,7 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
           parent: int | None = None) -> int:
     """Sign the jobs that come over ``sock``. ``parent``: the supervisor's PID (default: our
     parent's now)."""
-    frames = FrameBuffer()
+    frames = FrameBuffer(MAX_MANIFEST_FRAME)  # only a manifest job may be that large
     parent = os.getppid() if parent is None else parent
     while True:
         message = frames.next()
@@ -219,7 +260,7 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
                 if code is not None:
                     return code
                 continue
-            data = sock.recv(65536)
+            data = sock.recv(1 << 20)
             if not data:
                 log.warning("worker %s: dispatcher closed the connection", name)
                 return EXIT_NO_DISPATCHER

@@ -26,11 +26,13 @@ from starlette.exceptions import HTTPException
 
 from server.api.body import read_body
 from server.api.errors import PROBLEM, problem, status_of
+from server.api.manifests import manifest_request, read_manifest
 from server.api.services import Services
 from server.db import reading
 from server.errors import BadRequest, NotFound, StampError
-from server.models import Stamp, StampState
+from server.models import ManifestDigests, Stamp, StampState
 from server.stamping.requests import DigestRequest, choose_key, key_fields
+from workers.formats.manifests import bucket_of, packed_contains
 from workers.formats.receipts import ALGORITHMS, check_digest, parse_statement, split_receipt
 from workers.keys.keyset import SSH_NAMESPACES, allowed_signers
 
@@ -159,6 +161,40 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             return JSONResponse({**statement.as_json(), "receipt": receipt})
         return PlainTextResponse(receipt)
 
+    @router.post("/v1/manifests")
+    async def stamp_manifest(request: Request) -> Response:
+        """A manifest (sha256sum/sha512sum output) signed with one signature: the server's
+        header lines (``#`` comments to ``sha256sum -c``), then the lines as sent."""
+        s = services()
+        fmt, fingerprint = key_fields({k: request.query_params.getlist(k)
+                                       for k in ("format", "key")
+                                       if k in request.query_params})
+        key = choose_key(s.keys, fmt, fingerprint)
+        body = await read_manifest(request.scope, request.receive, s.settings)
+        req = await asyncio.to_thread(manifest_request, body)
+        del body
+        text = await s.stamper.manifest(req, key)
+        s.stats.request("manifest", 200)
+        return PlainTextResponse(text)
+
+    @router.get("/v1/manifests/{serial}")
+    async def get_manifest(serial: str) -> Response:
+        """A signed manifest again, by its serial."""
+        s = services()
+        if not (serial.isascii() and serial.isdigit() and len(serial) <= 18):
+            raise BadRequest("a serial is a whole number")
+
+        def load() -> str | None:
+            with reading(s.engine).connect() as conn:
+                return conn.execute(select(Stamp.receipt).where(
+                    Stamp.id == int(serial), Stamp.kind == "manifest",
+                    Stamp.state == StampState.SIGNED)).scalar_one_or_none()
+
+        text = await asyncio.to_thread(load)
+        if text is None:
+            raise NotFound(f"no signed manifest {serial}")
+        return PlainTextResponse(text)
+
     @router.get("/v1/keys")
     async def keys() -> Response:
         """Every signing key: id, format, fingerprint, algorithm, public key, and for SSH
@@ -191,7 +227,10 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
                                    request.query_params.getlist("after"))
         as_json = wants_json(request)
 
-        def page() -> tuple[list[int], Any]:
+        fingerprints = {k.id: k.fingerprint for k in s.keys}
+        primary = s.keys[0].fingerprint
+
+        def page() -> tuple[list[int], Any, list[dict[str, Any]]]:
             # The query and the answer's body are built in a thread: a digest stamped
             # thousands of times must not hold up the event loop.
             with reading(s.engine).connect() as conn:
@@ -202,14 +241,31 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
                         Stamp.id > after,
                     ).order_by(Stamp.id).limit(limit + 1)
                 ).all()
-            ids = [r[0] for r in rows]
-            receipts = [r[1] for r in rows[:limit] if r[1] is not None]
+                # Manifests that cover the digest: the rows of its bucket, searched.
+                covering = [
+                    (sid, t, key_id) for sid, t, key_id, packed in conn.execute(
+                        select(Stamp.id, Stamp.stamped_at, Stamp.key_id,
+                               ManifestDigests.digests)
+                        .join(ManifestDigests, ManifestDigests.stamp_id == Stamp.id)
+                        .where(ManifestDigests.algorithm == algorithm,
+                               ManifestDigests.bucket == bucket_of(digest),
+                               Stamp.state == StampState.SIGNED, Stamp.id > after)
+                        .order_by(Stamp.id))
+                    if packed_contains(packed, digest)][:limit + 1]
+            # One page holds receipts and manifests in serial order.
+            ids = sorted([r[0] for r in rows] + [m[0] for m in covering])[:limit + 1]
+            shown = set(ids[:limit])
+            receipts = [r[1] for r in rows if r[0] in shown and r[1] is not None]
+            manifests = [{"serial": sid, "time": t, "algorithm": algorithm,
+                          "key": fingerprints.get(key_id or "", primary) if key_id else primary,
+                          "url": f"/v1/manifests/{sid}"}
+                         for sid, t, key_id in covering if sid in shown]
             if as_json:
-                return ids, [receipt_json(r) for r in receipts]
-            return ids, "".join(receipts)
+                return ids, [receipt_json(r) for r in receipts], manifests
+            return ids, "".join(receipts), manifests
 
         async with one_page_at_a_time:
-            ids, body = await asyncio.to_thread(page)
+            ids, body, manifests = await asyncio.to_thread(page)
         if not ids:
             raise NotFound(f"no receipt for {algorithm} {digest}"
                            + (f" after serial {after}" if after else ""))
@@ -218,7 +274,11 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
                     if more else None)
         headers = {"Link": f'<{next_url}>; rel="next"'} if next_url else None
         if as_json:
-            return JSONResponse({"receipts": body, "next": next_url}, headers=headers)
+            answer: dict[str, Any] = {"receipts": body, "next": next_url}
+            if manifests:  # only then: the answer for receipts alone is as it was
+                answer["manifests"] = manifests
+            return JSONResponse(answer, headers=headers)
+        body += "".join(f"manifest: {m['url']}\n" for m in manifests)
         return PlainTextResponse(body, headers=headers)
 
     app.include_router(router)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import Send
 
 from server.errors import (
+    BadManifest,
     BadRequest,
     BodyTooLarge,
     LengthRequired,
@@ -84,7 +85,10 @@ async def send_plain(send: Send, exc: StampError) -> int:
 def problem(exc: StampError) -> JSONResponse:
     """The ``/v1`` answer: RFC 9457 problem details."""
     status, title = status_of(exc, "v1")
-    body = {"type": "about:blank", "title": title, "status": status, "detail": reason(exc)}
+    body: dict[str, object] = {"type": "about:blank", "title": title, "status": status,
+                               "detail": reason(exc)}
+    if isinstance(exc, BadManifest):  # RFC 9457 extension members
+        body.update(lines=exc.lines, bad_lines=exc.count)
     return JSONResponse(body, status_code=status, media_type=PROBLEM,
                         headers=_retry_after(exc) or None)
 

@@ -150,6 +150,11 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
                 "title": {"type": "string", "description": "the HTTP reason phrase"},
                 "status": {"type": "integer", "minimum": 400, "maximum": 599},
                 "detail": {"type": "string", "description": "what was wrong"},
+                "lines": {"type": "array", "items": {"type": "integer", "minimum": 1},
+                          "maxItems": 20,
+                          "description": "POST /v1/manifests: the first bad line numbers"},
+                "bad_lines": {"type": "integer", "minimum": 1,
+                              "description": "POST /v1/manifests: how many lines are bad"},
             },
             "required": ["type", "title", "status", "detail"],
             "additionalProperties": False,
@@ -181,8 +186,23 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
         "ReceiptPage": {
             "type": "object",
             "properties": {
-                "receipts": {"type": "array", "items": _ref("Receipt"), "minItems": 1,
+                "receipts": {"type": "array", "items": _ref("Receipt"),
                              "maxItems": PAGE_MAX},
+                "manifests": {
+                    "type": "array", "maxItems": PAGE_MAX,
+                    "description": "signed manifests that cover the digest (present only "
+                                   "when there are some); receipts and manifests of a page "
+                                   "are the first `limit` by serial",
+                    "items": {"type": "object", "additionalProperties": False,
+                              "required": ["serial", "time", "algorithm", "key", "url"],
+                              "properties": {
+                                  "serial": {"type": "integer", "minimum": 1},
+                                  "time": {"type": "integer", "minimum": 0},
+                                  "algorithm": {"type": "string",
+                                                "enum": ["sha256", "sha512"]},
+                                  "key": {"type": "string"},
+                                  "url": {"type": "string",
+                                          "pattern": "^/v1/manifests/[0-9]+$"}}}},
                 "next": {"type": ["string", "null"],
                          "description": "the URL of the next page; null on the last"},
             },
@@ -418,6 +438,53 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
             }},
             **{f"/v1/stamps/{alg}/{{digest}}": _receipts_path(alg, n)
                for alg, n in ALGORITHMS.items()},
+            "/v1/manifests": {"post": {
+                "tags": ["digests"],
+                "operationId": "stampManifest",
+                "summary": "Stamp a whole sha256sum/sha512sum output with one signature",
+                "description": (
+                    "The body is checksum lines of one algorithm (`<hex>  <name>`, "
+                    "`<hex> *<name>`, `<hex>`, `SHA256 (<name>) = <hex>`), at most "
+                    "STAMPD_MAX_MANIFEST_BYTES bytes and STAMPD_MAX_MANIFEST_LINES lines "
+                    "(docs/manifests.md). The answer is the server's `#` header lines and "
+                    "the lines as sent, OpenPGP cleartext-signed (or SSH-signed): "
+                    "`gpg --verify` and `sha256sum -c` check it. A bad line is refused "
+                    "(400, naming the line numbers) and nothing is recorded."),
+                "parameters": [
+                    {"name": "format", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": sorted({k.format for k in keys})}},
+                    {"name": "key", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": [k.fingerprint for k in keys]}},
+                ],
+                "requestBody": {"required": True, "content": {
+                    media: {"schema": {"type": "string"},
+                            "example": f"{EXAMPLE_DIGEST['sha256']}  release.tar.gz\n"}
+                    for media in (URLENCODED, TEXT, "application/octet-stream")}},
+                "responses": {
+                    "200": {"description": "the signed manifest",
+                            "content": {TEXT: {"schema": {"type": "string"}}}},
+                    **_errors(PROBLEM, [400, 408, 413, 415, 503],
+                              s400="a line that is not a checksum line (`lines` names the "
+                                   "first ones), an empty body, or a bad key choice",
+                              s408="the body did not arrive in time (STAMPD_BODY_TIMEOUT "
+                                   "per chunk, plus a second per MiB in all)",
+                              s413="more than STAMPD_MAX_MANIFEST_BYTES bytes or "
+                                   "STAMPD_MAX_MANIFEST_LINES lines"),
+                },
+            }},
+            "/v1/manifests/{serial}": {"get": {
+                "tags": ["digests"],
+                "operationId": "getManifest",
+                "summary": "A signed manifest again",
+                "parameters": [{"name": "serial", "in": "path", "required": True,
+                                "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}}],
+                "responses": {
+                    "200": {"description": "the signed manifest",
+                            "content": {TEXT: {"schema": {"type": "string"}}}},
+                    **_errors(PROBLEM, [400, 404], s400="a serial that is not a number",
+                              s404="no signed manifest of that serial"),
+                },
+            }},
             "/v1/keys": {"get": {
                 "tags": ["keys"],
                 "operationId": "getKeys",

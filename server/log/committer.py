@@ -50,8 +50,9 @@ from server.db import reading
 from server.dispatch import Dispatcher
 from server.errors import StampError
 from server.log.repository import LogRepository
-from server.models import LogCommit, LogCommitState, Stamp, StampState
+from server.models import LogCommit, LogCommitState, ManifestDigests, Stamp, StampState
 from workers.formats.jobs import CommitJob
+from workers.formats.manifests import ALGORITHMS, unpack
 
 log = logging.getLogger(__name__)
 
@@ -223,11 +224,22 @@ class LogCommitter:
             rows = conn.execute(select(Stamp.kind, Stamp.commit, Stamp.algorithm, Stamp.digest)
                                 .where(Stamp.log_commit_id == lc_id,
                                        Stamp.state != StampState.FAILED_UNLOGGED))
+            manifests = False
             for kind, commit, algorithm, digest in rows:
                 if kind in ("digest", "tsa"):  # RFC 3161 imprints are logged as digests
                     digests.append(f"{algorithm} {digest}")
+                elif kind == "manifest":
+                    manifests = True
                 elif commit is not None:
                     commits.append(commit)
+            if manifests:  # their digests (never their names)
+                for algorithm, packed in conn.execute(
+                    select(ManifestDigests.algorithm, ManifestDigests.digests)
+                    .join(Stamp, Stamp.id == ManifestDigests.stamp_id)
+                    .where(Stamp.log_commit_id == lc_id, Stamp.kind == "manifest",
+                           Stamp.state != StampState.FAILED_UNLOGGED)):
+                    prefix = f"{algorithm} "
+                    digests += [prefix + d for d in unpack(packed, ALGORITHMS[algorithm] // 2)]
         return commits, digests
 
     def _mark(self, lc_id: int, git_commit: str, count: int, raw: str | None = None,

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, updat
 
 from server import db
 from server.errors import JournalError
-from server.models import Stamp, StampState
+from server.models import ManifestDigests, Stamp, StampState
 from server.stamping.requests import Request
 from server.stats import Stats
 
@@ -30,10 +30,15 @@ log = logging.getLogger(__name__)
 UPDATE_DELAY = 0.5  # seconds an outcome may wait for the next group commit
 
 
+# A manifest's digest index rows: (bucket, packed digests) (`workers.formats.manifests`).
+Buckets = list[tuple[int, bytes]]
+
+
 @dataclass
 class _Pending:
     row: dict[str, Any]
     future: asyncio.Future[int]
+    buckets: Buckets | None = None  # manifests: written in the same transaction
 
 
 def stamp_row(req: Request, t: int, key_id: str | None = None) -> dict[str, Any]:
@@ -87,7 +92,7 @@ class Journal:
     async def record(self, req: Request, t: int, key_id: str | None = None) -> int:
         """Commit the request durably; return its stamp id. Raises `JournalError`."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._inserts.append(_Pending(stamp_row(req, t, key_id), fut))
+        self._inserts.append(_Pending(stamp_row(req, t, key_id), fut, req.digest_buckets()))
         self._wake.set()
         return await fut
 
@@ -152,7 +157,8 @@ class Journal:
         started = time.perf_counter()
         try:
             ids = await loop.run_in_executor(
-                self._executor, self._write, [p.row for p in inserts], updates
+                self._executor, self._write, [p.row for p in inserts], updates,
+                {i: p.buckets for i, p in enumerate(inserts) if p.buckets is not None}
             )
         except Exception as e:
             log.exception("journal write of %d rows failed", len(inserts))
@@ -176,8 +182,9 @@ class Journal:
                 p.future.set_result(sid)
         return True
 
-    def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
-        return self._writer.write(rows, updates)
+    def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+               buckets: dict[int, Buckets] | None = None) -> list[int]:
+        return self._writer.write(rows, updates, buckets or {})
 
 
 INSERT_COLUMNS = ("kind", "commit", "tagname", "tree", "parent", "algorithm", "digest",
@@ -222,15 +229,17 @@ class _SqlAlchemyWriter(_Writer):
         self.conn: Connection | None = None
         self.retries = 0  # groups run again after a transient error (for tests and logs)
 
-    def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
+    def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+              buckets: dict[int, Buckets]) -> list[int]:
         ordered = sorted(updates, key=lambda u: int(u["sid"]))
-        return db.retry_transient(lambda: self._write(rows, ordered), what="journal write",
-                                  on_retry=self._retried)
+        return db.retry_transient(lambda: self._write(rows, ordered, buckets),
+                                  what="journal write", on_retry=self._retried)
 
     def _retried(self, _error: BaseException) -> None:
         self.retries += 1
 
-    def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
+    def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+               buckets: dict[int, Buckets]) -> list[int]:
         if self.conn is None or self.conn.closed or self.conn.invalidated:
             self.conn = self.engine.connect()
         table = cast(Table, Stamp.__table__)
@@ -244,6 +253,10 @@ class _SqlAlchemyWriter(_Writer):
                         [{**r, "state": StampState.PENDING, "attempts": 0} for r in rows],
                     )
                     ids = [row[0] for row in result]
+                for i, rows_of in buckets.items():
+                    self.conn.execute(insert(cast(Table, ManifestDigests.__table__)), [
+                        {"stamp_id": ids[i], "bucket": b, "algorithm": rows[i]["algorithm"],
+                         "digests": packed} for b, packed in rows_of])
                 if updates:
                     self.conn.execute(
                         update(table)
@@ -305,7 +318,8 @@ class _SqliteWriter(_Writer):
             self._inserts[n] = sql
         return sql
 
-    def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]]) -> list[int]:
+    def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+              buckets: dict[int, Buckets]) -> list[int]:
         conn = self.conn = self.conn or self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -320,6 +334,11 @@ class _SqliteWriter(_Writer):
                 if len(got) != len(chunk):
                     raise RuntimeError("INSERT returned the wrong number of ids")
                 ids += got
+            for i, rows_of in buckets.items():
+                conn.executemany(
+                    "INSERT INTO manifest_digests (stamp_id, bucket, algorithm, digests) "
+                    "VALUES (?, ?, ?, ?)",
+                    [(ids[i], b, rows[i]["algorithm"], packed) for b, packed in rows_of])
             if updates:
                 conn.executemany(self.UPDATE, [
                     (u["state"], u["worker"], u["attempts"], u["object_id"], u["error"],

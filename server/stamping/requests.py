@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from server.errors import BadRequest
 from workers.formats.gitobjects import object_format_of
-from workers.formats.jobs import CommitJob, ReceiptJob, TagJob, TimestampJob
+from workers.formats.jobs import CommitJob, ManifestJob, ReceiptJob, TagJob, TimestampJob
+from workers.formats.manifests import Manifest, buckets
 from workers.keys.keyset import ServedKey
 
 
@@ -36,6 +37,9 @@ class TagRequest:
     def journal_fields(self) -> dict[str, Any]:
         return {"commit": self.commit, "tagname": self.tagname}
 
+    def digest_buckets(self) -> None:
+        return None
+
     def job(self, t: int, url: str, uid: str | None) -> TagJob:
         return TagJob(self.commit, self.tagname, t, _message(self.commit, url, t), uid,
                       self.object_format)
@@ -59,6 +63,9 @@ class BranchRequest:
     def journal_fields(self) -> dict[str, Any]:
         return {"commit": self.commit, "tree": self.tree, "parent": self.parent}
 
+    def digest_buckets(self) -> None:
+        return None
+
     def job(self, t: int, url: str, uid: str | None) -> CommitJob:
         parents = (self.parent, self.commit) if self.parent else (self.commit,)
         return CommitJob(self.tree, parents, t, _message(self.commit, url, t), uid,
@@ -75,6 +82,9 @@ class DigestRequest:
 
     def journal_fields(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "digest": self.digest}
+
+    def digest_buckets(self) -> None:
+        return None
 
     def job(self, t: int, statement: str) -> ReceiptJob:
         return ReceiptJob(statement, t)
@@ -94,6 +104,9 @@ class TimestampRequest:
     def journal_fields(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "digest": self.digest}
 
+    def digest_buckets(self) -> None:
+        return None
+
     def job(self, t: int, serial: int, policy: str, accuracy: int | None) -> TimestampJob:
         return TimestampJob(hash_algorithm=self.algorithm, digest=self.digest, serial=serial,
                             time=t, policy=policy, accuracy=accuracy,
@@ -101,8 +114,35 @@ class TimestampRequest:
                             cert_req=self.cert_req)
 
 
+@dataclass(frozen=True)
+class ManifestRequest:
+    """``POST /v1/manifests``: checksum lines of one algorithm, signed once. Its journal row
+    is one stamp; its digests go, in buckets, into ``manifest_digests`` in the same
+    transaction (built here, before the journal's thread sees them)."""
+
+    kind: ClassVar[str] = "manifest"
+    manifest: Manifest
+    _buckets: list[tuple[int, bytes]] = field(init=False, repr=False, compare=False)
+
+    @property
+    def algorithm(self) -> str:
+        return self.manifest.algorithm
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"algorithm": self.manifest.algorithm}
+
+    def digest_buckets(self) -> list[tuple[int, bytes]]:
+        return self._buckets
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_buckets", buckets(self.manifest.digests))
+
+    def job(self, t: int, url: str, serial: int, key: str) -> ManifestJob:
+        return ManifestJob(self.manifest.algorithm, t, url, serial, key, self.manifest.text)
+
+
 GitRequest = TagRequest | BranchRequest
-Request = TagRequest | BranchRequest | DigestRequest | TimestampRequest
+Request = TagRequest | BranchRequest | DigestRequest | TimestampRequest | ManifestRequest
 
 
 def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None) -> ServedKey:

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 from server.dispatch import Dispatcher, Signed
-from server.errors import JournalError, StampError, Unavailable
+from server.errors import JournalError, SigningFailed, StampError, Unavailable
 from server.stamping.journal import Journal
-from server.stamping.requests import DigestRequest, GitRequest, TimestampRequest
+from server.stamping.requests import DigestRequest, GitRequest, ManifestRequest, TimestampRequest
 from workers.formats.jobs import Job
 from workers.formats.receipts import Statement
 from workers.keys.keyset import ServedKey
@@ -36,8 +36,8 @@ class Stamper:
         self.request_timeout = request_timeout
         self.clock = clock
 
-    async def _record(self, req: GitRequest | DigestRequest | TimestampRequest, key: ServedKey
-                      ) -> tuple[int, int]:
+    async def _record(self, req: GitRequest | DigestRequest | TimestampRequest | ManifestRequest,
+                      key: ServedKey) -> tuple[int, int]:
         t = int(self.clock())
         return await self.journal.record(req, t, None if key.primary else key.id), t
 
@@ -97,6 +97,25 @@ class Stamper:
         except TimeoutError:
             raise JournalError("the receipt could not be stored; retry later") from None
         return statement, signed.text
+
+    async def manifest(self, req: ManifestRequest, key: ServedKey | None = None) -> str:
+        """The signed manifest: journalled (the stamp and its digests, one transaction), then
+        signed by one worker with one signature; returned once it is stored."""
+        key = key or self.keys[0]
+        stamp_id, t = await self._record(req, key)
+        job = req.job(t, self.public_url, stamp_id, key.fingerprint)
+        signed = await self._sign(stamp_id, job, key)
+        try:
+            text = job.signed(signed.text)
+        except ValueError as e:
+            await self._failed(stamp_id, f"malformed answer: {e}")
+            raise SigningFailed("the worker's answer was malformed") from e
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts, text)
+        except TimeoutError:
+            raise JournalError("the manifest could not be stored; retry later") from None
+        return text
 
     async def timestamp(self, req: TimestampRequest, key: ServedKey, policy: str,
                         accuracy: int | None) -> bytes:

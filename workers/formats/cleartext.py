@@ -7,6 +7,7 @@ signature is a text signature (type 0x01). ``gpg --verify receipt.asc`` checks t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from workers.formats.openpgp import (
@@ -21,11 +22,14 @@ from workers.formats.openpgp import (
 SIG_TEXT = 0x01
 ARMOR_HASH_NAMES = {H_SHA256: "SHA256", H_SHA384: "SHA384", H_SHA512: "SHA512"}
 BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----"
+_TRAILING = re.compile(r"[ \t\r]\n|[ \t\r]$")
 
 
 def canonical_text(text: str) -> bytes:
     """The bytes a cleartext signature covers: CR LF line ends, no trailing whitespace, no
     final line ending."""
+    if not _TRAILING.search(text):  # the common case, at C speed (manifests are long)
+        return text.removesuffix("\n").replace("\n", "\r\n").encode("utf-8")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -33,13 +37,22 @@ def canonical_text(text: str) -> bytes:
 
 
 def dash_escape(text: str) -> str:
+    if not text.startswith("-") and "\n-" not in text:
+        return text if text.endswith("\n") else text + "\n"
     return "".join(("- " + line if line.startswith("-") else line) + "\n"
                    for line in text.rstrip("\n").split("\n"))
+
+
+def clearsign_parts(text: str, key: KeyInfo, created: int,
+                    sign: Callable[[int, bytes], Sequence[int]]) -> tuple[str, str]:
+    """(armor head, signature block) of ``text`` cleartext-signed: the message is the head,
+    ``text`` dash-escaped, then the signature block."""
+    signature = detached_signature(canonical_text(text), key, created, sign, sig_type=SIG_TEXT)
+    return f"{BEGIN_SIGNED}\nHash: {ARMOR_HASH_NAMES[hash_algo_for(key)]}\n\n", signature
 
 
 def clearsign(text: str, key: KeyInfo, created: int,
               sign: Callable[[int, bytes], Sequence[int]]) -> str:
     """``text`` (LF line ends) as a cleartext-signed message by ``key`` made at ``created``."""
-    signature = detached_signature(canonical_text(text), key, created, sign, sig_type=SIG_TEXT)
-    header = f"{BEGIN_SIGNED}\nHash: {ARMOR_HASH_NAMES[hash_algo_for(key)]}\n\n"
-    return header + dash_escape(text) + signature
+    head, signature = clearsign_parts(text, key, created, sign)
+    return head + dash_escape(text) + signature

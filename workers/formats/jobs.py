@@ -1,8 +1,8 @@
 """The job contract between the service and its signing workers.
 
 A job is one object for a worker to build and sign: a git tag (`TagJob`), a git commit
-(`CommitJob`: branch stamps and log commits), a digest receipt (`ReceiptJob`) or an RFC 3161
-time-stamp token (`TimestampJob`). The service
+(`CommitJob`: branch stamps and log commits), a digest receipt (`ReceiptJob`), a manifest
+(`ManifestJob`) or an RFC 3161 time-stamp token (`TimestampJob`). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
 `Result`. A worker first introduces itself with a `Hello`. Every message is a JSON object; each
 type encodes and decodes itself here and nowhere else.
@@ -21,10 +21,15 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from workers.formats import gitobjects, tsp
+from workers.formats import gitobjects, manifests, tsp
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20
+# A manifest job carries a whole manifest: its frame may be larger, and only its. The text is
+# at most MAX_MANIFEST_TEXT bytes of UTF-8 (the ceiling of STAMPD_MAX_MANIFEST_BYTES); JSON's
+# \uXXXX escapes make at most three times as many bytes of it.
+MAX_MANIFEST_TEXT = 256 << 20
+MAX_MANIFEST_FRAME = 3 * MAX_MANIFEST_TEXT + MAX_FRAME
 
 
 class MalformedMessage(ValueError):
@@ -182,6 +187,42 @@ class ReceiptJob:
         return cls(_str(d, "text"), _int(d, "time"))
 
 
+@dataclass(frozen=True)
+class ManifestJob:
+    """A signed manifest (see `workers.formats.manifests`): the header built from these fields,
+    then ``lines``, the checksum lines as the client sent them. The worker checks the lines
+    again and that ``key`` is its own key's fingerprint, and signs header and lines with one
+    signature (OpenPGP: cleartext-signed; SSH: the text, then its SSH signature, namespace
+    ``stampd``). Its result leaves the lines out (`manifests.splice` puts them back): the
+    result stays small, and only the job's frame may exceed `MAX_FRAME`."""
+
+    op: ClassVar[str] = "manifest"
+    algorithm: str
+    time: int
+    server: str
+    serial: int
+    key: str
+    lines: str
+
+    def header(self) -> manifests.Header:
+        return manifests.Header(self.algorithm, self.time, self.server, self.serial, self.key,
+                                self.lines.count("\n"))
+
+    def signed(self, answer: str) -> str:
+        """The signed manifest from a worker's ``answer`` to this job."""
+        return manifests.splice(answer, self.header().text(), self.lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "algorithm": self.algorithm, "time": self.time,
+                "server": self.server, "serial": self.serial, "key": self.key,
+                "lines": self.lines}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ManifestJob:
+        return cls(_str(d, "algorithm"), _int(d, "time"), _str(d, "server"), _int(d, "serial"),
+                   _str(d, "key"), _str(d, "lines"))
+
+
 _OID = re.compile(r"[0-2](\.(0|[1-9][0-9]*))+")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 
@@ -248,9 +289,10 @@ class TimestampJob:
 
 
 GitJob = TagJob | CommitJob
-Job = TagJob | CommitJob | ReceiptJob | TimestampJob
-_JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob] | type[TimestampJob]] = {
-    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob)}
+Job = TagJob | CommitJob | ReceiptJob | TimestampJob | ManifestJob
+_JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob] | type[TimestampJob]
+                 | type[ManifestJob]] = {
+    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob, ManifestJob)}
 
 
 def job_from_dict(d: dict[str, Any]) -> Job:
@@ -342,22 +384,30 @@ def _object(body: str | bytes) -> dict[str, Any]:
     return message
 
 
-def frame_size(header: bytes) -> int:
+def frame_size(header: bytes, limit: int = MAX_FRAME) -> int:
+    """The size a frame header announces; `MalformedMessage` beyond ``limit`` (`MAX_FRAME`;
+    a worker reading jobs passes `MAX_MANIFEST_FRAME`, see `decode_frame`)."""
     (size,) = HEADER.unpack(header)
-    if size > MAX_FRAME:
+    if size > limit:
         raise MalformedMessage(f"frame of {size} bytes is too large")
     return int(size)
 
 
 def decode_frame(body: bytes) -> dict[str, Any]:
-    return _object(body)
+    """A frame's object. Only a manifest job may be larger than `MAX_FRAME`."""
+    message = _object(body)
+    if len(body) > MAX_FRAME and message.get("op") != ManifestJob.op:
+        raise MalformedMessage(f"frame of {len(body)} bytes is too large")
+    return message
 
 
 class FrameBuffer:
-    """Frames out of a byte stream, sans I/O: `feed` what the socket gave, take `next`."""
+    """Frames out of a byte stream, sans I/O: `feed` what the socket gave, take `next`.
+    ``limit``: the largest frame accepted (a worker's buffer takes manifest jobs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_FRAME) -> None:
         self.buf = bytearray()
+        self.limit = limit
 
     def feed(self, data: bytes) -> None:
         self.buf += data
@@ -366,7 +416,7 @@ class FrameBuffer:
         """The next whole frame's object, or None until more bytes arrive."""
         if len(self.buf) < HEADER.size:
             return None
-        size = frame_size(bytes(self.buf[: HEADER.size]))
+        size = frame_size(bytes(self.buf[: HEADER.size]), self.limit)
         if len(self.buf) < HEADER.size + size:
             return None
         body = bytes(self.buf[HEADER.size : HEADER.size + size])

@@ -1,0 +1,244 @@
+"""Manifests: a whole ``sha256sum``/``sha512sum`` output stamped with one signature.
+
+The body a client sends is checksum lines, one algorithm for all of them:
+
+    <hex>  <name>          (text mode, what ``sha256sum FILE`` prints)
+    <hex> *<name>          (binary mode, ``sha256sum -b``)
+    <hex>                  (a digest without a name)
+    SHA256 (<name>) = <hex>   (BSD style, ``sha256sum --tag``)
+
+Any of these may start with ``\\`` (coreutils' mark for a name with an escaped ``\\`` or
+newline). Hex digits are lowercase; a name is UTF-8 without control characters and does not
+end in a space (an OpenPGP cleartext signature does not cover trailing white space). A line
+starting with ``#`` is refused: the server's header lines are ``#`` lines, which
+``sha256sum -c`` skips as comments.
+
+The signed text is the header, then the lines exactly as sent::
+
+    # stampd manifest v1
+    # algorithm: sha256
+    # time: <Unix seconds>
+    # utc: <the same second as YYYY-MM-DDTHH:MM:SSZ>
+    # server: <the server's URL>
+    # serial: <decimal journal serial number>
+    # key: <fingerprint of the signing key>
+    # lines: <number of lines that follow>
+    <the lines>
+
+Pure: nothing of stampd is imported; the service checks a body with `parse_body`, the worker
+checks the lines again with `check_lines` before it signs anything.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+ALGORITHMS = {"sha256": 64, "sha512": 128}
+BSD_TAGS = {"sha256": "SHA256", "sha512": "SHA512"}
+MAGIC = "# stampd manifest v1\n"
+MAX_REPORTED = 20  # bad line numbers named in one refusal
+MAX_LINE = 8192  # characters in one line (a name of PATH_MAX bytes fits)
+
+_NAME = r"[^\x00-\x1f\x7f]*[^\x00-\x20\x7f]"
+_BSD_NAME = r"[^\x00-\x1f\x7f]*"
+
+
+def _line_pattern(algorithm: str) -> re.Pattern[str]:
+    n = ALGORITHMS[algorithm]
+    tag = BSD_TAGS[algorithm]
+    return re.compile(
+        rf"^\\?(?:([0-9a-f]{{{n}}})(?: [ *]{_NAME})?|{tag} \({_BSD_NAME}\) = ([0-9a-f]{{{n}}}))$",
+        re.M)
+
+
+_PATTERNS = {alg: _line_pattern(alg) for alg in ALGORITHMS}
+_FIRST_HEX = re.compile(r"\\?(?:[0-9a-f]+|SHA(256|512) \(.*\) = ([0-9a-f]+))")
+
+
+class MalformedManifest(ValueError):
+    """Lines that are not checksum lines: ``bad`` holds the first `MAX_REPORTED` of their line
+    numbers (1-based), ``count`` how many there are."""
+
+    def __init__(self, message: str, bad: list[int] | None = None, count: int = 0) -> None:
+        super().__init__(message)
+        self.bad = bad or []
+        self.count = count
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A checked body: its algorithm, its text (LF line ends, a final LF), how many lines it
+    has, and the digests of its lines (lowercase hex, in line order, duplicates kept)."""
+
+    algorithm: str
+    text: str
+    lines: int
+    digests: list[str]
+
+
+def _algorithm_of(first: str) -> str | None:
+    m = _FIRST_HEX.match(first)
+    if not m:
+        return None
+    if m.group(1):
+        return "sha" + m.group(1)
+    width = len(first.lstrip("\\").split(" ", 1)[0])
+    for alg, n in ALGORITHMS.items():
+        if width == n:
+            return alg
+    return None
+
+
+def _diagnose(lines: list[str], algorithm: str | None) -> MalformedManifest:
+    pattern = _PATTERNS[algorithm] if algorithm else None
+    bad = [i for i, line in enumerate(lines, 1)
+           if pattern is None or len(line) > MAX_LINE or not pattern.fullmatch(line)]
+    what = algorithm or "sha256 or sha512"
+    shown = ", ".join(map(str, bad[:MAX_REPORTED])) + (", ..." if len(bad) > MAX_REPORTED else "")
+    return MalformedManifest(
+        f"{len(bad)} line(s) are not {what} checksum lines: line {shown}", bad[:MAX_REPORTED],
+        len(bad))
+
+
+def check_lines(text: str, algorithm: str | None = None) -> Manifest:
+    """Check ``text`` (LF line ends, ending in LF): every line a checksum line of one
+    algorithm (``algorithm``, or the first line's). Raises `MalformedManifest`."""
+    if not text or not text.endswith("\n"):
+        raise MalformedManifest("a manifest is one or more lines, each ending in a newline")
+    if algorithm is None:
+        algorithm = _algorithm_of(text[:text.find("\n")])
+    elif algorithm not in ALGORITHMS:
+        raise MalformedManifest(f"unknown algorithm {algorithm!r}")
+    count = text.count("\n")
+    if algorithm is not None:
+        found = _PATTERNS[algorithm].findall(text)
+        # A line that does not match is skipped by findall: all lines matched iff as many
+        # matched as there are lines (no match spans a newline).
+        if len(found) == count and (len(text) - count) <= count * MAX_LINE:
+            return Manifest(algorithm, text, count, [a or b for a, b in found])
+    raise _diagnose(text[:-1].split("\n"), algorithm)
+
+
+def parse_body(body: bytes) -> Manifest:
+    """A manifest from a request body (a last line without its newline is taken as if it had
+    one). Raises `MalformedManifest` naming the bad lines."""
+    if not body.strip():
+        raise MalformedManifest("empty manifest: send sha256sum or sha512sum output")
+    if not body.endswith(b"\n"):
+        body += b"\n"
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        lines = body[:-1].split(b"\n")
+        bad = []
+        for i, raw in enumerate(lines, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(i)
+        raise MalformedManifest(
+            f"{len(bad)} line(s) are not UTF-8: line "
+            + ", ".join(map(str, bad[:MAX_REPORTED])), bad[:MAX_REPORTED], len(bad)) from None
+    return check_lines(text)
+
+
+@dataclass(frozen=True)
+class Header:
+    """The header lines the server puts before a manifest's lines."""
+
+    algorithm: str
+    time: int
+    server: str
+    serial: int
+    key: str
+    lines: int
+
+    @property
+    def utc(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time))
+
+    def text(self) -> str:
+        return (f"{MAGIC}# algorithm: {self.algorithm}\n# time: {self.time}\n"
+                f"# utc: {self.utc}\n# server: {self.server}\n# serial: {self.serial}\n"
+                f"# key: {self.key}\n# lines: {self.lines}\n")
+
+    def as_json(self) -> dict[str, object]:
+        return {"algorithm": self.algorithm, "time": self.time, "utc": self.utc,
+                "server": self.server, "serial": self.serial, "key": self.key,
+                "lines": self.lines}
+
+
+_HEADER = re.compile(
+    r"# stampd manifest v1\n# algorithm: (sha256|sha512)\n# time: (0|[1-9][0-9]{0,11})\n"
+    r"# utc: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\n# server: ([!-~]{1,500})\n"
+    r"# serial: ([1-9][0-9]{0,18})\n# key: ([0-9A-F]{40}|SHA256:[A-Za-z0-9+/]{43})\n"
+    r"# lines: ([1-9][0-9]{0,9})\n")
+
+
+def parse_header(text: str) -> Header:
+    """The header at the start of a signed manifest's text; `MalformedManifest` if none."""
+    m = _HEADER.match(text)
+    if not m:
+        raise MalformedManifest("no stampd manifest header")
+    h = Header(m.group(1), int(m.group(2)), m.group(4), int(m.group(5)), m.group(6),
+               int(m.group(7)))
+    if h.utc != m.group(3):
+        raise MalformedManifest("'utc' and 'time' disagree")
+    return h
+
+
+def splice(signed_without_lines: str, header: str, lines: str) -> str:
+    """The signed manifest from a worker's answer, which leaves the lines out (they are long
+    and the service has them): the lines go right after the header."""
+    at = signed_without_lines.find(header)
+    if at < 0 or signed_without_lines.find(header, at + 1) >= 0:
+        raise MalformedManifest("the signed answer does not hold the header once")
+    at += len(header)
+    return signed_without_lines[:at] + lines + signed_without_lines[at:]
+
+
+# -- the index of a manifest's digests ------------------------------------------------------
+# A manifest's distinct digests are stored in buckets by their first 16 bits: one row per
+# (manifest, bucket) with the bucket's digests, sorted and packed (raw bytes). A million
+# digests make at most 65,536 rows instead of a million index entries, and a look-up reads one
+# small row per manifest that has digests in that bucket.
+BUCKET_HEX = 4
+
+
+def bucket_of(digest: str) -> int:
+    return int(digest[:BUCKET_HEX], 16)
+
+
+def buckets(digests: list[str]) -> list[tuple[int, bytes]]:
+    """(bucket, packed sorted distinct digests) of hex ``digests``, by bucket."""
+    grouped: dict[str, list[str]] = {}
+    for d in digests:
+        grouped.setdefault(d[:BUCKET_HEX], []).append(d)
+    return [(int(prefix, 16), bytes.fromhex("".join(sorted(set(group)))))
+            for prefix, group in sorted(grouped.items())]
+
+
+def packed_contains(packed: bytes, digest: str) -> bool:
+    """Is hex ``digest`` among the sorted digests ``packed`` (each as long as it)?"""
+    want = bytes.fromhex(digest)
+    width = len(want)
+    lo, hi = 0, len(packed) // width
+    while lo < hi:
+        mid = (lo + hi) // 2
+        item = packed[mid * width:(mid + 1) * width]
+        if item == want:
+            return True
+        if item < want:
+            lo = mid + 1
+        else:
+            hi = mid
+    return False
+
+
+def unpack(packed: bytes, width: int) -> list[str]:
+    """The hex digests of ``packed`` (``width`` bytes each)."""
+    h = packed.hex()
+    step = 2 * width
+    return [h[i:i + step] for i in range(0, len(h), step)]
