@@ -33,9 +33,10 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
-def http_request(url: str, *, form: Mapping[str, str] | None = None, timeout: float,
-                 limit: int) -> bytes:
-    """The body of a 200 answer to a GET (or, with ``form``, a form POST) of ``url``.
+def http_request(url: str, *, form: Mapping[str, str] | None = None, data: bytes | None = None,
+                 content_type: str = "text/plain", timeout: float, limit: int) -> bytes:
+    """The body of a 200 answer to a GET (or, with ``form``, a form POST; with ``data``, a POST
+    of those bytes as ``content_type``) of ``url``.
 
     At most ``limit + 1`` bytes are read: a longer body comes back as ``limit + 1`` bytes, so
     the caller can tell it was too long. Raise `FetchError` for anything but a 200 answer.
@@ -45,13 +46,16 @@ def http_request(url: str, *, form: Mapping[str, str] | None = None, timeout: fl
     if form is not None:
         body = urllib.parse.urlencode(form).encode()
         headers["Content-Type"] = "application/x-www-form-urlencoded"
+    elif data is not None:
+        body = data
+        headers["Content-Type"] = content_type
     request = urllib.request.Request(url, data=body, headers=headers)
     try:
         with _OPENER.open(request, timeout=timeout) as r:
             if r.status != 200:
                 raise FetchError(url, f"HTTP {r.status}", status=r.status)
-            data: bytes = r.read(limit + 1)
-            return data
+            answer: bytes = r.read(limit + 1)
+            return answer
     except urllib.error.HTTPError as e:
         raise FetchError(url, str(e), status=e.code, reason=str(e.reason)) from None
     except (urllib.error.URLError, OSError) as e:

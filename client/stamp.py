@@ -30,9 +30,11 @@ first (which is then pinned); its allowed-signers line comes from ``GET
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -40,11 +42,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from client.checksums import ALGORITHMS, FilesError, Progress, Skipped, collect, hash_files
 from client.errors import CommandError
 from client.fetch import FetchError, http_request
-from client.verify import KEYRING_PREFIX, VerifyError, fetch_allowed_signers, fetch_public_key
+from client.verify import (
+    KEYRING_PREFIX,
+    CannotCheck,
+    SignedManifest,
+    VerifyError,
+    fetch_allowed_signers,
+    fetch_public_key,
+    parse_manifest,
+    verify_manifest_signature,
+)
 from client.verify import ssh_keys_from as _ssh_keys_from
 from workers.formats.gitobjects import OBJECT_FORMATS, SHA1
+from workers.formats.manifests import Header
 from workers.formats.sshsig import SshPublicKey, SshSigError, SshSignature
 from workers.keys.gnupg import GpgError, TempGnupgHome
 
@@ -534,11 +547,192 @@ def report(res: Stored) -> list[str]:
     return lines
 
 
+# --------------------------------------------------------------------------- files
+
+
+MANIFEST_SLACK = 64 * 1024  # bytes an answer may have beyond the lines sent (header, signature)
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    files: int
+    skipped: list[Skipped]
+    header: Header
+    signer: str
+    origin: str
+    url: str
+
+
+def _same_server(a: str, b: str) -> bool:
+    pa, pb = urllib.parse.urlsplit(a), urllib.parse.urlsplit(b)
+    return (pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/")) \
+        == (pb.scheme.lower(), pb.netloc.lower(), pb.path.rstrip("/"))
+
+
+def check_manifest_answer(data: bytes, *, body: str, algorithm: str, fmt: str, server: str,
+                          openpgp: bytes | None, ssh: SshPublicKey | None, origin: str,
+                          asked: int, now: int) -> tuple[SignedManifest, str]:
+    """(the manifest, its signer's fingerprint) when ``data`` is a signed manifest of exactly
+    ``body``, by the trusted key, from ``server``, made between ``asked`` and ``now`` (within
+    the clock skew); `AnswerRefused` otherwise."""
+    try:
+        manifest = parse_manifest(data)
+        if manifest.format != fmt:
+            raise AnswerRefused(f"the manifest is {manifest.format}-signed (asked for {fmt})")
+        signer = verify_manifest_signature(manifest, openpgp=openpgp,
+                                           ssh=[ssh] if ssh is not None else [], origin=origin)
+    except CannotCheck as e:  # gpg or ssh-keygen missing: not the answer's fault
+        raise StampFailed(e.message) from None
+    except VerifyError as e:
+        raise AnswerRefused(e.message) from None
+    h = manifest.header
+    if manifest.lines != body:
+        sent = body.count("\n")
+        raise AnswerRefused(f"the lines signed are not the {sent} lines sent ({h.lines} lines "
+                            "signed): a stamp of another manifest")
+    if h.algorithm != algorithm:
+        raise AnswerRefused(f"the header says algorithm {h.algorithm}, not {algorithm}")
+    if not asked - CLOCK_SKEW < h.time < now + CLOCK_SKEW:
+        raise AnswerRefused(f"the manifest's time {h.time} is off this computer's clock "
+                            f"(asked at {asked}, answered by {now}; {CLOCK_SKEW} s allowed)")
+    if not _same_server(h.server, server):
+        raise AnswerRefused(f"the manifest names the server {h.server}, not {server}")
+    return manifest, signer
+
+
+def post_manifest(server: str, body: bytes, query: dict[str, str]) -> bytes:
+    url = server.rstrip("/") + "/v1/manifests"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    limit = len(body) + MANIFEST_SLACK
+    try:
+        answer = http_request(url, data=body, content_type="text/plain", limit=limit,
+                              timeout=HTTP_TIMEOUT + len(body) / (1 << 20))
+    except FetchError as e:
+        if e.status is not None:
+            raise StampFailed(f"{url} answered HTTP {e.status}: {e.reason}") from None
+        raise StampFailed(f"cannot reach {server}: {e.reason}") from None
+    if len(answer) > limit:
+        raise AnswerRefused(f"the answer is more than {MANIFEST_SLACK} bytes longer than the "
+                            "manifest sent")
+    return answer
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _in_repository(repo: Path) -> bool:
+    try:
+        git(repo, "rev-parse", "--git-dir")
+    except StampFailed:
+        return False
+    return True
+
+
+def stamp_files(paths: list[Path], *, server: str | None, output: Path | None = None,
+                algorithm: str = "sha256", fmt: str | None = None, key: str | None = None,
+                repo: Path = Path("."), clock: Callable[[], float] = time.time) -> Written:
+    """Hash the files under ``paths``, have one manifest of them stamped, check the answer and
+    only then write it to ``output`` (default ``SHA256SUMS.asc``); raise a `StampFailed`."""
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"--algorithm must be sha256 or sha512, not {algorithm!r}")
+    if fmt is None:
+        fmt = "ssh" if key is not None and key.startswith("SHA256:") else "openpgp"
+    if fmt == "openpgp" and key is not None and key.startswith("SHA256:"):
+        raise UsageError("an SSH key fingerprint (--key SHA256:...) goes with --format ssh")
+    if output is None:
+        output = Path(f"{algorithm.upper()}SUMS.asc")
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a directory")
+    url = server_url(repo, server)
+    try:
+        files, skipped = collect(paths, exclude=output)
+        size = sum(f.size for f in files)
+        lines = hash_files(files, algorithm, Progress("hashing", len(files), size))
+    except FilesError as e:
+        raise UsageError(e.message) from None
+    body = "\n".join(lines) + "\n"
+
+    query: dict[str, str] = {}
+    pins: tuple[tuple[str, str], ...] = ()
+    openpgp: bytes | None = None
+    ssh: SshPublicKey | None = None
+    if fmt == "ssh":
+        trust = ssh_trust(repo, url, key)
+        ssh, origin, pins = trust.key, trust.origin, trust.pins
+        query = {"format": "ssh", "key": trust.key.fingerprint}
+    else:
+        pgp = openpgp_trust(repo, url, Path(key) if key else None)
+        openpgp, origin, pins = pgp.armored, pgp.origin, pgp.pins
+
+    asked = int(clock())
+    answer = post_manifest(url, body.encode("utf-8"), query)
+    manifest, signer = check_manifest_answer(
+        answer, body=body, algorithm=algorithm, fmt=fmt, server=url, openpgp=openpgp, ssh=ssh,
+        origin=origin, asked=asked, now=int(clock()))
+    try:
+        _write_atomically(output, answer)
+    except OSError as e:
+        raise StampFailed(f"cannot write {output}: {e.strerror} (the manifest is stamped: "
+                          f"GET {url.rstrip('/')}/v1/manifests/{manifest.header.serial})"
+                          ) from None
+    # Trust on first use, as for git stamps: the key is pinned in the repository's config (a
+    # pin in any git config scope is honoured); outside a repository nothing is pinned.
+    if pins and _in_repository(repo):
+        for variable, value in pins:
+            git(repo, "config", "--local", variable, value)
+    elif pins:
+        origin = (origin.split(", now pinned")[0] + " (not pinned: no git repository here; "
+                  "give --key to trust a key you hold)")
+    return Written(output, len(files), skipped, manifest.header, signer, origin, url)
+
+
+def report_written(res: Written) -> list[str]:
+    h = res.header
+    return [f"manifest:      {res.path} ({res.files} files, {h.algorithm})",
+            f"time:          {h.utc} ({h.time})",
+            f"key:           {res.signer} ({res.origin})",
+            f"server:        {h.server} (serial {h.serial})"]
+
+
 def cmd_stamp(args: argparse.Namespace) -> int:
-    """``stampd stamp (--tag NAME | --branch NAME) [COMMIT] [--server URL] [--format
-    openpgp|ssh] [--key FILE|SHA256:...] [--repo DIR]``: 0 when stored; otherwise raise a
-    `StampFailed` (exit status 1, 2 or 3)."""
-    res = stamp(args.repo, server=args.server, tag=args.tag, branch=args.branch,
-                commit=args.commit, fmt=args.format, key=args.key)
-    print("\n".join(report(res)))
+    """``stampd stamp (--tag NAME | --branch NAME) [COMMIT]`` or ``stampd stamp FILE|DIR...
+    [-o FILE] [--algorithm sha256|sha512]``, with ``[--server URL] [--format openpgp|ssh]
+    [--key FILE|SHA256:...] [--repo DIR]``: 0 when stored; otherwise raise a `StampFailed`
+    (exit status 1, 2 or 3)."""
+    positional: list[str] = list(getattr(args, "paths", None) or [])
+    if args.tag is None and args.branch is None:
+        if not positional:
+            raise UsageError("give FILE|DIR... to stamp files, or --tag NAME / --branch NAME "
+                             "for a git stamp")
+        res = stamp_files([Path(p) for p in positional], server=args.server,
+                          output=getattr(args, "output", None),
+                          algorithm=getattr(args, "algorithm", None) or "sha256",
+                          fmt=args.format, key=args.key, repo=args.repo)
+        for item in res.skipped:
+            print(f"stampd stamp: skipped {item.path}: {item.why}", file=sys.stderr)
+        print("\n".join(report_written(res)))
+        if res.skipped:
+            print(f"skipped:       {len(res.skipped)} (not regular files; named on stderr)")
+        return 0
+    if getattr(args, "output", None) is not None or getattr(args, "algorithm", None):
+        raise UsageError("-o and --algorithm are for stamping files, not git stamps")
+    if len(positional) > 1:
+        raise UsageError("a git stamp is of one COMMIT")
+    res_git = stamp(args.repo, server=args.server, tag=args.tag, branch=args.branch,
+                    commit=positional[0] if positional else "HEAD", fmt=args.format,
+                    key=args.key)
+    print("\n".join(report(res_git)))
     return 0

@@ -616,15 +616,16 @@ def parser() -> argparse.ArgumentParser:
     tsap.set_defaults(func=cmd_tsa)
 
     verify = sub.add_parser(
-        "verify", help="check a digest receipt, an RFC 3161 time-stamp token, or a git "
-        "tag/commit stamp in a repository",
+        "verify", help="check a digest receipt, a manifest (SHA256SUMS.asc), an RFC 3161 "
+        "time-stamp token, or a git tag/commit stamp in a repository",
         description="Exit status: 0 valid, 1 invalid (bad signature, wrong key, wrong time, "
-        "digest mismatch, a token not from the --chain TSA) or could not be checked (server "
-        "key not obtainable, gpg missing, a token checked without --chain), 2 malformed (not a "
+        "digest mismatch, a manifest's files missing or changed (--dir), a token not from the "
+        "--chain TSA) or could not be checked (server key not obtainable, gpg missing, a token "
+        "checked without --chain, unsupported), 2 malformed (not a "
         "receipt, token or stamp of a known format, or an unusable argument), 3 a valid RFC "
         "3161 token whose imprint is not in the --log yet.")
-    verify.add_argument("target", help="a receipt file ('-' for stdin), an RFC 3161 response "
-                        "(.tsr) or token, or a git tag/commit")
+    verify.add_argument("target", help="a receipt or manifest file ('-' for stdin), an RFC "
+                        "3161 response (.tsr) or token, or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
     what.add_argument("--file", "--data", dest="file", type=Path,
                       help="check that the receipt's digest (the token's imprint) is this "
@@ -638,6 +639,9 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--chain", type=Path,
                         help="RFC 3161 token: the certificates to trust (PEM: the TSA's "
                         "GET /tsa.pem, or its CA's certificate)")
+    verify.add_argument("--dir", type=Path, default=None,
+                        help="manifest (SHA256SUMS.asc): also hash the files it names, "
+                        "relative to DIR, and report missing and changed ones")
     verify.add_argument("--log",
                         help="RFC 3161 token: a clone of the server's log (path or http(s) "
                         "URL, as for `stampd audit`): name the log commit publishing the "
@@ -656,22 +660,35 @@ def parser() -> argparse.ArgumentParser:
     audit.set_defaults(func=_cmd("client.audit", "cmd_audit"))
 
     stampp = sub.add_parser(
-        "stamp", help="obtain a tag or branch stamp of a commit from a stampd (or Zeitgitter) "
-        "server, check it as `git timestamp` does, and store it in the repository",
-        description="OpenPGP or SSH stamps (--format ssh), SHA-1 or SHA-256 repositories. "
+        "stamp", help="stamp files (one signed manifest, SHA256SUMS.asc), or obtain a tag or "
+        "branch stamp of a commit, from a stampd (or Zeitgitter) server; the answer is checked "
+        "before anything is stored",
+        usage="stampd stamp FILE|DIR... [-o FILE] [--algorithm sha256|sha512] [options]\n"
+        "       stampd stamp (--tag NAME | --branch NAME) [COMMIT] [options]",
+        description="Files: hashed here (directories recursively), sent as one manifest "
+        "(POST /v1/manifests), and the signed answer written to SHA256SUMS.asc once its "
+        "signature, header and lines are checked. Git: OpenPGP or SSH stamps (--format ssh), "
+        "SHA-1 or SHA-256 repositories. "
         "Exit status: 0 stored; 1 not stamped (server unreachable or answered an error, its "
         "key changed from the pinned one, git or gpg failed); 2 an unusable argument or "
         "repository (no server, a bad name, an unknown commit, an existing tag, a commit the "
-        "branch stamps already); 3 the server's answer was refused (not the object asked for, "
-        "a time off by 30 s or more, a signature that does not verify with the trusted key): "
+        "branch stamps already, an unreadable file or one whose name a manifest cannot hold); "
+        "3 the server's answer was refused (not the object or the lines asked for, a time off "
+        "by 30 s or more, a signature that does not verify with the trusted key): "
         "nothing was stored.")
-    which = stampp.add_mutually_exclusive_group(required=True)
+    which = stampp.add_mutually_exclusive_group()
     which.add_argument("--tag", metavar="NAME", help="make the stamp the tag refs/tags/NAME")
     which.add_argument("--branch", metavar="NAME",
                        help="add the stamp to the timestamp branch NAME (a merge chain: its "
                        "parents are the branch's previous stamp and COMMIT)")
-    stampp.add_argument("commit", nargs="?", default="HEAD", metavar="COMMIT",
-                        help="the commit to stamp (default: HEAD)")
+    stampp.add_argument("paths", nargs="*", metavar="FILE|DIR | COMMIT",
+                        help="the files and directories to stamp; with --tag/--branch the "
+                        "commit to stamp (default: HEAD)")
+    stampp.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
+                        help="files: where to write the signed manifest (default: "
+                        "SHA256SUMS.asc, SHA512SUMS.asc with --algorithm sha512)")
+    stampp.add_argument("--algorithm", choices=("sha256", "sha512"), default=None,
+                        help="files: the digest algorithm (default: sha256)")
     stampp.add_argument("--server", default=None,
                         help="server URL (default: $STAMPD_SERVER, else git config "
                         "timestamp.server)")
@@ -684,7 +701,8 @@ def parser() -> argparse.ArgumentParser:
                         "allowed-signers file, or the fingerprint of one of the server's SSH "
                         "keys")
     stampp.add_argument("--repo", type=Path, default=Path("."),
-                        help="the git repository (default: .)")
+                        help="the git repository (default: .); for files, where keys are "
+                        "pinned and timestamp.server is read")
     stampp.set_defaults(func=_cmd("client.stamp", "cmd_stamp"))
 
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")

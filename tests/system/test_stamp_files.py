@@ -1,0 +1,254 @@
+"""``stampd stamp FILE|DIR...`` and ``stampd verify SHA256SUMS.asc --dir DIR`` against a real
+server, checked afterwards with stock tools too (gpg --verify, sha256sum -c, ssh-keygen); an
+answer that is another manifest, or a manifest from another server, is refused and nothing is
+written."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from server import cli
+from tests.helpers import Server, start_server
+
+TREE_FILES = 10_000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tools() -> None:
+    missing = [t for t in ("gpg", "sha256sum", "sha512sum", "ssh-keygen")
+               if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"required tools missing: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tmp_path_factory.mktemp("stampf") / "data", workers=1,
+                     extra_env={"STAMPD_EXTRA_KEYS": "ssh:ed25519"})
+    yield s
+    s.stop()
+    shutil.rmtree(s.runtime_dir, ignore_errors=True)
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        data: bytes = r.read()
+        return data
+
+
+def make_tree(root: Path, files: int, per_dir: int = 100) -> None:
+    for i in range(files):
+        d = root / f"d{i // per_dir:03d}"
+        if i % per_dir == 0:
+            d.mkdir(parents=True)
+        fd = os.open(d / f"f{i:05d}.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, i.to_bytes(4, "big"))
+        os.close(fd)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_tree_of_10000_files(server: Server, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    make_tree(tmp_path / "tree", TREE_FILES)
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    code, out, err = run(capsys, "stamp", "tree", "--server", server.url)
+    print(f"stampd stamp of {TREE_FILES} files: {time.monotonic() - started:.1f} s")
+    assert code == 0, err
+    assert f"manifest:      SHA256SUMS.asc ({TREE_FILES} files, sha256)" in out
+    asc = tmp_path / "SHA256SUMS.asc"
+    text = asc.read_text()
+    assert f"# lines: {TREE_FILES}\n" in text and f"# server: {server.url}\n" in text
+    assert "*d000/f00000.bin\n" in text and "*d099/f09999.bin\n" in text
+
+    started = time.monotonic()
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", "tree")
+    print(f"stampd verify --dir of {TREE_FILES} files: {time.monotonic() - started:.1f} s")
+    assert code == 0, err
+    assert f"files:          {TREE_FILES} checked in tree: all match" in out
+
+    # Stock tools: gpg --verify with the server's key, sha256sum -c in the tree.
+    key = tmp_path / "server-key.asc"
+    key.write_bytes(fetch(f"{server.url}?request=get-public-key-v1"))
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--import", str(key)], env=env, check=True,
+                   capture_output=True)
+    subprocess.run(["gpg", "--batch", "--verify", str(asc)], env=env, check=True,
+                   capture_output=True)
+    check = subprocess.run(["sha256sum", "-c", str(asc)], cwd=tmp_path / "tree",
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr[-500:]
+    assert check.stdout.count(": OK\n") == TREE_FILES
+
+    # A changed file: exit 1, named; offline with --key.
+    (tmp_path / "tree" / "d042" / "f04242.bin").write_bytes(b"changed")
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", "tree", "--key",
+                         str(key))
+    assert code == 1
+    assert "CHANGED:        d042/f04242.bin" in out
+    assert err.startswith("stampd verify: invalid: 1 of 10000 files do not match the "
+                          "manifest: d042/f04242.bin")
+
+    # A tampered line: the signature no longer verifies (nor does gpg's).
+    lines = text.split("\n")
+    i = next(n for n, line in enumerate(lines) if line.endswith("*d007/f00700.bin"))
+    lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
+    (tmp_path / "tampered.asc").write_text("\n".join(lines))
+    code, _, err = run(capsys, "verify", "tampered.asc", "--key", str(key))
+    assert code == 1 and "signature does not verify" in err, err
+    assert subprocess.run(["gpg", "--batch", "--verify", str(tmp_path / "tampered.asc")],
+                          env=env, capture_output=True).returncode != 0
+
+
+def test_ssh_sha512_round_trip_and_what_is_skipped(server: Server, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "release"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.tar.gz").write_bytes(os.urandom(3000))
+    (tree / "sub" / "back\\slash").write_bytes(b"b")
+    (tree / "sub" / "new\nline").write_bytes(b"n")
+    os.symlink("a.tar.gz", tree / "link-to-file")
+    os.symlink("sub", tree / "link-to-dir")
+    os.mkfifo(tree / "fifo")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "stamp", "release", "--server", server.url, "--format",
+                         "ssh", "--algorithm", "sha512")
+    assert code == 0, err
+    assert "manifest:      SHA512SUMS.asc (4 files, sha512)" in out and "skipped:       2" in out
+    assert "skipped release/fifo: not a regular file" in err
+    assert "skipped release/link-to-dir: symlink to a directory (not followed)" in err
+    asc = tmp_path / "SHA512SUMS.asc"
+    text = asc.read_text()
+    assert "-----BEGIN SSH SIGNATURE-----" in text and "# algorithm: sha512\n" in text
+    assert "\\" in text.split("# lines: 4\n")[1].split("\n")[2]  # an escaped name
+
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_bytes(fetch(f"{server.url}v1/keys/allowed_signers"))
+    code, out, err = run(capsys, "verify", "SHA512SUMS.asc", "--dir", "release", "--key",
+                         str(allowed))
+    assert code == 0, err
+    assert "files:          4 checked in release: all match" in out
+    check = subprocess.run(["sha512sum", "-c", str(asc)], cwd=tree, capture_output=True,
+                           text=True)
+    assert check.returncode == 0 and check.stdout.count(": OK\n") == 4, check.stderr
+
+    (tree / "sub" / "new\nline").unlink()
+    code, out, err = run(capsys, "verify", "SHA512SUMS.asc", "--dir", "release", "--key",
+                         str(allowed))
+    assert code == 1 and "MISSING:        sub/new\nline" in out, err
+    (tmp_path / "tampered.asc").write_text(text.replace("*a.tar.gz", "*a.tar.bz2"))
+    code, _, err = run(capsys, "verify", "tampered.asc", "--key", str(allowed))
+    assert code == 1 and "the SSH signature does not verify" in err, err
+    # What stampd verify cannot check is "unsupported" (exit 1), not malformed.
+    for name, changed in (("v2.asc", text.replace("manifest v1", "manifest v2")),
+                          ("x509.asc", text.replace("SSH SIGNATURE", "SIGNED MESSAGE"))):
+        (tmp_path / name).write_text(changed)
+        code, _, err = run(capsys, "verify", name, "--key", str(allowed))
+        assert code == 1 and err.startswith("stampd verify: unsupported: "), err
+
+
+def test_unusable_paths_are_refused_before_anything_is_sent(
+        server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "tab\there").write_bytes(b"")
+    code, _, err = run(capsys, "stamp", "d", "--server", server.url)
+    assert code == 2 and "cannot be put in a manifest" in err and "tab\\there" in err
+    (tmp_path / "e" / "x").mkdir(parents=True)
+    (tmp_path / "e" / "a").write_bytes(b"1")
+    (tmp_path / "e" / "x" / "a").write_bytes(b"2")
+    code, _, err = run(capsys, "stamp", "e/a", "e/x/a", "--server", server.url)
+    assert code == 2 and "two files would both be named 'a'" in err
+    code, _, err = run(capsys, "stamp", "missing", "--server", server.url)
+    assert code == 2 and "cannot read missing" in err
+    assert not (tmp_path / "SHA256SUMS.asc").exists()
+
+
+class ManifestRelay:
+    """A server in front of a real one: GETs pass through; a manifest POST is sent on with
+    its body changed by ``edit``."""
+
+    def __init__(self, target: str, edit: Callable[[bytes], bytes]) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.forward(urllib.request.Request(target + self.path.lstrip("/")))
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                self.forward(urllib.request.Request(
+                    target + self.path.lstrip("/"), data=edit(body),
+                    headers={"Content-Type": "text/plain"}))
+
+            def forward(self, request: urllib.request.Request) -> None:
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, data = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def _other_line(body: bytes) -> bytes:
+    lines = body.split(b"\n")
+    lines[0] = (b"0" if lines[0][:1] != b"0" else b"1") + lines[0][1:]
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize(("fmt", "edit", "says"), [
+    ("openpgp", _other_line, "the lines signed are not the 3 lines sent"),
+    ("ssh", lambda b: b + b"0" * 64 + b" *extra\n", "the lines signed are not the 3 lines sent"),
+    ("openpgp", lambda b: b, "the manifest names the server http://127.0.0.1:"),
+])
+def test_another_manifest_is_refused_and_nothing_written(
+        server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, fmt: str, edit: Callable[[bytes], bytes],
+        says: str) -> None:
+    (tmp_path / "d").mkdir()
+    for name in ("a", "b", "c"):
+        (tmp_path / "d" / name).write_text(name)
+    monkeypatch.chdir(tmp_path)
+    relay = ManifestRelay(server.url, edit)
+    try:
+        code, _, err = run(capsys, "stamp", "d", "--server", relay.url, "--format", fmt)
+    finally:
+        relay.close()
+    assert code == 3 and err.startswith(f"stampd stamp: refused: {says}"), err
+    assert not (tmp_path / "SHA256SUMS.asc").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
