@@ -13,11 +13,11 @@ import json
 import resource
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.checks import Target, verify_sample
-from bench.procs import BenchError, cpu_busy, kill_pids, progress
+from bench.procs import BenchError, cpu_busy, kill_pids, progress, sweep
 from bench.servers import Server
 
 HERE = Path(__file__).resolve().parent
@@ -25,12 +25,11 @@ REPO = HERE.parent
 LUA = HERE / "stamp.lua"
 
 
-@dataclass
-class Cell:
-    key: str
-    mode: str
-    conns: int
-    server: str
+@dataclass(kw_only=True)
+class Measured:
+    """What one cell measured, for bench.run's cells and bench.tsa's: good responses, latency
+    percentiles, wrong answers and the CPU split."""
+
     requests: int = 0
     seconds: float = 0.0
     p50_ms: float = 0.0
@@ -44,15 +43,6 @@ class Cell:
     cpu: dict[str, float] = field(default_factory=dict)
     machine_cpu: float = 0.0  # CPU seconds the whole machine was busy during the cell
     skipped: str = ""
-    # Several wrk processes at once (two keys served at once): one cell per process; this
-    # cell then holds their sums (requests, wrong answers, CPU) and the longest duration.
-    parts: list[Cell] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        if self.parts:
-            return sum(p.rate for p in self.parts)
-        return self.requests / self.seconds if self.seconds else 0.0
 
     @property
     def background(self) -> float:
@@ -66,6 +56,129 @@ class Cell:
     def wrong(self) -> int:
         return self.bad + self.socket_errors + len(self.sample_failures) + (
             0 if self.requests or self.skipped else 1)
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def why_wrong(self) -> str:
+        return (f"bad {self.bad}, socket errors {self.socket_errors}, sample failures "
+                f"{len(self.sample_failures)}; "
+                f"{self.first_bad or (self.sample_failures[:1] or [''])[0]}")
+
+    def as_json(self) -> dict[str, object]:
+        return dict(asdict(self), rate=self.rate, wrong=self.wrong)
+
+
+@dataclass
+class Cell(Measured):
+    key: str
+    mode: str
+    conns: int
+    server: str
+    # Several wrk processes at once (two keys served at once): one cell per process; this
+    # cell then holds their sums (requests, wrong answers, CPU) and the longest duration.
+    parts: list[Cell] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        if self.parts:
+            return sum(p.rate for p in self.parts)
+        return super().rate
+
+    def as_json(self) -> dict[str, object]:
+        return dict(super().as_json(), parts=[p.as_json() for p in self.parts])
+
+
+SOCKET_ERRORS = ("connect", "read", "write", "timeout")
+
+
+def count(cell: Measured, res: dict[str, object]) -> None:
+    """Add one BENCH-RESULT's wrong answers and socket errors to `cell` (warm-ups count too)."""
+    cell.bad += int(res["bad"])  # type: ignore[call-overload]
+    errors = sum(int(res[k]) for k in SOCKET_ERRORS)  # type: ignore[call-overload]
+    cell.socket_errors += errors
+    if not cell.first_bad and res.get("first_bad"):
+        cell.first_bad = str(res["first_bad"])
+    elif not cell.first_bad and errors:
+        cell.first_bad = "socket errors: " + ", ".join(
+            f"{k} {res[k]}" for k in SOCKET_ERRORS if res[k])
+
+
+def record(cell: Measured, res: dict[str, object]) -> None:
+    """The measured run's BENCH-RESULT: counted, and its requests, duration and latencies."""
+    count(cell, res)
+    cell.requests = int(res["requests"])  # type: ignore[call-overload]
+    cell.seconds = int(res["duration_us"]) / 1e6  # type: ignore[call-overload]
+    cell.p50_ms = int(res["p50_us"]) / 1000  # type: ignore[call-overload]
+    cell.p99_ms = int(res["p99_us"]) / 1000  # type: ignore[call-overload]
+
+
+def stop_servers(servers: list[Server], root: Path) -> None:
+    """Stop every server, the last started first, then sweep up what is left under `root`."""
+    for s in reversed(servers):
+        try:
+            s.stop()
+        except Exception as e:  # keep stopping the others
+            progress(f"{s.name}: stop failed: {e!r}")
+    sweep(root, "bench")
+
+
+def wrk_argv(script: Path, server: Server, conns: int, seconds: int, *args: str) -> list[str]:
+    """wrk with `script` and its arguments against `server`: one thread up to 16 connections."""
+    return ["wrk", f"-t{1 if conns <= 16 else 2}", f"-c{conns}", f"-d{seconds}s",
+            "--timeout", "10s", "-s", str(script), server.url, "--", *args]
+
+
+def sample_arg(sample_dir: Path | None) -> str:
+    """The SAMPLES argument of stamp.lua and tsa.lua: a directory with a trailing slash, or -."""
+    return "-" if sample_dir is None else str(sample_dir) + "/"
+
+
+def run_wrk(argvs: list[list[str]], seconds: int) -> tuple[list[dict[str, object]], float]:
+    """Run these wrk command lines at the same time (each for `seconds`); return each one's
+    BENCH-RESULT and the CPU seconds all of them used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    procs: list[subprocess.Popen[bytes]] = []
+    outs: list[tuple[int, str, str]] = []
+    try:
+        for argv in argvs:
+            procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        deadline = time.monotonic() + seconds + 30
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as e:
+                raise BenchError(f"wrk took longer than {seconds + 30}s") from e
+            outs.append((p.returncode, out.decode(errors="replace"),
+                         err.decode(errors="replace")))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_pids([p.pid], "wrk")
+                p.wait(timeout=10)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    results = []
+    for rc, out, err in outs:
+        line = next((ln for ln in out.splitlines() if ln.startswith("BENCH-RESULT ")), None)
+        if rc != 0 or line is None:
+            raise BenchError(f"wrk failed ({rc}): {out[-500:]}{err[-500:]}")
+        results.append(json.loads(line.split(" ", 1)[1]))
+    return results, cpu
+
+
+def measure_wrk(server: Server, cell: Measured, argvs: list[list[str]],
+                seconds: int) -> list[dict[str, object]]:
+    """run_wrk, with the CPU of the server, of wrk and of the whole machine written to `cell`."""
+    cpu0, busy0 = server.cpu(), cpu_busy()
+    results, wrk_cpu = run_wrk(argvs, seconds)
+    cpu1, busy1 = server.cpu(), cpu_busy()
+    cell.machine_cpu = busy1 - busy0
+    cell.wrk_cpu = wrk_cpu
+    cell.cpu = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+    return results
 
 
 class Measuring:
@@ -101,41 +214,15 @@ class Measuring:
                  ) -> tuple[list[dict[str, object]], float]:
         """Run one wrk per (connections, prefix, sample directory, target) at the same time;
         return each one's BENCH-RESULT and the CPU seconds all of them used."""
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        procs: list[subprocess.Popen[bytes]] = []
-        outs: list[tuple[int, str, str]] = []
-        try:
-            for conns, prefix, sample_dir, target in runs:
-                threads = 1 if conns <= 16 else 2
-                argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s",
-                        "-s", str(LUA), server.url, "--", mode, prefix,
-                        "-" if sample_dir is None else str(sample_dir) + "/"]
-                if target is not None:
-                    argv += [target.key.armor, target.field]
-                procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-            deadline = time.monotonic() + seconds + 30
-            for p in procs:
-                try:
-                    out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired as e:
-                    raise BenchError(f"wrk took longer than {seconds + 30}s") from e
-                outs.append((p.returncode, out.decode(errors="replace"),
-                             err.decode(errors="replace")))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    kill_pids([p.pid], "wrk")
-                    p.wait(timeout=10)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-        results = []
-        for rc, out, err in outs:
-            line = next((ln for ln in out.splitlines() if ln.startswith("BENCH-RESULT ")), None)
-            if rc != 0 or line is None:
-                raise BenchError(f"wrk failed ({rc}): {out[-500:]}{err[-500:]}")
-            results.append(json.loads(line.split(" ", 1)[1]))
-        return results, cpu
+        return run_wrk([self.argv(server, mode, seconds, *r) for r in runs], seconds)
+
+    @staticmethod
+    def argv(server: Server, mode: str, seconds: int, conns: int, prefix: str,
+             sample_dir: Path | None, target: Target | None) -> list[str]:
+        argv = wrk_argv(LUA, server, conns, seconds, mode, prefix, sample_arg(sample_dir))
+        if target is not None:
+            argv += [target.key.armor, target.field]
+        return argv
 
     def measure(self, server: Server, key: str, mode: str, conns: int, label: str,
                 target: Target | None = None) -> Cell:
@@ -170,7 +257,7 @@ class Measuring:
             warm, _ = self.wrk_many(server, mode, self.args.warmup,
                                     [(p.conns, self.prefix(), None, t) for p, t in parts])
             for (p, _), res in zip(parts, warm, strict=True):
-                self.count(p, res)
+                count(p, res)
         runs: list[tuple[int, str, Path | None, Target | None]] = []
         for p, t in parts:
             name = f"{len(self.cells):03d}-{label}-{key}-{mode}-{conns}"
@@ -179,19 +266,11 @@ class Measuring:
             sample_dir = self.root / "samples" / name.replace(" ", "")
             sample_dir.mkdir(parents=True)
             runs.append((p.conns, self.prefix(), sample_dir, t))
-        cpu0, busy0 = server.cpu(), cpu_busy()
-        results, wrk_cpu = self.wrk_many(server, mode, self.args.duration, runs)
-        cpu1, busy1 = server.cpu(), cpu_busy()
-        cell.machine_cpu = busy1 - busy0
-        cell.wrk_cpu = wrk_cpu
-        cell.cpu = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+        results = measure_wrk(server, cell, [self.argv(server, mode, self.args.duration, *r)
+                                             for r in runs], self.args.duration)
         for (p, target), res, (_, prefix, sample_dir, _) in zip(parts, results, runs,
                                                                 strict=True):
-            self.count(p, res)
-            p.requests = int(res["requests"])  # type: ignore[call-overload]
-            p.seconds = int(res["duration_us"]) / 1e6  # type: ignore[call-overload]
-            p.p50_ms = int(res["p50_us"]) / 1000  # type: ignore[call-overload]
-            p.p99_ms = int(res["p99_us"]) / 1000  # type: ignore[call-overload]
+            record(p, res)
             assert sample_dir is not None
             for path in sorted(sample_dir.glob("*.obj")):
                 p.samples += 1
@@ -223,14 +302,3 @@ class Measuring:
         if not cell.parts:
             for reason in cell.sample_failures:
                 progress(f"  sample: {reason}")
-
-    @staticmethod
-    def count(cell: Cell, res: dict[str, object]) -> None:
-        cell.bad += int(res["bad"])  # type: ignore[call-overload]
-        cell.socket_errors += sum(int(res[k]) for k in  # type: ignore[call-overload]
-                                  ("connect", "read", "write", "timeout"))
-        if not cell.first_bad and res.get("first_bad"):
-            cell.first_bad = str(res["first_bad"])
-        elif not cell.first_bad and cell.socket_errors:
-            cell.first_bad = "socket errors: " + ", ".join(
-                f"{k} {res[k]}" for k in ("connect", "read", "write", "timeout") if res[k])

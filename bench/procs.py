@@ -1,19 +1,24 @@
 """Processes: the process table and CPU accounting from /proc, stopping processes by PID (SIGTERM,
 wait, SIGKILL) and sweeping up every leftover that mentions a bench directory, running a command
-with a timeout, a free local port and a plain HTTP GET; also the progress lines on stderr (timed
-from T0) and BenchError (the bench itself could not run: exit status 2), which every other module of
-the bench uses. No process is ever looked up by name.
+with a timeout, a free local port and a plain HTTP GET; what the bench mains share (wrk and the
+other tools, SIGTERM/SIGHUP as KeyboardInterrupt, the bench directory kept or removed); also the
+progress lines on stderr (timed from T0) and BenchError (the bench itself could not run: exit
+status 2), which every other module of the bench uses. No process is ever looked up by name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.client import HTTPConnection
 from pathlib import Path
@@ -152,3 +157,74 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return r.status, r.read()
     finally:
         conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# What the bench mains share
+
+
+def ensure_wrk() -> None:
+    """wrk, installed with apt-get when missing and we are root (as `make bench` does)."""
+    if shutil.which("wrk") is not None:
+        return
+    if os.geteuid() != 0:
+        raise BenchError("wrk is missing: apt-get install -y wrk")
+    progress("installing wrk (apt-get install -y wrk)")
+    run(["apt-get", "install", "-y", "wrk"], timeout=240,
+        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+
+
+def require_tools(*tools: str) -> None:
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise BenchError(f"{tool} is missing")
+
+
+def _interrupt(signum: int, frame: types.FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interrupt_on_signals() -> None:
+    """SIGINT (even if started ignoring it), SIGTERM and SIGHUP raise KeyboardInterrupt, so that
+    a bench stops its servers on the way out."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+
+
+def run_then_stop(steps: list[Callable[[], None]], stop: Callable[[], None],
+                  failed: Callable[[], int] = lambda: 2) -> int:
+    """The `steps` in turn, then `stop` whatever happened; the exit status so far: 0, `failed()`
+    when the bench could not run (BenchError), 130 when interrupted."""
+    status = 0
+    try:
+        for step in steps:
+            step()
+    except BenchError as e:
+        progress(f"bench failed: {e}")
+        status = failed()
+    except KeyboardInterrupt:
+        progress("interrupted")
+        status = 130
+    finally:
+        progress("stopping everything")
+        stop()
+    return status
+
+
+def start_bench(prefix: str) -> Path:
+    """SIGTERM and SIGHUP (and SIGINT) as KeyboardInterrupt, and a fresh bench directory
+    /tmp/<prefix>* for this user only, said on stderr."""
+    interrupt_on_signals()
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(root, 0o700)
+    progress(f"bench directory {root}")
+    return root
+
+
+def keep_or_remove(root: Path, keep: bool, what: str = "logs and samples") -> None:
+    """Keep `root` (saying so) when `keep`, else remove it."""
+    if keep:
+        progress(f"{what} kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)

@@ -28,19 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-import types
 import urllib.parse
-from dataclasses import asdict
 from pathlib import Path
 
 from bench.agentrate import AgentRates, agent_rates
-from bench.cells import Cell, Measuring
+from bench.cells import Cell, Measuring, stop_servers
 from bench.checks import Target, make_home
 from bench.plan import (
     PLAN,
@@ -59,10 +54,14 @@ from bench.procs import (
     BenchError,
     _read,
     cpu_busy,
+    ensure_wrk,
+    keep_or_remove,
     kill_pids,
     process_table,
     progress,
-    run,
+    require_tools,
+    run_then_stop,
+    start_bench,
     sweep,
 )
 from bench.pyspy import py_spy, summarize_profile
@@ -233,28 +232,16 @@ class Bench(Measuring, Report):
         st.stop()
 
     def stop_all(self) -> None:
-        for s in reversed(self.servers):
-            try:
-                s.stop()
-            except Exception as e:  # keep stopping the others
-                progress(f"{s.name}: stop failed: {e!r}")
-        sweep(self.root, "bench")
+        stop_servers(self.servers, self.root)
 
 
 # --------------------------------------------------------------------------------------------
 
 
 def ensure_tools() -> None:
-    if shutil.which("wrk") is None:
-        if os.geteuid() != 0:
-            raise BenchError("wrk is missing: apt-get install -y wrk")
-        progress("installing wrk (apt-get install -y wrk)")
-        run(["apt-get", "install", "-y", "wrk"], timeout=240,
-            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    for tool in ("gpg", "gpg-agent", "gpg-connect-agent", "gpgconf", "git", "ssh-keygen",
-                 "ssh-agent"):
-        if shutil.which(tool) is None:
-            raise BenchError(f"{tool} is missing")
+    ensure_wrk()
+    require_tools("gpg", "gpg-agent", "gpg-connect-agent", "gpgconf", "git", "ssh-keygen",
+                  "ssh-agent")
     for exe in ("stampd", "zeitgitterd"):
         if not (BIN / exe).exists():
             raise BenchError(f"{BIN / exe} is missing: pip install -e '.[test,bench]'")
@@ -290,32 +277,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: types.FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
-    root = Path(tempfile.mkdtemp(prefix="bn", dir="/tmp"))
-    os.chmod(root, 0o700)
+    root = start_bench("bn")
     bench = Bench(args, root)
-    status = 0
-    progress(f"bench directory {root}")
-    try:
-        ensure_tools()
-        bench.execute()
-    except BenchError as e:
-        progress(f"bench failed: {e}")
-        status = 2
-    except KeyboardInterrupt:
-        progress("interrupted")
-        status = 130
-    finally:
-        progress("stopping everything")
-        bench.stop_all()
+    status = run_then_stop([ensure_tools, bench.execute], bench.stop_all)
 
     if bench.cells:
         print("\n".join(bench.report()))
@@ -327,25 +293,18 @@ def main(argv: list[str] | None = None) -> int:
                      f"first: {lines[0][:200]}")
     if args.json:
         args.json.write_text(json.dumps({
-            "cells": [dict(asdict(c), rate=c.rate, wrong=c.wrong,
-                           parts=[dict(asdict(p), rate=p.rate, wrong=p.wrong) for p in c.parts])
-                      for c in bench.cells],
+            "cells": [c.as_json() for c in bench.cells],
             "agent_rates": {k: vars(v) for k, v in bench.agent.items()},
             "server_problems": dict(problems)}, indent=1))
     if wrong:
         print(f"\nFAIL: {wrong} wrong responses or signatures (details above, on stderr)")
         for c in bench.cells:
             if c.wrong:
-                print(f"  {c.server} {c.key} {c.mode} c={c.conns}: bad {c.bad}, socket errors "
-                      f"{c.socket_errors}, sample failures {len(c.sample_failures)}; "
-                      f"{c.first_bad or (c.sample_failures[:1] or [''])[0]}")
+                print(f"  {c.server} {c.key} {c.mode} c={c.conns}: {c.why_wrong()}")
         status = status or 1
     if args.strict and getattr(bench, "missed", 0):
         status = status or 3
-    if status or args.keep:
-        progress(f"logs and samples kept in {root}")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+    keep_or_remove(root, bool(status or args.keep))
     return status
 
 

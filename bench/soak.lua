@@ -12,14 +12,8 @@
 -- done() prints one line: "SOAK-RESULT <json>": requests, good answers, non-200 answers by
 -- status, answers with status 200 but the wrong body, socket errors, latency percentiles (us).
 
-local threads = {}
-local next_id = 0
-
-function setup(thread)
-   thread:set("tid", next_id)
-   next_id = next_id + 1
-   table.insert(threads, thread)
-end
+local common = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "") .. "wrk_common.lua")
+setup = common.setup
 
 local prefix, ids_file
 local counter = 0
@@ -34,20 +28,14 @@ local headers = { ["Content-Type"] = "application/x-www-form-urlencoded" }
 local tail = "-----END PGP SIGNATURE-----"
 
 function init(args)
-   prefix = (args[1] or string.rep("0", 22)) .. string.format("%02x", tid % 256)
+   prefix = common.thread_prefix(args[1])
    ids_file = assert(io.open((args[2] or "./") .. tid .. ".ids", "w"))
    ids_file:setvbuf("line")
 end
 
-local function hex16(n)
-   local hi = math.floor(n / 4294967296)
-   local lo = n - hi * 4294967296
-   return string.format("%08x%08x", hi, lo)
-end
-
 function request()
    counter = counter + 1
-   local commit = prefix .. hex16(counter)
+   local commit = prefix .. common.hex16(counter)
    local body = "request=stamp-tag-v1&commit=" .. commit .. "&tagname=soak-" .. counter
    return wrk.format("POST", "/", headers, body)
 end
@@ -77,19 +65,9 @@ function response(status, hdrs, body)
    ids_file:write(commit, "\n")
 end
 
-local function jstr(s)
-   s = string.gsub(s, '[%c"\\]', function(c)
-      return string.format("\\u%04x", string.byte(c))
-   end)
-   return '"' .. s .. '"'
-end
-
 function done(summary, latency, requests)
-   local ngood, nwrong, example, merged = 0, 0, "", {}
-   for _, t in ipairs(threads) do
-      ngood = ngood + (t:get("good") or 0)
-      nwrong = nwrong + (t:get("wrong_body") or 0)
-      if example == "" then example = t:get("first_bad") or "" end
+   local merged = {}
+   for _, t in ipairs(common.threads) do
       for s, n in string.gmatch(t:get("hist") or "", "(%d+)=(%d+)") do
          merged[s] = (merged[s] or 0) + tonumber(n)
       end
@@ -101,8 +79,9 @@ function done(summary, latency, requests)
       'SOAK-RESULT {"requests": %d, "duration_us": %d, "good": %d, "wrong_body": %d, '
          .. '"non200": {%s}, "connect": %d, "read": %d, "write": %d, "timeout": %d, '
          .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d, "first_bad": %s}\n',
-      summary.requests, summary.duration, ngood, nwrong, table.concat(parts, ", "),
+      summary.requests, summary.duration, common.sum("good"), common.sum("wrong_body"),
+      table.concat(parts, ", "),
       e.connect, e.read, e.write, e.timeout,
       latency:percentile(50), latency:percentile(90), latency:percentile(99),
-      latency.max, jstr(example)))
+      latency.max, common.jstr(common.first("first_bad"))))
 end

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +38,15 @@ from typing import Any
 import pygit2
 from sqlalchemy import Engine, text
 
-from bench.procs import BenchError, kill_pids, process_table, progress, run, sweep
+from bench.procs import (
+    BenchError,
+    ensure_wrk,
+    keep_or_remove,
+    kill_pids,
+    process_table,
+    progress,
+    sweep,
+)
 from server import db
 from tests.helpers import (
     ROOT,
@@ -270,17 +277,6 @@ def wait_until(predicate: Any, bound: float, what: str) -> None:
 
 # -- the soak ---------------------------------------------------------------------------------
 
-def ensure_wrk() -> None:
-    """wrk, installed with apt-get when missing and we are root (as `make bench` does)."""
-    if shutil.which("wrk") is not None:
-        return
-    if os.geteuid() != 0:
-        raise BenchError("wrk is missing: apt-get install -y wrk")
-    progress("installing wrk (apt-get install -y wrk)")
-    run(["apt-get", "install", "-y", "wrk"], timeout=240,
-        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-
-
 def soak(args: argparse.Namespace, root: Path) -> int:
     bindir = postgres_bindir()
     if bindir is None:
@@ -452,10 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 130
     finally:
         sweep(root, "soak")
-        if args.keep or code != 0:
-            progress(f"kept {root} (server logs, data directories)")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        keep_or_remove(root, bool(args.keep or code != 0), "server logs, data directories")
     return code
 
 

@@ -16,32 +16,20 @@
 -- "BENCH-RESULT <json>" with the request count, the bad answers, the socket errors and the
 -- latency percentiles in microseconds.
 
-local threads = {}
-local next_id = 0
-
-function setup(thread)
-   thread:set("tid", next_id)
-   next_id = next_id + 1
-   table.insert(threads, thread)
-end
+local common = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "") .. "wrk_common.lua")
+setup = common.setup
+done = common.done
 
 local queries = {}
-local count, sample_dir
+local count
 local counter = 0
-local good = 0
-local saved = 0
--- globals, so that done() can read them from each thread with thread:get()
-bad = 0
-bad_status = 0
-first_bad = ""
 
 local headers = { ["Content-Type"] = "application/timestamp-query" }
 
 function init(args)
    local dir = args[1]
    count = tonumber(args[2])
-   sample_dir = args[3]
-   if sample_dir == "-" or sample_dir == "" then sample_dir = nil end
+   common.samples(args[3])
    for i = 0, count - 1 do
       local f = assert(io.open(dir .. "q" .. i .. ".tsq", "rb"))
       queries[i] = wrk.format("POST", "/", headers, f:read("*a"))
@@ -80,49 +68,10 @@ end
 function response(status, hdrs, body)
    local ctype = hdrs["Content-Type"] or hdrs["content-type"] or ""
    if status ~= 200 then
-      bad = bad + 1
-      bad_status = bad_status + 1
-      if first_bad == "" then first_bad = "status " .. status end
+      common.bad("status " .. status, true)
    elseif ctype ~= "application/timestamp-reply" or not is_granted(body) then
-      bad = bad + 1
-      if first_bad == "" then
-         first_bad = "bad answer (" .. ctype .. ", " .. #(body or "") .. " bytes)"
-      end
+      common.bad("bad answer (" .. ctype .. ", " .. #(body or "") .. " bytes)")
    else
-      good = good + 1
-      if sample_dir and saved < 4 and (good <= 2 or good % 500 == 0) then
-         local f = io.open(sample_dir .. tid .. "-" .. good .. ".tsr", "wb")
-         if f then
-            f:write(body)
-            f:close()
-            saved = saved + 1
-         end
-      end
+      common.good(body, 500, ".tsr")
    end
-end
-
-local function jstr(s)
-   s = string.gsub(s, '[%c"\\]', function(c)
-      return string.format("\\u%04x", string.byte(c))
-   end)
-   return '"' .. s .. '"'
-end
-
-function done(summary, latency, requests)
-   local nbad, nstatus, example = 0, 0, ""
-   for _, t in ipairs(threads) do
-      nbad = nbad + (t:get("bad") or 0)
-      nstatus = nstatus + (t:get("bad_status") or 0)
-      if example == "" then example = t:get("first_bad") or "" end
-   end
-   local e = summary.errors
-   io.write(string.format(
-      'BENCH-RESULT {"requests": %d, "duration_us": %d, "bad": %d, "bad_status": %d, '
-         .. '"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d, '
-         .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "max_us": %d, "mean_us": %.1f, '
-         .. '"first_bad": %s}\n',
-      summary.requests, summary.duration, nbad, nstatus,
-      e.connect, e.read, e.write, e.status, e.timeout,
-      latency:percentile(50), latency:percentile(90), latency:percentile(99),
-      latency.max, latency.mean, jstr(example)))
 end

@@ -26,29 +26,37 @@ import argparse
 import json
 import os
 import re
-import resource
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from http.client import HTTPConnection
 from pathlib import Path
 
 from bench.agentrate import AgentRates, agent_rates
+from bench.cells import (
+    Measured,
+    count,
+    measure_wrk,
+    record,
+    run_wrk,
+    sample_arg,
+    stop_servers,
+    wrk_argv,
+)
 from bench.checks import make_home
 from bench.procs import (
     BIN,
     BenchError,
     ProcInfo,
     cpu_busy,
+    ensure_wrk,
     http_get,
-    kill_pids,
+    keep_or_remove,
     progress,
+    require_tools,
     run,
+    run_then_stop,
+    start_bench,
     sweep,
 )
 from bench.servers import Server, Stampd
@@ -177,23 +185,11 @@ def post_query(port: int, query: bytes, path: str = "/") -> tuple[int, str, byte
 
 
 @dataclass
-class Cell:
+class Cell(Measured):
     key: str
     conns: int
     server: str  # "stampd", "baseline", or "stampd-w<N>" in the worker sweep
     tsa_workers: int = 0
-    requests: int = 0
-    seconds: float = 0.0
-    p50_ms: float = 0.0
-    p99_ms: float = 0.0
-    bad: int = 0
-    socket_errors: int = 0
-    first_bad: str = ""
-    samples: int = 0
-    sample_failures: list[str] = field(default_factory=list)
-    wrk_cpu: float = 0.0
-    cpu: dict[str, float] = field(default_factory=dict)
-    machine_cpu: float = 0.0
 
     @property
     def good(self) -> int:
@@ -202,17 +198,6 @@ class Cell:
     @property
     def rate(self) -> float:
         return self.good / self.seconds if self.seconds else 0.0
-
-    @property
-    def wrong(self) -> int:
-        return self.bad + self.socket_errors + len(self.sample_failures) + (
-            0 if self.requests else 1)
-
-    @property
-    def background(self) -> float:
-        if not self.seconds:
-            return 0.0
-        return max(0.0, self.machine_cpu - sum(self.cpu.values()) - self.wrk_cpu) / self.seconds
 
     def ms_per_token(self) -> dict[str, float]:
         return {k: 1000 * v / self.good for k, v in self.cpu.items()} if self.good else {}
@@ -230,30 +215,11 @@ class TsaBench:
         self.load_before = os.getloadavg()
         self.queries: Queries | None = None
 
-    def wrk(self, server: Server, conns: int, seconds: int,
-            sample_dir: Path | None) -> tuple[dict[str, object], float]:
+    def argv(self, server: Server, conns: int, seconds: int,
+             sample_dir: Path | None) -> list[str]:
         assert self.queries is not None
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        argv = ["wrk", f"-t{1 if conns <= 16 else 2}", f"-c{conns}", f"-d{seconds}s",
-                "--timeout", "10s", "-s", str(LUA), server.url, "--",
-                str(self.queries.dir) + "/", str(self.queries.count),
-                "-" if sample_dir is None else str(sample_dir) + "/"]
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        try:
-            out, err = p.communicate(timeout=seconds + 30)
-        except subprocess.TimeoutExpired as e:
-            kill_pids([p.pid], "wrk")
-            p.wait(timeout=10)
-            raise BenchError(f"wrk took longer than {seconds + 30}s") from e
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        text = out.decode(errors="replace")
-        line = next((ln for ln in text.splitlines() if ln.startswith("BENCH-RESULT ")), None)
-        if p.returncode != 0 or line is None:
-            raise BenchError(f"wrk failed ({p.returncode}): {text[-500:]}"
-                             f"{err.decode(errors='replace')[-500:]}")
-        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-        return json.loads(line.split(" ", 1)[1]), cpu
+        return wrk_argv(LUA, server, conns, seconds, str(self.queries.dir) + "/",
+                        str(self.queries.count), sample_arg(sample_dir))
 
     def measure(self, server: Server, chain: Path, key: str, conns: int, label: str,
                 tsa_workers: int = 0) -> Cell:
@@ -262,21 +228,14 @@ class TsaBench:
         what = f"{label:<10} {key:<9} c={conns:<3}"
         progress(f"{what} {self.args.warmup}s warm-up + {self.args.duration}s")
         if self.args.warmup > 0:
-            warm, _ = self.wrk(server, conns, self.args.warmup, None)
-            self.count(cell, warm)
+            (warm,), _ = run_wrk([self.argv(server, conns, self.args.warmup, None)],
+                                 self.args.warmup)
+            count(cell, warm)
         samples = self.root / "samples" / f"{len(self.cells):03d}-{label}-{key}-{conns}"
         samples.mkdir(parents=True)
-        cpu0, busy0 = server.cpu(), cpu_busy()
-        res, wrk_cpu = self.wrk(server, conns, self.args.duration, samples)
-        cpu1, busy1 = server.cpu(), cpu_busy()
-        cell.machine_cpu = busy1 - busy0
-        cell.wrk_cpu = wrk_cpu
-        cell.cpu = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
-        self.count(cell, res)
-        cell.requests = int(res["requests"])  # type: ignore[call-overload]
-        cell.seconds = int(res["duration_us"]) / 1e6  # type: ignore[call-overload]
-        cell.p50_ms = int(res["p50_us"]) / 1000  # type: ignore[call-overload]
-        cell.p99_ms = int(res["p99_us"]) / 1000  # type: ignore[call-overload]
+        (res,) = measure_wrk(server, cell, [self.argv(server, conns, self.args.duration, samples)],
+                             self.args.duration)
+        record(cell, res)
         assert self.queries is not None
         for path in sorted(samples.glob("*.tsr")):
             cell.samples += 1
@@ -291,17 +250,6 @@ class TsaBench:
         for reason in cell.sample_failures:
             progress(f"  sample: {reason}")
         return cell
-
-    @staticmethod
-    def count(cell: Cell, res: dict[str, object]) -> None:
-        cell.bad += int(res["bad"])  # type: ignore[call-overload]
-        errors = sum(int(res[k]) for k in ("connect", "read", "write", "timeout"))  # type: ignore[call-overload]
-        cell.socket_errors += errors
-        if not cell.first_bad and res.get("first_bad"):
-            cell.first_bad = str(res["first_bad"])
-        elif not cell.first_bad and errors:
-            cell.first_bad = "socket errors: " + ", ".join(
-                f"{k} {res[k]}" for k in ("connect", "read", "write", "timeout") if res[k])
 
     # -- phases
 
@@ -382,12 +330,7 @@ class TsaBench:
             self.phase(key)
 
     def stop_all(self) -> None:
-        for s in reversed(self.servers):
-            try:
-                s.stop()
-            except Exception as e:  # keep stopping the others
-                progress(f"{s.name}: stop failed: {e!r}")
-        sweep(self.root, "bench")
+        stop_servers(self.servers, self.root)
 
     # -- report
 
@@ -499,15 +442,8 @@ class TsaBench:
 
 
 def ensure_tools() -> None:
-    if shutil.which("wrk") is None:
-        if os.geteuid() != 0:
-            raise BenchError("wrk is missing: apt-get install -y wrk")
-        progress("installing wrk (apt-get install -y wrk)")
-        run(["apt-get", "install", "-y", "wrk"], timeout=240,
-            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    for tool in ("openssl", "gpg", "gpg-agent", "gpg-connect-agent", "gpgconf"):
-        if shutil.which(tool) is None:
-            raise BenchError(f"{tool} is missing")
+    ensure_wrk()
+    require_tools("openssl", "gpg", "gpg-agent", "gpg-connect-agent", "gpgconf")
     if not (BIN / "stampd").exists():
         raise BenchError(f"{BIN / 'stampd'} is missing: pip install -e '.[test]'")
 
@@ -547,32 +483,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: types.FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
-    root = Path(tempfile.mkdtemp(prefix="bt", dir="/tmp"))
-    os.chmod(root, 0o700)
+    root = start_bench("bt")
     bench = TsaBench(args, root)
-    status = 0
-    progress(f"bench directory {root}")
-    try:
-        ensure_tools()
-        bench.execute()
-    except BenchError as e:
-        progress(f"bench failed: {e}")
-        status = 1 if bench.wrong_checks else 2
-    except KeyboardInterrupt:
-        progress("interrupted")
-        status = 130
-    finally:
-        progress("stopping everything")
-        bench.stop_all()
+    status = run_then_stop([ensure_tools, bench.execute], bench.stop_all,
+                           lambda: 1 if bench.wrong_checks else 2)
 
     missed = 0
     if bench.cells:
@@ -586,16 +502,14 @@ def main(argv: list[str] | None = None) -> int:
     wrong = sum(c.wrong for c in bench.cells)
     if args.json:
         args.json.write_text(json.dumps({
-            "cells": [dict(asdict(c), rate=c.rate, wrong=c.wrong) for c in bench.cells],
+            "cells": [c.as_json() for c in bench.cells],
             "agent_rates": {k: vars(v) for k, v in bench.agent.items()},
             "checks": bench.wrong_checks}, indent=1))
     if wrong:
         print(f"\nFAIL: {wrong} wrong answers or tokens")
         for c in bench.cells:
             if c.wrong:
-                print(f"  {c.server} {c.key} c={c.conns}: bad {c.bad}, socket errors "
-                      f"{c.socket_errors}, sample failures {len(c.sample_failures)}; "
-                      f"{c.first_bad or (c.sample_failures[:1] or [''])[0]}")
+                print(f"  {c.server} {c.key} c={c.conns}: {c.why_wrong()}")
         status = status or 1
     elif bench.cells and not status:
         total = sum(c.requests for c in bench.cells)
@@ -604,10 +518,7 @@ def main(argv: list[str] | None = None) -> int:
               "openssl ts -verify")
     if args.strict and missed:
         status = status or 3
-    if status or args.keep:
-        progress(f"logs and samples kept in {root}")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+    keep_or_remove(root, bool(status or args.keep))
     return status
 
 

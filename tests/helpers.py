@@ -462,9 +462,19 @@ def git(repo: Path, *args: str, env: dict[str, str] | None = None,
     return r.stdout + r.stderr
 
 
-def make_repo(path: Path) -> Path:
+def require_tools(*tools: str) -> None:
+    """Fail the test (not skip it) when one of `tools` is not on PATH."""
+    import pytest  # only the tests use this; the benches import this module without pytest
+
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"required tools missing: {', '.join(missing)}")
+
+
+def make_repo(path: Path, object_format: str = "sha1") -> Path:
+    """A repository on branch main with one commit ("first", a.txt holding "hello")."""
     path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
+    git(path, "init", "-q", "-b", "main", f"--object-format={object_format}")
     git(path, "config", "user.name", "Tester")
     git(path, "config", "user.email", "tester@example.invalid")
     (path / "a.txt").write_text("hello\n")

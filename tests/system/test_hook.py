@@ -25,6 +25,7 @@ from tests.helpers import (
     free_port,
     git,
     make_repo,
+    require_tools,
     seed_data_dir,
     start_server,
 )
@@ -39,9 +40,7 @@ HOOK_TOOLS = ("git", "curl", "gpg", "ssh-keygen", "sh", "date", "mktemp", "rm", 
 
 @pytest.fixture(autouse=True, scope="module")
 def _tools() -> None:
-    missing = [t for t in HOOK_TOOLS if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"required tools missing: {', '.join(missing)}")
+    require_tools(*HOOK_TOOLS)
 
 
 class Proxy:
@@ -349,23 +348,12 @@ def hook_script_text() -> str:
     return HOOK_SCRIPT.read_text()
 
 
-def make_repo_of(path: Path, object_format: str) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main", f"--object-format={object_format}")
-    git(path, "config", "user.name", "Tester")
-    git(path, "config", "user.email", "tester@example.invalid")
-    (path / "a.txt").write_text("hello\n")
-    git(path, "add", "a.txt")
-    git(path, "commit", "-q", "-m", "first")
-    return path
-
-
 @pytest.mark.parametrize("signer", ["openpgp", "ssh"])
 @pytest.mark.parametrize("object_format", ["sha1", "sha256"])
 def test_hook_in_sha1_and_sha256_repositories(
         ssh_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         object_format: str, signer: str) -> None:
-    repo = make_repo_of(tmp_path / "repo", object_format)
+    repo = make_repo(tmp_path / "repo", object_format)
     code, out, err = install(capsys, repo, ssh_server.url, "--format", signer)
     assert code == 0, err
     stampd = repo / ".git" / "stampd"

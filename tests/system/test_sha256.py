@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import urllib.request
@@ -24,6 +23,8 @@ from tests.helpers import (
     git,
     keyring,
     logged_hashes,
+    make_repo,
+    require_tools,
     seed_data_dir,
     start_server,
     wait_for,
@@ -35,9 +36,7 @@ SIGNERS = ["openpgp", "ssh"]
 
 @pytest.fixture(autouse=True, scope="module")
 def _tools() -> None:
-    missing = [t for t in ("git", "curl", "gpg", "ssh-keygen") if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"required tools missing: {', '.join(missing)}")
+    require_tools("git", "curl", "gpg", "ssh-keygen")
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +59,6 @@ def ssh_key(server: Server) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def gnupg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return keyring(TEST_PUBLIC_KEY, tmp_path_factory.mktemp("ring") / "gnupg")
-
-
-def make_repo(path: Path, object_format: str) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main", f"--object-format={object_format}")
-    git(path, "config", "user.name", "Tester")
-    git(path, "config", "user.email", "tester@example.invalid")
-    (path / "a.txt").write_text("hello\n")
-    git(path, "add", "a.txt")
-    git(path, "commit", "-q", "-m", "first")
-    return path
 
 
 def curl(server: Server, *fields: str) -> tuple[int, str]:

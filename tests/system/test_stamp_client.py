@@ -27,6 +27,8 @@ from tests.helpers import (
     Server,
     git,
     keyring,
+    make_repo,
+    require_tools,
     seed_data_dir,
     start_server,
 )
@@ -37,9 +39,7 @@ SIGNERS = ["openpgp", "ssh"]
 
 @pytest.fixture(autouse=True, scope="module")
 def _tools() -> None:
-    missing = [t for t in ("git", "gpg", "ssh-keygen") if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"required tools missing: {', '.join(missing)}")
+    require_tools("git", "gpg", "ssh-keygen")
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +57,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def ssh_keys(server: Server) -> dict[str, dict[str, str]]:
     with urllib.request.urlopen(server.url + "v1/keys", timeout=10) as r:
         return {k["id"]: k for k in json.loads(r.read())["keys"]}
-
-
-def make_repo(path: Path, object_format: str) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main", f"--object-format={object_format}")
-    git(path, "config", "user.name", "Tester")
-    git(path, "config", "user.email", "tester@example.invalid")
-    commit(path, "first")
-    return path
 
 
 def commit(repo: Path, text: str) -> str:

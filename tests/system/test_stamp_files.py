@@ -19,17 +19,14 @@ from pathlib import Path
 import pytest
 
 from server import cli
-from tests.helpers import Server, start_server
+from tests.helpers import Server, require_tools, start_server
 
 TREE_FILES = 10_000
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _tools() -> None:
-    missing = [t for t in ("gpg", "sha256sum", "sha512sum", "ssh-keygen")
-               if shutil.which(t) is None]
-    if missing:
-        pytest.fail(f"required tools missing: {', '.join(missing)}")
+    require_tools("gpg", "sha256sum", "sha512sum", "ssh-keygen")
 
 
 @pytest.fixture(scope="module")
