@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.fuzz_cases import Target
-from bench.proof_server import ProofError
+from bench.proof_server import ProofError, read_log
 from tests.helpers import (
     TEST_FPR,
     Server,
@@ -213,27 +213,3 @@ class UnderTest:
             self.server.stop()
         finally:
             shutil.rmtree(self.server.runtime_dir, ignore_errors=True)
-
-
-def read_log(git_dir: Path) -> tuple[int, set[str]]:
-    """(commits on main, every word of their hashes.log and digests.log)."""
-    import pygit2
-
-    if not git_dir.exists():
-        return 0, set()
-    repo = pygit2.Repository(str(git_dir))
-    try:
-        head = repo.references["refs/heads/main"].target
-    except KeyError:
-        return 0, set()
-    words: set[str] = set()
-    n = 0
-    for commit in repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL):
-        n += 1
-        for name in ("hashes.log", "digests.log"):
-            try:
-                blob = commit.tree[name]
-            except KeyError:
-                continue
-            words.update(blob.data.decode("ascii", "replace").split())  # type: ignore[attr-defined]
-    return n, words

@@ -66,6 +66,20 @@ def run_proof(name: str, body: Callable[[Path], Awaitable[int]], *, prefix: str,
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def verdict(problems: list[str], alive: bool, passed: str) -> int:
+    """Print a proof's verdict: FAIL and each problem (exit status 1), or PASS and what
+    held (0). A server that died is a problem too."""
+    if not alive:
+        problems = [*problems, "the server died"]
+    if problems:
+        print(f"FAIL: {len(problems)} problem(s)")
+        for p in problems:
+            print(f"  {p}")
+        return 1
+    print(f"PASS: {passed}")
+    return 0
+
+
 class ProofError(Exception):
     """The proof could not run (exit status 2), as opposed to a broken promise (1)."""
 

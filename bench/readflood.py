@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench.proof_client import normal_client
 from bench.proof_http import Conn, HttpError, Latencies, StampRequest
-from bench.proof_server import ProofError, ProofServer, database, progress, run_proof
+from bench.proof_server import ProofError, ProofServer, database, progress, run_proof, verdict
 from bench.pyspy import py_spy
 
 P99_LIMIT_MS = 50.0
@@ -180,15 +180,8 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
         problems += [f"read: {e}" for e in reads.errors[:5]]
     if not pages:
         problems.append("no page was read during the flood")
-    if not alive:
-        problems.append("the server died")
-    if problems:
-        print(f"FAIL: {len(problems)} problem(s)")
-        for p in problems:
-            print(f"  {p}")
-        return 1
-    print(f"PASS: stamp p99 <= {P99_LIMIT_MS:.0f} ms with and without the read flood")
-    return 0
+    return verdict(problems, alive,
+                   f"stamp p99 <= {P99_LIMIT_MS:.0f} ms with and without the read flood")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bench.proof_client import normal_client
 from bench.proof_http import Latencies, open_fds, raise_nofile
-from bench.proof_server import ProofError, ProofServer, progress, run_proof
+from bench.proof_server import ProofError, ProofServer, progress, run_proof, verdict
 from server.api.httpproto import connection_limit
 
 P99_LIMIT_MS = 50.0
@@ -268,15 +268,8 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
           f"{args.fd_slack} after)")
     if after_fds > baseline_fds + args.fd_slack:
         problems.append(f"after: {after_fds} fds, baseline {baseline_fds}")
-    if not alive:
-        problems.append("the server died")
-    if problems:
-        print(f"FAIL: {len(problems)} problem(s)")
-        for p in problems:
-            print(f"  {p}")
-        return 1
-    print(f"PASS: p99 <= {P99_LIMIT_MS:.0f} ms under attack, descriptors bounded and released")
-    return 0
+    return verdict(problems, alive, f"p99 <= {P99_LIMIT_MS:.0f} ms under attack, descriptors "
+                   "bounded and released")
 
 
 def main(argv: list[str] | None = None) -> int:
