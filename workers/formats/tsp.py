@@ -373,6 +373,15 @@ def _signing_certificate_v2(certificate_der: bytes) -> bytes:
         {"type": "signing_certificate_v2", "values": [{"certs": [ess_cert_id]}]}).dump())
 
 
+@functools.lru_cache(maxsize=8)
+def _signer_identifier(certificate_der: bytes) -> bytes:
+    """The DER SignerIdentifier (issuerAndSerialNumber) of a certificate, encoded once."""
+    cert = _certificate(certificate_der)
+    return bytes(cms.SignerIdentifier(
+        name="issuer_and_serial_number",
+        value={"issuer": cert.issuer, "serial_number": cert.serial_number}).dump())
+
+
 def subject_of(certificate_der: bytes) -> x509.Name:
     """The subject of a certificate (the TSA's name in its tokens)."""
     return _certificate(certificate_der).subject
@@ -411,14 +420,12 @@ def signed_data(
             for attribute in attributes
             if attribute["type"].native == "message_digest"
         ]
-        content = tsp.TSTInfo.load(tst_info_der, strict=True)
-        _ = content.native
+        content = tsp.TSTInfo.load(tst_info_der, strict=True)  # (made by `tst_info`)
     except ValueError as exc:
         raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
     if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
         raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
     certificates = [_certificate(der) for der in chain]
-    signer = certificates[0]
 
     value: dict[str, object] = {
         "version": "v3",
@@ -427,10 +434,7 @@ def signed_data(
         "signer_infos": [
             {
                 "version": "v1",
-                "sid": cms.SignerIdentifier(
-                    name="issuer_and_serial_number",
-                    value={"issuer": signer.issuer, "serial_number": signer.serial_number},
-                ),
+                "sid": cms.SignerIdentifier.load(_signer_identifier(chain[0])),
                 "digest_algorithm": {"algorithm": digest_algorithm},
                 "signed_attrs": attributes,
                 "signature_algorithm": {"algorithm": signature_algorithm},
