@@ -83,6 +83,11 @@ def test_interrupted_log_commit_is_finished_after_restart(
     head = log_commits(seeded_dir)[0]
     assert head.message.startswith(f"stampd log commit {pending_id}\n")
     assert logged_hashes(seeded_dir) == set(stamped)
-    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
-        row = db.execute("select state, git_commit, hash_count from log_commits").fetchall()
-    assert row == [("committed", str(head.id), 3)]
+
+    def rows() -> list[tuple[str, str | None, int]]:
+        with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+            return db.execute("select state, git_commit, hash_count from log_commits").fetchall()
+
+    # main advances first, then the row is marked committed (`LogCommitter._finish`)
+    wait_for(lambda: rows()[0][0] == "committed", what="the log commit marked committed")
+    assert rows() == [("committed", str(head.id), 3)]

@@ -21,9 +21,13 @@ def test_server_on_postgres(seeded_dir: Path, server_factory: list[Server], pg_u
             rows = conn.execute(text('select "commit" from stamps')).scalars().all()
         assert set(commits) <= set(rows)
         wait_for(lambda: set(commits) <= logged_hashes(seeded_dir), what="log commit")
-        with engine.connect() as conn:
-            states = conn.execute(text("select state from log_commits")).scalars().all()
-        assert states and set(states) == {"committed"}
+
+        def states() -> set[str]:
+            with engine.connect() as conn:
+                return set(conn.execute(text("select state from log_commits")).scalars().all())
+
+        # main advances first, then the row is marked committed (`LogCommitter._finish`)
+        wait_for(lambda: states() == {"committed"}, what="the log commits marked committed")
     finally:
         engine.dispose()
     assert not (seeded_dir / "stampd.sqlite3").exists()
