@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pygit2
 from sqlalchemy import Engine, text
 
 from bench.procs import (
@@ -52,6 +51,7 @@ from tests.helpers import (
     ROOT,
     Server,
     ThrowawayPostgres,
+    logged_hashes,
     postgres_bindir,
     seed_data_dir,
     start_server,
@@ -235,19 +235,6 @@ def journal_states(engine: Engine, prefixes: list[str]) -> dict[str, str]:
     return out
 
 
-def logged(data_dir: Path) -> set[str]:
-    """Every hash in ``hashes.log`` of every commit on main of a host's log."""
-    repo = pygit2.Repository(str(data_dir / "log.git"))
-    try:
-        head = repo.references["refs/heads/main"].target
-    except KeyError:
-        return set()
-    out: set[str] = set()
-    for c in repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL):
-        out.update(c.tree["hashes.log"].data.decode().split())  # type: ignore[attr-defined]
-    return out
-
-
 def log_lines(paths: list[Path], needles: tuple[str, ...]) -> dict[str, int]:
     counts = dict.fromkeys(needles, 0)
     for path in paths:
@@ -342,8 +329,8 @@ def soak(args: argparse.Namespace, root: Path) -> int:
         progress("waiting for the log writer to publish every signed stamp")
         wait_until(lambda: unpublished(engine) == 0, args.settle, "the log commit")
         states = journal_states(engine, [ld.prefix for ld in loads])
-        writer = [api for api in apis if logged(api.data_dir)]
-        in_log = set().union(*(logged(api.data_dir) for api in writer))
+        writer = [api for api in apis if logged_hashes(api.data_dir)]
+        in_log = set().union(*(logged_hashes(api.data_dir) for api in writer))
         return report(args, loads, mem, states, in_log, len(writer),
                       log_lines([api.log_path for api in apis]
                                 + [h.data.parent / "worker.log" for h in hosts],

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pygit2
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -23,6 +22,7 @@ from tests.helpers import (
     Server,
     keyring,
     kill_pids,
+    logged_hashes,
     pids_mentioning,
     seed_data_dir,
     short_tmpdir,
@@ -103,18 +103,6 @@ def freeze_worker_holding_a_job(url: str, exclude_supervisor: int, tries: int = 
     raise AssertionError("no worker could be caught holding a claimed job")
 
 
-def main_hashes(data: Path) -> set[str]:
-    repo = pygit2.Repository(str(data / "log.git"))
-    try:
-        head = repo.references["refs/heads/main"].target
-    except KeyError:
-        return set()
-    out: set[str] = set()
-    for c in repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL):
-        out.update(c.tree["hashes.log"].data.decode().split())  # type: ignore[attr-defined]
-    return out
-
-
 def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
                                    server_factory: list[Server]) -> None:
     base = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": cluster_db,
@@ -186,16 +174,16 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
 
         # Exactly one log writer; kill it, the other takes over with every stamp.
         received = {r.commit for r in results}
-        wait_for(lambda: any(received <= main_hashes(d) for d in dirs[:2]), timeout=30,
+        wait_for(lambda: any(received <= logged_hashes(d) for d in dirs[:2]), timeout=30,
                  what="a log commit with every stamp")
-        writer = next(i for i in range(2) if main_hashes(dirs[i]))
+        writer = next(i for i in range(2) if logged_hashes(dirs[i]))
         other = 1 - writer
         apis[writer].kill9()
         more = Load(apis[other].port, clients=4, per_client=5)
         more.run().shutdown(wait=True)
         assert all(r.status == 200 for r in more.results)
         new = {r.commit for r in more.results}
-        wait_for(lambda: (received | new) <= main_hashes(dirs[other]), timeout=40,
+        wait_for(lambda: (received | new) <= logged_hashes(dirs[other]), timeout=40,
                  what="the new log writer's commit")
         r = subprocess.run([sys.executable, "-m", "server", "audit", str(dirs[other] / "log.git")],
                            capture_output=True, text=True, timeout=120, check=False)
