@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ from tests.helpers import (
     postgres_bindir,
     seed_data_dir,
     start_server,
+    terminate,
 )
 
 LUA = Path(__file__).resolve().parent / "soak.lua"
@@ -84,13 +84,7 @@ class WorkerHost:
         return cls(name, data, runtime, proc)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
         sweep(self.runtime, self.name)  # workers and agents that outlived their supervisor
 
 

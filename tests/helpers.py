@@ -92,6 +92,19 @@ def pids_mentioning(needle: str) -> list[int]:
     return found
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """Stop a process we started: SIGTERM, SIGKILL after ``timeout`` seconds; its exit
+    status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return int(proc.returncode)
+
+
 def kill_pids(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -161,14 +174,7 @@ class Server:
 
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM, then SIGKILL; then kill by PID anything of ours that is left."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        code = self.proc.returncode
+        code = terminate(self.proc, timeout)
         self.reap_leftovers()
         return code
 

@@ -27,6 +27,7 @@ from tests.helpers import (
     seed_data_dir,
     short_tmpdir,
     start_server,
+    terminate,
     verify_stamps,
     wait_for,
 )
@@ -53,13 +54,7 @@ class WorkerHost:
         log.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
         kill_pids(pids_mentioning(str(self.runtime)))
         shutil.rmtree(self.runtime, ignore_errors=True)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from tests.helpers import (
     pids_mentioning,
     stamp_tag,
     start_server,
+    terminate,
     wait_for,
 )
 
@@ -89,13 +89,7 @@ def zg_factory() -> Iterator[list[Zeitgitterd]]:
     started: list[Zeitgitterd] = []
     yield started
     for zg in started:
-        if zg.proc.poll() is None:
-            zg.proc.send_signal(signal.SIGTERM)
-            try:
-                zg.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                zg.proc.kill()
-                zg.proc.wait(timeout=10)
+        terminate(zg.proc, timeout=15)
         kill_pids(pids_mentioning(str(zg.root)))  # its gpg-agents and git-timestamp runs
         shutil.rmtree(zg.root, ignore_errors=True)
 
