@@ -131,7 +131,7 @@ def _adopt_tsa_chain(settings: Settings) -> None:
     name the same certificate; the worker supervisor checks it is for this key."""
     from server import db
     from server.signing_keys import registered_certificates
-    from workers.tsa import TSA_CHAIN_FILE
+    from workers.tsa import TSA_CHAIN_FILE, parse_chain, write_chain
 
     spec = settings.tsa_spec
     if settings.dispatch != "database" or spec is None:
@@ -145,8 +145,7 @@ def _adopt_tsa_chain(settings: Settings) -> None:
     finally:
         engine.dispose()
     if registered:
-        chain.write_text(registered)
-        chain.chmod(0o644)
+        write_chain(chain.parent, parse_chain(registered.encode()))
         log.info("took the registered TSA certificate chain of key %s into %s", spec.id, chain)
 
 

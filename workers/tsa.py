@@ -171,7 +171,7 @@ def read_chain(key_dir: Path) -> list[bytes] | None:
     except OSError as exc:
         raise TsaError(f"cannot read the TSA certificate chain {path}: {exc}") from None
     try:
-        return _parse_chain(data)
+        return parse_chain(data)
     except TsaError as exc:
         raise TsaError(f"{path}: {exc.message}") from None
 
@@ -196,7 +196,9 @@ def write_chain(key_dir: Path, chain: Sequence[bytes]) -> Path:
     return path
 
 
-def _parse_chain(data: bytes) -> list[bytes]:
+def parse_chain(data: bytes) -> list[bytes]:
+    """The certificates (DER) of a PEM chain; `TsaError` if it holds anything else or a
+    certificate that cannot be read."""
     if not asn1_pem.detect(data):
         raise TsaError("not PEM certificates")
     chain: list[bytes] = []
@@ -285,7 +287,7 @@ def check_import(public_key_info: bytes, chain_pem: bytes,
     valid now and has extendedKeyUsage timeStamping alone and critical (RFC 3161 §2.3); each
     further certificate names the issuer of the one before. Signatures are not verified (an
     RFC 3161 client does that against its trust anchors). `TsaError` saying what is wrong."""
-    chain = _parse_chain(chain_pem)
+    chain = parse_chain(chain_pem)
     first = x509.Certificate.load(chain[0])
     if not _same_key(chain[0], public_key_info):
         raise TsaError("the first certificate is not for this key (it holds another public key)")

@@ -11,14 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from asn1crypto import pem as asn1_pem
-from asn1crypto import x509
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from server.signing_keys import registered_certificates
 from workers.keys.keyset import ServedKey
-from workers.tsa import TSA_CHAIN_FILE
+from workers.tsa import TSA_CHAIN_FILE, TsaError, parse_chain
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +82,12 @@ class TsaSource:
         if not text.strip():
             return None
         try:  # a chain that does not parse is not served
-            ders = [der for _, _, der in asn1_pem.unarmor(text.encode(), multiple=True)]
-            for der in ders:
-                _ = x509.Certificate.load(der).native
-        except ValueError as e:
-            log.warning("the TSA certificate chain of key %s cannot be read: %s", self.key_id, e)
+            parse_chain(text.encode())
+        except TsaError as e:
+            log.warning("the TSA certificate chain of key %s cannot be read: %s", self.key_id,
+                        e.message)
             return None
-        return text if ders else None
+        return text
 
 
 class _Timex(ctypes.Structure):
