@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -100,16 +101,25 @@ class _Timex(ctypes.Structure):
 TIME_ERROR = 5  # adjtimex(): the clock is not synchronised
 
 
-def clock_synchronised() -> bool | None:
-    """Whether the kernel reports the system clock synchronised (``adjtimex(2)`` with no
-    modes: read only; what ``timedatectl`` shows as "System clock synchronized"); None where it
-    cannot be asked."""
+@functools.cache
+def _adjtimex() -> Callable[..., int] | None:
+    """libc's ``adjtimex``, looked up once (finding libc reads the linker cache)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        adjtimex = ctypes.CDLL(name, use_errno=True).adjtimex
+        function: Callable[..., int] = ctypes.CDLL(name, use_errno=True).adjtimex
     except (OSError, AttributeError):
+        return None
+    return function
+
+
+def clock_synchronised() -> bool | None:
+    """Whether the kernel reports the system clock synchronised (``adjtimex(2)`` with no
+    modes: read only; what ``timedatectl`` shows as "System clock synchronized"); None where it
+    cannot be asked."""
+    adjtimex = _adjtimex()
+    if adjtimex is None:
         return None
     buf = _Timex()
     state = adjtimex(ctypes.byref(buf))
