@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -260,3 +261,45 @@ def test_the_status_page_shows_the_certificate_and_a_recipe(tsa: Server, tmp_pat
     assert "RFC 3161 time-stamping" in r.stdout
     assert hashlib.sha256(der).hexdigest() in r.stdout
     assert "openssl ts -verify -data FILE -in FILE.tsr -CAfile tsa.pem" in r.stdout
+
+
+def test_an_unsynchronised_clock_refuses_tokens_when_required(tmp_path: Path) -> None:
+    """STAMPD_TSA_REQUIRE_CLOCK_SYNC: tokens only while the kernel says the clock is
+    synchronised. The kernel's answer is read here as the server reads it (the same machine),
+    so the test holds whichever it is."""
+    from server.stamping.tsa import clock_synchronised
+
+    synced = clock_synchronised()
+    assert synced is not None, "adjtimex(2) cannot be asked on this machine"
+    data = seed_data_dir(tmp_path / "data")
+    server = start_server(data, workers=1, wait=False,
+                          extra_env={"STAMPD_TSA": "true", "STAMPD_TSA_REQUIRE_CLOCK_SYNC": "true"})
+    try:
+        def readiness() -> dict[str, Any]:
+            try:
+                return server.get_json("/readyz")[1]
+            except OSError:  # not listening yet
+                return {}
+
+        def ready_but_the_clock() -> bool:
+            checks = readiness().get("checks", {})
+            return "tsa" in checks and all(c["ok"] for name, c in checks.items()
+                                           if name != "clock")
+
+        # every key's worker connected and the certificate served
+        wait_for(ready_but_the_clock, timeout=90, what="the server up but for the clock")
+        ready = readiness()
+        assert ready["checks"]["clock"]["ok"] is synced and ready["ready"] is synced, ready
+        (tmp_path / "f").write_bytes(b"clock")
+        assert run("openssl", "ts", "-query", "-data", "f", "-sha256", "-out", "q.tsq",
+                   cwd=tmp_path).returncode == 0
+        status, ctype = post(server.url + "tsr", tmp_path / "q.tsq", tmp_path / "r.tsr")
+        text = run("openssl", "ts", "-reply", "-in", "r.tsr", "-text", cwd=tmp_path).stdout
+        if synced:
+            assert status == 200 and "Status: Granted." in text, text
+        else:
+            assert (status, ctype) == (503, "application/timestamp-reply")
+            assert "Status: Rejected." in text and "clock is not synchronised" in text, text
+            assert journal_rows(server) == 0
+    finally:
+        server.stop()
