@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +60,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def agent_home(prefix: str) -> Iterator[Path]:
+    """A short private (0700) home for agents a test starts; fails the test if an agent is
+    still running in it at the end, then removes it."""
+    path = short_tmpdir(prefix)
+    os.chmod(path, 0o700)
+    yield path
+    left = [p for p in pids_mentioning(str(path)) if b"agent" in proc_cmdline(p)]
+    shutil.rmtree(path, ignore_errors=True)
+    assert left == [], f"an agent was left running in {path}: {left}"
 
 
 def short_tmpdir(prefix: str) -> Path:

@@ -4,7 +4,6 @@ agent, verified against the key's public key file; and the check of the programs
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +14,8 @@ from tests.broken_keys import corrupt_armor, corrupt_ssh_key, wrong_secret
 from tests.helpers import (
     TEST_FPR,
     TEST_SECRET_KEY,
-    pids_mentioning,
-    proc_cmdline,
+    agent_home,
     seed_data_dir,
-    short_tmpdir,
 )
 from workers.agents.programs import GNUPG, OPENSSH, ProgramError, parse_version, require
 from workers.config import DispatchConfig, WorkerConfig
@@ -29,12 +26,8 @@ from workers.worker import check_key
 @pytest.fixture
 def home() -> Iterator[Path]:
     """A short private home for the check's agent; no agent may outlive the check."""
-    path = short_tmpdir("kc")
-    os.chmod(path, 0o700)
-    yield path
-    left = [p for p in pids_mentioning(str(path)) if b"agent" in proc_cmdline(p)]
-    shutil.rmtree(path, ignore_errors=True)
-    assert left == [], "the check left an agent running"
+    with agent_home("kc") as path:
+        yield path
 
 
 def config(home: Path, key_dir: Path, key_id: str = "primary",

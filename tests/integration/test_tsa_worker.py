@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import shutil
 import subprocess
 import time
@@ -17,7 +16,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from tests.helpers import pids_mentioning, proc_cmdline, short_tmpdir
+from tests.helpers import agent_home
 from workers import tsa
 from workers.agents.gpg import GpgAgent
 from workers.config import DispatchConfig, WorkerConfig
@@ -33,12 +32,8 @@ POLICY = "1.2.3.4.1"
 @pytest.fixture
 def home() -> Iterator[Path]:
     """A short private home for the agents; no agent may outlive the test."""
-    path = short_tmpdir("ts")
-    os.chmod(path, 0o700)
-    yield path
-    left = [p for p in pids_mentioning(str(path)) if b"agent" in proc_cmdline(p)]
-    shutil.rmtree(path, ignore_errors=True)
-    assert left == [], "an agent was left running"
+    with agent_home("ts") as path:
+        yield path
 
 
 def _key(keys: Path, algo: str) -> tuple[Path, str]:
