@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, SigningFailed, StampError, Unavailable
 from server.stamping.journal import Journal
-from server.stamping.requests import DigestRequest, GitRequest, ManifestRequest, TimestampRequest
+from server.stamping.requests import (
+    DigestRequest,
+    GitRequest,
+    ManifestRequest,
+    Request,
+    TimestampRequest,
+)
 from workers.formats.jobs import Job
 from workers.formats.receipts import Statement
 from workers.keys.keyset import ServedKey
@@ -36,8 +42,7 @@ class Stamper:
         self.request_timeout = request_timeout
         self.clock = clock
 
-    async def _record(self, req: GitRequest | DigestRequest | TimestampRequest | ManifestRequest,
-                      key: ServedKey) -> tuple[int, int]:
+    async def _record(self, req: Request, key: ServedKey) -> tuple[int, int]:
         t = int(self.clock())
         return await self.journal.record(req, t, None if key.primary else key.id), t
 
@@ -54,6 +59,15 @@ class Stamper:
         except Exception as e:
             await self._failed(stamp_id, f"{type(e).__name__}: {e}")
             raise
+
+    async def _store(self, stamp_id: int, signed: Signed, text: str, what: str) -> None:
+        """Record a signed stamp with the signed text it answers, committed before the answer
+        goes out (so that a GET finds it from then on)."""
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts, text)
+        except TimeoutError:
+            raise JournalError(f"the {what} could not be stored; retry later") from None
 
     async def _failed(self, stamp_id: int, error: str) -> None:
         """Record the failure, and wait until it is committed before the client is told.
@@ -90,12 +104,7 @@ class Stamper:
         statement = Statement(algorithm=req.algorithm, digest=req.digest, time=t,
                               server=self.public_url, serial=stamp_id, key=key.fingerprint)
         signed = await self._sign(stamp_id, req.job(t, statement.text()), key)
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts,
-                                                  signed.text)
-        except TimeoutError:
-            raise JournalError("the receipt could not be stored; retry later") from None
+        await self._store(stamp_id, signed, signed.text, "receipt")
         return statement, signed.text
 
     async def manifest(self, req: ManifestRequest, key: ServedKey | None = None) -> str:
@@ -110,11 +119,7 @@ class Stamper:
         except ValueError as e:
             await self._failed(stamp_id, f"malformed answer: {e}")
             raise SigningFailed("the worker's answer was malformed") from e
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts, text)
-        except TimeoutError:
-            raise JournalError("the manifest could not be stored; retry later") from None
+        await self._store(stamp_id, signed, text, "manifest")
         return text
 
     async def timestamp(self, req: TimestampRequest, key: ServedKey, policy: str,
