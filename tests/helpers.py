@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import http.client
+import http.server
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,45 @@ def pids_mentioning(needle: str) -> list[int]:
         if needle.encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+class Relay:
+    """A loopback HTTP server in front of a real one, for tests of what a client does with a
+    wrong answer: ``route(method, path, body)`` makes the request sent on for each GET or
+    POST received, and its answer (status and body) goes back as it is."""
+
+    def __init__(self, route: Callable[[str, str, bytes | None], urllib.request.Request]) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.relay(None)
+
+            def do_POST(self) -> None:
+                self.relay(self.rfile.read(int(self.headers["Content-Length"])))
+
+            def relay(self, body: bytes | None) -> None:
+                try:
+                    with urllib.request.urlopen(route(self.command, self.path, body),
+                                                timeout=30) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    status, data = e.code, e.read()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:

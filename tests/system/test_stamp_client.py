@@ -5,12 +5,10 @@ verify-commit, fsck --strict) and by ``stampd verify``; answers that are not the
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import subprocess
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +22,7 @@ from server import cli
 from tests.helpers import (
     TEST_FPR,
     TEST_PUBLIC_KEY,
+    Relay,
     Server,
     git,
     keyring,
@@ -76,49 +75,18 @@ def refs(repo: Path) -> str:
     return git(repo, "for-each-ref", "--format=%(refname) %(objectname)")
 
 
-class Relay:
+def stamp_relay(keys: str, stamps: str,
+                edit: Callable[[dict[str, str]], dict[str, str]] = lambda f: f) -> Relay:
     """A server in front of a real one: key requests go to ``keys``, stamp requests (their
     form changed by ``edit``) to ``stamps``: a server whose stamps are wrong."""
 
-    def __init__(self, keys: str, stamps: str,
-                 edit: Callable[[dict[str, str]], dict[str, str]] = lambda f: f) -> None:
-        relay = self
+    def route(method: str, path: str, body: bytes | None) -> urllib.request.Request:
+        if body is None:
+            return urllib.request.Request(keys + path.lstrip("/"))
+        form = dict(urllib.parse.parse_qsl(body.decode()))
+        return urllib.request.Request(stamps, data=urllib.parse.urlencode(edit(form)).encode())
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                relay.forward(self, keys + self.path.lstrip("/"), None)
-
-            def do_POST(self) -> None:
-                length = int(self.headers["Content-Length"])
-                form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode()))
-                relay.forward(self, stamps, urllib.parse.urlencode(edit(form)).encode())
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def forward(handler: http.server.BaseHTTPRequestHandler, url: str,
-                body: bytes | None) -> None:
-        request = urllib.request.Request(url, data=body)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                status, data = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, data = e.code, e.read()
-        handler.send_response(status)
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
+    return Relay(route)
 
 
 @pytest.mark.parametrize("signer", SIGNERS)
@@ -211,7 +179,7 @@ def test_another_servers_key_is_refused(server: Server, other_server: Server, tm
     stamp is refused (exit 3) and neither a ref, an object nor a pin is stored."""
     repo = make_repo(tmp_path / "repo", "sha256")
     before = (refs(repo), git(repo, "count-objects", "-v"))
-    relay = Relay(keys=server.url, stamps=other_server.url)
+    relay = stamp_relay(keys=server.url, stamps=other_server.url)
     try:
         for args in (("--tag", "stamp"), ("--branch", "stamps"),
                      ("--tag", "stamp", "--key", str(TEST_PUBLIC_KEY))):
@@ -254,7 +222,7 @@ def test_another_object_or_ssh_key_is_refused(server: Server,
             (other_commit, ("--branch", "stamps"), "refused: the commit does not start with"),
             (other_ssh_key, ("--tag", "stamp", "--key", ssh_keys["ssh-ed25519"]["fingerprint"]),
              f"refused: signed by {ssh_keys['ssh-ecdsa-p256']['fingerprint']}, not by")):
-        relay = Relay(keys=server.url, stamps=server.url, edit=edit)
+        relay = stamp_relay(keys=server.url, stamps=server.url, edit=edit)
         try:
             code, _, err = stampd(capsys, *args, "--server", relay.url, "--repo", str(repo))
         finally:

@@ -5,11 +5,9 @@ written."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from server import cli
-from tests.helpers import Server, require_tools, start_server
+from tests.helpers import Relay, Server, require_tools, start_server
 
 TREE_FILES = 10_000
 
@@ -182,44 +180,17 @@ def test_unusable_paths_are_refused_before_anything_is_sent(
     assert not (tmp_path / "SHA256SUMS.asc").exists()
 
 
-class ManifestRelay:
+def manifest_relay(target: str, edit: Callable[[bytes], bytes]) -> Relay:
     """A server in front of a real one: GETs pass through; a manifest POST is sent on with
     its body changed by ``edit``."""
 
-    def __init__(self, target: str, edit: Callable[[bytes], bytes]) -> None:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
+    def route(method: str, path: str, body: bytes | None) -> urllib.request.Request:
+        if body is None:
+            return urllib.request.Request(target + path.lstrip("/"))
+        return urllib.request.Request(target + path.lstrip("/"), data=edit(body),
+                                      headers={"Content-Type": "text/plain"})
 
-            def do_GET(self) -> None:
-                self.forward(urllib.request.Request(target + self.path.lstrip("/")))
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                self.forward(urllib.request.Request(
-                    target + self.path.lstrip("/"), data=edit(body),
-                    headers={"Content-Type": "text/plain"}))
-
-            def forward(self, request: urllib.request.Request) -> None:
-                try:
-                    with urllib.request.urlopen(request, timeout=30) as r:
-                        status, data = r.status, r.read()
-                except urllib.error.HTTPError as e:
-                    status, data = e.code, e.read()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
+    return Relay(route)
 
 
 def _other_line(body: bytes) -> bytes:
@@ -241,7 +212,7 @@ def test_another_manifest_is_refused_and_nothing_written(
     for name in ("a", "b", "c"):
         (tmp_path / "d" / name).write_text(name)
     monkeypatch.chdir(tmp_path)
-    relay = ManifestRelay(server.url, edit)
+    relay = manifest_relay(server.url, edit)
     try:
         code, _, err = run(capsys, "stamp", "d", "--server", relay.url, "--format", fmt)
     finally:
