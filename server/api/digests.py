@@ -25,7 +25,7 @@ from sqlalchemy import select
 from starlette.exceptions import HTTPException
 
 from server.api.body import read_body
-from server.api.errors import PROBLEM, problem, status_of
+from server.api.errors import problem, problem_response, status_of
 from server.api.manifests import manifest_request, read_manifest
 from server.api.services import Services
 from server.db import reading
@@ -257,7 +257,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             shown = set(ids[:limit])
             receipts = [r[1] for r in rows if r[0] in shown and r[1] is not None]
             manifests = [{"serial": sid, "time": t, "algorithm": algorithm,
-                          "key": fingerprints.get(key_id or "", primary) if key_id else primary,
+                          "key": fingerprints.get(key_id, primary) if key_id else primary,
                           "url": f"/v1/manifests/{sid}"}
                          for sid, t, key_id in covering if sid in shown]
             if as_json:
@@ -290,9 +290,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         path = request.url.path
         if path != "/v1" and not path.startswith("/v1/"):
             return await http_exception_handler(request, exc)
-        body = {"type": "about:blank", "title": HTTPStatus(exc.status_code).phrase,
-                "status": exc.status_code, "detail": exc.detail}
-        return JSONResponse(body, status_code=exc.status_code, media_type=PROBLEM,
-                            headers=exc.headers)
+        return problem_response(exc.status_code, HTTPStatus(exc.status_code).phrase,
+                                exc.detail, exc.headers)
 
     app.add_exception_handler(HTTPException, routing_error)

@@ -9,6 +9,7 @@ status is ``rejection`` (``systemFailure`` for a 503, else ``badDataFormat``). A
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from fastapi.responses import JSONResponse
@@ -85,12 +86,19 @@ async def send_plain(send: Send, exc: StampError) -> int:
 def problem(exc: StampError) -> JSONResponse:
     """The ``/v1`` answer: RFC 9457 problem details."""
     status, title = status_of(exc, "v1")
-    body: dict[str, object] = {"type": "about:blank", "title": title, "status": status,
-                               "detail": reason(exc)}
+    extra: dict[str, object] = {}
     if isinstance(exc, BadManifest):  # RFC 9457 extension members
-        body.update(lines=exc.lines, bad_lines=exc.count)
-    return JSONResponse(body, status_code=status, media_type=PROBLEM,
-                        headers=_retry_after(exc) or None)
+        extra.update(lines=exc.lines, bad_lines=exc.count)
+    return problem_response(status, title, reason(exc), _retry_after(exc) or None, **extra)
+
+
+def problem_response(status: int, title: str, detail: object,
+                     headers: Mapping[str, str] | None = None, **extra: object) -> JSONResponse:
+    """An RFC 9457 ``application/problem+json`` answer (also for FastAPI's own 404/405 on
+    ``/v1`` paths)."""
+    body: dict[str, object] = {"type": "about:blank", "title": title, "status": status,
+                               "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
 def _failure_of(exc: StampError) -> str:
