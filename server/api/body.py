@@ -53,6 +53,16 @@ async def _receive(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+def checked_length(length: str, limit: int, what: str) -> int:
+    """A Content-Length of at most ``limit`` bytes; `BadRequest` if it is not a number,
+    `BodyTooLarge` (naming ``what``) if it is larger."""
+    if not (length.isascii() and length.isdigit()):  # "²".isdigit(), but int("²") fails
+        raise BadRequest("malformed Content-Length")
+    if int(length) > limit:
+        raise BodyTooLarge(f"{what} larger than {limit} bytes")
+    return int(length)
+
+
 async def read_body(scope: Scope, receive: Receive, settings: Settings,
                     types: Sequence[str]) -> tuple[str, bytes]:
     """(media type, body) of a request whose type is one of ``types``."""
@@ -61,10 +71,7 @@ async def read_body(scope: Scope, receive: Receive, settings: Settings,
         raise UnsupportedMediaType(f"send {' or '.join(types)}")
     if length is None:
         raise LengthRequired("Content-Length is required")
-    if not (length.isascii() and length.isdigit()):  # "²".isdigit(), but int("²") fails
-        raise BadRequest("malformed Content-Length")
-    if int(length) > settings.max_body:
-        raise BodyTooLarge(f"body larger than {settings.max_body} bytes")
+    checked_length(length, settings.max_body, "body")
     try:
         async with asyncio.timeout(settings.body_timeout):
             return mtype, await _receive(receive, settings.max_body)

@@ -14,7 +14,7 @@ import time
 
 from starlette.types import Receive, Scope
 
-from server.api.body import content_type
+from server.api.body import checked_length, content_type
 from server.errors import (
     BadManifest,
     BadRequest,
@@ -40,12 +40,7 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings) -> b
     if mtype not in MANIFEST_TYPES:
         raise UnsupportedMediaType(f"send {' or '.join(MANIFEST_TYPES)}")
     limit = settings.max_manifest_bytes
-    if length is not None:
-        if not (length.isascii() and length.isdigit()):
-            raise BadRequest("malformed Content-Length")
-        if int(length) > limit:
-            raise BodyTooLarge(f"manifest larger than {limit} bytes")
-    expected = int(length) if length is not None else limit
+    expected = checked_length(length, limit, "manifest") if length is not None else limit
     deadline = time.monotonic() + settings.body_timeout + expected / RATE
     body = bytearray()
     lines = 0
