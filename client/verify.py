@@ -195,14 +195,19 @@ def fetch_public_key(server: str, timeout: float = FETCH_TIMEOUT) -> bytes:
     return body
 
 
+def read_key_file(path: Path) -> bytes:
+    """A ``--key`` file's bytes (at most `MAX_KEY` + 1 of them); `Malformed` if unreadable."""
+    try:
+        return path.read_bytes()[:MAX_KEY + 1]
+    except OSError as e:
+        raise Malformed(f"cannot read key file {path}: {e.strerror}") from None
+
+
 def load_keyring(home: GnupgHome, key_file: Path | None, server: str | None) -> str:
     """Import the ``--key`` file (or the key fetched from ``server``); return where it came
     from. Raise unless the keyring then holds at least one key."""
     if key_file is not None:
-        try:
-            data = key_file.read_bytes()[:MAX_KEY + 1]
-        except OSError as e:
-            raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+        data = read_key_file(key_file)
         origin = f"key file {key_file}"
         if not import_keys(home, data):
             raise Malformed(f"{key_file} holds no OpenPGP public key")
@@ -1308,10 +1313,7 @@ def verify_manifest(data: bytes, *, key_file: Path | None = None,
     openpgp: bytes | None = None
     ssh: list[SshPublicKey] = []
     if key_file is not None:
-        try:
-            raw = key_file.read_bytes()[:MAX_KEY + 1]
-        except OSError as e:
-            raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+        raw = read_key_file(key_file)
         origin = f"key file {key_file}"
         if b"-----BEGIN PGP PUBLIC KEY BLOCK-----" in raw:
             openpgp = raw
