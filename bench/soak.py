@@ -1,6 +1,7 @@
 """`make soak`: two API hosts and their worker hosts on one PostgreSQL, under load.
 
-``python -m bench.soak [--seconds 60] [--concurrency 32] [--worker-hosts 2] [--workers 1]``
+``python -m bench.soak [--seconds 60] [--concurrency 32] [--worker-hosts 2] [--workers 1]
+[--api-processes 1]``
 
 Starts a throwaway PostgreSQL cluster (tests/helpers.py `ThrowawayPostgres`), ``--worker-hosts``
 worker hosts (``stampd worker``, the fixed test key, ``--workers`` signing workers each) and two
@@ -296,7 +297,8 @@ def soak(args: argparse.Namespace, root: Path) -> int:
                              commit_interval=args.commit_interval, database_url=url,
                              extra_env={"STAMPD_DISPATCH": "database"}, wait=False,
                              runtime_dir=root / f"api{i + 1}" / "run",
-                             args=("--no-workers",)) for i in range(2)]
+                             args=("--no-workers",), api_processes=args.api_processes)
+                for i in range(2)]
         for api in apis:
             api.wait_ready(workers=total_workers)
 
@@ -412,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="connections per API host (32)")
     ap.add_argument("--worker-hosts", type=int, default=2, help="worker hosts (2)")
     ap.add_argument("--workers", type=int, default=1, help="signing workers per worker host (1)")
+    ap.add_argument("--api-processes", type=int, default=1,
+                    help="HTTP processes of each API host (1)")
     ap.add_argument("--commit-interval", type=float, default=5.0,
                     help="seconds between log commits (5)")
     ap.add_argument("--settle", type=float, default=120.0,

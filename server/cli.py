@@ -38,7 +38,8 @@ def pool_config(settings: Settings) -> PoolConfig:
 
         dispatch = DispatchConfig("database", dsn=psycopg_dsn(settings.db_url))
     else:
-        dispatch = DispatchConfig("socket", socket=settings.dispatch_socket.resolve())
+        dispatch = DispatchConfig("socket",
+                                  sockets=tuple(p.resolve() for p in settings.dispatch_sockets))
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return PoolConfig(
         workers=settings.worker_count,
@@ -57,8 +58,8 @@ def pool_config(settings: Settings) -> PoolConfig:
 
 def build_settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
-    for name in ("host", "port", "data_dir", "workers", "database_url", "commit_interval",
-                 "own_url", "key_uid", "key_algo", "peers"):
+    for name in ("host", "port", "data_dir", "workers", "api_processes", "database_url",
+                 "commit_interval", "own_url", "key_uid", "key_algo", "peers"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
@@ -66,11 +67,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
 
 
 def _setup_logging(level: str | None = None) -> None:
-    logging.basicConfig(
-        level=level or os.environ.get("STAMPD_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    from server.api.processes import setup_logging
+
+    setup_logging(level or os.environ.get("STAMPD_LOG_LEVEL", "INFO"))
 
 
 def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
@@ -290,12 +289,12 @@ def _require_programs(settings: Settings, signs_here: bool = True) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.api.app import create_app
-    from server.api.httpproto import StampdHttpProtocol
+    from server.api.processes import run_uvicorn, serve_processes
 
     settings = build_settings(args)
+    count = settings.api_process_count
+    settings = settings.model_copy(update={"api_processes": count})  # (the same in each)
     _check_listen(settings.host, settings.port)
     _require_programs(settings, signs_here=not args.no_workers)
     keys = _prepare(settings, signs_here=not args.no_workers)
@@ -308,11 +307,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BaseException:
             pool.stop()
             raise
-    log.info("serving %s from %s: database %s, keys %s, %s", settings.public_url,
-             settings.data_dir.resolve(), _safe_url(settings.db_url), _key_summary(keys),
+    log.info("serving %s from %s: database %s, keys %s, %s, %d HTTP process%s",
+             settings.public_url, settings.data_dir.resolve(), _safe_url(settings.db_url),
+             _key_summary(keys),
              "no workers here (--no-workers)" if args.no_workers else
              f"{settings.worker_count} workers" + (f" + {settings.extra_key_workers} per extra "
-                                                   "key" if settings.extra_key_specs else ""))
+                                                   "key" if settings.extra_key_specs else ""),
+             count, "" if count == 1 else "es")
+    if count > 1:
+        try:
+            serve_processes(settings, logging.getLevelName(logging.getLogger()
+                                                            .getEffectiveLevel()), child_env())
+        finally:
+            if pool is not None:
+                pool.stop()
+        return 0
+
     # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal when it is done; with
     # this handler in place the re-raised signal unwinds through `finally` (stopping the
     # pool) instead of killing the process.
@@ -321,19 +331,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _exit)
     try:
-        uvicorn.run(
-            create_app(settings, before_shutdown=pool.stop if pool is not None else None,
-                       keys=keys),
-            host=settings.host,
-            port=settings.port,
-            loop="uvloop",
-            http=StampdHttpProtocol,
-            timeout_keep_alive=int(settings.keepalive_timeout),
-            access_log=False,
-            proxy_headers=False,
-            backlog=4096,
-            log_level="warning",
-        )
+        run_uvicorn(create_app(settings, before_shutdown=pool.stop if pool is not None else None,
+                               keys=keys), settings)
     except SystemExit as e:
         if e.code != 128 + signal.SIGTERM:
             raise
@@ -551,6 +550,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (STAMPD_HOST)")
     serve.add_argument("--port", type=int, help="listen port (STAMPD_PORT)")
     serve.add_argument("--workers", type=int, help="signing processes, 0 = CPUs (STAMPD_WORKERS)")
+    serve.add_argument("--api-processes", type=int,
+                       help="HTTP processes sharing the port, 0 = one per three CPUs "
+                       "(STAMPD_API_PROCESSES)")
     serve.add_argument("--commit-interval", type=float,
                        help="seconds between log commits (STAMPD_COMMIT_INTERVAL)")
     serve.add_argument("--own-url", help="public URL written into stamps (STAMPD_OWN_URL)")
@@ -563,6 +565,9 @@ def parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="only the signing worker pool")
     common(worker)
     worker.add_argument("--workers", type=int, help="signing processes (STAMPD_WORKERS)")
+    worker.add_argument("--api-processes", type=int,
+                        help="HTTP processes of the stampd serve --no-workers whose dispatchers "
+                        "the workers serve; give it the same value (STAMPD_API_PROCESSES)")
     worker.set_defaults(func=cmd_worker)
 
     dbp = sub.add_parser("db", help="database migrations")

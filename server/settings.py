@@ -62,6 +62,10 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL; default sqlite:///<data_dir>/stampd.sqlite3",
     )
     workers: int = Field(default=0, ge=0, description="signing processes; 0 = one per CPU")
+    api_processes: int = Field(
+        default=0, ge=0, le=64,
+        description="HTTP processes sharing the port; 0 = one per three CPUs, at least one",
+    )
     own_url: str | None = Field(
         default=None, description="public URL of this server, written into stamps"
     )
@@ -241,14 +245,35 @@ class Settings(BaseSettings):
         return self.data_dir / "log.git"
 
     @property
+    def api_process_count(self) -> int:
+        """``api_processes``, or the default: one HTTP process per three CPUs, at least one.
+        (An HTTP process spends about a third of a stamp's CPU, its workers and their agents
+        the rest, so one HTTP process keeps about two cores' workers busy.)"""
+        return self.api_processes or max(1, (os.cpu_count() or 1) // 3)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+    @property
     def dispatch_socket(self) -> Path:
-        return self.data_dir / "run" / "dispatch.sock"
+        """The dispatch socket of the first (or only) HTTP process."""
+        return self.dispatch_socket_of(0)
+
+    def dispatch_socket_of(self, process: int) -> Path:
+        """The Unix socket where the workers reach HTTP process ``process`` (0, 1, ...)."""
+        return self.run_dir / ("dispatch.sock" if process == 0 else f"dispatch-{process}.sock")
+
+    @property
+    def dispatch_sockets(self) -> list[Path]:
+        """Every HTTP process's dispatch socket: each worker connects to all of them."""
+        return [self.dispatch_socket_of(i) for i in range(self.api_process_count)]
 
     @property
     def worker_homes_dir(self) -> Path:
         """Where the workers' private homes go: ``runtime_dir``, by default a private
         directory of the data directory (the supervisor makes it, mode 0700)."""
-        return self.runtime_dir or self.data_dir / "run" / "workers"
+        return self.runtime_dir or self.run_dir / "workers"
 
     def read_passphrase(self) -> str | None:
         if self.passphrase_file is not None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0)
@@ -20,6 +22,10 @@ class Histogram:
     def observe(self, seconds: float) -> None:
         self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.total += seconds
+
+    def add(self, counts: list[int], total: float) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, counts, strict=True)]
+        self.total += total
 
     def buckets(self) -> list[tuple[str, float]]:
         out: list[tuple[str, float]] = []
@@ -41,3 +47,29 @@ class Stats:
 
     def request(self, kind: str, status: int) -> None:
         self.requests[(kind, status)] += 1
+
+    # -- several HTTP processes (server.api.siblings) ---------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as JSON-ready data, for the other HTTP processes to add up."""
+        return {
+            "requests": [[kind, status, n] for (kind, status), n in list(self.requests.items())],
+            "signing": {w: [h.counts, h.total] for w, h in list(self.signing.items())},
+            "journal_commit": [self.journal_commit.counts, self.journal_commit.total],
+            "worker_disconnects": self.worker_disconnects,
+        }
+
+    def add(self, snapshot: dict[str, Any]) -> None:
+        """Add another process's `snapshot` to these counters."""
+        for kind, status, n in snapshot["requests"]:
+            self.requests[(kind, status)] += n
+        for worker, (counts, total) in snapshot["signing"].items():
+            self.signing[worker].add(counts, total)
+        self.journal_commit.add(*snapshot["journal_commit"])
+        self.worker_disconnects += snapshot["worker_disconnects"]
+
+    def plus(self, snapshots: Iterable[dict[str, Any]]) -> Stats:
+        """A new `Stats`: these counters and the ``snapshots`` added up."""
+        total = Stats()
+        for s in (self.snapshot(), *snapshots):
+            total.add(s)
+        return total

@@ -73,7 +73,8 @@ def server_factory() -> Iterator[list[Server]]:
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server with the test key and 2 workers, shared by a module's tests."""
     data = seed_data_dir(tmp_path_factory.mktemp("live") / "data")
-    server = start_server(data, workers=2)
+    # Two HTTP processes (issue 15): the interop, hook and hardening tests use this server.
+    server = start_server(data, workers=2, api_processes=2)
     yield server
     server.stop()
     shutil.rmtree(server.runtime_dir, ignore_errors=True)

@@ -207,6 +207,10 @@ class Server:
     def worker_pids(self) -> list[int]:
         return [p for p in pids_mentioning("workers.worker") if self._ours(p)]
 
+    def http_pids(self) -> list[int]:
+        """The HTTP processes of a server with several (none with one: it is ``proc``)."""
+        return [p for p in pids_mentioning("server.api.processes") if self._ours(p)]
+
     def agent_pids(self) -> list[int]:
         return [p for p in pids_mentioning(str(self.runtime_dir))
                 if b"gpg-agent" in proc_cmdline(p) or b"ssh-agent" in proc_cmdline(p)]
@@ -239,7 +243,7 @@ class Server:
         deadline = time.monotonic() + grace
         left: list[int] = []
         while time.monotonic() < deadline:
-            left = self.worker_pids() + self.agent_pids() + [
+            left = self.worker_pids() + self.agent_pids() + self.http_pids() + [
                 p for p in pids_mentioning("workers.pool") if self._ours(p)]
             if not left:
                 return []
@@ -259,8 +263,10 @@ def start_server(
     port: int | None = None,
     runtime_dir: Path | None = None,
     args: tuple[str, ...] = (),
+    api_processes: int = 1,
 ) -> Server:
-    """``stampd serve`` on loopback with ``data_dir`` (and ``args``, e.g. ``--no-workers``)."""
+    """``stampd serve`` on loopback with ``data_dir`` (and ``args``, e.g. ``--no-workers``)
+    and ``api_processes`` HTTP processes."""
     port = port or free_port()
     runtime = runtime_dir or short_tmpdir("sr")
     env = dict(os.environ)
@@ -275,7 +281,8 @@ def start_server(
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),
            "--data-dir", str(data_dir), "--workers", str(workers),
-           "--commit-interval", str(commit_interval), *args]
+           "--commit-interval", str(commit_interval), "--api-processes", str(api_processes),
+           *args]
     if database_url:
         cmd += ["--database-url", database_url]
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -590,7 +597,8 @@ def cross_stamping_pair(tmp_path: Path, server_factory: list[Server], cycles: in
     b_dir = tmp_path / "b" / "data"  # b generates its own key on first start
     a_port, b_port = free_port(), free_port()
     a = start_server(seed_data_dir(a_dir), workers=1, commit_interval=2, port=a_port,
-                     extra_env={"STAMPD_PEERS": f"bee=http://127.0.0.1:{b_port}/"})
+                     extra_env={"STAMPD_PEERS": f"bee=http://127.0.0.1:{b_port}/"},
+                     api_processes=2)
     server_factory.append(a)
     b = start_server(b_dir, workers=1, commit_interval=2, port=b_port,
                      extra_env={"STAMPD_PEERS": f"ay=http://127.0.0.1:{a_port}/"})

@@ -30,32 +30,35 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    """How a worker gets its jobs: from the dispatcher's Unix socket on this host (``socket``),
-    or from the ``jobs`` table of a PostgreSQL database shared by several hosts
-    (``database``)."""
+    """How a worker gets its jobs: from the dispatchers of this host's HTTP processes, one Unix
+    socket each (``socket``: a worker connects to every one of them), or from the ``jobs``
+    table of a PostgreSQL database shared by several hosts (``database``)."""
 
     mode: DispatchMode
-    socket: Path | None = None  # socket: the dispatcher's Unix socket
+    sockets: tuple[Path, ...] = ()  # socket: the dispatchers' Unix sockets
     dsn: str | None = field(default=None, repr=False)  # database: libpq DSN (may hold a password)
 
     def __post_init__(self) -> None:
         if self.mode not in ("socket", "database"):
             raise ConfigError("dispatch mode must be 'socket' or 'database'")
-        if self.mode == "socket" and self.socket is None:
-            raise ConfigError("socket dispatch needs the socket's path")
+        if self.mode == "socket" and not self.sockets:
+            raise ConfigError("socket dispatch needs the sockets' paths")
         if self.mode == "database" and not self.dsn:
             raise ConfigError("database dispatch needs a DSN")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "socket": None if self.socket is None else str(self.socket),
-                "dsn": self.dsn}
+        return {"mode": self.mode, "sockets": [str(p) for p in self.sockets], "dsn": self.dsn}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DispatchConfig:
         mode = _str(d, "mode")
         if mode not in ("socket", "database"):
             raise ConfigError("dispatch mode must be 'socket' or 'database'")
-        return cls(cast(DispatchMode, mode), _opt_path(d, "socket"), _opt_str(d, "dsn"))
+        sockets = d.get("sockets")
+        if not isinstance(sockets, list) or not all(isinstance(p, str) for p in sockets):
+            raise ConfigError("field 'sockets' must be a list of paths")
+        return cls(cast(DispatchMode, mode), tuple(Path(p) for p in sockets),
+                   _opt_str(d, "dsn"))
 
 
 @dataclass(frozen=True)
@@ -222,11 +225,6 @@ def _str(d: dict[str, Any], name: str) -> str:
 
 def _opt_str(d: dict[str, Any], name: str) -> str | None:
     return None if d.get(name) is None else _str(d, name)
-
-
-def _opt_path(d: dict[str, Any], name: str) -> Path | None:
-    value = _opt_str(d, name)
-    return None if value is None else Path(value)
 
 
 def _int(d: dict[str, Any], name: str) -> int:

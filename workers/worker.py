@@ -208,20 +208,121 @@ class SshSigner(Signer):
                                "an OpenPGP key)")
 
 
-def connect(path: Path, deadline: float) -> socket.socket:
-    """Connect to the dispatcher, waiting (bounded) for it to come up."""
-    delay = 0.05
-    while True:
+class Dispatchers:
+    """The worker's connections to the dispatchers of this host's HTTP processes: one Unix
+    socket each (`DispatchConfig.sockets`). Jobs are taken from them in turn and each answer
+    goes back on the connection its job came on. A connection that drops (its HTTP process
+    died; the dispatcher gives the jobs it held to other workers) is tried again every
+    `RETRY` seconds while the others are served; the worker stops when none has been left
+    for `ALONE_FOR` seconds (an HTTP process is restarted within about a second; when the
+    server stops, the supervisor stops the workers in that time).
+
+    ``hello`` is the frame sent first on every new connection."""
+
+    RETRY = 0.5
+    ALONE_FOR = 5.0
+
+    def __init__(self, paths: tuple[Path, ...], hello: bytes, name: str) -> None:
+        self.paths = paths
+        self.hello = hello
+        self.name = name
+        self.links: dict[Path, tuple[socket.socket, FrameBuffer]] = {}
+        self.lost: dict[Path, float] = {}  # path -> when to try it again (monotonic)
+        self._turn = 0
+
+    def connect(self, deadline: float) -> None:
+        """Connect to every dispatcher; wait (bounded) until at least one answers. Those that
+        do not yet are tried again while serving. Raises what the last attempt raised when
+        none answered by ``deadline``."""
+        delay = 0.05
+        while True:
+            error: OSError | None = None
+            for path in self.paths:
+                try:
+                    self._open(path)
+                except (FileNotFoundError, ConnectionRefusedError) as e:
+                    error = e
+                    self.lost[path] = 0.0
+            if self.links or error is None:
+                return
+            if time.monotonic() > deadline:
+                raise error
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _open(self, path: Path) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(path))
-            return sock
-        except (FileNotFoundError, ConnectionRefusedError):
+            sock.sendall(self.hello)
+        except OSError:
             sock.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            raise
+        self.lost.pop(path, None)
+        # (only a manifest job may be that large)
+        self.links[path] = (sock, FrameBuffer(MAX_MANIFEST_FRAME))
+
+    def drop(self, path: Path, why: str) -> None:
+        sock, _ = self.links.pop(path)
+        sock.close()
+        self.lost[path] = time.monotonic() + self.RETRY
+        log.warning("worker %s: dispatcher %s %s", self.name, path.name, why)
+
+    def _retry_lost(self) -> None:
+        now = time.monotonic()
+        for path, when in list(self.lost.items()):
+            if when <= now:
+                try:
+                    self._open(path)
+                    log.info("worker %s: dispatcher %s is back", self.name, path.name)
+                except OSError:
+                    self.lost[path] = now + self.RETRY
+
+    def _ready_frame(self) -> tuple[Path, dict[str, Any]] | None:
+        """A whole job already received, taking the connections in turn."""
+        paths = list(self.links)
+        for i in range(len(paths)):
+            path = paths[(self._turn + i) % len(paths)]
+            message = self.links[path][1].next()
+            if message is not None:
+                self._turn = (self._turn + i + 1) % len(paths)
+                return path, message
+        return None
+
+    def next_job(self, timeout: float) -> tuple[Path, dict[str, Any]] | None:
+        """The next job and the connection it came on; None after ``timeout`` seconds with
+        none, or when no connection is left (`links` is then empty)."""
+        found = self._ready_frame()
+        if found is not None:
+            return found
+        if self.lost:
+            self._retry_lost()
+        if not self.links:
+            return None
+        by_fd = {sock: path for path, (sock, _) in self.links.items()}
+        ready, _, _ = select.select(list(by_fd), [], [], timeout)
+        for sock in ready:
+            path = by_fd[sock]
+            data = sock.recv(1 << 20)
+            if not data:
+                self.drop(path, "closed the connection")
+                continue
+            self.links[path][1].feed(data)
+        return self._ready_frame()
+
+    def answer(self, path: Path, frame: bytes) -> None:
+        link = self.links.get(path)
+        if link is None:
+            return  # its dispatcher is gone, and gave the job to another worker
+        try:
+            link[0].sendall(frame)
+        except OSError as e:
+            self.drop(path, f"cannot be written to ({e.strerror})")
+
+    def close(self) -> None:
+        for sock, _ in self.links.values():
+            sock.close()
+        self.links.clear()
 
 
 def idle_check(agent: GpgAgent | SshAgent, parent: int, name: str) -> int | None:
@@ -245,27 +346,29 @@ def sign(signer: Signer, job_id: int | None, data: dict[str, Any]) -> Result:
         return Result(int(job_id or 0), error=f"malformed job: {e!r}")
 
 
-def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name: str,
+def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, name: str,
           parent: int | None = None) -> int:
-    """Sign the jobs that come over ``sock``. ``parent``: the supervisor's PID (default: our
-    parent's now)."""
-    frames = FrameBuffer(MAX_MANIFEST_FRAME)  # only a manifest job may be that large
+    """Sign the jobs that come from ``dispatchers``. ``parent``: the supervisor's PID (default:
+    our parent's now)."""
     parent = os.getppid() if parent is None else parent
+    alone_since: float | None = None  # when the last dispatcher went
     while True:
-        message = frames.next()
-        while message is None:
-            ready, _, _ = select.select([sock], [], [], 1.0)
-            if not ready:
-                code = idle_check(agent, parent, name)
-                if code is not None:
-                    return code
-                continue
-            data = sock.recv(1 << 20)
-            if not data:
-                log.warning("worker %s: dispatcher closed the connection", name)
+        found = dispatchers.next_job(1.0)
+        if found is None:
+            if dispatchers.links:
+                alone_since = None
+            elif alone_since is None:
+                alone_since = time.monotonic()
+            elif time.monotonic() - alone_since > dispatchers.ALONE_FOR:
+                log.warning("worker %s: no dispatcher left", name)
                 return EXIT_NO_DISPATCHER
-            frames.feed(data)
-            message = frames.next()
+            else:
+                time.sleep(dispatchers.RETRY)
+            code = idle_check(agent, parent, name)
+            if code is not None:
+                return code
+            continue
+        path, message = found
         job_id = message.get("id")
         try:
             reply = sign(signer, job_id if isinstance(job_id, int) else None, message)
@@ -273,7 +376,7 @@ def serve(sock: socket.socket, signer: Signer, agent: GpgAgent | SshAgent, name:
             log.error("worker %s: signing failed (%s); exiting so that another worker signs",
                       name, " ".join(str(e).split()))
             return EXIT_AGENT_DIED
-        sock.sendall(reply.frame())
+        dispatchers.answer(path, reply.frame())
 
 
 def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, key_id: str,
@@ -448,11 +551,16 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
                      fingerprint, config.key_id, agent.pid)
             return serve_db(dispatch.dsn, signer, agent, config.name, config.key_id,
                             parent=supervisor)
-        assert dispatch.socket is not None
-        sock = connect(dispatch.socket, time.monotonic() + 120)
-        sock.sendall(Hello(config.name, os.getpid(), fingerprint, config.key_id).frame())
-        log.info("ready: key %s (%s), agent pid %d", fingerprint, config.key_id, agent.pid)
-        return serve(sock, signer, agent, config.name, supervisor)
+        dispatchers = Dispatchers(
+            dispatch.sockets, Hello(config.name, os.getpid(), fingerprint, config.key_id).frame(),
+            config.name)
+        try:
+            dispatchers.connect(time.monotonic() + 120)
+            log.info("ready: key %s (%s), agent pid %d, %d of %d dispatchers", fingerprint,
+                     config.key_id, agent.pid, len(dispatchers.links), len(dispatch.sockets))
+            return serve(dispatchers, signer, agent, config.name, supervisor)
+        finally:
+            dispatchers.close()
     except (KeyUnusable, tsa.TsaError) as e:  # the supervisor reports it, once for all attempts
         log.info("worker %s: %s", config.name, e.message)
         with contextlib.suppress(OSError):
@@ -462,7 +570,8 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
         log.error("worker %s: the agent failed: %s", config.name, " ".join(str(e).split()))
         return EXIT_AGENT_DIED
     except (FileNotFoundError, ConnectionRefusedError):
-        log.exception("cannot reach the dispatcher at %s", config.dispatch.socket)
+        log.exception("cannot reach a dispatcher at %s",
+                      ", ".join(map(str, config.dispatch.sockets)))
         return EXIT_NO_DISPATCHER
     finally:
         agent.stop()

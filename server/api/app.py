@@ -25,12 +25,14 @@ from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.services import Services
+from server.api.siblings import Siblings
 from server.api.tsa import add_tsa_routes
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
 from server.log.committer import LogCommitter
+from server.log.leader import AdvisoryLeader, FileLeader
 from server.log.peers import CrossStamper
 from server.log.repository import LogRepository
 from server.settings import Settings
@@ -54,13 +56,14 @@ def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, st
     return files
 
 
-def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats) -> Dispatcher:
+def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats,
+                    process: int = 0) -> Dispatcher:
     if settings.dispatch == "database":
         return DbDispatcher(engine, max_queue=settings.max_queue,
                             sign_timeout=settings.sign_timeout,
                             max_attempts=settings.max_attempts,
                             heartbeat_timeout=settings.heartbeat_timeout, stats=stats)
-    return SocketDispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
+    return SocketDispatcher(settings.dispatch_socket_of(process), max_queue=settings.max_queue,
                             sign_timeout=settings.sign_timeout,
                             max_attempts=settings.max_attempts, stats=stats)
 
@@ -68,13 +71,15 @@ def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats) -> Disp
 def create_app(
     settings: Settings, *, clock: Callable[[], float] = time.time,
     before_shutdown: Callable[[], None] | None = None,
-    keys: Sequence[ServedKey] | None = None,
+    keys: Sequence[ServedKey] | None = None, process: int = 0,
 ) -> ZeitgitterPost:
     """``keys`` are the served keys if the caller has them already (`stampd serve` read them
     at start-up); otherwise they are read when the app starts. ``before_shutdown`` runs (in a
     thread) when the server stops, after the last request and before the dispatcher closes:
     `stampd serve` stops its worker pool there, so that workers are stopped rather than cut
-    off and respawned."""
+    off and respawned. ``process`` is the number of this HTTP process among those of
+    `stampd serve` (`server.api.processes`): its workers reach it on its own dispatch
+    socket."""
     cell: list[Services] = []  # filled when the app starts
 
     def services() -> Services:
@@ -87,13 +92,13 @@ def create_app(
             settings.keys_dir, settings.extra_key_specs, settings.dispatch, engine)
         stats = Stats()
         journal = Journal(engine, stats)
-        dispatcher = make_dispatcher(settings, engine, stats)
-        leader = None
+        dispatcher = make_dispatcher(settings, engine, stats, process)
+        # One log writer and one cross-stamper: the HTTP process holding the log lock.
+        leader: AdvisoryLeader | FileLeader
         if settings.dispatch == "database":
-            # psycopg is imported only where PostgreSQL is used (it costs start-up time).
-            from server.log.leader import AdvisoryLeader
-
             leader = AdvisoryLeader(psycopg_dsn(engine))
+        else:
+            leader = FileLeader(settings.run_dir / "log.lock")
         cross = CrossStamper(engine, settings, clock, leader=leader)
         loop = asyncio.get_running_loop()
 
@@ -111,27 +116,34 @@ def create_app(
                                  served[0].public, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
                                  key_files=log_key_files(served, tsa), leader=leader,
+                                 shared_repo=settings.dispatch == "socket",
                                  request_timeout=settings.request_timeout)
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
+        count = settings.api_process_count
+        siblings = None if count == 1 else Siblings(settings.run_dir, process, count, stats,
+                                                    dispatcher, clock)
         await dispatcher.start()
         journal.start()
         committer.start()
         cross.start()
+        if siblings is not None:
+            siblings.start()
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
-                             stats, served, clock, tsa_source))
+                             stats, served, clock, tsa_source, siblings))
         app.state.services = cell[0]
         try:
             yield
         finally:
             if before_shutdown is not None:
                 await asyncio.to_thread(before_shutdown)
+            if siblings is not None:
+                await siblings.stop()
             await cross.stop()
             await committer.stop()
             await dispatcher.stop()
             await journal.stop()
-            if leader is not None:
-                leader.close()
+            leader.close()
             engine.dispose()
             cell.clear()
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import Engine
 
 from server.api.services import Services
+from server.api.siblings import Sibling
 from server.stamping.tsa import clock_synchronised
 
 
@@ -59,9 +60,29 @@ async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
         stale = {}
     for name in s.cross.peers:
         checks[f"peer:{name}"] = {"ok": name not in stale, "detail": stale.get(name, "ok")}
+    queue, requeued = s.dispatcher.queue_depth, s.dispatcher.requeued
+    if s.siblings is not None:  # every HTTP process of this server, this one first
+        checks[f"http:{s.siblings.index}"] = {"ok": True, "detail": "answering this request"}
+        for other in s.siblings.others():
+            checks[f"http:{other.index}"] = _sibling_check(other, len(workers))
+            if other.record is not None:
+                queue += other.record["queue"]
+                requeued += other.record["requeued"]
     ready = all(c["ok"] for c in checks.values())
     return ready, {"ready": ready, "checks": checks, "workers": workers,
-                   "queue": s.dispatcher.queue_depth, "requeued": s.dispatcher.requeued}
+                   "queue": queue, "requeued": requeued}
+
+
+def _sibling_check(other: Sibling, workers: int) -> dict[str, Any]:
+    """Another HTTP process serves when its file is fresh and the workers reach it too."""
+    if not other.serving:
+        return {"ok": False, "detail": "not serving (no report for "
+                f"{'ever' if other.record is None else f'{other.age:.0f} s'}); "
+                "the server restarts it"}
+    assert other.record is not None
+    reached = len(other.record["workers"])
+    return {"ok": reached > 0, "detail": f"pid {other.record['pid']}, {reached} workers "
+            f"connected (here: {workers})"}
 
 
 def add_health_routes(app: FastAPI, services: Callable[[], Services]) -> None:

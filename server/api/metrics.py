@@ -40,14 +40,17 @@ class StampdCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.services()
-        st = s.stats
+        st = s.total_stats
+        others = [] if s.siblings is None else s.siblings.others()
+        records = [o.record for o in others if o.record is not None]
         c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
                                 labels=["type", "status"])
         for (kind, status), n in sorted(st.requests.items()):
             c.add_metric([kind, str(status)], n)
         yield c
         yield GaugeMetricFamily("stampd_queue_depth", "Signing jobs waiting for a worker",
-                                value=s.dispatcher.queue_depth)
+                                value=s.dispatcher.queue_depth
+                                + sum(r["queue"] for r in records))
         yield GaugeMetricFamily("stampd_workers_connected", "Signing workers connected",
                                 value=len(s.dispatcher.workers))
         key = s.key.fingerprint
@@ -60,7 +63,8 @@ class StampdCollector(Collector):
                                   value=st.worker_disconnects)
         yield CounterMetricFamily("stampd_requeued_jobs",
                                   "Jobs handed to another worker after a fault",
-                                  value=s.dispatcher.requeued)
+                                  value=s.dispatcher.requeued
+                                  + sum(r["requeued"] for r in records))
         yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
                          [], {(): st.journal_commit})
         last = s.committer.last_commit_at
@@ -77,6 +81,9 @@ class StampdCollector(Collector):
             fails.add_metric([p.name], p.failures)
         yield age
         yield fails
+        yield GaugeMetricFamily(
+            "stampd_http_processes", "HTTP processes serving (their counters are added up above)",
+            value=1 + sum(o.serving for o in others))
 
 
 def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:

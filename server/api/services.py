@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from server.api.siblings import Siblings
 from server.dispatch import Dispatcher
 from server.log.committer import LogCommitter
 from server.log.peers import CrossStamper
@@ -31,6 +32,12 @@ class Services:
     keys: list[ServedKey]  # every signing key, the primary first
     clock: Callable[[], float]
     tsa_source: TsaSource | None = None  # RFC 3161; None when off
+    siblings: Siblings | None = None  # the other HTTP processes of `stampd serve`, if any
+
+    @property
+    def total_stats(self) -> Stats:
+        """The counters of every HTTP process of this server."""
+        return self.stats if self.siblings is None else self.siblings.total_stats()
 
     @property
     def tsa(self) -> Tsa | None:

@@ -1,7 +1,8 @@
 """Periodic log commits: the period's stamped hashes become a signed commit of the public log.
 
-Exactly one process writes a log: the one running ``stampd serve``, or, with several API hosts
-on one PostgreSQL, the holder of the log lock (`server.log.leader`). The database drives it:
+Exactly one process writes a log: the holder of the log lock (`server.log.leader`), a file lock
+among the HTTP processes of one ``stampd serve``, an advisory lock among several API hosts on one
+PostgreSQL. The database drives it:
 
 Git object ids go to ``hashes.log`` (Zeitgitter's format); digest stamps go to ``digests.log``
 (``<algorithm> <hex>`` per line, sorted, unique; only present when the period has digests).
@@ -94,6 +95,7 @@ class LogCommitter:
         peer_keys: Callable[[], dict[str, str]] | None = None,
         key_files: dict[str, str] | None = None,
         leader: Callable[[], bool] | None = None,
+        shared_repo: bool = False,
         request_timeout: float = MAX_REQUEST_TIMEOUT,
         settle: float = SETTLE,
     ) -> None:
@@ -111,6 +113,9 @@ class LogCommitter:
         self.key_files = key_files or {}  # the server's further public keys, by log path
         # Several API hosts: only the holder of the log lock commits (see server.log.leader).
         self.leader = leader
+        # The HTTP processes of one host share the repository: a new writer finds every
+        # commit in place and has nothing to rebuild from the database.
+        self.shared_repo = shared_repo
         # The stamper's STAMPD_REQUEST_TIMEOUT: no live request stays pending longer.
         self.request_timeout = request_timeout
         self.settle = settle
@@ -145,8 +150,9 @@ class LogCommitter:
         async with self._lock:
             if self.leader is not None:
                 if not await asyncio.to_thread(self.leader):
-                    return None  # another host writes the log
-                await asyncio.to_thread(self.sync_from_db)
+                    return None  # another process writes the log
+                if not self.shared_repo:
+                    await asyncio.to_thread(self.sync_from_db)
             head = None
             for lc_id in await asyncio.to_thread(self._pending_ids):
                 head = await self._finish(lc_id)

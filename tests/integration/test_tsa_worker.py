@@ -45,7 +45,7 @@ def _key(keys: Path, algo: str) -> tuple[Path, str]:
 def _config(home: Path, directory: Path, key_id: str, subject: str | None = SUBJECT
             ) -> WorkerConfig:
     return WorkerConfig("check:1:0", home, directory,
-                        DispatchConfig("socket", socket=home / "unused.sock"), key_id=key_id,
+                        DispatchConfig("socket", sockets=(home / "unused.sock",)), key_id=key_id,
                         tsa_subject=subject, tsa_days=30)
 
 

@@ -218,9 +218,11 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
     base = tmp_path_factory.mktemp("audit")
     servers: list[Server] = []
     try:
-        a = start_server(seed_data_dir(base / "a"), workers=1, commit_interval=2, wait=False)
+        a = start_server(seed_data_dir(base / "a"), workers=1, commit_interval=2, wait=False,
+                         api_processes=2)
         servers.append(a)
-        b = start_server(base / "b", workers=1, commit_interval=2, wait=False)
+        b = start_server(base / "b", workers=1, commit_interval=2, wait=False,
+                         api_processes=2)
         servers.append(b)
         c = start_server(base / "c", workers=1, commit_interval=3600, wait=False)
         servers.append(c)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT, TEST_FPR, TEST_UID, Server, free_port, short_tmpdir, stamp_tag
 
 
@@ -76,29 +78,36 @@ def test_worker_pool_apart_from_api(seeded_dir: Path, server_factory: list[Serve
     shutil.rmtree(runtime, ignore_errors=True)
 
 
-def test_sigterm_stops_everything_in_order(seeded_dir: Path, server_factory: list[Server]
-                                           ) -> None:
-    """SIGTERM: exit status 0, the pool stopped (not orphaned), no process left behind."""
+@pytest.mark.parametrize("http", [1, 2])
+def test_sigterm_stops_everything_in_order(seeded_dir: Path, server_factory: list[Server],
+                                           http: int) -> None:
+    """SIGTERM: exit status 0, the HTTP processes and the pool stopped (not orphaned, no
+    worker restarted on the way), no process left behind."""
     import time
 
     from tests.helpers import stamp_tag, start_server
 
-    server = start_server(seeded_dir, workers=2)
+    server = start_server(seeded_dir, workers=2, api_processes=http)
     server_factory.append(server)
     stamp_tag(server, "d" * 40)
     workers, agents = server.worker_pids(), server.agent_pids()
     assert len(workers) == 2 and len(agents) == 2
+    assert len(server.http_pids()) == (0 if http == 1 else http)
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=30) == 0
     deadline = time.monotonic() + 5
-    while (server.worker_pids() or server.agent_pids()) and time.monotonic() < deadline:
+    while (server.worker_pids() or server.agent_pids() or server.http_pids()) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert server.worker_pids() == [] and server.agent_pids() == []
+    assert server.worker_pids() == [] and server.agent_pids() == [] \
+        and server.http_pids() == []
     log = server.log()
     # One start-up line says what is served, from where, with which keys and workers.
     data = re.escape(str(seeded_dir.resolve()))
+    processes = "1 HTTP process" if http == 1 else f"{http} HTTP processes"
     assert re.search(rf"serving http://127\.0\.0\.1:{server.port}/ from {data}: database "
-                     rf"sqlite:///\S+stampd\.sqlite3, keys primary {TEST_FPR}, 2 workers\n",
-                     log), log[:2000]
+                     rf"sqlite:///\S+stampd\.sqlite3, keys primary {TEST_FPR}, 2 workers, "
+                     rf"{processes}\n", log), log[:2000]
     assert "supervisor: stopping on signal 15" in log
     assert "parent process is gone" not in log
+    assert "restarting" not in log

@@ -111,7 +111,7 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
         apis = [start_server(dirs[i], workers=0, commit_interval=2, database_url=cluster_db,
                              extra_env={"STAMPD_DISPATCH": "database",
                                         "STAMPD_HEARTBEAT_TIMEOUT": "3"}, wait=False,
-                             args=("--no-workers",))
+                             args=("--no-workers",), api_processes=2)
                 for i in range(2)]
         server_factory.extend(apis)
         wait_for(lambda: heartbeats(cluster_db) >= 4, timeout=60, what="4 worker heartbeats")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 from pathlib import Path
@@ -81,21 +82,21 @@ def _kill_under_load(server: Server, victim: str, tmp_path: Path) -> None:
 
 def test_kill_worker_under_load(seeded_dir: Path, server_factory: list[Server],
                                 tmp_path: Path) -> None:
-    server = start_server(seeded_dir, workers=2)
+    server = start_server(seeded_dir, workers=2, api_processes=2)
     server_factory.append(server)
     _kill_under_load(server, "worker", tmp_path)
 
 
 def test_kill_agent_under_load(seeded_dir: Path, server_factory: list[Server],
                                tmp_path: Path) -> None:
-    server = start_server(seeded_dir, workers=2)
+    server = start_server(seeded_dir, workers=2, api_processes=2)
     server_factory.append(server)
     _kill_under_load(server, "agent", tmp_path)
 
 
 def test_kill_server_under_load_then_restart(seeded_dir: Path, server_factory: list[Server],
                                              tmp_path: Path) -> None:
-    server = start_server(seeded_dir, workers=2, commit_interval=3600)
+    server = start_server(seeded_dir, workers=2, commit_interval=3600, api_processes=2)
     server_factory.append(server)
     load = Load(server.port, clients=CLIENTS, per_client=1000)
     pool = load.run()
@@ -131,3 +132,42 @@ def test_kill_server_under_load_then_restart(seeded_dir: Path, server_factory: l
     missing = not_logged()
     assert not missing, f"{len(missing)} received stamps not in the log"
     assert log_commits(seeded_dir)
+
+
+def test_kill_the_log_writing_http_process_under_load(
+        seeded_dir: Path, server_factory: list[Server], tmp_path: Path) -> None:
+    """Of two HTTP processes, kill -9 the one that writes the log while clients stamp: the
+    server restarts it, the other takes the log over, and every stamp that was answered is
+    journalled and published. Requests on the killed process's connections get no answer
+    (as with a server killed) and nothing else fails."""
+    server = start_server(seeded_dir, workers=2, commit_interval=1, api_processes=2,
+                          extra_env={"STAMPD_REQUEST_TIMEOUT": "2"})
+    server_factory.append(server)
+    writer_line = re.compile(r"this process \(pid (\d+)\) is now the log writer")
+    wait_for(lambda: writer_line.search(server.log()), timeout=10, what="a log writer")
+    found = writer_line.search(server.log())
+    assert found is not None
+    writer = int(found.group(1))
+    assert writer in server.http_pids()
+
+    load = Load(server.port, clients=20, per_client=60)
+    pool = load.run()
+    load.wait_done(300)
+    os.kill(writer, signal.SIGKILL)
+    pool.shutdown(wait=True)
+    received = [r for r in load.results if r.status == 200]
+    assert len(received) >= 300
+    assert all(r.status in (200, 0) for r in load.results), \
+        {r.status for r in load.results}
+    verify_all(received[:100], seeded_dir / "keys/pubkey.asc", tmp_path / "gnupg")
+
+    server.wait_ready(workers=2)  # both HTTP processes serve again (/readyz checks each)
+    assert writer not in server.http_pids() and len(server.http_pids()) == 2
+    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+        journaled = {row[0] for row in db.execute('select "commit" from stamps')}
+    assert not [r.commit for r in received if r.commit not in journaled]
+    # The new writer publishes them all: the killed process's pending ones once no live
+    # request can be behind them (the request timeout plus a grace).
+    wait_for(lambda: {r.commit for r in received} <= logged_hashes(seeded_dir), timeout=60,
+             what="every answered stamp in the log")
+    assert len(writer_line.findall(server.log())) == 2

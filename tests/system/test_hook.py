@@ -94,7 +94,8 @@ class Proxy:
 def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server with an SSH key beside its OpenPGP key."""
     data = seed_data_dir(tmp_path_factory.mktemp("hook-ssh") / "data")
-    s = start_server(data, workers=1, extra_env={"STAMPD_EXTRA_KEYS": "ssh:ed25519"})
+    s = start_server(data, workers=1, api_processes=2,
+                     extra_env={"STAMPD_EXTRA_KEYS": "ssh:ed25519"})
     s.wait_ready(workers=2)
     yield s
     s.stop()

@@ -60,7 +60,7 @@ def test_peer_down_then_back(tmp_path: Path, server_factory: list[Server]) -> No
     a_dir = seed_data_dir(tmp_path / "a" / "data")
     b_dir = tmp_path / "b" / "data"
     b_port = free_port()
-    a = start_server(a_dir, workers=1, commit_interval=2,
+    a = start_server(a_dir, workers=1, commit_interval=2, api_processes=2,
                      extra_env={"STAMPD_PEERS": f"bee=http://127.0.0.1:{b_port}/",
                                 "STAMPD_PEER_RETRY_BASE": "1", "STAMPD_PEER_RETRY_MAX": "2"})
     server_factory.append(a)

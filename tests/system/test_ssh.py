@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data = seed_data_dir(tmp_path_factory.mktemp("ssh") / "data")
     extra = ",".join(f"ssh:{t}" for t in SSH_TYPES)
     s = start_server(data, workers=1, extra_env={"STAMPD_EXTRA_KEYS": extra},
-                     commit_interval=2)
+                     commit_interval=2, api_processes=2)
     s.wait_ready(workers=1 + len(SSH_TYPES))
     yield s
     s.stop()

@@ -101,7 +101,7 @@ def test_zeitgitterd_both_directions(tmp_path: Path, seeded_dir: Path,
     zg = start_zeitgitterd(tmp_path / "zg", f"stampd-timestamps=http://127.0.0.1:{port}")
     zg_factory.append(zg)
     server = start_server(seeded_dir, workers=1, commit_interval=2, port=port,
-                          extra_env={"STAMPD_PEERS": f"zg={zg.url}"})
+                          extra_env={"STAMPD_PEERS": f"zg={zg.url}"}, api_processes=2)
     server_factory.append(server)
 
     # stampd <- zeitgitterd: our log head stamped by zeitgitterd, checked with its key.

@@ -1,0 +1,66 @@
+"""Several HTTP processes on one host (`stampd serve --api-processes 2`): they share the port,
+the workers, the journal and the log, whose one writer is the holder of the log lock; metrics
+and /readyz add them up. (Faults: tests/system/test_faults.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+from tests.helpers import Server, logged_hashes, stamp_tag, start_server, wait_for
+
+STAMPS = 60
+
+
+def served_by_each(server: Server) -> list[int]:
+    """Tag stamps answered by each HTTP process, from the reports they write every second."""
+    counts = []
+    for i in range(2):
+        try:
+            record = json.loads((server.data_dir / "run" / "api" / f"{i}.json").read_text())
+        except (OSError, ValueError):
+            counts.append(0)
+            continue
+        counts.append(sum(n for kind, status, n in record["stats"]["requests"]
+                          if kind == "tag" and status == 200))
+    return counts
+
+
+def metric(server: Server, name: str) -> float:
+    with urllib.request.urlopen(server.url + "metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def test_two_http_processes_share_port_workers_journal_and_log(
+        seeded_dir: Path, server_factory: list[Server]) -> None:
+    server = start_server(seeded_dir, workers=1, commit_interval=1, api_processes=2)
+    server_factory.append(server)
+    assert len(server.http_pids()) == 2
+    status, ready = server.get_json("/readyz")
+    assert status == 200
+    checks = ready["checks"]
+    assert isinstance(checks, dict)
+    assert checks["http:0"]["ok"] and checks["http:1"]["ok"], checks
+
+    # Each stamp on a connection of its own: the kernel spreads them over both processes
+    # (all 60 on one would happen once in 2**59 runs), and one worker signs for both.
+    commits = [f"{i:040x}" for i in range(1, STAMPS + 1)]
+    for c in commits:
+        assert c in stamp_tag(server, c)
+    wait_for(lambda: sum(served_by_each(server)) == STAMPS, timeout=10,
+             what="both processes' reports")
+    assert all(n > 0 for n in served_by_each(server)), served_by_each(server)
+    # Whichever process answers /metrics adds up all of them.
+    wait_for(lambda: metric(server, 'stampd_requests_total{status="200",type="tag"}')
+             == STAMPS, timeout=10, what="the total in /metrics")
+    assert metric(server, "stampd_http_processes") == 2
+
+    # One journal, one log: every stamp of either process is published, by one writer.
+    wait_for(lambda: set(commits) <= logged_hashes(seeded_dir), timeout=30,
+             what="every stamp in the log")
+    assert server.log().count("is now the log writer") == 1
