@@ -303,7 +303,11 @@ class Dispatchers:
         ready, _, _ = select.select(list(by_fd), [], [], timeout)
         for sock in ready:
             path = by_fd[sock]
-            data = sock.recv(1 << 20)
+            try:
+                data = sock.recv(1 << 20)
+            except OSError as e:
+                self.drop(path, f"cannot be read from ({e.strerror})")
+                continue
             if not data:
                 self.drop(path, "closed the connection")
                 continue
