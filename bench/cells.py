@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import time
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.checks import Target, verify_sample
-from bench.procs import BenchError, cpu_busy, kill_pids, progress, sweep
+from bench.procs import T0, BenchError, cpu_busy, kill_pids, progress, sweep
 from bench.servers import Server
 
 HERE = Path(__file__).resolve().parent
@@ -124,6 +125,28 @@ def stop_servers(servers: list[Server], root: Path) -> None:
     sweep(root, "bench")
 
 
+def log_trouble(servers: list[Server]) -> dict[str, list[str]]:
+    """Each server's log lines that look like trouble (bench.servers Server.problems), the
+    first of them said on stderr."""
+    problems = {s.name: s.problems() for s in servers}
+    for s in servers:
+        if problems[s.name]:
+            progress(f"{s.name}: {len(problems[s.name])} warning/error lines in {s.log}, "
+                     f"first: {problems[s.name][0][:200]}")
+    return problems
+
+
+def print_wrong(cells: list[tuple[str, Measured]], what: str) -> int:
+    """A FAIL line and one line per (name, cell) with wrong answers; their count."""
+    wrong = sum(c.wrong for _, c in cells)
+    if wrong:
+        print(f"\nFAIL: {wrong} wrong {what}")
+        for name, c in cells:
+            if c.wrong:
+                print(f"  {name}: {c.why_wrong()}")
+    return wrong
+
+
 def wrk_argv(script: Path, server: Server, conns: int, seconds: int, *args: str) -> list[str]:
     """wrk with `script` and its arguments against `server`: one thread up to 16 connections."""
     return ["wrk", f"-t{1 if conns <= 16 else 2}", f"-c{conns}", f"-d{seconds}s",
@@ -182,14 +205,16 @@ def measure_wrk(server: Server, cell: Measured, argvs: list[list[str]],
 
 
 class Measuring:
-    """Measuring cells: mixed into Bench (bench.run), which sets these attributes."""
+    """Measuring cells within the time budget (--budget, from the bench's start), in the bench
+    directory `root`: the base of Bench (bench.run)."""
 
-    args: argparse.Namespace
-    root: Path
-    cells: list[Cell]
-    seq: int
-    nonce: str
-    deadline: float
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.root = root
+        self.cells: list[Cell] = []
+        self.seq = 0
+        self.nonce = os.urandom(5).hex()
+        self.deadline: float = T0 + args.budget
 
     # -- bookkeeping
 
