@@ -56,6 +56,7 @@ class ProcInfo:
     ppid: int
     cmdline: bytes
     ticks: int  # utime + stime + cutime + cstime (reaped children count for their parent)
+    own: int = 0  # utime + stime: this process alone, what it takes of the core it runs on
 
     @property
     def exe(self) -> bytes:
@@ -83,7 +84,8 @@ def process_table(marker: bytes | None = None) -> dict[int, ProcInfo]:
                 f"/proc/{name}/environ"):
             continue
         ticks = sum(int(x) for x in rest[11:15])
-        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks)
+        own = sum(int(x) for x in rest[11:13])
+        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks, own)
     return table
 
 
