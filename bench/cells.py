@@ -220,7 +220,7 @@ def measure_wrk(server: Server, cell: Measured, argvs: list[list[str]],
 
 class Measuring:
     """Measuring cells within the time budget (--budget, from the bench's start), in the bench
-    directory `root`: the base of Bench (bench.run)."""
+    directory `root`: the base of Bench (bench.run) and Scale (bench.scale)."""
 
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         self.args = args
