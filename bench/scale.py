@@ -267,8 +267,8 @@ class Scale(Measuring):
             f"{cpus_text(self.server_cpus) or '-'}, wrk on {cpus_text(self.pinned_wrk_cpus) or '-'}"
             " (taskset -c); unpinned rows: both anywhere",
             "CPU ms per stamp by process class, wrk excluded (zeitgitterd's http: its Python "
-            "process and the gpg it runs per signature); busiest http: the busiest HTTP "
-            "process's share of one core",
+            "process and the gpg it runs per signature);",
+            "busiest http: the busiest HTTP process's share of one core",
         ]
         if not self.api:
             lines.append(f"several API processes: skipped, `stampd serve --help` has no "
@@ -343,14 +343,15 @@ class Scale(Measuring):
         k = self.args.cores_per_api
         out = [f"PROJECTION, not a measurement: stamps/s on K server cores ~ min(K / total CPU "
                f"per stamp, N / HTTP CPU per stamp), N = max(1, K // {k}) API processes (the "
-               "serve default); from the best pinned stampd row: "
-               f"{row.signers_text}, {row.cores_text}, c={cell.conns}, {cell.rate:.0f}/s, "
-               f"total {1000 * total:.2f} ms, http {1000 * http:.2f} ms per stamp. It assumes "
-               "the CPU per stamp stays as measured and nothing else (agents, journal, "
-               "locks) limits first.",
+               "serve default),",
+               f"from the best pinned stampd row ({row.signers_text}, {row.cores_text}, "
+               f"c={cell.conns}, {cell.rate:.0f}/s): total {1000 * total:.2f} ms, http "
+               f"{1000 * http:.2f} ms per stamp; it assumes",
+               "the CPU per stamp stays as measured and nothing else (agents, journal, locks) "
+               "limits first.",
                f"  {'K':>3} {'N':>3} | {'stamps/s':>9} | bound by"]
         if total <= 0 or http <= 0:
-            return [*out[:1], "  (no CPU time was measured)"]
+            return [*out[:3], "  (no CPU time was measured)"]
         self.projected = projected = []
         for cores in self.args.project:
             n = default_api(cores, k)
