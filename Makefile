@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint sysdeps bench bench-manifest fuzz soak crash slow readflood proof clean
+.PHONY: serve test lint sysdeps bench bench-manifest bench-scale fuzz soak crash slow readflood proof clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.scale
 	$(BIN)/python -m bench.tsa
 	$(BIN)/python -m bench.manifest
+
+## The scaling table: workers, API processes and zeitgitterd's agents, server and wrk pinned
+## to cores of their own, and a projection to more cores (bench/README.md).
+bench-scale: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.scale
 
 ## POST /v1/manifests of 10,000 and 1,000,000 lines: digests/s and peak RSS (bench/README.md).
 bench-manifest: $(STAMP)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import time
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.checks import Target, verify_sample
-from bench.procs import BenchError, cpu_busy, kill_pids, progress, sweep
+from bench.procs import CLK_TCK, T0, BenchError, cpu_busy, kill_pids, progress, sweep
 from bench.servers import Server
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +42,8 @@ class Measured:
     sample_failures: list[str] = field(default_factory=list)
     wrk_cpu: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
+    # CPU seconds of each role's busiest process (its own time, not its reaped children's)
+    busiest: dict[str, float] = field(default_factory=dict)
     machine_cpu: float = 0.0  # CPU seconds the whole machine was busy during the cell
     skipped: str = ""
 
@@ -124,9 +127,34 @@ def stop_servers(servers: list[Server], root: Path) -> None:
     sweep(root, "bench")
 
 
-def wrk_argv(script: Path, server: Server, conns: int, seconds: int, *args: str) -> list[str]:
-    """wrk with `script` and its arguments against `server`: one thread up to 16 connections."""
-    return ["wrk", f"-t{1 if conns <= 16 else 2}", f"-c{conns}", f"-d{seconds}s",
+def log_trouble(servers: list[Server]) -> dict[str, list[str]]:
+    """Each server's log lines that look like trouble (bench.servers Server.problems), the
+    first of them said on stderr."""
+    problems = {s.name: s.problems() for s in servers}
+    for s in servers:
+        if problems[s.name]:
+            progress(f"{s.name}: {len(problems[s.name])} warning/error lines in {s.log}, "
+                     f"first: {problems[s.name][0][:200]}")
+    return problems
+
+
+def print_wrong(cells: list[tuple[str, Measured]], what: str) -> int:
+    """A FAIL line and one line per (name, cell) with wrong answers; their count."""
+    wrong = sum(c.wrong for _, c in cells)
+    if wrong:
+        print(f"\nFAIL: {wrong} wrong {what}")
+        for name, c in cells:
+            if c.wrong:
+                print(f"  {name}: {c.why_wrong()}")
+    return wrong
+
+
+def wrk_argv(script: Path, server: Server, conns: int, seconds: int, *args: str,
+             threads: int | None = None) -> list[str]:
+    """wrk with `script` and its arguments against `server`: `threads` threads, by default one
+    up to 16 connections and two above."""
+    threads = threads or (1 if conns <= 16 else 2)
+    return ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s",
             "--timeout", "10s", "-s", str(script), server.url, "--", *args]
 
 
@@ -171,25 +199,36 @@ def run_wrk(argvs: list[list[str]], seconds: int) -> tuple[list[dict[str, object
 
 def measure_wrk(server: Server, cell: Measured, argvs: list[list[str]],
                 seconds: int) -> list[dict[str, object]]:
-    """run_wrk, with the CPU of the server, of wrk and of the whole machine written to `cell`."""
-    cpu0, busy0 = server.cpu(), cpu_busy()
+    """run_wrk, with the CPU of the server (by role, and of each role's busiest process), of wrk
+    and of the whole machine written to `cell`."""
+    procs0, busy0 = server.processes(), cpu_busy()
     results, wrk_cpu = run_wrk(argvs, seconds)
-    cpu1, busy1 = server.cpu(), cpu_busy()
+    procs1, busy1 = server.processes(), cpu_busy()
     cell.machine_cpu = busy1 - busy0
     cell.wrk_cpu = wrk_cpu
-    cell.cpu = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+    cell.cpu, cell.busiest = {}, {}
+    for procs, sign in ((procs1, 1), (procs0, -1)):
+        # by role, before from after: a child that ended during the cell was reaped by its
+        # parent in the tree, whose time (cutime) now holds all of it
+        for role, p in procs.values():
+            cell.cpu[role] = cell.cpu.get(role, 0.0) + sign * p.ticks / CLK_TCK
+    for pid, (role, p) in procs1.items():
+        own0 = procs0[pid][1].own if pid in procs0 else 0  # or it started during the cell
+        cell.busiest[role] = max(cell.busiest.get(role, 0.0), (p.own - own0) / CLK_TCK)
     return results
 
 
 class Measuring:
-    """Measuring cells: mixed into Bench (bench.run), which sets these attributes."""
+    """Measuring cells within the time budget (--budget, from the bench's start), in the bench
+    directory `root`: the base of Bench (bench.run) and Scale (bench.scale)."""
 
-    args: argparse.Namespace
-    root: Path
-    cells: list[Cell]
-    seq: int
-    nonce: str
-    deadline: float
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.root = root
+        self.cells: list[Cell] = []
+        self.seq = 0
+        self.nonce = os.urandom(5).hex()
+        self.deadline: float = T0 + args.budget
 
     # -- bookkeeping
 
@@ -216,12 +255,20 @@ class Measuring:
         return each one's BENCH-RESULT and the CPU seconds all of them used."""
         return run_wrk([self.argv(server, mode, seconds, *r) for r in runs], seconds)
 
-    @staticmethod
-    def argv(server: Server, mode: str, seconds: int, conns: int, prefix: str,
+    # wrk pinned to these cores (taskset -c), one thread per 32 connections and per core at
+    # most; None: anywhere, as many threads as wrk_argv gives it
+    wrk_cpus: list[int] | None = None
+
+    def argv(self, server: Server, mode: str, seconds: int, conns: int, prefix: str,
              sample_dir: Path | None, target: Target | None) -> list[str]:
-        argv = wrk_argv(LUA, server, conns, seconds, mode, prefix, sample_arg(sample_dir))
+        cpus = self.wrk_cpus
+        threads = max(1, min(len(cpus), conns // 32)) if cpus else None
+        argv = wrk_argv(LUA, server, conns, seconds, mode, prefix, sample_arg(sample_dir),
+                        threads=threads)
         if target is not None:
             argv += [target.key.armor, target.field]
+        if cpus:
+            argv = ["taskset", "-c", ",".join(map(str, cpus)), *argv]
         return argv
 
     def measure(self, server: Server, key: str, mode: str, conns: int, label: str,

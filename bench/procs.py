@@ -8,6 +8,7 @@ status 2), which every other module of the bench uses. No process is ever looked
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -55,6 +56,7 @@ class ProcInfo:
     ppid: int
     cmdline: bytes
     ticks: int  # utime + stime + cutime + cstime (reaped children count for their parent)
+    own: int = 0  # utime + stime: this process alone, what it takes of the core it runs on
 
     @property
     def exe(self) -> bytes:
@@ -82,7 +84,8 @@ def process_table(marker: bytes | None = None) -> dict[int, ProcInfo]:
                 f"/proc/{name}/environ"):
             continue
         ticks = sum(int(x) for x in rest[11:15])
-        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks)
+        own = sum(int(x) for x in rest[11:13])
+        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks, own)
     return table
 
 
@@ -90,6 +93,15 @@ def cpu_busy() -> float:
     """Seconds of CPU time the whole machine has spent busy (all cores), from /proc/stat."""
     f = [int(x) for x in _read("/proc/stat").split(b"\n", 1)[0].split()[1:9]]
     return (sum(f) - f[3] - f[4]) / CLK_TCK  # minus idle and iowait
+
+
+def idle_load(seconds: float = 1.0) -> float:
+    """Cores the other processes of the machine keep busy, over `seconds` (said on stderr)."""
+    busy0, t0 = cpu_busy(), time.monotonic()
+    time.sleep(seconds)
+    load = (cpu_busy() - busy0) / (time.monotonic() - t0)
+    progress(f"before starting, other processes keep {load:.2f} of {os.cpu_count()} cores busy")
+    return load
 
 
 def kill_pids(pids: list[int], what: str, grace: float = 3.0) -> None:
@@ -178,6 +190,36 @@ def require_tools(*tools: str) -> None:
     for tool in tools:
         if shutil.which(tool) is None:
             raise BenchError(f"{tool} is missing")
+
+
+def ensure_tools(*tools: str, programs: tuple[str, ...] = ("stampd",)) -> None:
+    """wrk (installed when missing), the system `tools`, and the `programs` of this virtual
+    environment (stampd; zeitgitterd comes with the test extra)."""
+    ensure_wrk()
+    require_tools(*tools)
+    for exe in programs:
+        if not (BIN / exe).exists():
+            raise BenchError(f"{BIN / exe} is missing: pip install -e '.[test,bench]'")
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of integers (an argparse type)."""
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def add_cell_args(ap: argparse.ArgumentParser, duration: int, budget: float | None) -> None:
+    """The options every wrk bench has: --duration, --warmup, --budget (unless None), --json
+    and --keep."""
+    ap.add_argument("--duration", type=int, default=duration,
+                    help=f"seconds per measured cell (default {duration})")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up seconds per cell (1)")
+    if budget is not None:
+        ap.add_argument("--budget", type=float, default=budget,
+                        help="seconds the whole run may take; cells that would not fit are "
+                             f"skipped (default {budget:.0f})")
+    ap.add_argument("--json", type=Path, help="also write every cell as JSON to this file")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the temporary directory (kept anyway when something was wrong)")
 
 
 def _interrupt(signum: int, frame: types.FrameType | None) -> None:

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 import urllib.parse
 from pathlib import Path
 
 from bench.agentrate import AgentRates, agent_rates
-from bench.cells import Cell, Measuring, stop_servers
+from bench.cells import Measuring, log_trouble, print_wrong, stop_servers
 from bench.checks import Target, make_home
 from bench.plan import (
     PLAN,
@@ -49,17 +47,15 @@ from bench.plan import (
     ZG_PARALLEL,
 )
 from bench.procs import (
-    BIN,
-    T0,
     BenchError,
     _read,
-    cpu_busy,
-    ensure_wrk,
+    add_cell_args,
+    ensure_tools,
+    idle_load,
     keep_or_remove,
     kill_pids,
     process_table,
     progress,
-    require_tools,
     run_then_stop,
     start_bench,
     sweep,
@@ -74,14 +70,9 @@ class Bench(Measuring, Report):
     bench.cells), stop everything; the report comes from Report (bench.report)."""
 
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
-        self.args = args
-        self.root = root
-        self.cells: list[Cell] = []
+        super().__init__(args, root)
         self.agent: dict[str, AgentRates] = {}
         self.servers: list[Server] = []
-        self.seq = 0
-        self.nonce = os.urandom(5).hex()
-        self.deadline = T0 + args.budget
         self.missed = 0
         self.profile: list[str] = []
         self.idle_load = 0.0
@@ -186,11 +177,7 @@ class Bench(Measuring, Report):
                 self.profile.append(f"  py-spy failed: {err.strip()[-300:]}")
 
     def execute(self) -> None:
-        busy0, t0 = cpu_busy(), time.monotonic()
-        time.sleep(1.0)
-        self.idle_load = (cpu_busy() - busy0) / (time.monotonic() - t0)
-        progress(f"before starting, other processes keep {self.idle_load:.2f} of "
-                 f"{os.cpu_count()} cores busy")
+        self.idle_load = idle_load()
         keys = [k for k in dict.fromkeys(k for k, _, _ in PLAN) if k in self.args.keys]
         for key in keys:
             plan = [(m, cs) for k, modes, cs in PLAN if k == key for m in modes]
@@ -238,20 +225,10 @@ class Bench(Measuring, Report):
 # --------------------------------------------------------------------------------------------
 
 
-def ensure_tools() -> None:
-    ensure_wrk()
-    require_tools("gpg", "gpg-agent", "gpg-connect-agent", "gpgconf", "git", "ssh-keygen",
-                  "ssh-agent")
-    for exe in ("stampd", "zeitgitterd"):
-        if not (BIN / exe).exists():
-            raise BenchError(f"{BIN / exe} is missing: pip install -e '.[test,bench]'")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=int, default=5, help="seconds per cell (default 5)")
-    ap.add_argument("--warmup", type=int, default=1, help="warm-up seconds per cell (1)")
+    add_cell_args(ap, duration=5, budget=280.0)
     ap.add_argument("--workers", type=int, default=2, help="stampd workers (default 2)")
     ap.add_argument("--zg-agents", type=int, default=ZG_AGENTS,
                     help=f"zeitgitterd --number-of-gpg-agents (default {ZG_AGENTS})")
@@ -262,12 +239,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "ssh: the stampd-only rows for SSH keys and two keys at once)")
     ap.add_argument("--agent-seconds", type=float, default=2.0,
                     help="seconds for each raw gpg-agent rate measurement (default 2)")
-    ap.add_argument("--budget", type=float, default=280.0,
-                    help="seconds the whole run may take; cells that would not fit are "
-                         "skipped (default 280)")
-    ap.add_argument("--json", type=Path, help="also write every cell as JSON to this file")
-    ap.add_argument("--keep", action="store_true",
-                    help="keep the temporary directory (kept anyway when something was wrong)")
     ap.add_argument("--strict", action="store_true", help="exit 3 when a target is missed")
     ap.add_argument("--profile", action="store_true",
                     help="also profile stampd's HTTP process and one worker with py-spy under "
@@ -277,39 +248,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def tools() -> None:
+    ensure_tools("gpg", "gpg-agent", "gpg-connect-agent", "gpgconf", "git", "ssh-keygen",
+                 "ssh-agent", programs=("stampd", "zeitgitterd"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = start_bench("bn")
     bench = Bench(args, root)
-    status = run_then_stop([ensure_tools, bench.execute], bench.stop_all)
+    status = run_then_stop([tools, bench.execute], bench.stop_all)
 
     if bench.cells:
         print("\n".join(bench.report()))
-    wrong = sum(c.wrong for c in bench.cells)
-    problems = [(s.name, s.problems()) for s in bench.servers]
-    for name, lines in problems:
-        if lines:
-            progress(f"{name}: {len(lines)} warning/error lines in {s_log(bench, name)}, "
-                     f"first: {lines[0][:200]}")
+    problems = log_trouble(bench.servers)
     if args.json:
         args.json.write_text(json.dumps({
             "cells": [c.as_json() for c in bench.cells],
             "agent_rates": {k: vars(v) for k, v in bench.agent.items()},
-            "server_problems": dict(problems)}, indent=1))
-    if wrong:
-        print(f"\nFAIL: {wrong} wrong responses or signatures (details above, on stderr)")
-        for c in bench.cells:
-            if c.wrong:
-                print(f"  {c.server} {c.key} {c.mode} c={c.conns}: {c.why_wrong()}")
+            "server_problems": problems}, indent=1))
+    if print_wrong([(f"{c.server} {c.key} {c.mode} c={c.conns}", c) for c in bench.cells],
+                   "responses or signatures (details above, on stderr)"):
         status = status or 1
     if args.strict and getattr(bench, "missed", 0):
         status = status or 3
     keep_or_remove(root, bool(status or args.keep))
     return status
-
-
-def s_log(bench: Bench, name: str) -> str:
-    return next((str(s.log) for s in bench.servers if s.name == name), "?")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,15 @@ class Server:
         self.log = workdir / "server.log"
         self.log_size_at_stop: int | None = None  # where the log stood when we sent SIGTERM
         self.key: ServerKey | None = None
+        # The cores the server and all its children may run on (taskset -c); None: any.
+        self.cpus: str | None = None
+
+    def pinned(self, argv: list[str]) -> list[str]:
+        """`argv` run on the server's cores (taskset execs it: the pid stays the program's)."""
+        return argv if self.cpus is None else ["taskset", "-c", self.cpus, *argv]
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        argv = self.pinned(argv)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
@@ -103,8 +110,9 @@ class Server:
                 time.sleep(0.1)
         sweep(self.dir, self.name)
 
-    def cpu(self) -> dict[str, float]:
-        """CPU seconds used so far by this server's processes, by role."""
+    def processes(self) -> dict[int, tuple[str, ProcInfo]]:
+        """This server's live processes, each with its role: its process tree, and whatever
+        mentions its directory (agents that daemonized themselves)."""
         if self.proc is None:
             return {}
         marker = (str(self.dir) + "/").encode()
@@ -117,12 +125,12 @@ class Server:
                 if p.pid not in tree and (p.ppid in tree or marker in p.cmdline):
                     tree.add(p.pid)
                     grew = True
+        return {pid: (self.role(table[pid]), table[pid]) for pid in tree if pid in table}
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by this server's processes, by role."""
         out: dict[str, float] = {}
-        for pid in tree:
-            p = table.get(pid)
-            if p is None:
-                continue
-            role = self.role(p)
+        for role, p in self.processes().values():
             out[role] = out.get(role, 0.0) + p.ticks / CLK_TCK
         return out
 
@@ -153,6 +161,7 @@ class Stampd(Server):
         self.extra_keys = extra_keys  # e.g. ("ssh:ed25519", "ssh:ecdsa-p256")
         self.extra_workers = extra_workers  # for each extra key
         self.keys: dict[str, ServerKey] = {}  # by /v1/keys id, after fetch_keys()
+        self.serve_args: list[str] = []  # more options of `stampd serve`
 
     @property
     def all_workers(self) -> int:
@@ -173,7 +182,8 @@ class Stampd(Server):
                    STAMPD_TSA=os.environ.get("STAMPD_TSA", "false"))
         self._spawn([str(BIN / "stampd"), "serve", "--host", "127.0.0.1",
                      "--port", str(self.port), "--data-dir", str(self.data_dir),
-                     "--workers", str(self.workers), "--commit-interval", "3600"], env)
+                     "--workers", str(self.workers), "--commit-interval", "3600",
+                     *self.serve_args], env)
 
     def _ready(self) -> bool:
         status, body = http_get(self.port, "/readyz", timeout=2)
@@ -217,8 +227,10 @@ class Stampd(Server):
             return "workers"
         if b"workers.pool" in p.cmdline:
             return "pool"
-        if self.proc is not None and p.pid == self.proc.pid:
-            return "http"
+        if self.proc is not None and (p.pid == self.proc.pid or (
+                p.ppid == self.proc.pid and p.exe not in (b"gpg-agent", b"ssh-agent")
+                and b"multiprocessing.resource_tracker" not in p.cmdline)):
+            return "http"  # the main process and its API processes (--api-processes)
         return super().role(p)
 
 
@@ -246,10 +258,11 @@ class Zeitgitterd(Server):
         """zeitgitterd itself only creates ed25519 keys; make a fresh key of the type under
         test for it the way an operator would."""
         make_home(self.gnupg_home)
-        self.keygen = subprocess.Popen(
+        # Pinned like the server: the gpg-agent this starts is the one zeitgitterd signs with.
+        self.keygen = subprocess.Popen(self.pinned(
             ["gpg", "--homedir", str(self.gnupg_home), "--batch", "--passphrase", "",
              "--quick-gen-key", "Zeitgitter Bench <zeitgitter@localhost>", self.key_algo,
-             "sign", "never"],
+             "sign", "never"]),
             env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE)
 

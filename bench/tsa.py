@@ -36,7 +36,9 @@ from bench.agentrate import AgentRates, agent_rates
 from bench.cells import (
     Measured,
     count,
+    log_trouble,
     measure_wrk,
+    print_wrong,
     record,
     run_wrk,
     sample_arg,
@@ -48,12 +50,13 @@ from bench.procs import (
     BIN,
     BenchError,
     ProcInfo,
+    add_cell_args,
     cpu_busy,
-    ensure_wrk,
+    ensure_tools,
     http_get,
+    int_list,
     keep_or_remove,
     progress,
-    require_tools,
     run,
     run_then_stop,
     start_bench,
@@ -441,23 +444,15 @@ class TsaBench:
         return lines, missed
 
 
-def ensure_tools() -> None:
-    ensure_wrk()
-    require_tools("openssl", "gpg", "gpg-agent", "gpg-connect-agent", "gpgconf")
-    if not (BIN / "stampd").exists():
-        raise BenchError(f"{BIN / 'stampd'} is missing: pip install -e '.[test]'")
-
-
-def _ints(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x.strip())
+def tools() -> None:
+    ensure_tools("openssl", "gpg", "gpg-agent", "gpg-connect-agent", "gpgconf")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.tsa", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=int, default=10, help="seconds per cell (default 10)")
-    ap.add_argument("--warmup", type=int, default=1, help="warm-up seconds per cell (1)")
-    ap.add_argument("--conns", type=_ints, default=(1, 16, 64),
+    add_cell_args(ap, duration=10, budget=None)
+    ap.add_argument("--conns", type=int_list, default=(1, 16, 64),
                     help="connection counts, comma-separated (default 1,16,64)")
     ap.add_argument("--keys", default="nistp256,rsa3072",
                     help="TSA key types, comma-separated (default nistp256,rsa3072)")
@@ -465,14 +460,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="stampd --workers: the primary key's, idle here (default 1)")
     ap.add_argument("--tsa-workers", type=int, default=2,
                     help="STAMPD_EXTRA_KEY_WORKERS: the TSA key's workers (default 2)")
-    ap.add_argument("--sweep", type=_ints, default=(1, 3),
+    ap.add_argument("--sweep", type=int_list, default=(1, 3),
                     help="also measure c=16 with these TSA worker counts (default 1,3; "
                          "'' for none)")
     ap.add_argument("--queries", type=int, default=100, help="distinct queries (100)")
     ap.add_argument("--agent-seconds", type=float, default=3.0,
                     help="seconds for each raw gpg-agent rate measurement (default 3)")
-    ap.add_argument("--json", type=Path, help="also write every cell as JSON to this file")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--strict", action="store_true", help="exit 3 when a target is missed")
     args = ap.parse_args(argv)
     args.keys = [k.strip() for k in args.keys.split(",") if k.strip()]
@@ -487,29 +480,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = start_bench("bt")
     bench = TsaBench(args, root)
-    status = run_then_stop([ensure_tools, bench.execute], bench.stop_all,
+    status = run_then_stop([tools, bench.execute], bench.stop_all,
                            lambda: 1 if bench.wrong_checks else 2)
 
     missed = 0
     if bench.cells:
         lines, missed = bench.report()
         print("\n".join(lines))
-    for s in bench.servers:
-        trouble = s.problems()
-        if trouble:
-            progress(f"{s.name}: {len(trouble)} warning/error lines in {s.log}, first: "
-                     f"{trouble[0][:200]}")
-    wrong = sum(c.wrong for c in bench.cells)
+    log_trouble(bench.servers)
     if args.json:
         args.json.write_text(json.dumps({
             "cells": [c.as_json() for c in bench.cells],
             "agent_rates": {k: vars(v) for k, v in bench.agent.items()},
             "checks": bench.wrong_checks}, indent=1))
-    if wrong:
-        print(f"\nFAIL: {wrong} wrong answers or tokens")
-        for c in bench.cells:
-            if c.wrong:
-                print(f"  {c.server} {c.key} c={c.conns}: {c.why_wrong()}")
+    if print_wrong([(f"{c.server} {c.key} c={c.conns}", c) for c in bench.cells],
+                   "answers or tokens"):
         status = status or 1
     elif bench.cells and not status:
         total = sum(c.requests for c in bench.cells)
