@@ -26,6 +26,14 @@ TSA_POLICY = "2.25.178387009458913539541377305212843591845"
 PEER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (``taskset``, cgroup cpusets), not all the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # (no affinity where the platform has none)
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class PeerConfig:
     name: str
@@ -61,7 +69,8 @@ class Settings(BaseSettings):
         default=None,
         description="SQLAlchemy URL; default sqlite:///<data_dir>/stampd.sqlite3",
     )
-    workers: int = Field(default=0, ge=0, description="signing processes; 0 = one per CPU")
+    workers: int = Field(default=0, ge=0,
+                         description="signing processes; 0 = one per CPU it may run on")
     api_processes: int = Field(
         default=0, ge=0, le=64,
         description="HTTP processes sharing the port; 0 = one per three CPUs, at least one",
@@ -221,7 +230,7 @@ class Settings(BaseSettings):
 
     @property
     def worker_count(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or usable_cpus()
 
     @property
     def db_url(self) -> str:
@@ -249,7 +258,7 @@ class Settings(BaseSettings):
         """``api_processes``, or the default: one HTTP process per three CPUs, at least one.
         (An HTTP process spends about a third of a stamp's CPU, its workers and their agents
         the rest, so one HTTP process keeps about two cores' workers busy.)"""
-        return self.api_processes or max(1, (os.cpu_count() or 1) // 3)
+        return self.api_processes or max(1, usable_cpus() // 3)
 
     @property
     def run_dir(self) -> Path:
