@@ -382,6 +382,38 @@ def _signer_identifier(certificate_der: bytes) -> bytes:
         value={"issuer": cert.issuer, "serial_number": cert.serial_number}).dump())
 
 
+# The parts of every token that are the same for a certificate (or an algorithm), made once:
+# building them is most of the cost of a token. (asn1crypto values are not changed once made;
+# the same one goes into every token.)
+
+
+@functools.lru_cache(maxsize=8)
+def _sid(certificate_der: bytes) -> cms.SignerIdentifier:
+    return cms.SignerIdentifier.load(_signer_identifier(certificate_der))
+
+
+@functools.lru_cache(maxsize=8)
+def _certificate_set(chain: tuple[bytes, ...]) -> cms.CertificateSet:
+    """The SignedData's ``certificates [0] IMPLICIT CertificateSet`` holding ``chain``."""
+    return cms.CertificateSet([cms.CertificateChoices(name="certificate", value=_certificate(der))
+                               for der in chain]).retag({"implicit": 0})
+
+
+@functools.lru_cache(maxsize=8)
+def _digest_algorithms(name: str) -> cms.DigestAlgorithms:
+    return cms.DigestAlgorithms([{"algorithm": name}])
+
+
+@functools.lru_cache(maxsize=8)
+def _digest_algorithm(name: str) -> algos.DigestAlgorithm:
+    return algos.DigestAlgorithm({"algorithm": name})
+
+
+@functools.lru_cache(maxsize=8)
+def _signature_algorithm(name: str) -> algos.SignedDigestAlgorithm:
+    return algos.SignedDigestAlgorithm({"algorithm": name})
+
+
 def subject_of(certificate_der: bytes) -> x509.Name:
     """The subject of a certificate (the TSA's name in its tokens)."""
     return _certificate(certificate_der).subject
@@ -425,27 +457,23 @@ def signed_data(
         raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
     if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
         raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
-    certificates = [_certificate(der) for der in chain]
-
     value: dict[str, object] = {
         "version": "v3",
-        "digest_algorithms": [{"algorithm": digest_algorithm}],
+        "digest_algorithms": _digest_algorithms(digest_algorithm),
         "encap_content_info": {"content_type": "tst_info", "content": content},
         "signer_infos": [
             {
                 "version": "v1",
-                "sid": cms.SignerIdentifier.load(_signer_identifier(chain[0])),
-                "digest_algorithm": {"algorithm": digest_algorithm},
+                "sid": _sid(chain[0]),
+                "digest_algorithm": _digest_algorithm(digest_algorithm),
                 "signed_attrs": attributes,
-                "signature_algorithm": {"algorithm": signature_algorithm},
+                "signature_algorithm": _signature_algorithm(signature_algorithm),
                 "signature": signature,
             }
         ],
     }
     if include_certificates:
-        value["certificates"] = [
-            cms.CertificateChoices(name="certificate", value=cert) for cert in certificates
-        ]
+        value["certificates"] = _certificate_set(tuple(chain))
     info = cms.ContentInfo({"content_type": "signed_data", "content": cms.SignedData(value)})
     return bytes(info.dump())
 
