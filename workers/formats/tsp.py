@@ -344,17 +344,27 @@ def signed_attributes(
     if digest_algorithm not in SIGNATURE_ALGORITHMS.values():
         raise TspError(f"unsupported digest algorithm {digest_algorithm!r}")
     attributes: list[object] = [
-        {"type": "content_type", "values": ["tst_info"]},
+        _content_type_tst_info(),
         {
             "type": "message_digest",
             "values": [hashlib.new(digest_algorithm, tst_info_der).digest()],
         },
-        cms.CMSAttribute.load(_signing_certificate_v2(certificate_der)),
+        _signing_certificate_v2_attribute(certificate_der),
     ]
     if signing_time is not None:
         when = _time(cms.Time, "generalized_time", signing_time)
         attributes.append({"type": "signing_time", "values": [when]})
     return bytes(cms.CMSAttributes(attributes).dump())
+
+
+@functools.cache
+def _content_type_tst_info() -> cms.CMSAttribute:
+    return cms.CMSAttribute({"type": "content_type", "values": ["tst_info"]})
+
+
+@functools.lru_cache(maxsize=8)
+def _signing_certificate_v2_attribute(certificate_der: bytes) -> cms.CMSAttribute:
+    return cms.CMSAttribute.load(_signing_certificate_v2(certificate_der))
 
 
 @functools.lru_cache(maxsize=8)
