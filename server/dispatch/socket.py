@@ -69,7 +69,7 @@ class SocketDispatcher:
         max_queue: int = 5000,
         sign_timeout: float = 30.0,
         max_attempts: int = 3,
-        depth: int = 2,
+        depth: int = 4,
         stats: Stats | None = None,
     ) -> None:
         self.stats = stats or Stats()

@@ -235,6 +235,20 @@ def test_signatures_are_deterministic(
     assert conn.sign(info.keygrip, H_SHA256, digest) == conn.sign(info.keygrip, H_SHA256, digest)
 
 
+@pytest.mark.parametrize("name", ["ed25519", "nistp256", "rsa2048"])
+def test_signatures_of_one_round_trip_are_those_made_one_by_one(
+    name: str, keys: KeyMaker, new_agent: Callable[..., GpgAgent]
+) -> None:
+    # SIGKEY once, then SETHASH/PKSIGN per digest, in one write: the agent keeps the key.
+    agent = new_agent()
+    info = agent.import_secret_key(keys.get(name).secret_file)
+    conn = agent.connect()
+    digests = [hashlib.sha256(b"batch %d" % i).digest() for i in range(5)]
+    assert conn.sign_many(info.keygrip, H_SHA256, digests) == [
+        conn.sign(info.keygrip, H_SHA256, digest) for digest in digests]
+    assert conn.sign_many(info.keygrip, H_SHA256, []) == []
+
+
 @pytest.mark.parametrize(
     ("name", "refused"),
     [("nistp384", [H_SHA256]), ("nistp521", [H_SHA256, 9]), ("brainpoolP512r1", [9])],
@@ -599,6 +613,28 @@ def test_sign_reads_escaped_binary_data_over_several_lines(
     _peer, conn = scripted(script, passphrase=PASSPHRASE)
     values = conn.sign("ab" * 20, H_SHA256, digest)
     assert values == [int.from_bytes(r, "big"), int.from_bytes(s, "big")]
+
+
+def test_an_error_within_a_batch_keeps_the_connection_in_step(
+    scripted: Callable[..., tuple[ScriptedAgent, AssuanConnection]],
+) -> None:
+    sexp = b"(7:sig-val(5:eddsa(1:r1:\x01)(1:s1:\x02)))"
+
+    def script(peer: ScriptedAgent) -> None:
+        assert peer.expect(b"SIGKEY ") == b"SIGKEY " + b"AB" * 20
+        for _ in range(3):
+            peer.expect(b"SETHASH ")
+            peer.expect(b"PKSIGN")
+        peer.send(b"OK\nOK\nD " + sexp + b"\nOK\nOK\nERR 67108881 Bad signature\nOK\nD "
+                  + sexp + b"\nOK\n")
+        peer.expect(b"GETINFO pid")
+        peer.send(b"D 42\nOK\n")
+
+    _peer, conn = scripted(script)
+    digest = hashlib.sha256(b"m").digest()
+    with pytest.raises(AgentError, match="Bad signature"):
+        conn.sign_many("ab" * 20, H_SHA256, [digest] * 3)
+    assert conn.transact("GETINFO pid") == b"42"
 
 
 def test_inquiry_without_passphrase_is_cancelled(

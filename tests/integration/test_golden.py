@@ -23,7 +23,8 @@ from tests.helpers import (
     verify_stamp,
     verify_stamps,
 )
-from workers.worker import OpenPgpSigner
+from workers.formats.jobs import decode_frame, job_frame
+from workers.worker import OpenPgpSigner, sign_many
 
 T = 1795400000  # after the test key was made (gpg rejects older signatures)
 URL = "http://127.0.0.1:8080/"
@@ -55,6 +56,23 @@ def test_golden_vector(openpgp_signer: OpenPgpSigner, name: str, tmp_path: Path)
     v = verify_stamp(text, keyring(TEST_PUBLIC_KEY, tmp_path / "g"))
     assert v.fingerprint == TEST_FPR
     assert v.created == T
+
+
+def test_a_batch_is_signed_in_one_round_trip_byte_exactly(
+        openpgp_signer: OpenPgpSigner) -> None:
+    """A worker signs every job that has arrived with one agent round trip: each answer is
+    the golden vector of its job, in order, and a malformed job among them is refused alone."""
+    names = sorted(CASES)
+    messages = [decode_frame(job_frame(10 + i, CASES[name].job(T, URL, None))[4:])
+                for i, name in enumerate(names)]
+    messages.insert(2, {"id": 99, "op": "tag", "commit": "not hex", "tagname": "x",
+                        "time": T, "message": "m\n"})
+    results = sign_many(openpgp_signer, messages)
+    assert [r.id for r in results] == [m["id"] for m in messages]
+    refused = results.pop(2)
+    assert refused.object is None and "malformed job" in str(refused.error)
+    assert [r.object for r in results] == [(DATA / f"golden-{name}.txt").read_text()
+                                           for name in names]
 
 
 def test_golden_tag_layout() -> None:

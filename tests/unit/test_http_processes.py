@@ -41,10 +41,10 @@ def _hello(conn: socket.socket) -> dict[str, object]:
     return message
 
 
-def _next(d: Dispatchers, timeout: float = 5.0) -> tuple[Path, dict[str, object]]:
+def _next(d: Dispatchers, timeout: float = 5.0) -> tuple[Path, list[dict[str, object]]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = d.next_job(0.2)
+        found = d.next_jobs(0.2)
         if found is not None:
             return found
     raise AssertionError("no job came")
@@ -61,28 +61,36 @@ def test_a_worker_serves_every_dispatcher_and_reconnects_to_a_restarted_one(base
     # A job from each comes from that one, and its answer goes back there.
     for i, conn in enumerate(conns):
         conn.sendall(frame({"id": i}))
-        path, message = _next(d)
-        assert (path, message) == (paths[i], {"id": i})
+        path, messages = _next(d)
+        assert (path, messages) == (paths[i], [{"id": i}])
         d.answer(path, frame({"id": i, "object": "x"}))
         assert decode_frame(conn.recv(4096)[4:]) == {"id": i, "object": "x"}
+    # The jobs that arrived together on one connection come together; the next call takes
+    # the other connection's (in turn, so that neither waits behind the other).
+    conns[0].sendall(frame({"id": 3}) + frame({"id": 4}))
+    conns[1].sendall(frame({"id": 5}))
+    time.sleep(0.1)
+    first, second = _next(d), _next(d)
+    assert sorted([first, second]) == [(paths[0], [{"id": 3}, {"id": 4}]),
+                                       (paths[1], [{"id": 5}])]
 
     # Dispatcher b goes away (its process died): a is still served, b is tried again.
     conns[1].close()
     servers[1].close()
     paths[1].unlink()
     conns[0].sendall(frame({"id": 7}))
-    assert _next(d) == (paths[0], {"id": 7})
+    assert _next(d) == (paths[0], [{"id": 7}])
     assert list(d.links) == [paths[0]] and paths[1] in d.lost
     servers[1] = _listen(paths[1])  # restarted
     d.answer(paths[0], frame({"id": 7, "object": "y"}))
     deadline = time.monotonic() + 5
     while paths[1] not in d.links and time.monotonic() < deadline:
-        d.next_job(0.2)
+        d.next_jobs(0.2)
     assert paths[1] in d.links
     again = servers[1].accept()[0]
     assert _hello(again) == {"hello": 1}
     again.sendall(frame({"id": 8}))
-    assert _next(d) == (paths[1], {"id": 8})
+    assert _next(d) == (paths[1], [{"id": 8}])
     d.close()
     for s in [*servers, *conns, again]:
         s.close()

@@ -39,7 +39,7 @@ import socket
 import string
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
@@ -236,26 +236,37 @@ class AssuanConnection(AgentSocket):
 
         Returns the signature values in OpenPGP order: RSA ``[s]``; DSA, ECDSA, EdDSA ``[r, s]``.
         """
+        return self.sign_many(keygrip, hash_algo, [digest])[0]
+
+    def sign_many(self, keygrip: str, hash_algo: int, digests: Sequence[bytes]
+                  ) -> list[list[int]]:
+        """Sign each of ``digests`` with one key in one round trip: ``SIGKEY`` once, then
+        ``SETHASH``/``PKSIGN`` for each digest, all in one write (the agent keeps the key
+        across ``PKSIGN`` and answers in order). The values of each signature, as `sign`.
+        An ``ERR`` answer to any command raises the first such error, after every answer was
+        read (the connection stays in step)."""
         if not _HEX40.fullmatch(keygrip):
             raise ValueError(f"keygrip must be 40 hex digits: {keygrip!r}")
         if hash_algo not in HASH_NAMES:
             raise ValueError(f"unsupported hash algorithm {hash_algo}")
-        if len(digest) != HASH_SIZES[hash_algo]:
-            raise ValueError(f"digest of {len(digest)} bytes does not fit hash {hash_algo}")
-        # The three commands go out in one write; the agent answers them in order.
-        request = (
-            f"SIGKEY {keygrip.upper()}\n"
-            f"SETHASH --hash={HASH_NAMES[hash_algo]} {digest.hex().upper()}\n"
-            "PKSIGN\n"
-        ).encode("ascii")
+        if not digests:
+            return []
+        size = HASH_SIZES[hash_algo]
+        for digest in digests:
+            if len(digest) != size:
+                raise ValueError(f"digest of {len(digest)} bytes does not fit hash {hash_algo}")
+        setting = f"SETHASH --hash={HASH_NAMES[hash_algo]} "
+        request = "".join([f"SIGKEY {keygrip.upper()}\n",
+                           *(f"{setting}{digest.hex().upper()}\nPKSIGN\n" for digest in digests)]
+                          ).encode("ascii")
+        answers: list[bytes] = []
         with self._lock:
-            deadline = time.monotonic() + self._timeout
+            deadline = time.monotonic() + self._timeout * len(digests)
             self._send(request)
             first_error: AgentError | None = None
-            data = b""
-            for _ in range(3):
+            for _ in range(1 + 2 * len(digests)):
                 try:
-                    data = self._read_response(deadline)
+                    answers.append(self._read_response(deadline))
                 except AgentError as exc:
                     if self._broken is not None:
                         raise
@@ -263,10 +274,9 @@ class AssuanConnection(AgentSocket):
             if first_error is not None:
                 raise first_error
         try:
-            _algo, values = signature_values(data)
+            return [signature_values(data)[1] for data in answers[2::2]]
         except SexpError as exc:
             raise AgentError(f"gpg-agent returned an unusable signature: {exc}") from exc
-        return values
 
     def read_key(self, keygrip: str) -> bytes:
         """The public key of ``keygrip`` as the agent holds it (``READKEY``): a canonical

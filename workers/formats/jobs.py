@@ -24,6 +24,9 @@ from typing import Any, ClassVar
 from workers.formats import gitobjects, manifests, tsp
 
 HEADER = struct.Struct(">I")
+# One encoder for every message: json.dumps builds a new one per call when given separators.
+_JSON = json.JSONEncoder(separators=(",", ":"))
+_JSON_DECODER = json.JSONDecoder()
 MAX_FRAME = 1 << 20
 # A manifest job carries a whole manifest: its frame may be larger, and only its. The text is
 # at most MAX_MANIFEST_TEXT bytes of UTF-8 (the ceiling of STAMPD_MAX_MANIFEST_BYTES); JSON's
@@ -304,7 +307,7 @@ def job_from_dict(d: dict[str, Any]) -> Job:
 
 def encode_job(job: Job) -> str:
     """A job as the JSON text stored in ``jobs.payload``."""
-    return json.dumps(job.to_dict(), separators=(",", ":"))
+    return _JSON.encode(job.to_dict())
 
 
 def decode_job(text: str | bytes) -> Job:
@@ -370,13 +373,27 @@ def decode_job_frame(d: dict[str, Any]) -> tuple[int, Job]:
 
 # -- framing -------------------------------------------------------------------------------
 def frame(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":")).encode()
+    body = _JSON.encode(message).encode()
     return HEADER.pack(len(body)) + body
+
+
+def _loads(body: str | bytes) -> Any:
+    """``json.loads(body)``, quicker for what this contract sends: a UTF-8 JSON text without
+    white space around it (json.loads detects the encoding in Python and matches white space
+    twice). Anything else takes json.loads itself, which accepts and refuses the same."""
+    try:
+        text = body if isinstance(body, str) else body.decode("utf-8")
+        value, end = _JSON_DECODER.raw_decode(text)
+        if end == len(text):
+            return value
+    except (UnicodeError, ValueError):
+        pass
+    return json.loads(body)
 
 
 def _object(body: str | bytes) -> dict[str, Any]:
     try:
-        message = json.loads(body)
+        message = _loads(body)
     except (UnicodeError, ValueError) as e:
         raise MalformedMessage(f"not JSON: {e}") from None
     if not isinstance(message, dict):

@@ -38,13 +38,16 @@ __all__ = [
     "SIGNATURE_VALUE_COUNT",
     "SIG_BINARY",
     "KeyInfo",
+    "PreparedSignature",
     "armor_signature",
     "crc24",
     "dearmor_signature",
     "detached_signature",
     "encode_mpi",
     "encode_packet",
+    "finish_signature",
     "hash_algo_for",
+    "prepare_signature",
     "signature_digest",
     "signature_hashed_part",
     "signature_packet",
@@ -348,6 +351,30 @@ def dearmor_signature(text: str) -> bytes:
     return packets
 
 
+@dataclass(frozen=True)
+class PreparedSignature:
+    """A signature up to the agent's part: its hashed part and the digest the agent signs."""
+
+    hash_algo: int
+    hashed_part: bytes
+    digest: bytes
+
+
+def prepare_signature(
+    data: bytes, key: KeyInfo, created: int, sig_type: int = SIG_BINARY
+) -> PreparedSignature:
+    """What a signature of ``data`` by ``key`` made at ``created`` needs signed."""
+    hash_algo = hash_algo_for(key)
+    hashed_part = signature_hashed_part(key, created, hash_algo, sig_type)
+    return PreparedSignature(hash_algo, hashed_part,
+                             signature_digest(data, hashed_part, hash_algo))
+
+
+def finish_signature(prepared: PreparedSignature, key: KeyInfo, values: Sequence[int]) -> str:
+    """The armored signature of ``prepared``, given the agent's signature ``values``."""
+    return armor_signature(signature_packet(prepared.hashed_part, prepared.digest, key, values))
+
+
 def detached_signature(
     data: bytes,
     key: KeyInfo,
@@ -361,8 +388,5 @@ def detached_signature(
     ``sign(hash_algo, digest)`` produces the signature values in OpenPGP order, e.g.
     ``lambda algo, digest: connection.sign(key.keygrip, algo, digest)``.
     """
-    hash_algo = hash_algo_for(key)
-    hashed_part = signature_hashed_part(key, created, hash_algo, sig_type)
-    digest = signature_digest(data, hashed_part, hash_algo)
-    values = list(sign(hash_algo, digest))
-    return armor_signature(signature_packet(hashed_part, digest, key, values))
+    prepared = prepare_signature(data, key, created, sig_type)
+    return finish_signature(prepared, key, list(sign(prepared.hash_algo, prepared.digest)))
