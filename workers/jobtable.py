@@ -127,6 +127,17 @@ def prune_heartbeats(seen_before: float) -> Sql:
         before=seen_before)
 
 
+def prune_finished(created_before: float) -> Sql:
+    """Delete the done and failed jobs queued before ``created_before``: their requests have
+    been answered (or have timed out) long since. Without it the table, and its claim index
+    full of dead ``queued`` entries, grows with every stamp and claims slow down. Rows are
+    locked in ``id`` order and those held elsewhere skipped, as in `reap`."""
+    return _sql(
+        "WITH old AS MATERIALIZED (SELECT id FROM jobs WHERE state IN (%(done)s, %(failed)s) "
+        "AND created_at < %(before)s ORDER BY id FOR UPDATE SKIP LOCKED) "
+        "DELETE FROM jobs USING old WHERE jobs.id = old.id", before=created_before)
+
+
 # -- the worker side -------------------------------------------------------------------------
 
 def claim(worker: str, key_id: str, now: float) -> Sql:

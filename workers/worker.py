@@ -468,6 +468,16 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
     parent = os.getppid() if parent is None else parent
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         conn.execute(jobtable.LISTEN_JOBS)
+        # A job queued while we work is announced during one of our own statements. Without
+        # a handler psycopg keeps every such notification until we next wait (under steady
+        # load: never, so the worker's memory grows with every job); the handler only notes
+        # that one came, so that we look for that job before waiting.
+        woken = [False]
+
+        def note(_n: psycopg.Notify) -> None:
+            woken[0] = True
+
+        conn.add_notify_handler(note)
         last_beat = 0.0
         try:
             while True:
@@ -495,8 +505,12 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                         log.warning("worker %s: job %s was taken over; result dropped",
                                     name, job_id)
                     continue
+                if woken[0]:  # a job was announced while we claimed: look again
+                    woken[0] = False
+                    continue
                 for _ in conn.notifies(timeout=1.0, stop_after=1):
                     pass
+                woken[0] = False  # (the handler hears the ones notifies() gave too)
                 code = idle_check(agent, parent, name)
                 if code is not None:
                     return code

@@ -43,6 +43,10 @@ from workers.keys.keyset import PRIMARY
 
 log = logging.getLogger(__name__)
 
+# Seconds a finished job stays in the table before the reaper deletes it: well past the
+# longest a request waits for it (STAMPD_REQUEST_TIMEOUT, at most 25 s).
+KEEP_FINISHED = 60.0
+
 
 def psycopg_dsn(url: Engine | URL | str) -> str:
     """The libpq DSN (password included: keep it out of logs) of a SQLAlchemy URL."""
@@ -215,6 +219,7 @@ class DbDispatcher:
             if failed:
                 execute(conn, jobtable.notify_done(failed[0].id))
             execute(conn, jobtable.prune_heartbeats(now - 3600))
+            execute(conn, jobtable.prune_finished(now - KEEP_FINISHED))
             return alive, requeued, failed
 
         alive, requeued, failed = db.run_transaction(self.engine, work, what="reap jobs",

@@ -216,3 +216,31 @@ def test_reaper_requeues_then_fails(cluster_db: str) -> None:
         (3, "failed", "gone", "signing failed too often"),
         (1, "claimed", "live", None),
     ]
+
+
+def test_reaper_deletes_finished_jobs_after_their_requests(cluster_db: str) -> None:
+    """Done and failed jobs older than KEEP_FINISHED go (their requests were answered long
+    ago); newer ones, and every queued or claimed job, stay."""
+    import time
+
+    from server.dispatch.database import KEEP_FINISHED, DbDispatcher
+
+    engine = db.make_engine(cluster_db)
+    old, new = time.time() - KEEP_FINISHED - 30, time.time() - 5
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM jobs"))
+        conn.execute(text("INSERT INTO worker_heartbeats VALUES ('live2', 'primary', 2, :t, :t)"),
+                     {"t": time.time()})
+        for state, created, worker in (("done", old, None), ("failed", old, None),
+                                       ("done", new, None), ("queued", old, None),
+                                       ("claimed", old, "live2")):
+            conn.execute(text(
+                "INSERT INTO jobs (key_id, payload, state, worker, claimed_at, attempts, "
+                "created_at) VALUES ('primary', '{}', :s, :w, :now, 1, :t)"),
+                {"s": state, "w": worker, "t": created, "now": time.time()})
+    DbDispatcher(engine, max_attempts=3, heartbeat_timeout=10).reap()
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT state, created_at = :new FROM jobs ORDER BY id"),
+                            {"new": new}).all()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [("done", True), ("queued", False), ("claimed", False)]
