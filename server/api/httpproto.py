@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,10 @@ log = logging.getLogger(__name__)
 # own, threads' files, peers.
 FD_RESERVE = 256
 REPORT_EVERY = 60.0  # seconds between warnings while the limit is being hit
+# The most bytes a request line and its headers may take: beyond it the answer is 431 and the
+# connection closes (httptools keeps a header whole in memory until it ends).
+MAX_HEAD = 64 * 1024
+LINGER = 2.0  # seconds a connection closed with an error answer still reads (and drops)
 
 
 def connection_limit(nofile: int | None = None) -> int:
@@ -85,6 +91,32 @@ class _Connections:
                         self.evicted, self.refused, FD_RESERVE)
 
 
+class InvalidRequestLog(logging.Filter):
+    """uvicorn logs a warning for every unparsable request (a scanner or a fuzzer makes
+    thousands): let one through per `REPORT_EVERY` seconds, counting the ones held back."""
+
+    MESSAGE = "Invalid HTTP request received."
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.held = 0
+        self.last: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != self.MESSAGE:
+            return True
+        now = self.clock()
+        if self.last is not None and now - self.last < REPORT_EVERY:
+            self.held += 1
+            return False
+        record.msg = (f"invalid HTTP request received (answered 400); {self.held} more since "
+                      "the last such message, which comes at most once a minute")
+        record.args = ()
+        self.held, self.last = 0, now
+        return True
+
+
 _servers: weakref.WeakKeyDictionary[ServerState, _Connections] = weakref.WeakKeyDictionary()
 
 
@@ -100,7 +132,11 @@ class StampdHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._headers_deadline: float | None = None
         self._limit = _connections_of(self.server_state)
-        self._owed_400: str | None = None
+        self._owed_400: tuple[int, str] | None = None
+        self._head_bytes = 0  # received while waiting for the current request's headers
+        self._head_size = 0  # request line and headers of the request being parsed
+        self._head_too_large = False
+        self._lingering = False  # answered an error; reading only to drop (see _write_error)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
@@ -113,11 +149,43 @@ class StampdHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the answer is sent; what comes now is dropped until the close
         super().data_received(data)
         if self._waiting_for_headers():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._head_too_large = True
+                self.send_400_response("")
+                return
             self._arm_headers_timer()
         else:
             self._headers_deadline = None
+
+    # The head's size is counted twice: bytes received while no request is being served (a
+    # header still arriving, which httptools keeps whole), and the request line and headers
+    # the parser hands over (those of pipelined requests, parsed while another is served).
+    def on_message_begin(self) -> None:
+        self._head_size = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count_head(self, n: int) -> None:
+        self._head_size += n
+        if self._head_size > MAX_HEAD:
+            self._head_too_large = True
+            raise ValueError("request head too large")  # httptools: a parser error
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = 0
+        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -125,10 +193,17 @@ class StampdHttpProtocol(HttpToolsProtocol):
             self._limit.busy(self)  # a whole request: it is served, never closed for room
 
     def send_400_response(self, msg: str) -> None:
-        """Answer unparsable bytes with 400 and close, but only after the answers owed to the
-        complete requests pipelined before them: HTTP/1.1 answers in order, and uvicorn would
-        send the 400 first, as if it answered the first request."""
-        if self._owed_400 is not None or self.transport.is_closing():
+        if self._head_too_large:
+            self._send_error(431, "Request header fields too large.")
+        else:
+            self._send_error(400, msg)
+
+    def _send_error(self, status: int, msg: str) -> None:
+        """Answer unparsable bytes (or too many of them) with ``status`` and close, but only
+        after the answers owed to the complete requests pipelined before them: HTTP/1.1
+        answers in order, and uvicorn would send the 400 first, as if it answered the first
+        request."""
+        if self._owed_400 is not None or self._closing():
             return  # already owed; the parser stays failed, more bytes change nothing
         cycle = self.cycle
         earlier_owed = bool(self.pipeline)
@@ -137,29 +212,53 @@ class StampdHttpProtocol(HttpToolsProtocol):
         elif cycle is not None and not cycle.more_body and not cycle.response_complete:
             earlier_owed = True  # a complete request still being answered
         if earlier_owed:
-            self._owed_400 = msg
+            self._owed_400 = (status, msg)
             self.flow.pause_reading()
             return
-        super().send_400_response(msg)
+        self._write_error(status, msg)
+
+    def _write_error(self, status: int, msg: str) -> None:
+        """uvicorn's `send_400_response` with any status."""
+        content = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend([b"content-type: text/plain; charset=utf-8\r\n",
+                        b"content-length: " + str(len(msg)).encode("ascii") + b"\r\n",
+                        b"connection: close\r\n", b"\r\n", msg.encode("ascii")])
+        self.transport.write(b"".join(content))
+        # A lingering close: FIN after the answer, then whatever the client still sends is
+        # read and dropped for up to `LINGER` seconds. Closing at once with its bytes unread
+        # would reset the connection, and the client (still sending a huge head, say) would
+        # lose the answer.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._lingering = True
+            self._unset_keepalive_if_required()
+            self.loop.call_later(LINGER, self.transport.close)
+        else:
+            self.transport.close()
 
     def on_response_complete(self) -> None:
         self._headers_deadline = None
         last = not self.pipeline  # no pipelined request starts now: every answer is sent
         super().on_response_complete()
-        if self._owed_400 is not None and not self.transport.is_closing():
+        if self._owed_400 is not None and not self._closing():
             if last:
-                msg, self._owed_400 = self._owed_400, None
+                (status, msg), self._owed_400 = self._owed_400, None
                 self._unset_keepalive_if_required()
-                super().send_400_response(msg)
+                self._write_error(status, msg)
             else:
                 self.flow.pause_reading()
             return
-        if not self.transport.is_closing() and self.cycle.response_complete \
+        if not self._closing() and self.cycle.response_complete \
                 and not self.pipeline:
             self._limit.waiting(self)  # idle until the next request
 
+    def _closing(self) -> bool:
+        return self._lingering or self.transport.is_closing()
+
     def _waiting_for_headers(self) -> bool:
-        if self.transport.is_closing():
+        if self._closing():
             return False
         return self.cycle is None or self.cycle.response_complete
 
@@ -177,14 +276,17 @@ class _CoalescingTransport:
     """Joins the writes of one event-loop turn into one ``send``: uvicorn writes a response's
     headers and body separately, which costs a system call and a TCP segment each."""
 
-    __slots__ = ("_buffer", "_loop", "_transport")
+    __slots__ = ("_buffer", "_eof", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._buffer: list[bytes] = []
+        self._eof = False  # an error answer ended the connection: later writes are dropped
 
     def write(self, data: bytes) -> None:
+        if self._eof:
+            return
         if not self._buffer:
             self._loop.call_soon(self._flush)
         self._buffer.append(bytes(data))
@@ -199,6 +301,11 @@ class _CoalescingTransport:
     def close(self) -> None:
         self._flush()
         self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+        self._eof = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

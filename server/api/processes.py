@@ -63,7 +63,9 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
     several), else on the settings' host and port."""
     import uvicorn
 
-    from server.api.httpproto import StampdHttpProtocol
+    from server.api.httpproto import InvalidRequestLog, StampdHttpProtocol
+
+    logging.getLogger("uvicorn.error").addFilter(InvalidRequestLog())
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
                             http=StampdHttpProtocol,

@@ -179,6 +179,18 @@ def _nosniff(send: Send) -> Send:
     return wrapped
 
 
+def _headless(send: Send) -> Send:
+    """``send`` leaving out the body (HEAD): the headers, Content-Length among them, are
+    GET's."""
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return wrapped
+
+
 class ZeitgitterPost:
     """Raw ASGI handler for ``POST /`` (the hot path; RFC 3161 requests, told apart by their
     Content-Type, and ``POST /tsr`` go to `server.api.tsa`), in front of the FastAPI app; every
@@ -191,6 +203,9 @@ class ZeitgitterPost:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["method"] == "HEAD":  # GET's answer without its body (RFC 9110 §9.3.2)
+            await self.app({**scope, "method": "GET"}, receive, _headless(_nosniff(send)))
             return
         if scope["method"] != "POST" or scope["path"] not in ("/", TSA_PATH):
             await self.app(scope, receive, _nosniff(send))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import resource
 import select
 import shutil
@@ -28,7 +29,7 @@ import pytest
 from sqlalchemy import select as sql_select
 
 from server import db
-from server.api.httpproto import connection_limit
+from server.api.httpproto import MAX_HEAD, InvalidRequestLog, connection_limit
 from server.dispatch import Signed, WorkerView
 from server.errors import SigningFailed, StampError, Unavailable
 from server.models import Stamp, StampState
@@ -178,6 +179,58 @@ def test_the_connection_is_kept_after_a_good_request(http_server: Server) -> Non
     answers = exchange(http_server.port, GET_HEALTHZ + GET_HEALTHZ_CLOSE)
     assert statuses(answers) == [200, 200], answers
     assert "connection" not in answers[0].headers, answers
+
+
+# -- the size of a request's head and HEAD ---------------------------------------------------
+
+def _head_of(size: int, *, one_header: bool) -> bytes:
+    """A GET /healthz whose request line and headers take about ``size`` bytes: many headers,
+    or one long one (httptools keeps a header whole until it ends)."""
+    start = b"GET /healthz HTTP/1.1\r\nHost: t\r\n"
+    if one_header:
+        return start + b"X-Pad: " + b"a" * size + b"\r\n\r\n"
+    line = b"X-Pad: " + b"a" * 90 + b"\r\n"
+    return start + line * (size // len(line)) + b"\r\n"
+
+
+@pytest.mark.parametrize("one_header", [False, True], ids=["many", "one"])
+def test_a_request_head_beyond_the_limit_is_answered_431_and_closed(
+        http_server: Server, one_header: bool) -> None:
+    assert statuses(exchange(http_server.port, _head_of(60_000, one_header=one_header)
+                             + GET_HEALTHZ_CLOSE)) == [200, 200]
+    answers = exchange(http_server.port, GET_HEALTHZ + _head_of(MAX_HEAD + 1000,
+                                                                one_header=one_header))
+    assert statuses(answers) == [200, 431], answers
+    assert answers[-1].headers.get("connection") == "close", answers[-1].headers
+
+
+def test_head_is_get_without_the_body(http_server: Server) -> None:
+    with socket.create_connection(("127.0.0.1", http_server.port), timeout=IO_TIMEOUT) as sock:
+        sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, sep, body = data.partition(b"\r\n\r\n")
+    assert sep and body == b"", data
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert b"content-length: 3" in head.lower(), head  # GET's: "ok\n"
+    assert b"x-content-type-options: nosniff" in head.lower(), head
+
+
+def test_unparsable_requests_are_logged_once_a_minute() -> None:
+    now = [0.0]
+    log_filter = InvalidRequestLog(clock=lambda: now[0])
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.WARNING, "", 0, msg, (), None)
+
+    first = record(InvalidRequestLog.MESSAGE)
+    assert log_filter.filter(first) and "0 more" in first.getMessage()
+    assert [log_filter.filter(record(InvalidRequestLog.MESSAGE)) for _ in range(5)] == [False] * 5
+    assert log_filter.filter(record("something else"))  # other warnings pass
+    now[0] = 61.0
+    later = record(InvalidRequestLog.MESSAGE)
+    assert log_filter.filter(later) and "5 more" in later.getMessage()
 
 
 # -- the connection limit ---------------------------------------------------------------------
