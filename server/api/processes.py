@@ -38,7 +38,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,22 +186,15 @@ class ApiProcesses:
                 p.kill()
                 p.wait(timeout=10)
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None]
 
-
-def serve_processes(settings: Settings, log_level: str, env: dict[str, str],
-                    on_signal: Callable[[int], None] | None = None) -> None:
+def serve_processes(settings: Settings, log_level: str, env: dict[str, str]) -> None:
     """Bind the port, run ``settings.api_process_count`` HTTP processes until SIGTERM or
     SIGINT, then stop them (they finish their requests first)."""
     socks = listeners(settings.host, settings.port, settings.api_process_count)
     procs = ApiProcesses(settings, socks, log_level, env)
 
-    def _stop(signum: int, _frame: object) -> None:
+    def _stop(_signum: int, _frame: object) -> None:
         procs.stopping.set()
-        if on_signal is not None:
-            on_signal(signum)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
