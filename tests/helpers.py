@@ -194,13 +194,17 @@ class Server:
     def wait_ready(self, workers: int | None = None, timeout: float = 90) -> None:
         want = self.workers if workers is None else workers
         deadline = time.monotonic() + timeout
+        in_a_row = 0  # several HTTP processes: each answer comes from one of them
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"stampd exited with {self.proc.returncode}:\n{self.log()}")
+            ok = False
             with contextlib.suppress(OSError, ValueError):
                 status, body = self.get_json("/readyz")
-                if status == 200 and len(body.get("workers", [])) >= want:  # type: ignore[arg-type]
-                    return
+                ok = status == 200 and len(body.get("workers", [])) >= want  # type: ignore[arg-type]
+            in_a_row = in_a_row + 1 if ok else 0
+            if in_a_row >= (4 if in_a_row and self.http_pids() else 1):
+                return
             time.sleep(0.1)
         raise RuntimeError(f"stampd not ready after {timeout}s:\n{self.log()}")
 

@@ -1,5 +1,5 @@
 """What the HTTP processes of one `stampd serve` tell each other: each writes its counters and
-its view of the workers to ``<data_dir>/run/api/<n>.json`` once a second, and ``GET /metrics``
+its view of the workers to ``<data_dir>/run/api/<n>.json`` four times a second, and ``GET /metrics``
 and ``GET /readyz``, whichever process answers them, add up or check every process's file.
 
 A process's figures are read from its file, so they are up to `PUBLISH_EVERY` seconds old (the
@@ -26,7 +26,7 @@ from server.stats import Stats
 
 log = logging.getLogger(__name__)
 
-PUBLISH_EVERY = 1.0
+PUBLISH_EVERY = 0.25
 STALE_AFTER = 5.0
 
 
