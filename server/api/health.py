@@ -60,17 +60,14 @@ async def readiness(s: Services) -> tuple[bool, dict[str, Any]]:
         stale = {}
     for name in s.cross.peers:
         checks[f"peer:{name}"] = {"ok": name not in stale, "detail": stale.get(name, "ok")}
-    queue, requeued = s.dispatcher.queue_depth, s.dispatcher.requeued
+    total = s.overview()
     if s.siblings is not None:  # every HTTP process of this server, this one first
         checks[f"http:{s.siblings.index}"] = {"ok": True, "detail": "answering this request"}
-        for other in s.siblings.others():
+        for other in total.others:
             checks[f"http:{other.index}"] = _sibling_check(other, len(workers))
-            if other.record is not None:
-                queue += other.record["queue"]
-                requeued += other.record["requeued"]
     ready = all(c["ok"] for c in checks.values())
     return ready, {"ready": ready, "checks": checks, "workers": workers,
-                   "queue": queue, "requeued": requeued}
+                   "queue": total.queue, "requeued": total.requeued}
 
 
 def _sibling_check(other: Sibling, workers: int) -> dict[str, Any]:

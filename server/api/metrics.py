@@ -40,17 +40,15 @@ class StampdCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.services()
-        st = s.total_stats
-        others = [] if s.siblings is None else s.siblings.others()
-        records = [o.record for o in others if o.record is not None]
+        total = s.overview()
+        st = total.stats()
         c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
                                 labels=["type", "status"])
         for (kind, status), n in sorted(st.requests.items()):
             c.add_metric([kind, str(status)], n)
         yield c
         yield GaugeMetricFamily("stampd_queue_depth", "Signing jobs waiting for a worker",
-                                value=s.dispatcher.queue_depth
-                                + sum(r["queue"] for r in records))
+                                value=total.queue)
         yield GaugeMetricFamily("stampd_workers_connected", "Signing workers connected",
                                 value=len(s.dispatcher.workers))
         key = s.key.fingerprint
@@ -63,8 +61,7 @@ class StampdCollector(Collector):
                                   value=st.worker_disconnects)
         yield CounterMetricFamily("stampd_requeued_jobs",
                                   "Jobs handed to another worker after a fault",
-                                  value=s.dispatcher.requeued
-                                  + sum(r["requeued"] for r in records))
+                                  value=total.requeued)
         yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
                          [], {(): st.journal_commit})
         last = s.committer.last_commit_at
@@ -83,7 +80,7 @@ class StampdCollector(Collector):
         yield fails
         yield GaugeMetricFamily(
             "stampd_http_processes", "HTTP processes serving (their counters are added up above)",
-            value=1 + sum(o.serving for o in others))
+            value=1 + sum(o.serving for o in total.others))
 
 
 def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from server.api.siblings import Siblings
+from server.api.siblings import Overview, Siblings, overview
 from server.dispatch import Dispatcher
 from server.log.committer import LogCommitter
 from server.log.peers import CrossStamper
@@ -34,10 +34,9 @@ class Services:
     tsa_source: TsaSource | None = None  # RFC 3161; None when off
     siblings: Siblings | None = None  # the other HTTP processes of `stampd serve`, if any
 
-    @property
-    def total_stats(self) -> Stats:
-        """The counters of every HTTP process of this server."""
-        return self.stats if self.siblings is None else self.siblings.total_stats()
+    def overview(self) -> Overview:
+        """The counters and queues of every HTTP process of this server."""
+        return overview(self.stats, self.dispatcher, self.siblings)
 
     @property
     def tsa(self) -> Tsa | None:

@@ -47,6 +47,29 @@ class Sibling:
         return None if self.record is None else self.record["stats"]
 
 
+@dataclass(frozen=True)
+class Overview:
+    """The figures of every HTTP process: this one's, live, and the others' last reports
+    (each file read once), added up."""
+
+    own: Stats
+    queue: int  # jobs waiting for a worker
+    requeued: int  # jobs handed to another worker after a fault
+    others: list[Sibling]
+
+    def stats(self) -> Stats:
+        """The counters, added up (only /metrics needs them)."""
+        reports = [o.stats for o in self.others if o.stats is not None]
+        return self.own.plus(reports) if reports else self.own
+
+
+def overview(stats: Stats, dispatcher: Dispatcher, siblings: Siblings | None) -> Overview:
+    others = [] if siblings is None else siblings.others()
+    records = [o.record for o in others if o.record is not None]
+    return Overview(stats, dispatcher.queue_depth + sum(r["queue"] for r in records),
+                    dispatcher.requeued + sum(r["requeued"] for r in records), others)
+
+
 class Siblings:
     """Process ``index`` of ``count``: publishes its own file, reads the others'."""
 
@@ -89,10 +112,6 @@ class Siblings:
                 continue
             out.append(Sibling(i, record, now - float(record["time"])))
         return out
-
-    def total_stats(self) -> Stats:
-        """This process's counters and those of every other process's last file."""
-        return self.stats.plus(s.stats for s in self.others() if s.stats is not None)
 
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
