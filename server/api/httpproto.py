@@ -40,6 +40,7 @@ REPORT_EVERY = 60.0  # seconds between warnings while the limit is being hit
 # The most bytes a request line and its headers may take: beyond it the answer is 431 and the
 # connection closes (httptools keeps a header whole in memory until it ends).
 MAX_HEAD = 64 * 1024
+TOO_LARGE = "Request header fields too large."
 LINGER = 2.0  # seconds a connection closed with an error answer still reads (and drops)
 
 
@@ -132,7 +133,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._headers_deadline: float | None = None
         self._limit = _connections_of(self.server_state)
-        self._owed_400: tuple[int, str] | None = None
+        self._owed_error: tuple[int, str] | None = None
         self._head_bytes = 0  # received while waiting for the current request's headers
         self._head_size = 0  # request line and headers of the request being parsed
         self._head_too_large = False
@@ -155,8 +156,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         if self._waiting_for_headers():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD:
-                self._head_too_large = True
-                self.send_400_response("")
+                self._send_error(431, TOO_LARGE)
                 return
             self._arm_headers_timer()
         else:
@@ -193,8 +193,8 @@ class StampdHttpProtocol(HttpToolsProtocol):
             self._limit.busy(self)  # a whole request: it is served, never closed for room
 
     def send_400_response(self, msg: str) -> None:
-        if self._head_too_large:
-            self._send_error(431, "Request header fields too large.")
+        if self._head_too_large:  # (`_count_head` stopped the parser)
+            self._send_error(431, TOO_LARGE)
         else:
             self._send_error(400, msg)
 
@@ -203,7 +203,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         after the answers owed to the complete requests pipelined before them: HTTP/1.1
         answers in order, and uvicorn would send the 400 first, as if it answered the first
         request."""
-        if self._owed_400 is not None or self._closing():
+        if self._owed_error is not None or self._closing():
             return  # already owed; the parser stays failed, more bytes change nothing
         cycle = self.cycle
         earlier_owed = bool(self.pipeline)
@@ -212,7 +212,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         elif cycle is not None and not cycle.more_body and not cycle.response_complete:
             earlier_owed = True  # a complete request still being answered
         if earlier_owed:
-            self._owed_400 = (status, msg)
+            self._owed_error = (status, msg)
             self.flow.pause_reading()
             return
         self._write_error(status, msg)
@@ -242,9 +242,9 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self._headers_deadline = None
         last = not self.pipeline  # no pipelined request starts now: every answer is sent
         super().on_response_complete()
-        if self._owed_400 is not None and not self._closing():
+        if self._owed_error is not None and not self._closing():
             if last:
-                (status, msg), self._owed_400 = self._owed_400, None
+                (status, msg), self._owed_error = self._owed_error, None
                 self._unset_keepalive_if_required()
                 self._write_error(status, msg)
             else:
