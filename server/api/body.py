@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from starlette.types import Receive, Scope
 
+from server.api.httpproto import whole_body
 from server.errors import (
     BadRequest,
     BodyTooLarge,
@@ -72,6 +73,9 @@ async def read_body(scope: Scope, receive: Receive, settings: Settings,
     if length is None:
         raise LengthRequired("Content-Length is required")
     checked_length(length, settings.max_body, "body")
+    body = whole_body(scope, settings.max_body)
+    if body is not None:  # already here: no receive, no timeout
+        return mtype, body
     try:
         async with asyncio.timeout(settings.body_timeout):
             return mtype, await _receive(receive, settings.max_body)

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Literal
 
 from fastapi.responses import JSONResponse
-from starlette.types import Send
+from starlette.types import Scope, Send
 
+from server.api.httpproto import respond
 from server.errors import (
     BadManifest,
     BadRequest,
@@ -71,15 +72,13 @@ def _retry_after(exc: StampError) -> dict[str, str]:
     return {"Retry-After": str(exc.retry_after)} if isinstance(exc, Unavailable) else {}
 
 
-async def send_plain(send: Send, exc: StampError) -> int:
+async def send_plain(scope: Scope, send: Send, exc: StampError) -> int:
     """Answer a Zeitgitter request over raw ASGI; returns the status sent."""
     status, _ = status_of(exc, "zeitgitter")
     body = reason(exc).encode() + b"\n"
-    headers = [(b"content-type", b"text/plain; charset=utf-8"),
-               (b"content-length", str(len(body)).encode()), NOSNIFF]
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), NOSNIFF]
     headers += [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await respond(scope, send, status, headers, body)
     return status
 
 
@@ -108,21 +107,19 @@ def _failure_of(exc: StampError) -> str:
     return "badDataFormat"
 
 
-async def send_tsa_reply(send: Send, status: int, body: bytes,
-                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_tsa_reply(scope: Scope, send: Send, status: int, body: bytes,
+                         extra: list[tuple[bytes, bytes]] | None = None) -> None:
     """An RFC 3161 answer: a DER ``TimeStampResp``."""
-    headers = [(b"content-type", TIMESTAMP_REPLY), (b"content-length", str(len(body)).encode()),
-               NOSNIFF, *(extra or [])]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await respond(scope, send, status,
+                  [(b"content-type", TIMESTAMP_REPLY), NOSNIFF, *(extra or [])], body)
 
 
-async def send_tsa_error(send: Send, exc: StampError) -> int:
+async def send_tsa_error(scope: Scope, send: Send, exc: StampError) -> int:
     """An HTTP error for an RFC 3161 client: the status, and a rejection ``TimeStampResp``
     whose statusString says why. Returns the status sent."""
     status, _ = status_of(exc, "v1")
     extra = [(b"retry-after", str(exc.retry_after).encode())] \
         if isinstance(exc, Unavailable) else []
     text = reason(exc).encode("ascii", "backslashreplace").decode("ascii")
-    await send_tsa_reply(send, status, tsp.rejection(_failure_of(exc), text), extra)
+    await send_tsa_reply(scope, send, status, tsp.rejection(_failure_of(exc), text), extra)
     return status

@@ -14,6 +14,11 @@ shows it). So a process holds at most `connection_limit` client connections, its
 oldest connection that has not delivered a whole request (idle keep-alive, headers or body
 still arriving), which costs no client an answer (nginx reuses idle connections the same way);
 only when every connection holds a request being served is the new one closed instead.
+
+The hot path (`server.api.zeitgitter`) takes a body that has arrived whole and writes its answer
+in one piece, straight to the connection (`whole_body`, `respond`), instead of through ASGI's
+``receive`` and two ``send`` messages: the protocol puts the request's uvicorn cycle into its
+scope (`CYCLE`). Outside this protocol (no cycle in the scope) both fall back to ASGI.
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from starlette.types import Scope, Send
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.server import ServerState
 
 log = logging.getLogger(__name__)
@@ -42,6 +52,7 @@ REPORT_EVERY = 60.0  # seconds between warnings while the limit is being hit
 MAX_HEAD = 64 * 1024
 TOO_LARGE = "Request header fields too large."
 LINGER = 2.0  # seconds a connection closed with an error answer still reads (and drops)
+CYCLE = "stampd.cycle"  # scope key: the uvicorn cycle serving the request
 
 
 def connection_limit(nofile: int | None = None) -> int:
@@ -186,6 +197,9 @@ class StampdHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_bytes = 0
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # (an upgrade makes no cycle)
+            self.scope[CYCLE] = cycle  # type: ignore[literal-required]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -309,3 +323,63 @@ class _CoalescingTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def whole_body(scope: Scope, limit: int) -> bytes | None:
+    """The request's body when it has arrived whole and is at most ``limit`` bytes, taken as
+    ASGI's ``receive`` would take it; None when it must be read through ``receive`` (still
+    arriving, ``Expect: 100-continue``, too large, the client gone, or no cycle here)."""
+    cycle: RequestResponseCycle | None = scope.get(CYCLE)
+    if (cycle is None or cycle.more_body or cycle.waiting_for_100_continue
+            or cycle.disconnected or cycle.response_complete or len(cycle.body) > limit):
+        return None
+    body = bytes(cycle.body)
+    cycle.body = bytearray()
+    cycle.message_event.clear()
+    return body
+
+
+_default_head: tuple[object, bytes] = (None, b"")
+
+
+def _default_headers(cycle: RequestResponseCycle) -> bytes:
+    """uvicorn's default headers (``server``, ``date``) as bytes; uvicorn replaces the list
+    when the date changes, so the bytes are kept for the list they were made from."""
+    global _default_head
+    headers = cycle.default_headers
+    if _default_head[0] is not headers:
+        _default_head = (headers, b"".join(name + b": " + value + b"\r\n"
+                                            for name, value in headers))
+    return _default_head[1]
+
+
+async def respond(scope: Scope, send: Send, status: int,
+                  headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """Send a whole answer with a Content-Length: in one write straight to the connection
+    when this protocol serves the request and nothing holds it back, else as ASGI messages.
+    ``headers`` are the server's own (not checked for CR/LF, as uvicorn would), without
+    Content-Length or Connection."""
+    cycle: RequestResponseCycle | None = scope.get(CYCLE)
+    if cycle is None or cycle.response_started or cycle.flow.write_paused \
+            or scope["method"] == "HEAD":
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+        return
+    if cycle.disconnected:
+        return  # (as uvicorn's send)
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    parts = [STATUS_LINE[status], _default_headers(cycle)]
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    parts += (b"content-length: ", str(len(body)).encode(), b"\r\n")
+    if not cycle.keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts += (b"\r\n", body)
+    cycle.transport.write(b"".join(parts))
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()

@@ -51,7 +51,7 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
         try:
             query = tsp.parse_request(body, policy=tsa.policy, allow_sha1=tsa.allow_sha1)
         except tsp.Rejection as r:
-            await send_tsa_reply(send, 200, tsp.rejection(r.failure, r.text))
+            await send_tsa_reply(scope, send, 200, tsp.rejection(r.failure, r.text))
             s.stats.request("tsa", 200)
             return
         if tsa.require_clock_sync and clock_synchronised() is False:
@@ -60,9 +60,9 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
                                query.cert_req)
         token = await s.stamper.timestamp(req, tsa.key, tsa.policy, tsa.accuracy)
     except StampError as e:
-        s.stats.request("tsa", await send_tsa_error(send, e))
+        s.stats.request("tsa", await send_tsa_error(scope, send, e))
         return
-    await send_tsa_reply(send, 200, tsp.granted(token))
+    await send_tsa_reply(scope, send, 200, tsp.granted(token))
     s.stats.request("tsa", 200)
 
 

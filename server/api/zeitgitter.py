@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.api import status
 from server.api.body import read_body
 from server.api.errors import NOSNIFF, reason, send_plain, status_of
+from server.api.httpproto import respond
 from server.api.services import Services
 from server.api.tsa import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.errors import (
@@ -120,6 +121,19 @@ def parse_stamp_request(fields: Fields) -> GitRequest:
     raise UnknownRequest("unknown request type")
 
 
+def parse_urlencoded(text: str) -> list[tuple[str, str]]:
+    """``urllib.parse.parse_qsl(text, keep_blank_values=True, errors="strict",
+    max_num_fields=MAX_FIELDS)``, without its per-field unquoting when nothing is quoted
+    (the Zeitgitter client's forms are plain: hex digits, names, ``-``)."""
+    if "%" in text or "+" in text:
+        return urllib.parse.parse_qsl(text, keep_blank_values=True, errors="strict",
+                                      max_num_fields=MAX_FIELDS)
+    if text.count("&") >= MAX_FIELDS:
+        raise ValueError("Max number of fields exceeded")
+    return [(name, value) for name, _, value in
+            (field.partition("=") for field in text.split("&") if field)]
+
+
 def _multipart_complete(scope: Scope, body: bytes) -> bool:
     """Whether a multipart body ends its last part with the close delimiter
     (``--<boundary>--``, RFC 2046 5.1.1). The multipart parser takes a body cut short as
@@ -140,8 +154,7 @@ async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Field
     fields: dict[str, list[str]] = {}
     if mtype == URLENCODED:
         try:
-            pairs = urllib.parse.parse_qsl(body.decode("ascii"), keep_blank_values=True,
-                                           errors="strict", max_num_fields=MAX_FIELDS)
+            pairs = parse_urlencoded(body.decode("ascii"))
         except (UnicodeError, ValueError):
             raise BadRequest("malformed form body") from None
     else:
@@ -223,13 +236,10 @@ class ZeitgitterPost:
             key = choose_key(s.keys, *key_fields(fields))
             text = (await s.stamper.stamp(req, key)).encode("ascii")
         except StampError as e:
-            s.stats.request(kind, await send_plain(send, e))
+            s.stats.request(kind, await send_plain(scope, send, e))
             return
         s.stats.request(kind, 200)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", GIT_OBJECT),
-                                (b"content-length", str(len(text)).encode()), NOSNIFF]})
-        await send({"type": "http.response.body", "body": text})
+        await respond(scope, send, 200, [(b"content-type", GIT_OBJECT), NOSNIFF], text)
 
 
 def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> None:

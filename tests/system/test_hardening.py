@@ -17,6 +17,7 @@ import stat
 import subprocess
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -247,3 +248,48 @@ def test_database_files_are_0600(live_server: Server) -> None:
     files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
     modes = {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files}
     assert modes == {f.name: "0o600" for f in files}
+
+
+# --- answers written straight to the connection ----------------------------------------------
+
+
+def _read_answer(f: Any) -> tuple[str, dict[str, str], bytes]:
+    status = f.readline().decode("latin-1").strip()
+    headers: dict[str, str] = {}
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        assert name.lower() not in headers, f"header {name} twice"
+        headers[name.lower()] = value.strip()
+    return status, headers, f.read(int(headers["content-length"]))
+
+
+def test_pipelined_stamps_are_answered_in_order_then_http10_closes(live_server: Server) -> None:
+    """The hot path writes its answers itself: two stamps and a refusal pipelined on one
+    keep-alive connection get their answers in order, each with one Content-Length and the
+    server's own headers, and the connection stays open; an HTTP/1.0 request is answered with
+    ``connection: close`` and the connection is closed."""
+
+    def post(tagname: str, version: str = "1.1") -> bytes:
+        body = tag_form(tagname)
+        return (f"POST / HTTP/{version}\r\nHost: x\r\nContent-Type: {FORM}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    with socket.create_connection(("127.0.0.1", live_server.port), timeout=30) as s:
+        f = s.makefile("rb")
+        s.sendall(post("piped-1") + post("bad..name") + post("piped-2"))
+        answers = [_read_answer(f) for _ in range(3)]
+        assert [a[0] for a in answers] == ["HTTP/1.1 200 OK", "HTTP/1.1 406 Not Acceptable",
+                                           "HTTP/1.1 200 OK"]
+        for (_, headers, body), name in zip(answers, ["piped-1", None, "piped-2"], strict=True):
+            assert headers["x-content-type-options"] == "nosniff"
+            assert "date" in headers and "connection" not in headers
+            if name is not None:
+                assert headers["content-type"] == "application/x-git-object"
+                assert f"\ntag {name}\n".encode() in body and body.endswith(
+                    b"-----END PGP SIGNATURE-----\n")
+        s.sendall(post("piped-3", "1.0"))
+        status, headers, body = _read_answer(f)
+        assert status == "HTTP/1.1 200 OK" and headers["connection"] == "close"
+        assert b"\ntag piped-3\n" in body
+        assert f.read() == b""  # closed by the server
+    no_traceback(live_server)

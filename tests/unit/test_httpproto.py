@@ -4,6 +4,7 @@ real server: tests/integration/test_http_hardening.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 from dataclasses import dataclass, field
@@ -140,3 +141,21 @@ def test_one_warning_a_minute_while_the_limit_is_hit(caplog: pytest.LogCaptureFi
         s.connect()
     assert len(caplog.records) == 2
     assert "52 connections without a whole request closed" in caplog.records[1].getMessage()
+
+
+def test_without_the_protocol_answers_and_bodies_go_through_asgi() -> None:
+    """`respond` sends ASGI messages and `whole_body` declines when no uvicorn cycle is in the
+    scope (the system tests cover the direct path: every server they start uses it)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "headers": []}
+    asyncio.run(httpproto.respond(scope, send, 406, [(b"content-type", b"text/plain")], b"no\n"))
+    assert sent == [
+        {"type": "http.response.start", "status": 406,
+         "headers": [(b"content-type", b"text/plain"), (b"content-length", b"3")]},
+        {"type": "http.response.body", "body": b"no\n"},
+    ]
+    assert httpproto.whole_body(scope, 1000) is None

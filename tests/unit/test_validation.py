@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import urllib.parse
+from collections.abc import Callable
 
-from server.api.zeitgitter import parse_stamp_request
+import hypothesis
+import pytest
+from hypothesis import strategies as st
+
+from server.api.zeitgitter import MAX_FIELDS, parse_stamp_request, parse_urlencoded
 from server.errors import BadRequest, InvalidCommitId, InvalidTagName, UnknownRequest
 from server.stamping.requests import BranchRequest, TagRequest
 
@@ -89,3 +94,18 @@ def test_bad_and_mixed_length_ids_are_refused(ids: tuple[str, str, str | None]) 
     mixed = len({len(commit), len(tree), len(parent or commit)}) > 1 and len(commit) in (40, 64)
     if mixed and commit.islower():
         assert "must all be SHA-1 (40 hex digits) or all SHA-256 (64)" in e.value.message
+
+
+@hypothesis.settings(max_examples=3000, deadline=None)
+@hypothesis.given(st.text(alphabet="ab=&%+;2F0 é", max_size=48))
+def test_form_parsing_is_parse_qsl(text: str) -> None:
+    """The unquoted fast path parses exactly as parse_qsl (fields, blanks, the field limit)."""
+
+    def parsed(parse: Callable[[str], list[tuple[str, str]]]) -> object:
+        try:
+            return parse(text)
+        except ValueError as e:
+            return type(e)
+
+    assert parsed(parse_urlencoded) == parsed(lambda t: urllib.parse.parse_qsl(
+        t, keep_blank_values=True, errors="strict", max_num_fields=MAX_FIELDS))
