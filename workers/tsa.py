@@ -124,8 +124,8 @@ def signature_algorithm_for(key: openpgp.KeyInfo) -> str:
 
 def ssh_signature_algorithm_for(key: sshsig.SshPublicKey) -> str:
     """The signature algorithm of an SSH TSA key: ECDSA P-256 ``sha256_ecdsa``, P-384
-    ``sha384_ecdsa``; `TsaError` for any other key (Ed25519, P-521, RSA: ssh-agent signs RSA
-    with SHA-512 only, which RFC 3161 clients seldom take)."""
+    ``sha384_ecdsa``; `TsaError` for any other key (Ed25519 and P-521, which RFC 3161 clients
+    seldom verify; RSA, for which there are the OpenPGP RSA keys)."""
     if key.key_type in _SSH_EC_KEYS:
         return _SSH_EC_KEYS[key.key_type][1]
     raise TsaError(f"SSH key {key.fingerprint} cannot be a TSA key: it is {key.key_type}; an "
