@@ -416,8 +416,4 @@ def build_token(job: TimestampJob, key: TsaKey, chain: Sequence[bytes]) -> bytes
         nonce=job.nonce_value,
         tsa_name=tsp.subject_of(chain[0]),
     )
-    info = tsp.tst_info(fields)
-    attributes = tsp.signed_attributes(info, chain[0],
-                                       digest_algorithm=tsp.signature_hash(algorithm))
-    return tsp.signed_data(info, attributes, key.signature(attributes), algorithm, chain,
-                           include_certificates=job.cert_req)
+    return tsp.token(fields, algorithm, chain, key.signature, include_certificates=job.cert_req)
