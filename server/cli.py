@@ -399,14 +399,13 @@ def cmd_tsa(args: argparse.Namespace) -> int:
     from client.errors import CommandError
     from workers import tsa
     from workers.formats import tsp
-    from workers.keys.store import KeyStore
 
     settings = build_settings(args)
     spec = settings.tsa_spec
     if spec is None:
         raise CommandError("RFC 3161 is off (STAMPD_TSA=false)", exit_code=EXIT_USAGE)
     key_dir = settings.keys_dir / spec.id
-    if not KeyStore(key_dir).secret_key_file.exists():
+    if not tsa.secret_key_file(key_dir, spec.format).exists():
         raise CommandError(f"no TSA key in {key_dir}: start `stampd serve` (or `stampd worker`) "
                            "once on this host to generate it")
     pem = b""
@@ -417,7 +416,7 @@ def cmd_tsa(args: argparse.Namespace) -> int:
             raise CommandError(f"cannot read {args.file}: {e.strerror}") from None
     _require_programs(settings)
     with tempfile.TemporaryDirectory(prefix="stampd-tsa-") as home, \
-            tsa.open_key(key_dir, Path(home), settings.read_passphrase()) as key:
+            tsa.open_key(key_dir, spec.format, Path(home), settings.read_passphrase()) as key:
         if args.tsa_command == "csr":
             print(tsp.pem(tsa.csr(key, settings.tsa_common_name), "CERTIFICATE REQUEST"), end="")
             return 0

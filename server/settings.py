@@ -17,8 +17,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from workers.keys.keyset import KeySpec, parse_extra_keys
 
-# Key types a TSA key may have: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA).
-TSA_KEY_ALGOS = ("nistp256", "nistp384", "rsa3072", "rsa4096")
+# Keys a TSA key may be: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA), held by
+# gpg-agent (openpgp:) or ssh-agent (ssh:, ECDSA only; its P-256 signatures are the cheapest).
+TSA_KEYS = ("openpgp:nistp256", "openpgp:nistp384", "openpgp:rsa3072", "openpgp:rsa4096",
+            "ssh:ecdsa-p256", "ssh:ecdsa-p384")
 DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
 # The default policy of RFC 3161 tokens: an OID under 2.25 (ITU-T X.667, a UUID as an
 # integer), minted for stampd's policy as docs/tsa.md describes it.
@@ -93,7 +95,9 @@ class Settings(BaseSettings):
     tsa: bool = Field(default=True, description="answer RFC 3161 requests on POST / and /tsr")
     tsa_key: str = Field(
         default="openpgp:nistp256",
-        description="the key that signs RFC 3161 tokens: openpgp:nistp256|nistp384|rsa3072|rsa4096",
+        description="the key that signs RFC 3161 tokens: openpgp:nistp256|nistp384|rsa3072|"
+        "rsa4096 (gpg-agent) or ssh:ecdsa-p256|ecdsa-p384 (ssh-agent); ssh:ecdsa-p256 signs "
+        "fastest (docs/tsa.md); the default keeps existing deployments' certificate",
     )
     tsa_policy: str = Field(default=TSA_POLICY, description="policy OID of every token")
     tsa_accuracy: int = Field(
@@ -197,9 +201,8 @@ class Settings(BaseSettings):
         if self.tsa:
             specs = parse_extra_keys(self.tsa_key)
             spec = specs[0] if len(specs) == 1 else None
-            if spec is None or spec.format != "openpgp" or spec.algo not in TSA_KEY_ALGOS:
-                raise ValueError("tsa_key must be one of "
-                                 + ", ".join(f"openpgp:{a}" for a in TSA_KEY_ALGOS))
+            if spec is None or f"{spec.format}:{spec.algo}" not in TSA_KEYS:
+                raise ValueError("tsa_key must be one of " + ", ".join(TSA_KEYS))
             self._tsa_spec = spec
             if spec not in self._extra_key_specs:  # the TSA key is one more served key
                 self._extra_key_specs.append(spec)

@@ -85,8 +85,6 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.format not in ("openpgp", "ssh"):
             raise ConfigError("key format must be 'openpgp' or 'ssh'")
-        if self.tsa_subject is not None and self.format != "openpgp":
-            raise ConfigError("a TSA key must be an OpenPGP key")
         _check_tsa_days(self.tsa_days)
         _check_log_level(self.log_level)
 
@@ -127,7 +125,7 @@ class PoolConfig:
     extra_key_workers: int = 1  # workers of each extra key
     passphrase: str | None = field(default=None, repr=False)  # of the OpenPGP keys
     log_level: str = "INFO"
-    # RFC 3161: the extra key that is the TSA key (one of ``extra_keys``, OpenPGP), the common
+    # RFC 3161: the extra key that is the TSA key (one of ``extra_keys``), the common
     # name of its self-signed certificate and that certificate's validity in days; its workers
     # get them in their `WorkerConfig` (``tsa_subject``, ``tsa_days``).
     tsa_key: KeySpec | None = None
@@ -141,8 +139,8 @@ class PoolConfig:
             if spec.format not in ("openpgp", "ssh"):
                 raise ConfigError("key format must be 'openpgp' or 'ssh'")
         if self.tsa_key is not None:
-            if self.tsa_key not in self.extra_keys or self.tsa_key.format != "openpgp":
-                raise ConfigError("the TSA key must be one of the extra OpenPGP keys")
+            if self.tsa_key not in self.extra_keys:
+                raise ConfigError("the TSA key must be one of the extra keys")
             if not self.tsa_subject:
                 raise ConfigError("the TSA key needs the subject of its certificate")
         _check_tsa_days(self.tsa_days)

@@ -1,16 +1,19 @@
-"""RFC 3161 time-stamping with an OpenPGP key held by gpg-agent: the TSA certificate, tokens.
+"""RFC 3161 time-stamping with a key held by an agent: the TSA certificate, tokens.
 
-The TSA key is one more served key (``openpgp:nistp256`` by default, see
-`workers.keys.keyset`); its directory of the key store also holds its certificate chain,
-``tsa-chain.pem`` (`TSA_CHAIN_FILE`): the PEM certificates, the TSA's own first. Every DER
-structure is built by the pure `workers.formats.tsp`; this module adds the one private-key
-operation, made through the agent exactly like an OpenPGP signature (``SIGKEY``/``SETHASH``/
-``PKSIGN``: gpg-agent does the PKCS#1 v1.5 encoding of an RSA signature with the hash's OID,
-which is sha256WithRSAEncryption), and the chain file.
+The TSA key is one more served key (``openpgp:nistp256`` by default, ``ssh:ecdsa-p256`` the
+fast choice, see `workers.keys.keyset`); its directory of the key store also holds its
+certificate chain, ``tsa-chain.pem`` (`TSA_CHAIN_FILE`): the PEM certificates, the TSA's own
+first. Every DER structure is built by the pure `workers.formats.tsp`; this module adds the one
+private-key operation, made through the key's agent, and the chain file.
 
-* `TsaKey` is the key as the TSA uses it: its ``SubjectPublicKeyInfo`` (from the agent's
-  ``READKEY``) and a signing function; `open_key` starts an agent for one (the CLI's
-  ``stampd tsa`` commands).
+* `TsaKey` is the key as the TSA uses it, whatever agent holds it: its DER
+  ``SubjectPublicKeyInfo``, its signature algorithm and a function that signs bytes. Two small
+  adapters make one: `openpgp_agent_key` for gpg-agent (``SIGKEY``/``SETHASH``/``PKSIGN`` over
+  the hash, exactly like an OpenPGP signature: gpg-agent does the PKCS#1 v1.5 encoding of an
+  RSA signature with the hash's OID, which is sha256WithRSAEncryption) and `ssh_agent_key` for
+  ssh-agent (``SSH2_AGENTC_SIGN_REQUEST`` over the bytes themselves: for an ECDSA key the agent
+  hashes them with the curve's hash, which is ecdsa-with-SHA256/SHA384). `open_key` starts an
+  agent for one (the CLI's ``stampd tsa`` commands).
 * `ensure_certificate` makes a self-signed TSA certificate when the key has no chain yet
   (the supervisor's start-up check, `workers.worker.check_key`), and refuses a chain made
   for another key.
@@ -38,8 +41,10 @@ from asn1crypto import pem as asn1_pem
 from asn1crypto import x509
 
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
-from workers.formats import openpgp, sexp, tsp
+from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
+from workers.formats import openpgp, sexp, sshsig, tsp
 from workers.formats.jobs import TimestampJob
+from workers.keys.keyset import SshKeyStore
 from workers.keys.store import KeyStore
 
 __all__ = [
@@ -53,8 +58,13 @@ __all__ = [
     "csr",
     "ensure_certificate",
     "open_key",
+    "openpgp_agent_key",
+    "openpgp_key",
     "read_chain",
+    "secret_key_file",
     "signature_algorithm_for",
+    "ssh_agent_key",
+    "ssh_signature_algorithm_for",
     "write_chain",
 ]
 
@@ -68,11 +78,23 @@ ORGANIZATION = "stampd"
 """The O of a TSA certificate's subject (and of a certificate request)."""
 
 SignFn = Callable[[int, bytes], Sequence[int]]
-"""Sign a digest made with an OpenPGP hash algorithm: the agent's signature values."""
+"""Sign a digest made with an OpenPGP hash algorithm: gpg-agent's signature values."""
+
+SshSignFn = Callable[[bytes, bytes, int], bytes]
+"""Sign bytes with the SSH key of a public key blob, with agent flags: ssh-agent's signature
+blob (`SshAgentConnection.sign`)."""
 
 _HASH_IDS = {name: algo for algo, name in openpgp.HASH_NAMES.items()}
 _EC_ALGORITHMS = {"nistp256": "sha256_ecdsa", "nistp384": "sha384_ecdsa"}
 _MIN_RSA_BITS = 2048
+# SSH key type -> (the curve of its SubjectPublicKeyInfo, its signature algorithm): ssh-agent
+# hashes what it signs with SHA-256 for nistp256 and SHA-384 for nistp384 (RFC 5656 6.2.1).
+_SSH_EC_KEYS = {
+    "ecdsa-sha2-nistp256": ("secp256r1", "sha256_ecdsa"),
+    "ecdsa-sha2-nistp384": ("secp384r1", "sha384_ecdsa"),
+}
+_KEY_SETTINGS = ("openpgp:nistp256, openpgp:nistp384, openpgp:rsa3072, openpgp:rsa4096, "
+                 "ssh:ecdsa-p256, ssh:ecdsa-p384")
 
 
 class TsaError(ValueError):
@@ -97,63 +119,126 @@ def signature_algorithm_for(key: openpgp.KeyInfo) -> str:
     else:
         kind = f"a {key.curve or 'DSA'} key"
     raise TsaError(f"key {key.fingerprint} cannot be a TSA key: it is {kind}; a TSA key is "
-                   f"{TSA_KEY_TYPES} (openpgp:nistp256, openpgp:nistp384, openpgp:rsa3072, "
-                   "openpgp:rsa4096)")
+                   f"{TSA_KEY_TYPES} ({_KEY_SETTINGS})")
+
+
+def ssh_signature_algorithm_for(key: sshsig.SshPublicKey) -> str:
+    """The signature algorithm of an SSH TSA key: ECDSA P-256 ``sha256_ecdsa``, P-384
+    ``sha384_ecdsa``; `TsaError` for any other key (Ed25519 and P-521, which RFC 3161 clients
+    seldom verify; RSA, for which there are the OpenPGP RSA keys)."""
+    if key.key_type in _SSH_EC_KEYS:
+        return _SSH_EC_KEYS[key.key_type][1]
+    raise TsaError(f"SSH key {key.fingerprint} cannot be a TSA key: it is {key.key_type}; an "
+                   f"SSH TSA key is ECDSA on NIST P-256 or P-384 ({_KEY_SETTINGS})")
 
 
 @dataclass(frozen=True)
 class TsaKey:
-    """An OpenPGP key as the TSA signs with it: ``public_key_info`` is its DER
-    ``SubjectPublicKeyInfo``, ``sign`` the agent's signing function (`SignFn`)."""
+    """A key as the TSA signs with it, whatever agent holds it: ``name`` says which key in
+    messages (its fingerprint), ``public_key_info`` is its DER ``SubjectPublicKeyInfo``,
+    ``algorithm`` its signature algorithm (as `workers.formats.tsp` names it) and ``sign``
+    signs bytes: the signature as X.509 and CMS carry it (`signature`). `openpgp_agent_key`
+    and `ssh_agent_key` make one."""
 
-    key: openpgp.KeyInfo
+    name: str
     public_key_info: bytes
-    sign: SignFn
-
-    @classmethod
-    def from_agent(cls, key: openpgp.KeyInfo, conn: AssuanConnection) -> TsaKey:
-        """The key ``conn``'s agent holds (its public part read with ``READKEY``)."""
-        signature_algorithm_for(key)
-        try:
-            info = sexp.public_key(conn.read_key(key.keygrip))
-        except sexp.SexpError as exc:
-            raise TsaError(f"the agent's public key of {key.fingerprint} is unusable: {exc}"
-                           ) from None
-        return cls(key, info, lambda algo, digest: conn.sign(key.keygrip, algo, digest))
-
-    @property
-    def algorithm(self) -> str:
-        return signature_algorithm_for(self.key)
+    algorithm: str
+    sign: Callable[[bytes], bytes]
 
     def signature(self, data: bytes) -> bytes:
-        """The signature over ``data`` as X.509 and CMS carry it: a DER ``ECDSA-Sig-Value``, or
-        the RSA ``s`` as big-endian bytes of the modulus' length."""
-        hash_name = tsp.signature_hash(self.algorithm)
-        digest = hashlib.new(hash_name, data).digest()
-        values = list(self.sign(_HASH_IDS[hash_name], digest))
-        if self.key.pubkey_algo == openpgp.PK_ECDSA:
+        """The signature over ``data``: a DER ``ECDSA-Sig-Value``, or the RSA ``s`` as
+        big-endian bytes of the modulus' length."""
+        return self.sign(data)
+
+
+def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn) -> TsaKey:
+    """The OpenPGP key ``key`` whose ``SubjectPublicKeyInfo`` is ``public_key_info``, signing
+    through ``sign`` (gpg-agent's ``PKSIGN`` over a digest); `TsaError` when it cannot be a
+    TSA key."""
+    algorithm = signature_algorithm_for(key)
+    hash_name = tsp.signature_hash(algorithm)
+    hash_id = _HASH_IDS[hash_name]
+
+    def signature(data: bytes) -> bytes:
+        values = list(sign(hash_id, hashlib.new(hash_name, data).digest()))
+        if key.pubkey_algo == openpgp.PK_ECDSA:
             if len(values) != 2:
                 raise AgentError(f"an ECDSA signature has 2 values, the agent gave {len(values)}")
             return tsp.ecdsa_signature(values[0], values[1])
         if len(values) != 1:
             raise AgentError(f"an RSA signature has 1 value, the agent gave {len(values)}")
-        size = (self.key.bits + 7) // 8
+        size = (key.bits + 7) // 8
         if values[0].bit_length() > 8 * size:
             raise AgentError("the agent's RSA signature is longer than the modulus")
         return values[0].to_bytes(size, "big")
 
+    return TsaKey(key.fingerprint, public_key_info, algorithm, signature)
+
+
+def openpgp_agent_key(key: openpgp.KeyInfo, conn: AssuanConnection) -> TsaKey:
+    """The OpenPGP key ``conn``'s gpg-agent holds (its public part read with ``READKEY``)."""
+    signature_algorithm_for(key)
+    try:
+        info = sexp.public_key(conn.read_key(key.keygrip))
+    except sexp.SexpError as exc:
+        raise TsaError(f"the agent's public key of {key.fingerprint} is unusable: {exc}"
+                       ) from None
+    return openpgp_key(key, info, lambda algo, digest: conn.sign(key.keygrip, algo, digest))
+
+
+def ssh_key(key: sshsig.SshPublicKey, sign: SshSignFn) -> TsaKey:
+    """The SSH key ``key`` (ECDSA P-256 or P-384), signing through ``sign``: ssh-agent signs
+    the bytes themselves (it hashes them), and its ``(r, s)`` become a DER
+    ``ECDSA-Sig-Value``. `TsaError` when it cannot be a TSA key."""
+    algorithm = ssh_signature_algorithm_for(key)
+    info = tsp.ec_public_key_info(_SSH_EC_KEYS[key.key_type][0], sshsig.ecdsa_point(key))
+
+    def signature(data: bytes) -> bytes:
+        blob = sign(key.blob, data, 0)
+        try:
+            r, s = sshsig.ecdsa_signature_values(key, blob)
+        except sshsig.SshSigError as exc:
+            raise SshAgentError(f"ssh-agent returned an unusable signature: {exc}") from exc
+        return tsp.ecdsa_signature(r, s)
+
+    return TsaKey(key.fingerprint, info, algorithm, signature)
+
+
+def ssh_agent_key(key: sshsig.SshPublicKey, conn: SshAgentConnection) -> TsaKey:
+    """The SSH key ``key`` that ``conn``'s ssh-agent holds."""
+    return ssh_key(key, conn.sign)
+
+
+def secret_key_file(key_dir: Path, key_format: str) -> Path:
+    """The secret key file of the TSA key in ``key_dir``, an ``openpgp`` or ``ssh`` key."""
+    if key_format == "ssh":
+        return SshKeyStore(key_dir).private_key_file
+    return KeyStore(key_dir).secret_key_file
+
 
 @contextlib.contextmanager
-def open_key(key_dir: Path, home: Path, passphrase: str | None = None) -> Iterator[TsaKey]:
-    """The TSA key of the key store ``key_dir``, held by a gpg-agent started in ``home`` (a
-    private, short-pathed directory) for as long as the block runs. For the CLI (``stampd tsa
-    csr``, ``import-cert``); the workers use the agent they already run."""
+def open_key(key_dir: Path, key_format: str, home: Path,
+             passphrase: str | None = None) -> Iterator[TsaKey]:
+    """The TSA key of the key store ``key_dir`` (``key_format`` ``openpgp`` or ``ssh``), held
+    by an agent started in ``home`` (a private, short-pathed directory) for as long as the
+    block runs. For the CLI (``stampd tsa csr``, ``import-cert``); the workers use the agent
+    they already run."""
+    if key_format == "ssh":
+        ssh_agent = SshAgent(home)
+        ssh_agent.start()
+        try:
+            ssh_public = ssh_agent.add_key(secret_key_file(key_dir, key_format))
+            with ssh_agent.connect() as ssh_conn:
+                yield ssh_agent_key(ssh_public, ssh_conn)
+        finally:
+            ssh_agent.stop()
+        return
     agent = GpgAgent(home, passphrase=passphrase)
     agent.start()
     try:
-        key = agent.import_secret_key(KeyStore(key_dir).secret_key_file)
+        key = agent.import_secret_key(secret_key_file(key_dir, key_format))
         with agent.connect() as conn:
-            yield TsaKey.from_agent(key, conn)
+            yield openpgp_agent_key(key, conn)
     finally:
         agent.stop()
 
@@ -224,7 +309,7 @@ def check_chain(key_dir: Path, chain: Sequence[bytes], key: TsaKey) -> None:
     if not _same_key(chain[0], key.public_key_info):
         raise TsaError(
             f"the TSA certificate chain {key_dir / TSA_CHAIN_FILE} is for another key than "
-            f"{key.key.fingerprint} (its first certificate holds another public key); remove "
+            f"{key.name} (its first certificate holds another public key); remove "
             "it to have a self-signed certificate made, or import one for this key (stampd tsa "
             "import-cert)")
 
@@ -331,8 +416,4 @@ def build_token(job: TimestampJob, key: TsaKey, chain: Sequence[bytes]) -> bytes
         nonce=job.nonce_value,
         tsa_name=tsp.subject_of(chain[0]),
     )
-    info = tsp.tst_info(fields)
-    attributes = tsp.signed_attributes(info, chain[0],
-                                       digest_algorithm=tsp.signature_hash(algorithm))
-    return tsp.signed_data(info, attributes, key.signature(attributes), algorithm, chain,
-                           include_certificates=job.cert_req)
+    return tsp.token(fields, algorithm, chain, key.signature, include_certificates=job.cert_req)

@@ -91,7 +91,11 @@ class Signer:
     agent.
 
     Subclasses say how a payload is signed (OpenPGP or SSH) and which user id goes into the
-    tagger/committer lines."""
+    tagger/committer lines. The TSA key's signer also has ``chain``, its TSA certificates (DER,
+    its own first), and makes RFC 3161 time-stamp tokens; without one it refuses them."""
+
+    chain: list[bytes] | None = None
+    _tsa_key: tsa.TsaKey | None = None
 
     def uid(self, job: GitJob) -> str:
         raise NotImplementedError
@@ -104,6 +108,19 @@ class Signer:
 
     def timestamp(self, job: TimestampJob) -> str:
         """The RFC 3161 token of ``job`` (DER), in base64."""
+        if not self.chain:
+            raise MalformedMessage("this key has no TSA certificate")
+        token = tsa.build_token(job, self.tsa_key(), self.chain)
+        return base64.b64encode(token).decode("ascii")
+
+    def tsa_key(self) -> tsa.TsaKey:
+        """The key as a TSA signs with it (made once); `tsa.TsaError` when it cannot be a TSA
+        key."""
+        if self._tsa_key is None:
+            self._tsa_key = self.make_tsa_key()
+        return self._tsa_key
+
+    def make_tsa_key(self) -> tsa.TsaKey:
         raise NotImplementedError
 
     @property
@@ -151,32 +168,19 @@ class Signer:
 
 
 class OpenPgpSigner(Signer):
-    """OpenPGP signatures; with ``chain`` (the key's TSA certificates, DER, its own first),
-    RFC 3161 time-stamp tokens too."""
+    """OpenPGP signatures; with ``chain``, RFC 3161 time-stamp tokens too."""
 
     def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection,
                  chain: list[bytes] | None = None) -> None:
         self.key = key
         self.conn = conn
         self.chain = chain
-        self._tsa_key: tsa.TsaKey | None = None
 
     def _sign(self, hash_algo: int, digest: bytes) -> list[int]:
         return self.conn.sign(self.key.keygrip, hash_algo, digest)
 
-    def tsa_key(self) -> tsa.TsaKey:
-        """The key as a TSA signs with it (its public key read from the agent once);
-        `tsa.TsaError` when it cannot be a TSA key."""
-        if self._tsa_key is None:
-            info = tsa.TsaKey.from_agent(self.key, self.conn).public_key_info
-            self._tsa_key = tsa.TsaKey(self.key, info, self._sign)
-        return self._tsa_key
-
-    def timestamp(self, job: TimestampJob) -> str:
-        if not self.chain:
-            raise MalformedMessage("this key has no TSA certificate")
-        token = tsa.build_token(job, self.tsa_key(), self.chain)
-        return base64.b64encode(token).decode("ascii")
+    def make_tsa_key(self) -> tsa.TsaKey:
+        return tsa.openpgp_agent_key(self.key, self.conn)
 
     def uid(self, job: GitJob) -> str:
         return self.key.uid  # the client checks the uid of the key it fetched
@@ -225,11 +229,14 @@ class OpenPgpSigner(Signer):
 
 class SshSigner(Signer):
     """SSHSIG signatures: namespace ``git`` for git objects, ``stampd`` for receipts. A
-    receipt is the statement followed by its armored SSH signature."""
+    receipt is the statement followed by its armored SSH signature. With ``chain``, RFC 3161
+    time-stamp tokens too (an ECDSA key)."""
 
-    def __init__(self, key: SshPublicKey, conn: SshAgentConnection) -> None:
+    def __init__(self, key: SshPublicKey, conn: SshAgentConnection,
+                 chain: list[bytes] | None = None) -> None:
         self.key = key
         self.conn = conn
+        self.chain = chain
 
     def uid(self, job: GitJob) -> str:
         if job.uid is None:
@@ -250,9 +257,8 @@ class SshSigner(Signer):
         return header + self.conn.sshsig(self.key, (header + lines).encode("utf-8"),
                                          RECEIPT_NAMESPACE)
 
-    def timestamp(self, job: TimestampJob) -> str:
-        raise MalformedMessage("an SSH key makes no RFC 3161 time-stamp tokens (the TSA key is "
-                               "an OpenPGP key)")
+    def make_tsa_key(self) -> tsa.TsaKey:
+        return tsa.ssh_agent_key(self.key, self.conn)
 
 
 class Dispatchers:
@@ -551,20 +557,22 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
     errors when the agent itself failed. The TSA key (``config.tsa_subject``) also loads its
     certificate chain, if it has one (`tsa.TsaError` when that is unreadable or another key's)."""
     secret, public = _key_files(config)
+    signer: Signer
     try:
         if isinstance(agent, SshAgent):
             ssh_key = agent.add_key(secret)
             if ssh_key.blob != SshKeyStore(config.key_dir).public_key().blob:
                 raise KeyStoreError(f"it holds another key than {public}")
-            return SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
-        key = agent.import_secret_key(secret)
-        expected = KeyStore(config.key_dir).public_key().fingerprint
-        if key.fingerprint != expected:
-            raise KeyStoreError(f"it holds key {key.fingerprint}, not {expected} of {public}")
-        signer = OpenPgpSigner(key, agent.connect())
+            signer, fingerprint = SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
+        else:
+            key = agent.import_secret_key(secret)
+            expected = KeyStore(config.key_dir).public_key().fingerprint
+            if key.fingerprint != expected:
+                raise KeyStoreError(f"it holds key {key.fingerprint}, not {expected} of {public}")
+            signer, fingerprint = OpenPgpSigner(key, agent.connect()), key.fingerprint
         if config.tsa_subject is not None:
             _load_chain(signer, config)
-        return signer, key.fingerprint
+        return signer, fingerprint
     except KeyStoreError as e:
         raise KeyUnusable(config.key_id, secret, e.message) from None
     except (AgentError, SshAgentError) as e:
@@ -573,7 +581,7 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
         raise KeyUnusable(config.key_id, secret, str(e)) from None
 
 
-def _load_chain(signer: OpenPgpSigner, config: WorkerConfig) -> None:
+def _load_chain(signer: Signer, config: WorkerConfig) -> None:
     """Give the TSA key's signer its certificate chain (none yet: it refuses timestamp jobs);
     `tsa.TsaError` naming the chain file when it cannot be read or is another key's."""
     chain = tsa.read_chain(config.key_dir)
@@ -613,7 +621,7 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
                 SshKeyStore(config.key_dir).verify(message, signature, "git")
         except KeyStoreError as e:
             raise KeyUnusable(config.key_id, secret, e.message) from None
-        if config.tsa_subject is not None and isinstance(signer, OpenPgpSigner):
+        if config.tsa_subject is not None:
             made = tsa.ensure_certificate(config.key_dir, signer.tsa_key(), config.tsa_subject,
                                           config.tsa_days, clock)
             if made:

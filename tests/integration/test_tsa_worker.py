@@ -1,6 +1,7 @@
-"""RFC 3161 on the worker side, with real gpg-agents: the start-up check makes the TSA key's
-self-signed certificate (`workers.tsa.ensure_certificate` through `workers.worker.check_key`),
-a real `OpenPgpSigner` answers timestamp jobs, and ``openssl ts -verify`` accepts the tokens."""
+"""RFC 3161 on the worker side, with real gpg-agents and ssh-agents: the start-up check makes
+the TSA key's self-signed certificate (`workers.tsa.ensure_certificate` through
+`workers.worker.check_key`), a real `OpenPgpSigner` or `SshSigner` answers timestamp jobs, and
+``openssl ts -verify`` accepts the tokens."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from tests.helpers import agent_home
 from workers import tsa
 from workers.agents.gpg import GpgAgent
+from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
 from workers.formats import sexp, tsp
 from workers.formats.jobs import TimestampJob
@@ -36,17 +40,18 @@ def home() -> Iterator[Path]:
         yield path
 
 
-def _key(keys: Path, algo: str) -> tuple[Path, str]:
-    spec = KeySpec("openpgp", algo)
+def _key(keys: Path, algo: str, fmt: str = "openpgp") -> tuple[Path, str]:
+    spec = KeySpec(fmt, algo)
     ensure_extra_keys(keys, [spec], "stampd test <t@stampd.invalid>", None)
     return key_dir(keys, spec), spec.id
 
 
 def _config(home: Path, directory: Path, key_id: str, subject: str | None = SUBJECT
             ) -> WorkerConfig:
+    fmt = "ssh" if key_id.startswith("ssh-") else "openpgp"
     return WorkerConfig("check:1:0", home, directory,
                         DispatchConfig("socket", sockets=(home / "unused.sock",)), key_id=key_id,
-                        tsa_subject=subject, tsa_days=30)
+                        format=fmt, tsa_subject=subject, tsa_days=30)
 
 
 def _openssl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -54,9 +59,10 @@ def _openssl(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-@pytest.mark.parametrize("algo", ["nistp256", "rsa3072"])
-def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, algo: str) -> None:
-    directory, key_id = _key(tmp_path / "keys", algo)
+@pytest.mark.parametrize(("fmt", "algo"), [("openpgp", "nistp256"), ("openpgp", "rsa3072"),
+                                          ("ssh", "ecdsa-p256")])
+def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, fmt: str, algo: str) -> None:
+    directory, key_id = _key(tmp_path / "keys", algo, fmt)
     chain_file = directory / tsa.TSA_CHAIN_FILE
     started = time.monotonic()
     check_key(_config(home, directory, key_id))
@@ -74,15 +80,18 @@ def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, algo: str) -
     cert.verify_directly_issued_by(cert)
     assert cert.subject.rfc4514_string() == f"CN={SUBJECT},O=stampd"
 
-    agent = GpgAgent(home)
+    agent = SshAgent(home) if fmt == "ssh" else GpgAgent(home)
     agent.start()
     try:
         signer, _fingerprint = load_signer(agent, _config(home, directory, key_id))
-        assert isinstance(signer, OpenPgpSigner) and signer.chain == tsa.read_chain(directory)
-        # READKEY's public key is the certificate's.
-        spki = sexp.public_key(signer.conn.read_key(signer.key.keygrip))
-        assert spki == cert.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        assert isinstance(signer, SshSigner if fmt == "ssh" else OpenPgpSigner)
+        assert signer.chain == tsa.read_chain(directory)
+        # The agent's public key (READKEY; the SSH public key) is the certificate's.
+        spki = cert.public_key().public_bytes(serialization.Encoding.DER,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)
+        assert signer.tsa_key().public_key_info == spki
+        if isinstance(signer, OpenPgpSigner):
+            assert sexp.public_key(signer.conn.read_key(signer.key.keygrip)) == spki
 
         digest = hashlib.sha256(b"some data\n").hexdigest()
         for n, cert_req in enumerate((True, False)):
@@ -106,15 +115,14 @@ def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, algo: str) -
                                  "-CAfile", str(chain_file))
                 assert alone.returncode != 0
 
-        # Without a chain the signer refuses timestamp jobs; so does an SSH signer.
-        bare = OpenPgpSigner(signer.key, signer.conn)
+        # Without a chain the signer refuses timestamp jobs.
+        bare = SshSigner.__new__(SshSigner) if fmt == "ssh" else \
+            OpenPgpSigner.__new__(OpenPgpSigner)
         refused = sign(bare, 6, job.to_dict())
         assert refused.object is None and "this key has no TSA certificate" in str(refused.error)
-        ssh = SshSigner.__new__(SshSigner)
-        assert "SSH key makes no RFC 3161" in str(sign(ssh, 7, job.to_dict()).error)
     finally:
         agent.stop()
-    print(f"{algo}: two start-up checks in {checks:.2f}s")
+    print(f"{fmt}:{algo}: two start-up checks in {checks:.2f}s")
 
 
 def test_a_chain_of_another_key_stops_the_check(tmp_path: Path, home: Path) -> None:
@@ -137,8 +145,38 @@ def test_a_chain_of_another_key_stops_the_check(tmp_path: Path, home: Path) -> N
         agent.stop()
 
 
-def test_an_ed25519_key_cannot_be_the_tsa_key(tmp_path: Path, home: Path) -> None:
-    directory, key_id = _key(tmp_path / "keys", "ed25519")
+@pytest.mark.parametrize("curve", ["p256", "p384"])
+def test_ssh_agent_signatures_become_der_ecdsa(tmp_path: Path, home: Path, curve: str) -> None:
+    """ssh-agent hashes what it signs (SHA-256 for P-256, SHA-384 for P-384) and answers an
+    SSH signature blob; the TSA key turns its (r, s) into the DER ECDSA-Sig-Value that X.509
+    and CMS carry, which `cryptography` verifies with the key of the ssh public key file."""
+    directory, _key_id = _key(tmp_path / "keys", f"ecdsa-{curve}", "ssh")
+    public = serialization.load_ssh_public_key((directory / "id.pub").read_bytes())
+    assert isinstance(public, ec.EllipticCurvePublicKey)
+    agent = SshAgent(home)
+    agent.start()
+    try:
+        with agent.connect() as conn:
+            key = tsa.ssh_agent_key(agent.add_key(directory / "id"), conn)
+            assert key.public_key_info == public.public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            digest = hashes.SHA256() if curve == "p256" else hashes.SHA384()
+            assert key.algorithm == f"{digest.name}_ecdsa"
+            data = b"\x31\x05signed attributes" * 20
+            signatures = {key.signature(data) for _ in range(2)}
+            assert len(signatures) == 2  # ECDSA: a fresh nonce each time
+            for der in signatures:
+                assert der == tsp.ecdsa_signature(*utils.decode_dss_signature(der))
+                public.verify(der, data, ec.ECDSA(digest))
+                with pytest.raises(InvalidSignature):
+                    public.verify(der, data + b"!", ec.ECDSA(digest))
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("fmt", ["openpgp", "ssh"])
+def test_an_ed25519_key_cannot_be_the_tsa_key(tmp_path: Path, home: Path, fmt: str) -> None:
+    directory, key_id = _key(tmp_path / "keys", "ed25519", fmt)
     with pytest.raises(tsa.TsaError, match="cannot be a TSA key"):
         check_key(_config(home, directory, key_id))
     assert not (directory / tsa.TSA_CHAIN_FILE).exists()

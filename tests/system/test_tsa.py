@@ -1,13 +1,15 @@
 """RFC 3161 against a real server, with real clients: `openssl ts` and curl, rfc3161-client.
 
 The server starts with the product's defaults for RFC 3161 (on, an ECDSA P-256 key generated on
-first start, a self-signed certificate made through the agent); one more with an RSA-3072 key.
+first start, a self-signed certificate made through the agent); one more for each other kind of
+TSA key: an RSA-3072 OpenPGP key, and an ECDSA P-256 key held by ssh-agent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,8 +19,10 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from rfc3161_client import TimestampRequestBuilder, VerifierBuilder, decode_timestamp_response
 
+from server import cli
 from tests.helpers import Server, log_commits, seed_data_dir, start_server, wait_for
 
 pytestmark = pytest.mark.slow
@@ -40,11 +44,14 @@ def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def tsa_rsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(seed_data_dir(tmp_path_factory.mktemp("tsa-rsa") / "data"),
-                     key="openpgp:rsa3072")
-    yield server
+@pytest.fixture(scope="module", params=["openpgp:rsa3072", "ssh:ecdsa-p256"])
+def tsa_other(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[tuple[str, Server]]:
+    """A server whose TSA key is another kind than the default: (its STAMPD_TSA_KEY, it)."""
+    key: str = request.param
+    data = seed_data_dir(tmp_path_factory.mktemp(key.replace(":", "-")) / "data")
+    server = _server(data, key=key, commit_interval=2)
+    yield key, server
     server.stop()
 
 
@@ -110,17 +117,29 @@ def test_openssl_ts_verifies_a_token(tsa: Server, tmp_path: Path, path: str, alg
     assert "Verification: OK" not in r.stdout
 
 
-def test_an_rsa_3072_tsa_key(tsa_rsa: Server, tmp_path: Path) -> None:
-    (tmp_path / "f").write_bytes(b"rsa")
-    assert run("openssl", "ts", "-query", "-data", "f", "-sha256", "-cert", "-out", "q.tsq",
-               cwd=tmp_path).returncode == 0
-    assert post(tsa_rsa.url, tmp_path / "q.tsq", tmp_path / "r.tsr")[0] == 200
-    chain(tsa_rsa, tmp_path / "tsa.pem")
+@pytest.mark.parametrize("cert", [True, False])
+def test_other_tsa_keys(tsa_other: tuple[str, Server], tmp_path: Path, cert: bool) -> None:
+    key, server = tsa_other
+    (tmp_path / "f").write_bytes(key.encode())
+    assert run("openssl", "ts", "-query", "-data", "f", "-sha256", "-out", "q.tsq",
+               *(["-cert"] if cert else []), cwd=tmp_path).returncode == 0
+    assert post(server.url, tmp_path / "q.tsq", tmp_path / "r.tsr")[0] == 200
+    chain(server, tmp_path / "tsa.pem")
     r = run("openssl", "ts", "-verify", "-data", "f", "-in", "r.tsr", "-CAfile", "tsa.pem",
-            cwd=tmp_path)
+            *([] if cert else ["-untrusted", "tsa.pem"]), cwd=tmp_path)
     assert "Verification: OK" in r.stdout, r.stdout + r.stderr
     text = run("openssl", "x509", "-in", "tsa.pem", "-noout", "-text", cwd=tmp_path).stdout
-    assert "rsaEncryption" in text and "Public-Key: (3072 bit)" in text
+    assert "X509v3 Extended Key Usage: critical\n                Time Stamping" in text
+    if key == "openpgp:rsa3072":
+        assert "rsaEncryption" in text and "Public-Key: (3072 bit)" in text
+    else:  # the certificate holds the key of the ssh public key file, and ssh-agent signed it
+        assert "id-ecPublicKey" in text and "NIST CURVE: P-256" in text
+        assert "Signature Algorithm: ecdsa-with-SHA256" in text
+        ssh_public = serialization.load_ssh_public_key(
+            (server.data_dir / "keys" / "ssh-ecdsa-p256" / "id.pub").read_bytes())
+        certificate = x509.load_pem_x509_certificate((tmp_path / "tsa.pem").read_bytes())
+        assert certificate.public_key() == ssh_public
+        certificate.verify_directly_issued_by(certificate)
 
 
 def test_the_certificate_has_the_critical_time_stamping_eku(tsa: Server, tmp_path: Path) -> None:
@@ -134,6 +153,15 @@ def test_the_certificate_has_the_critical_time_stamping_eku(tsa: Server, tmp_pat
 def test_rfc3161_client_verifies_a_token(tsa: Server, tmp_path: Path) -> None:
     """sigstore's verifier: the token, its nonce and the certificate, against the published
     chain."""
+    rfc3161_client_verifies(tsa, tmp_path)
+
+
+def test_rfc3161_client_verifies_tokens_of_other_keys(tsa_other: tuple[str, Server],
+                                                       tmp_path: Path) -> None:
+    rfc3161_client_verifies(tsa_other[1], tmp_path)
+
+
+def rfc3161_client_verifies(tsa: Server, tmp_path: Path) -> None:
     message = b"stamped by rfc3161-client"
     digest = hashlib.sha512(message).digest()  # the client's default imprint algorithm
     request = TimestampRequestBuilder().data(message).nonce(nonce=True).cert_request(
@@ -203,10 +231,51 @@ def test_imprints_reach_the_log_and_chain_is_published(tmp_path: Path) -> None:
         server.stop()
 
 
-def stampd(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def stampd(data: Path, *args: str, key: str = "openpgp:nistp256"
+           ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "server", *args, "--data-dir", str(data)],
                           capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "STAMPD_TSA": "true"})
+                          env={**os.environ, "STAMPD_TSA": "true", "STAMPD_TSA_KEY": key})
+
+
+def test_other_keys_tokens_verify_and_reach_the_log(tsa_other: tuple[str, Server],
+                                                    tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`stampd verify` of a token of another kind of key, then against the log, which
+    publishes that key's chain; `stampd tsa csr` and `import-cert` for that key (on a copy of
+    its key files: the server keeps serving its own chain)."""
+    key, server = tsa_other
+    (tmp_path / "f").write_bytes(b"verified " + key.encode())
+    assert run("openssl", "ts", "-query", "-data", "f", "-sha256", "-cert", "-out", "q.tsq",
+               cwd=tmp_path).returncode == 0
+    assert post(server.url, tmp_path / "q.tsq", tmp_path / "r.tsr")[0] == 200
+    pem = chain(server, tmp_path / "tsa.pem")
+    assert cli.main(["verify", str(tmp_path / "r.tsr"), "--data", str(tmp_path / "f"),
+                     "--chain", str(pem)]) == 0, capsys.readouterr()
+    assert "valid token:" in capsys.readouterr().out
+    key_dir = server.data_dir / "keys" / key.replace(":", "-")
+    line = f"sha256 {hashlib.sha256(b'verified ' + key.encode()).hexdigest()}"
+
+    def logged() -> bool:
+        return any("digests.log" in c.tree and line in c.tree["digests.log"].data.decode()
+                   for c in log_commits(server.data_dir))  # type: ignore[attr-defined]
+
+    wait_for(logged, what="the imprint in digests.log")
+    tree = log_commits(server.data_dir)[-1].tree
+    assert tree["tsa"]["chain.pem"].data.decode() == pem.read_text() == \
+        (key_dir / "tsa-chain.pem").read_text()  # type: ignore[index]
+
+    copy = tmp_path / "copy"
+    shutil.copytree(server.data_dir / "keys", copy / "keys")
+    csr = stampd(copy, "tsa", "csr", key=key)
+    assert csr.returncode == 0, csr.stderr
+    (tmp_path / "tsa.csr").write_text(csr.stdout)
+    assert "verify OK" in run("openssl", "req", "-in", "tsa.csr", "-verify", "-noout",
+                              cwd=tmp_path).stderr
+    refused = stampd(copy, "tsa", "import-cert", str(tmp_path / "tsa.csr"), key=key)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    done = stampd(copy, "tsa", "import-cert", str(pem), key=key)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_chain_from_a_ca_is_checked_installed_and_served(tmp_path: Path) -> None:

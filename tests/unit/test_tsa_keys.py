@@ -117,7 +117,7 @@ def _software_key(kind: str) -> tuple[tsa.TsaKey, ec.EllipticCurvePrivateKey | r
 
     spki = private.public_key().public_bytes(serialization.Encoding.DER,
                                              serialization.PublicFormat.SubjectPublicKeyInfo)
-    return tsa.TsaKey(info, spki, sign), private
+    return tsa.openpgp_key(info, spki, sign), private
 
 
 @pytest.mark.parametrize("kind", ["nistp256", "nistp384", "rsa3072"])
@@ -221,7 +221,27 @@ def test_the_pool_tells_the_tsa_key_its_subject(tmp_path: Path) -> None:
     assert WorkerConfig.from_json(worker.to_json()) == worker
     assert pool.worker_config("w", tmp_path / "h", other).tsa_subject is None
     assert pool.worker_config("w", tmp_path / "h").tsa_subject is None
-    with pytest.raises(ConfigError, match="one of the extra OpenPGP keys"):
+    with pytest.raises(ConfigError, match="one of the extra keys"):
         PoolConfig(1, tmp_path, tmp_path, dispatch, (other,), tsa_key=tsa_key, tsa_subject="x")
     with pytest.raises(ConfigError, match="subject"):
         PoolConfig(1, tmp_path, tmp_path, dispatch, (tsa_key,), tsa_key=tsa_key)
+    ssh_tsa = KeySpec("ssh", "ecdsa-p256")  # an SSH key may be the TSA key too
+    pool = PoolConfig(1, tmp_path, tmp_path, dispatch, (ssh_tsa,), tsa_key=ssh_tsa,
+                      tsa_subject="stampd TSA")
+    worker = pool.worker_config("w", tmp_path / "h", ssh_tsa)
+    assert (worker.format, worker.tsa_subject) == ("ssh", "stampd TSA")
+    assert WorkerConfig.from_json(worker.to_json()) == worker
+
+
+def test_which_settings_name_a_tsa_key() -> None:
+    from server.settings import Settings
+
+    assert Settings(tsa=True).tsa_spec == KeySpec("openpgp", "nistp256")  # as deployed so far
+    for name in ("ssh:ecdsa-p256", "ssh:ecdsa-p384", "openpgp:rsa3072"):
+        settings = Settings(tsa=True, tsa_key=name)
+        spec = settings.tsa_spec
+        assert spec is not None and f"{spec.format}:{spec.algo}" == name
+        assert spec in settings.extra_key_specs  # the TSA key is one more served key
+    for name in ("ssh:ed25519", "ssh:ecdsa-p521", "ssh:rsa", "openpgp:ed25519"):
+        with pytest.raises(ValueError, match=r"tsa_key must be one of .*ssh:ecdsa-p256"):
+            Settings(tsa=True, tsa_key=name)

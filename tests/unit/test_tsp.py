@@ -665,3 +665,77 @@ def test_validity_after_2049_is_generalized_time(keys: dict[str, PrivateKey]) ->
     )
     with pytest.raises(TspError):
         tsp.certificate(tbs, "sha256_rsa", b"sig")
+
+
+def _straightforward_token(fields: TokenFields, algorithm_name: str, chain: list[bytes],
+                           signature: bytes, include_certificates: bool) -> bytes:
+    """A token built the plain way, every part from native values in one asn1crypto tree (what
+    `tsp.token` built before its parts were encoded once and loaded back)."""
+    digest_name = tsp.signature_hash(algorithm_name)
+    value: dict[str, object] = {
+        "version": "v1", "policy": fields.policy,
+        "message_imprint": {"hash_algorithm": {"algorithm": fields.hash_algorithm},
+                            "hashed_message": fields.digest},
+        "serial_number": fields.serial, "gen_time": fields.gen_time,
+    }
+    if fields.accuracy_seconds is not None:
+        value["accuracy"] = {"seconds": fields.accuracy_seconds}
+    if fields.nonce is not None:
+        value["nonce"] = fields.nonce
+    if fields.tsa_name is not None:
+        value["tsa"] = asn1_x509.GeneralName(name="directory_name", value=fields.tsa_name)
+    info = asn1_tsp.TSTInfo(value)
+    cert = asn1_x509.Certificate.load(chain[0])
+    ess = {"cert_hash": hashlib.sha256(chain[0]).digest(),
+           "issuer_serial": {"issuer": [asn1_x509.GeneralName(name="directory_name",
+                                                               value=cert.issuer)],
+                             "serial_number": cert.serial_number}}
+    attributes = cms.CMSAttributes([
+        {"type": "content_type", "values": ["tst_info"]},
+        {"type": "message_digest", "values": [hashlib.new(digest_name, info.dump()).digest()]},
+        {"type": "signing_certificate_v2", "values": [{"certs": [ess]}]},
+    ])
+    signed: dict[str, object] = {
+        "version": "v3",
+        "digest_algorithms": [{"algorithm": digest_name}],
+        "encap_content_info": {"content_type": "tst_info", "content": info},
+        "signer_infos": [{
+            "version": "v1",
+            "sid": {"issuer_and_serial_number": {"issuer": cert.issuer,
+                                                 "serial_number": cert.serial_number}},
+            "digest_algorithm": {"algorithm": digest_name},
+            "signed_attrs": attributes,
+            "signature_algorithm": {"algorithm": algorithm_name},
+            "signature": signature,
+        }],
+    }
+    if include_certificates:
+        signed["certificates"] = [asn1_x509.Certificate.load(der) for der in chain]
+    return bytes(cms.ContentInfo({"content_type": "signed_data",
+                                  "content": cms.SignedData(signed)}).dump())
+
+
+@pytest.mark.parametrize("kind", ["p256", "p384", "rsa3072"])
+def test_token_is_byte_for_byte_the_straightforward_one(keys: dict[str, PrivateKey],
+                                                         kind: str) -> None:
+    tsa = make_tsa(keys, kind, "ca")
+    name = asn1_x509.Certificate.load(tsa.chain[0]).subject
+    signed: list[bytes] = []
+
+    def sign_it(data: bytes) -> bytes:
+        signed.append(data)
+        return sign(tsa.key, data)
+
+    for n, (accuracy, nonce, certs) in enumerate([(1, 2**100 + 7, True), (None, None, False),
+                                                  (0, 0, True)]):
+        fields = TokenFields(POLICY, "sha384", bytes(range(48)), 2**64 + n,
+                             NOW.replace(microsecond=n * 1000), accuracy, nonce, name)
+        token = tsp.token(fields, algorithm(tsa.key), tsa.chain, sign_it,
+                          include_certificates=certs)
+        signature = bytes(cms.ContentInfo.load(token)["content"]["signer_infos"][0]["signature"])
+        assert token == _straightforward_token(fields, algorithm(tsa.key), tsa.chain, signature,
+                                               certs)
+        # what was signed is what the token's signer info carries as its signed attributes
+        assert tsp.signed_attributes(tsp.parse_token(token).tst_info, tsa.chain[0],
+                                     digest_algorithm=tsp.signature_hash(algorithm(tsa.key))
+                                     ) == signed[-1]

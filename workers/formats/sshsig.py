@@ -49,6 +49,8 @@ __all__ = [
     "armor",
     "check_signature_blob",
     "dearmor",
+    "ecdsa_point",
+    "ecdsa_signature_values",
     "ssh_signature",
     "ssh_string",
     "ssh_uint32",
@@ -285,15 +287,43 @@ def check_signature_blob(key: SshPublicKey, signature: bytes) -> None:
         if len(value) != _ED25519_SIGNATURE_SIZE:
             raise SshSigError(f"ssh-ed25519 signature of {len(value)} bytes, expected 64")
     elif key.key_type in _ECDSA_CURVES:
-        inner = SshReader(value, "ECDSA signature")
-        r, s = inner.mpint(), inner.mpint()
-        inner.end()
-        if r == 0 or s == 0:
-            raise SshSigError("ECDSA signature value is zero")
+        _ecdsa_values(value)
     else:
         size = _rsa_modulus_size(key)
         if not value or len(value) > size:
             raise SshSigError(f"RSA signature of {len(value)} bytes for a {size}-byte modulus")
+
+
+def _ecdsa_values(value: bytes) -> tuple[int, int]:
+    inner = SshReader(value, "ECDSA signature")
+    r, s = inner.mpint(), inner.mpint()
+    inner.end()
+    if r == 0 or s == 0:
+        raise SshSigError("ECDSA signature value is zero")
+    return r, s
+
+
+def ecdsa_signature_values(key: SshPublicKey, signature: bytes) -> tuple[int, int]:
+    """The ``(r, s)`` of an ECDSA signature blob of ``key`` (``string "ecdsa-sha2-<curve>",
+    string(mpint r, mpint s)``, RFC 5656 section 3.1.2), checked as `check_signature_blob`
+    checks it; the agent hashed the data with the curve's hash (SHA-256 for nistp256, SHA-384
+    for nistp384)."""
+    if key.key_type not in _ECDSA_CURVES:
+        raise SshSigError(f"{key.key_type} is not an ECDSA key")
+    check_signature_blob(key, signature)
+    reader = SshReader(signature, "signature")
+    reader.text()
+    return _ecdsa_values(reader.string())
+
+
+def ecdsa_point(key: SshPublicKey) -> bytes:
+    """The public point of an ECDSA key (uncompressed, ``04 || x || y``)."""
+    if key.key_type not in _ECDSA_CURVES:
+        raise SshSigError(f"{key.key_type} is not an ECDSA key")
+    reader = SshReader(key.blob, "public key")
+    reader.text()
+    reader.text()
+    return reader.string()
 
 
 # --------------------------------------------------------------------------------------------

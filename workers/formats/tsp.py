@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -73,6 +73,7 @@ __all__ = [
     "signed_data",
     "subject_of",
     "tbs_certificate",
+    "token",
     "tst_info",
 ]
 
@@ -299,26 +300,35 @@ def granted(token: bytes) -> bytes:
 
 def tst_info(fields: TokenFields) -> bytes:
     """The DER ``TSTInfo`` (version 1, ordering omitted, i.e. false) for ``fields``."""
-    value: dict[str, object] = {
-        "version": "v1",
-        "policy": fields.policy,
-        "message_imprint": {
-            "hash_algorithm": {"algorithm": fields.hash_algorithm},
-            "hashed_message": fields.digest,
-        },
-        "serial_number": fields.serial,
-        "gen_time": fields.gen_time,
-    }
-    if fields.accuracy_seconds is not None:
-        value["accuracy"] = {"seconds": fields.accuracy_seconds}
-    if fields.nonce is not None:
-        value["nonce"] = fields.nonce
-    if fields.tsa_name is not None:
-        value["tsa"] = x509.GeneralName(name="directory_name", value=fields.tsa_name)
     try:
-        return bytes(tsp.TSTInfo(value).dump())
+        return bytes(_tst_info(fields).dump())
     except (TypeError, ValueError) as exc:
         raise TspError(f"cannot encode the TSTInfo: {exc}") from exc
+
+
+def _tst_info(fields: TokenFields) -> tsp.TSTInfo:
+    """The ``TSTInfo`` of ``fields``: the parts every token of a TSA shares (version, policy,
+    imprint algorithm, accuracy, the TSA's name) as `_encoded` keeps them, the others as
+    asn1crypto values of their own type (no conversion from native values to look up)."""
+    value: dict[str, object] = {
+        "version": _constant(tsp.Version, "v1"),
+        "policy": _constant(core.ObjectIdentifier, fields.policy),
+        "message_imprint": tsp.MessageImprint({
+            "hash_algorithm": _digest_algorithm(fields.hash_algorithm),
+            "hashed_message": core.OctetString(fields.digest),
+        }),
+        "serial_number": core.Integer(fields.serial),
+        "gen_time": core.GeneralizedTime(fields.gen_time),
+    }
+    if fields.accuracy_seconds is not None:
+        value["accuracy"] = _accuracy(fields.accuracy_seconds)
+    if fields.nonce is not None:
+        value["nonce"] = core.Integer(fields.nonce)
+    if fields.tsa_name is not None:
+        name = fields.tsa_name  # (one read from a token is still tagged as its directoryName)
+        untagged = name.untag() if name.explicit or name.implicit else name
+        value["tsa"] = _tsa_name(untagged.dump())
+    return _encoded(tsp.TSTInfo(value))
 
 
 def signature_hash(signature_algorithm: str) -> str:
@@ -346,18 +356,22 @@ def signed_attributes(
     """
     if digest_algorithm not in SIGNATURE_ALGORITHMS.values():
         raise TspError(f"unsupported digest algorithm {digest_algorithm!r}")
+    digest = hashlib.new(digest_algorithm, tst_info_der).digest()
+    return bytes(_signed_attributes(digest, certificate_der, signing_time).dump())
+
+
+def _signed_attributes(message_digest: bytes, certificate_der: bytes,
+                       signing_time: datetime | None = None) -> cms.CMSAttributes:
     attributes: list[object] = [
         _content_type_tst_info(),
-        {
-            "type": "message_digest",
-            "values": [hashlib.new(digest_algorithm, tst_info_der).digest()],
-        },
+        cms.CMSAttribute({"type": _constant(cms.CMSAttributeType, "message_digest"),
+                          "values": cms.SetOfOctetString([core.OctetString(message_digest)])}),
         _signing_certificate_v2_attribute(certificate_der),
     ]
     if signing_time is not None:
         when = _time(cms.Time, "generalized_time", signing_time)
         attributes.append({"type": "signing_time", "values": [when]})
-    return bytes(cms.CMSAttributes(attributes).dump())
+    return cms.CMSAttributes(attributes)
 
 
 # The parts of every token that are the same for a certificate (or an algorithm), made once:
@@ -366,11 +380,33 @@ def signed_attributes(
 # is encoded again in every token (build_token: 5.3 ms with the signer identifier and the
 # signingCertificateV2 attribute kept as built, 0.52 ms with every part loaded back).
 # (asn1crypto values are not changed once made; the same one goes into every token.)
+# The same holds within one token: asn1crypto encodes a value as built again each time its
+# parent asks for its contents, and deep-copies one it must tag, so `token` builds each level
+# from parts loaded back (the TSTInfo, the signed attributes, the SignerInfo; a tagged value
+# made from the contents of one built untagged), which makes it about half as costly again.
 
 
 def _encoded(value: _Value, **tagging: int) -> _Value:
     """``value`` loaded back from its DER (``tagging``: its implicit or explicit tag)."""
     return type(value).load(value.dump(), **tagging)
+
+
+@functools.lru_cache(maxsize=32)
+def _constant(kind: type[_Value], value: object) -> _Value:
+    """A value of one of the simple types (OIDs, versions) from its native value, once."""
+    return _encoded(kind(value))
+
+
+@functools.lru_cache(maxsize=8)
+def _accuracy(seconds: int) -> tsp.Accuracy:
+    return _encoded(tsp.Accuracy({"seconds": seconds}))
+
+
+@functools.lru_cache(maxsize=8)
+def _tsa_name(name_der: bytes) -> x509.GeneralName:
+    """The TSTInfo's ``tsa [0] EXPLICIT GeneralName`` (a directoryName) of a DER Name."""
+    name = x509.GeneralName(name="directory_name", value=x509.Name.load(name_der))
+    return _encoded(name.retag({"explicit": 0}), explicit=0)
 
 
 @functools.cache
@@ -470,25 +506,57 @@ def signed_data(
         raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
     if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
         raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
+    return _signed_data(content, attributes, signature, signature_algorithm, tuple(chain),
+                        include_certificates=include_certificates)
+
+
+def _signed_data(content: tsp.TSTInfo, attributes: cms.CMSAttributes, signature: bytes,
+                 signature_algorithm: str, chain: tuple[bytes, ...], *,
+                 include_certificates: bool) -> bytes:
+    """`signed_data` of parts already checked. Each level is built from parts as `_encoded`
+    gives them back, so that it is encoded once (a value as built is encoded again whenever
+    its parent asks, and an implicitly or explicitly tagged one is deep-copied to tag it)."""
+    digest_algorithm = SIGNATURE_ALGORITHMS[signature_algorithm]
+    signer_info = _encoded(cms.SignerInfo({
+        "version": _constant(cms.CMSVersion, "v1"),
+        "sid": _sid(chain[0]),
+        "digest_algorithm": _digest_algorithm(digest_algorithm),
+        "signed_attrs": cms.CMSAttributes(contents=attributes.contents, implicit=0),
+        "signature_algorithm": _signature_algorithm(signature_algorithm),
+        "signature": core.OctetString(signature),
+    }))
     value: dict[str, object] = {
-        "version": "v3",
+        "version": _constant(cms.CMSVersion, "v3"),
         "digest_algorithms": _digest_algorithms(digest_algorithm),
-        "encap_content_info": {"content_type": "tst_info", "content": content},
-        "signer_infos": [
-            {
-                "version": "v1",
-                "sid": _sid(chain[0]),
-                "digest_algorithm": _digest_algorithm(digest_algorithm),
-                "signed_attrs": attributes,
-                "signature_algorithm": _signature_algorithm(signature_algorithm),
-                "signature": signature,
-            }
-        ],
+        "encap_content_info": {"content_type": _constant(cms.ContentType, "tst_info"),
+                               "content": content},
+        "signer_infos": cms.SignerInfos([signer_info]),
     }
     if include_certificates:
-        value["certificates"] = _certificate_set(tuple(chain))
-    info = cms.ContentInfo({"content_type": "signed_data", "content": cms.SignedData(value)})
+        value["certificates"] = _certificate_set(chain)
+    signed = cms.SignedData(contents=cms.SignedData(value).contents, explicit=0)
+    info = cms.ContentInfo({"content_type": _constant(cms.ContentType, "signed_data"),
+                            "content": signed})
     return bytes(info.dump())
+
+
+def token(fields: TokenFields, signature_algorithm: str, chain: Sequence[bytes],
+          sign: Callable[[bytes], bytes], *, include_certificates: bool) -> bytes:
+    """The token of ``fields`` in one go: `tst_info`, `signed_attributes` for ``chain[0]``,
+    ``sign`` (the signer's signature over those attributes, as `signed_data` takes it), then
+    `signed_data`; the same bytes, without encoding and parsing back what it built itself."""
+    digest_algorithm = signature_hash(signature_algorithm)
+    if not chain:
+        raise TspError("the chain must hold the TSA certificate")
+    try:
+        content = _tst_info(fields)
+    except (TypeError, ValueError) as exc:
+        raise TspError(f"cannot encode the TSTInfo: {exc}") from exc
+    digest = hashlib.new(digest_algorithm, content.dump()).digest()
+    attributes = bytes(_signed_attributes(digest, chain[0]).dump())
+    return _signed_data(content, cms.CMSAttributes.load(attributes), sign(attributes),
+                        signature_algorithm, tuple(chain),
+                        include_certificates=include_certificates)
 
 
 def ecdsa_signature(r: int, s: int) -> bytes:
