@@ -260,6 +260,9 @@ def test_openssl_and_rfc3161_client_verify_the_response(
     assert (request.nonce is not None) is nonce
     token = tsa.token(request)
     response = tsp.granted(token)
+    assert response == tsp.TimeStampResp(  # as built the plain way, from native values
+        {"status": {"status": "granted"}, "time_stamp_token": cms.ContentInfo.load(token)}
+    ).dump(force=True)
     (tmp_path / "r.tsr").write_bytes(response)
     (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
     (tmp_path / "tsa.pem").write_text(tsp.pem(tsa.chain[0], "CERTIFICATE"))
@@ -612,7 +615,23 @@ def test_rejection_refuses_unknown_failures() -> None:
         Rejection("teapot", "no")
 
 
-def test_nothing_but_rejection_escapes(tmp_path: Path) -> None:
+def test_nothing_but_rejection_escapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random and mutated requests: only a `Rejection` comes out, and the fast DER check
+    (rfc3161-client's parser) reaches the verdict the long one (asn1crypto, encoded again and
+    compared) reaches for every one of them."""
+
+    def verdict(der: bytes) -> object:
+        try:
+            return tsp.parse_request(der, policy=POLICY, allow_sha1=bool(round_ & 1))
+        except Rejection as exc:
+            assert exc.failure in tsp.FAILURES
+            return exc.failure
+
+    class LongWay:
+        @staticmethod
+        def parse_timestamp_request(der: bytes) -> None:
+            raise ValueError("the long way")
+
     seeds = [
         request_der(),
         request_der(
@@ -640,10 +659,10 @@ def test_nothing_but_rejection_escapes(tmp_path: Path) -> None:
         else:
             at = rng.randrange(len(seed))
             der = bytes(seed[:at] + rng.randbytes(rng.randrange(1, 4)) + seed[at:])
-        try:
-            tsp.parse_request(der, policy=POLICY, allow_sha1=bool(round_ & 1))
-        except Rejection as exc:
-            assert exc.failure in tsp.FAILURES
+        fast = verdict(der)
+        with monkeypatch.context() as m:
+            m.setattr(tsp, "rfc3161_rust", LongWay)
+            assert verdict(der) == fast, der.hex()
 
 
 def test_validity_after_2049_is_generalized_time(keys: dict[str, PrivateKey]) -> None:

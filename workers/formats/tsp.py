@@ -42,6 +42,7 @@ from typing import TypeVar
 
 from asn1crypto import algos, cms, core, csr, keys, tsp, x509
 from asn1crypto import pem as asn1_pem
+from rfc3161_client import _rust as rfc3161_rust
 
 _Value = TypeVar("_Value", bound=core.Asn1Value)
 
@@ -223,8 +224,20 @@ def parse_request(der: bytes, *, policy: str, allow_sha1: bool = False) -> TimeS
 
 
 def _decode_request(der: bytes) -> tsp.TimeStampReq:
+    """The request, once it is known to be one DER ``TimeStampReq``.
+
+    asn1crypto takes BER too, so its parse is encoded again and compared with the bytes (120 us
+    a request). Most requests skip that: rfc3161-client's parser (Rust, the one sigstore uses,
+    1 us) accepts DER only, with nothing after it, but no extensions; a request it does not
+    take is judged the long way."""
+    der = bytes(der)
     try:
-        request = tsp.TimeStampReq.load(bytes(der), strict=True)
+        rfc3161_rust.parse_timestamp_request(der)
+        return tsp.TimeStampReq.load(der, strict=True)
+    except Exception:  # not DER, or a form it does not know (extensions): the long way
+        pass
+    try:
+        request = tsp.TimeStampReq.load(der, strict=True)
         _ = request.native  # asn1crypto parses lazily: force every field now
         canonical = request.dump(force=True)
     except Exception as exc:  # untrusted input: any parser error is a rejection
@@ -288,11 +301,15 @@ def rejection(failure: str, text: str) -> bytes:
 
 
 def granted(token: bytes) -> bytes:
-    """The DER ``TimeStampResp`` with status granted that carries ``token`` (a ContentInfo)."""
-    response = TimeStampResp(
-        {"status": {"status": "granted"}, "time_stamp_token": cms.ContentInfo.load(token)}
-    )
-    return bytes(response.dump())
+    """The DER ``TimeStampResp`` with status granted that carries ``token`` (a ContentInfo,
+    DER, as `token` makes it): the response's contents are the constant status and the token
+    as they are (building the response from a loaded token took 85 us; this takes 3)."""
+    return bytes(TimeStampResp(contents=_granted_status() + token).dump())
+
+
+@functools.lru_cache(maxsize=1)
+def _granted_status() -> bytes:
+    return bytes(tsp.PKIStatusInfo({"status": "granted"}).dump())
 
 
 # --- the token --------------------------------------------------------------------------------
