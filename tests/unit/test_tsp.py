@@ -639,6 +639,8 @@ def test_nothing_but_rejection_escapes(tmp_path: Path, monkeypatch: pytest.Monke
             extensions=[{"extn_id": "1.2.3.4", "critical": False, "extn_value": b"x"}],
         ),
         openssl_query(tmp_path, "-sha384", "-cert"),
+        openssl_query(tmp_path, "-sha1", "-no_nonce"),
+        request_der(version=2, nonce=2**170, cert_req=False),
     ]
     rng = random.Random(3161)
     for round_ in range(1500):
