@@ -387,6 +387,9 @@ def test_signing_time_attribute_is_optional(keys: dict[str, PrivateKey]) -> None
         "signing_certificate_v2",
         "signing_time",
     }
+    for when, attributes in [(None, plain), (NOW, timed), (NOW.replace(year=2051), late)]:
+        digest = hashlib.sha256(info).digest()
+        assert _straightforward_attributes(cert, digest, when).dump() == attributes.dump()
 
 
 def test_signed_data_refuses_attributes_of_another_tst_info(keys: dict[str, PrivateKey]) -> None:
@@ -707,15 +710,8 @@ def _straightforward_token(fields: TokenFields, algorithm_name: str, chain: list
         value["tsa"] = asn1_x509.GeneralName(name="directory_name", value=fields.tsa_name)
     info = asn1_tsp.TSTInfo(value)
     cert = asn1_x509.Certificate.load(chain[0])
-    ess = {"cert_hash": hashlib.sha256(chain[0]).digest(),
-           "issuer_serial": {"issuer": [asn1_x509.GeneralName(name="directory_name",
-                                                               value=cert.issuer)],
-                             "serial_number": cert.serial_number}}
-    attributes = cms.CMSAttributes([
-        {"type": "content_type", "values": ["tst_info"]},
-        {"type": "message_digest", "values": [hashlib.new(digest_name, info.dump()).digest()]},
-        {"type": "signing_certificate_v2", "values": [{"certs": [ess]}]},
-    ])
+    attributes = _straightforward_attributes(
+        chain[0], hashlib.new(digest_name, info.dump()).digest())
     signed: dict[str, object] = {
         "version": "v3",
         "digest_algorithms": [{"algorithm": digest_name}],
@@ -736,27 +732,72 @@ def _straightforward_token(fields: TokenFields, algorithm_name: str, chain: list
                                   "content": cms.SignedData(signed)}).dump())
 
 
+# (accuracy, nonce, certReq, the TSA's name in the token, serial, genTime, imprint hash)
+TOKEN_CASES = [
+    (1, 2**100 + 7, True, True, 2**64, NOW, "sha384"),
+    (None, None, False, True, 2**64 + 1, NOW.replace(microsecond=1000), "sha256"),
+    (0, 0, True, False, 0, NOW.replace(microsecond=2000), "sha384"),
+    (1, None, True, True, 2**160 - 1, datetime(2050, 1, 1, tzinfo=UTC), "sha512"),
+    (None, 2**160 - 1, False, False, 2**159 + 1,
+     datetime(2099, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "sha256"),
+    (30, 1, False, True, 1, datetime(2049, 12, 31, 23, 59, 59, tzinfo=UTC), "sha1"),
+]
+
+
+def _straightforward_attributes(certificate: bytes, message_digest: bytes,
+                                signing_time: datetime | None = None) -> cms.CMSAttributes:
+    """The signed attributes built the plain way, from native values (asn1crypto sorts them)."""
+    cert = asn1_x509.Certificate.load(certificate)
+    ess = {"cert_hash": hashlib.sha256(certificate).digest(),
+           "issuer_serial": {"issuer": [asn1_x509.GeneralName(name="directory_name",
+                                                               value=cert.issuer)],
+                             "serial_number": cert.serial_number}}
+    attributes: list[dict[str, object]] = [
+        {"type": "content_type", "values": ["tst_info"]},
+        {"type": "message_digest", "values": [message_digest]},
+        {"type": "signing_certificate_v2", "values": [{"certs": [ess]}]},
+    ]
+    if signing_time is not None:
+        choice = "utc_time" if signing_time.year < 2050 else "generalized_time"
+        attributes.append({"type": "signing_time",
+                           "values": [cms.Time(name=choice, value=signing_time)]})
+    return cms.CMSAttributes(attributes)
+
+
 @pytest.mark.parametrize("kind", ["p256", "p384", "rsa3072"])
 def test_token_is_byte_for_byte_the_straightforward_one(keys: dict[str, PrivateKey],
                                                          kind: str) -> None:
     tsa = make_tsa(keys, kind, "ca")
     name = asn1_x509.Certificate.load(tsa.chain[0]).subject
+    signature_algorithm = algorithm(tsa.key)
     signed: list[bytes] = []
 
     def sign_it(data: bytes) -> bytes:
         signed.append(data)
         return sign(tsa.key, data)
 
-    for n, (accuracy, nonce, certs) in enumerate([(1, 2**100 + 7, True), (None, None, False),
-                                                  (0, 0, True)]):
-        fields = TokenFields(POLICY, "sha384", bytes(range(48)), 2**64 + n,
-                             NOW.replace(microsecond=n * 1000), accuracy, nonce, name)
-        token = tsp.token(fields, algorithm(tsa.key), tsa.chain, sign_it,
+    for accuracy, nonce, certs, named, serial, gen_time, imprint in TOKEN_CASES:
+        digest = bytes(range(tsp.HASH_ALGORITHMS[imprint][1]))
+        fields = TokenFields(POLICY, imprint, digest, serial, gen_time, accuracy, nonce,
+                             name if named else None)
+        token = tsp.token(fields, signature_algorithm, tsa.chain, sign_it,
                           include_certificates=certs)
         signature = bytes(cms.ContentInfo.load(token)["content"]["signer_infos"][0]["signature"])
-        assert token == _straightforward_token(fields, algorithm(tsa.key), tsa.chain, signature,
+        assert token == _straightforward_token(fields, signature_algorithm, tsa.chain, signature,
                                                certs)
         # what was signed is what the token's signer info carries as its signed attributes
-        assert tsp.signed_attributes(tsp.parse_token(token).tst_info, tsa.chain[0],
-                                     digest_algorithm=tsp.signature_hash(algorithm(tsa.key))
-                                     ) == signed[-1]
+        info = tsp.tst_info(fields)
+        attributes = tsp.signed_attributes(info, tsa.chain[0],
+                                           digest_algorithm=tsp.signature_hash(signature_algorithm))
+        assert (tsp.parse_token(token).tst_info, attributes) == (info, signed[-1])
+        # and the three steps one by one make the same token
+        assert tsp.signed_data(info, attributes, signature, signature_algorithm, tsa.chain,
+                               include_certificates=certs) == token
+        assert tsp.parse_token(token).fields == fields
+    assert b"\x18\x0f20500101000000Z" in tsp.tst_info(  # GeneralizedTime, even from 2050
+        TokenFields(POLICY, "sha256", bytes(32), 1, datetime(2050, 1, 1, tzinfo=UTC)))
+
+
+def test_ecdsa_signature_is_the_asn1crypto_one() -> None:
+    for r, s in [(1, 1), (2**255, 2**255 - 1), (2**383 + 5, 127), (128, 2**256 - 189)]:
+        assert tsp.ecdsa_signature(r, s) == algos.DSASignature({"r": r, "s": s}).dump()
