@@ -38,13 +38,10 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
 
 from asn1crypto import algos, cms, core, csr, keys, tsp, x509
 from asn1crypto import pem as asn1_pem
 from rfc3161_client import _rust as rfc3161_rust
-
-_Value = TypeVar("_Value", bound=core.Asn1Value)
 
 __all__ = [
     "FAILURES",
@@ -350,34 +347,32 @@ def _granted_status() -> bytes:
 def tst_info(fields: TokenFields) -> bytes:
     """The DER ``TSTInfo`` (version 1, ordering omitted, i.e. false) for ``fields``."""
     try:
-        return bytes(_tst_info(fields).dump())
+        return _tst_info(fields)
     except (TypeError, ValueError) as exc:
         raise TspError(f"cannot encode the TSTInfo: {exc}") from exc
 
 
-def _tst_info(fields: TokenFields) -> tsp.TSTInfo:
-    """The ``TSTInfo`` of ``fields``: the parts every token of a TSA shares (version, policy,
-    imprint algorithm, accuracy, the TSA's name) as `_encoded` keeps them, the others as
-    asn1crypto values of their own type (no conversion from native values to look up)."""
-    value: dict[str, object] = {
-        "version": _constant(tsp.Version, "v1"),
-        "policy": _constant(core.ObjectIdentifier, fields.policy),
-        "message_imprint": tsp.MessageImprint({
-            "hash_algorithm": _digest_algorithm(fields.hash_algorithm),
-            "hashed_message": core.OctetString(fields.digest),
-        }),
-        "serial_number": core.Integer(fields.serial),
-        "gen_time": core.GeneralizedTime(fields.gen_time),
-    }
+def _tst_info(fields: TokenFields) -> bytes:
+    """The DER ``TSTInfo`` of ``fields``: the parts every token of a TSA shares (version,
+    policy, imprint algorithm, accuracy, the TSA's name) as `_der` keeps them, the others
+    encoded as the type the schema gives them (ordering, false, is left out as its default)."""
+    parts = [
+        _der(tsp.Version, "v1"),
+        _der(core.ObjectIdentifier, fields.policy),
+        _sequence(_digest_algorithm(fields.hash_algorithm),  # MessageImprint
+                  core.OctetString(fields.digest).dump()),
+        core.Integer(fields.serial).dump(),
+        core.GeneralizedTime(fields.gen_time).dump(),
+    ]
     if fields.accuracy_seconds is not None:
-        value["accuracy"] = _accuracy(fields.accuracy_seconds)
+        parts.append(_accuracy(fields.accuracy_seconds))
     if fields.nonce is not None:
-        value["nonce"] = core.Integer(fields.nonce)
+        parts.append(core.Integer(fields.nonce).dump())
     if fields.tsa_name is not None:
         name = fields.tsa_name  # (one read from a token is still tagged as its directoryName)
         untagged = name.untag() if name.explicit or name.implicit else name
-        value["tsa"] = _tsa_name(untagged.dump())
-    return _encoded(tsp.TSTInfo(value))
+        parts.append(_tsa_name(untagged.dump()))
+    return _sequence(*parts)
 
 
 def signature_hash(signature_algorithm: str) -> str:
@@ -406,65 +401,88 @@ def signed_attributes(
     if digest_algorithm not in SIGNATURE_ALGORITHMS.values():
         raise TspError(f"unsupported digest algorithm {digest_algorithm!r}")
     digest = hashlib.new(digest_algorithm, tst_info_der).digest()
-    return bytes(_signed_attributes(digest, certificate_der, signing_time).dump())
+    return _set_of_contents(_signed_attributes(digest, certificate_der, signing_time))
 
 
 def _signed_attributes(message_digest: bytes, certificate_der: bytes,
-                       signing_time: datetime | None = None) -> cms.CMSAttributes:
-    attributes: list[object] = [
+                       signing_time: datetime | None = None) -> bytes:
+    """The contents of the signed attributes' ``SET OF``: the attributes' DER, sorted as DER
+    (and asn1crypto) sort a SET OF; the same contents go into the SignerInfo as its
+    ``signedAttrs [0] IMPLICIT``."""
+    attributes = [
         _content_type_tst_info(),
-        cms.CMSAttribute({"type": _constant(cms.CMSAttributeType, "message_digest"),
-                          "values": cms.SetOfOctetString([core.OctetString(message_digest)])}),
+        _attribute("message_digest", core.OctetString(message_digest).dump()),
         _signing_certificate_v2_attribute(certificate_der),
     ]
     if signing_time is not None:
         when = _time(cms.Time, "generalized_time", signing_time)
-        attributes.append({"type": "signing_time", "values": [when]})
-    return cms.CMSAttributes(attributes)
+        attributes.append(_attribute("signing_time", when.dump()))
+    return b"".join(sorted(attributes))
 
 
-# The parts of every token that are the same for a certificate (or an algorithm), made once:
-# building them is most of the cost of a token. Each is kept as `_encoded` gives it back: a
-# value loaded from its encoding goes into every token as those bytes, while a value as built
-# is encoded again in every token (build_token: 5.3 ms with the signer identifier and the
-# signingCertificateV2 attribute kept as built, 0.52 ms with every part loaded back).
-# (asn1crypto values are not changed once made; the same one goes into every token.)
-# The same holds within one token: asn1crypto encodes a value as built again each time its
-# parent asks for its contents, and deep-copies one it must tag, so `token` builds each level
-# from parts loaded back (the TSTInfo, the signed attributes, the SignerInfo; a tagged value
-# made from the contents of one built untagged), which makes it about half as costly again.
+def _attribute(kind: str, value_der: bytes) -> bytes:
+    """A ``CMSAttribute`` of type ``kind`` (asn1crypto's name) with the one value given."""
+    return _sequence(_der(cms.CMSAttributeType, kind), _set_of(value_der))
 
 
-def _encoded(value: _Value, **tagging: int) -> _Value:
-    """``value`` loaded back from its DER (``tagging``: its implicit or explicit tag)."""
-    return type(value).load(value.dump(), **tagging)
+# The parts of every token that are the same for a certificate (or an algorithm, a policy) are
+# encoded once and kept as DER bytes (`_der` and the caches below). The parts that change from
+# token to token (imprint, serial, genTime, nonce, messageDigest, signature) are each encoded
+# by the asn1crypto type of their field (`core.Integer(serial).dump()`...). Each constructed
+# level is a generic asn1crypto value of its tag whose contents are its children's DER joined
+# (`_sequence`, `_set_of`; asn1crypto's implicit or explicit tagging where the schema tags
+# it), so asn1crypto still writes every tag and length and the schema's order and optional
+# fields are kept here, by hand. Why not fill asn1crypto's schema classes (tsp.TSTInfo,
+# cms.SignerInfo...): setting a field converts, checks, tags and deep-copies the value, and a
+# value as built is encoded again each time its parent asks. build_token took 5.3 ms with every
+# part built from native values in one tree, 0.52 ms with the constant parts loaded back from
+# their DER into the schema classes (some 1,950 Python calls a token), and about 0.14 ms built
+# as here (some 490 calls, most of them in the `dump` of each level; `python -m
+# bench.build_token`, whose fake signer's `ecdsa_signature` is counted in). test_tsp.py holds
+# the tokens byte for byte to ones built the plain way, from native values.
+
+
+def _sequence(*parts: bytes, **tagging: int) -> bytes:
+    """The DER ``SEQUENCE`` of the DER ``parts`` (``tagging``: its implicit or explicit tag)."""
+    return bytes(core.Sequence(contents=b"".join(parts), **tagging).dump())
+
+
+def _set_of(*parts: bytes) -> bytes:
+    """The DER ``SET OF`` the DER ``parts``, sorted as DER (and asn1crypto) sort them."""
+    return _set_of_contents(b"".join(sorted(parts)))
+
+
+def _set_of_contents(contents: bytes, **tagging: int) -> bytes:
+    """The DER ``SET OF`` whose contents are ``contents``, elements already in order
+    (``tagging`` as `_sequence`)."""
+    return bytes(core.SetOf(contents=contents, **tagging).dump())
 
 
 @functools.lru_cache(maxsize=32)
-def _constant(kind: type[_Value], value: object) -> _Value:
-    """A value of one of the simple types (OIDs, versions) from its native value, once."""
-    return _encoded(kind(value))
+def _der(kind: type[core.Asn1Value], value: object) -> bytes:
+    """The DER of a simple value (an OID, a version) from its native value, once."""
+    return bytes(kind(value).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _accuracy(seconds: int) -> tsp.Accuracy:
-    return _encoded(tsp.Accuracy({"seconds": seconds}))
+def _accuracy(seconds: int) -> bytes:
+    return bytes(tsp.Accuracy({"seconds": seconds}).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _tsa_name(name_der: bytes) -> x509.GeneralName:
+def _tsa_name(name_der: bytes) -> bytes:
     """The TSTInfo's ``tsa [0] EXPLICIT GeneralName`` (a directoryName) of a DER Name."""
     name = x509.GeneralName(name="directory_name", value=x509.Name.load(name_der))
-    return _encoded(name.retag({"explicit": 0}), explicit=0)
+    return bytes(name.retag({"explicit": 0}).dump())
 
 
 @functools.cache
-def _content_type_tst_info() -> cms.CMSAttribute:
-    return _encoded(cms.CMSAttribute({"type": "content_type", "values": ["tst_info"]}))
+def _content_type_tst_info() -> bytes:
+    return bytes(cms.CMSAttribute({"type": "content_type", "values": ["tst_info"]}).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _signing_certificate_v2_attribute(certificate_der: bytes) -> cms.CMSAttribute:
+def _signing_certificate_v2_attribute(certificate_der: bytes) -> bytes:
     """The signingCertificateV2 attribute naming ``certificate_der``: the same for every
     token of a certificate, and the costliest part to encode."""
     cert = _certificate(certificate_der)
@@ -475,41 +493,41 @@ def _signing_certificate_v2_attribute(certificate_der: bytes) -> cms.CMSAttribut
             "serial_number": cert.serial_number,
         },
     }
-    return _encoded(cms.CMSAttribute(
-        {"type": "signing_certificate_v2", "values": [{"certs": [ess_cert_id]}]}))
+    return bytes(cms.CMSAttribute(
+        {"type": "signing_certificate_v2", "values": [{"certs": [ess_cert_id]}]}).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _sid(certificate_der: bytes) -> cms.SignerIdentifier:
+def _sid(certificate_der: bytes) -> bytes:
     """The SignerIdentifier (issuerAndSerialNumber) of a certificate."""
     cert = _certificate(certificate_der)
-    return _encoded(cms.SignerIdentifier(
+    return bytes(cms.SignerIdentifier(
         name="issuer_and_serial_number",
-        value={"issuer": cert.issuer, "serial_number": cert.serial_number}))
+        value={"issuer": cert.issuer, "serial_number": cert.serial_number}).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _certificate_set(chain: tuple[bytes, ...]) -> cms.CertificateSet:
+def _certificate_set(chain: tuple[bytes, ...]) -> bytes:
     """The SignedData's ``certificates [0] IMPLICIT CertificateSet`` holding ``chain``."""
     certificates = cms.CertificateSet([cms.CertificateChoices(name="certificate",
                                                               value=_certificate(der))
                                        for der in chain])
-    return _encoded(certificates.retag({"implicit": 0}), implicit=0)
+    return bytes(certificates.retag({"implicit": 0}).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _digest_algorithms(name: str) -> cms.DigestAlgorithms:
-    return _encoded(cms.DigestAlgorithms([{"algorithm": name}]))
+def _digest_algorithms(name: str) -> bytes:
+    return bytes(cms.DigestAlgorithms([{"algorithm": name}]).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _digest_algorithm(name: str) -> algos.DigestAlgorithm:
-    return _encoded(algos.DigestAlgorithm({"algorithm": name}))
+def _digest_algorithm(name: str) -> bytes:
+    return bytes(algos.DigestAlgorithm({"algorithm": name}).dump())
 
 
 @functools.lru_cache(maxsize=8)
-def _signature_algorithm(name: str) -> algos.SignedDigestAlgorithm:
-    return _encoded(algos.SignedDigestAlgorithm({"algorithm": name}))
+def _signature_algorithm(name: str) -> bytes:
+    return bytes(algos.SignedDigestAlgorithm({"algorithm": name}).dump())
 
 
 def subject_of(certificate_der: bytes) -> x509.Name:
@@ -550,61 +568,51 @@ def signed_data(
             for attribute in attributes
             if attribute["type"].native == "message_digest"
         ]
-        content = tsp.TSTInfo.load(tst_info_der, strict=True)  # (made by `tst_info`)
+        tsp.TSTInfo.load(tst_info_der, strict=True)  # (made by `tst_info`)
     except ValueError as exc:
         raise TspError(f"cannot read the signed attributes or the TSTInfo: {exc}") from exc
     if digests != [hashlib.new(digest_algorithm, tst_info_der).digest()]:
         raise TspError(f"the messageDigest attribute is not the {digest_algorithm} of the TSTInfo")
-    return _signed_data(content, attributes, signature, signature_algorithm, tuple(chain),
-                        include_certificates=include_certificates)
+    return _signed_data(tst_info_der, bytes(attributes.contents), signature, signature_algorithm,
+                        tuple(chain), include_certificates=include_certificates)
 
 
-def _signed_data(content: tsp.TSTInfo, attributes: cms.CMSAttributes, signature: bytes,
+def _signed_data(tst_info_der: bytes, attributes: bytes, signature: bytes,
                  signature_algorithm: str, chain: tuple[bytes, ...], *,
                  include_certificates: bool) -> bytes:
-    """`signed_data` of parts already checked. Each level is built from parts as `_encoded`
-    gives them back, so that it is encoded once (a value as built is encoded again whenever
-    its parent asks, and an implicitly or explicitly tagged one is deep-copied to tag it)."""
+    """`signed_data` of parts already checked; ``attributes`` is the contents of the signed
+    attributes' SET OF (`_signed_attributes`)."""
     digest_algorithm = SIGNATURE_ALGORITHMS[signature_algorithm]
-    signer_info = _encoded(cms.SignerInfo({
-        "version": _constant(cms.CMSVersion, "v1"),
-        "sid": _sid(chain[0]),
-        "digest_algorithm": _digest_algorithm(digest_algorithm),
-        "signed_attrs": cms.CMSAttributes(contents=attributes.contents, implicit=0),
-        "signature_algorithm": _signature_algorithm(signature_algorithm),
-        "signature": core.OctetString(signature),
-    }))
-    value: dict[str, object] = {
-        "version": _constant(cms.CMSVersion, "v3"),
-        "digest_algorithms": _digest_algorithms(digest_algorithm),
-        "encap_content_info": {"content_type": _constant(cms.ContentType, "tst_info"),
-                               "content": content},
-        "signer_infos": cms.SignerInfos([signer_info]),
-    }
+    signer_info = _sequence(
+        _der(cms.CMSVersion, "v1"),
+        _sid(chain[0]),
+        _digest_algorithm(digest_algorithm),
+        _set_of_contents(attributes, implicit=0),  # signedAttrs: as signed, retagged
+        _signature_algorithm(signature_algorithm),
+        core.OctetString(signature).dump(),
+    )
+    encap_content_info = _sequence(_der(cms.ContentType, "tst_info"),
+                                   core.OctetString(tst_info_der, explicit=0).dump())
+    parts = [_der(cms.CMSVersion, "v3"), _digest_algorithms(digest_algorithm), encap_content_info]
     if include_certificates:
-        value["certificates"] = _certificate_set(chain)
-    signed = cms.SignedData(contents=cms.SignedData(value).contents, explicit=0)
-    info = cms.ContentInfo({"content_type": _constant(cms.ContentType, "signed_data"),
-                            "content": signed})
-    return bytes(info.dump())
+        parts.append(_certificate_set(chain))
+    parts.append(_set_of(signer_info))  # SignerInfos
+    return _sequence(_der(cms.ContentType, "signed_data"),  # ContentInfo
+                     _sequence(*parts, explicit=0))
 
 
 def token(fields: TokenFields, signature_algorithm: str, chain: Sequence[bytes],
           sign: Callable[[bytes], bytes], *, include_certificates: bool) -> bytes:
     """The token of ``fields`` in one go: `tst_info`, `signed_attributes` for ``chain[0]``,
     ``sign`` (the signer's signature over those attributes, as `signed_data` takes it), then
-    `signed_data`; the same bytes, without encoding and parsing back what it built itself."""
+    `signed_data`; the same bytes, without parsing back what it built itself."""
     digest_algorithm = signature_hash(signature_algorithm)
     if not chain:
         raise TspError("the chain must hold the TSA certificate")
-    try:
-        content = _tst_info(fields)
-    except (TypeError, ValueError) as exc:
-        raise TspError(f"cannot encode the TSTInfo: {exc}") from exc
-    digest = hashlib.new(digest_algorithm, content.dump()).digest()
-    attributes = bytes(_signed_attributes(digest, chain[0]).dump())
-    return _signed_data(content, cms.CMSAttributes.load(attributes), sign(attributes),
-                        signature_algorithm, tuple(chain),
+    content = tst_info(fields)
+    attributes = _signed_attributes(hashlib.new(digest_algorithm, content).digest(), chain[0])
+    signature = sign(_set_of_contents(attributes))
+    return _signed_data(content, attributes, signature, signature_algorithm, tuple(chain),
                         include_certificates=include_certificates)
 
 
