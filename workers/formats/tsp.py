@@ -436,10 +436,11 @@ def _attribute(kind: str, value_der: bytes) -> bytes:
 # cms.SignerInfo...): setting a field converts, checks, tags and deep-copies the value, and a
 # value as built is encoded again each time its parent asks. build_token took 5.3 ms with every
 # part built from native values in one tree, 0.52 ms with the constant parts loaded back from
-# their DER into the schema classes (some 1,950 Python calls a token), and about 0.14 ms built
-# as here (some 490 calls, most of them in the `dump` of each level; `python -m
-# bench.build_token`, whose fake signer's `ecdsa_signature` is counted in). test_tsp.py holds
-# the tokens byte for byte to ones built the plain way, from native values.
+# their DER into the schema classes (some 1,950 Python calls a token), and about 0.12 ms built
+# as here (some 440 calls, most of them in the `dump` of each level; `python -m
+# bench.build_token`, whose fake signer's `ecdsa_signature`, made the same way, is counted
+# in). test_tsp.py holds the tokens byte for byte to ones built the plain way, from native
+# values.
 
 
 def _sequence(*parts: bytes, **tagging: int) -> bytes:
@@ -620,7 +621,7 @@ def ecdsa_signature(r: int, s: int) -> bytes:
     """The DER ``ECDSA-Sig-Value`` (``SEQUENCE { r, s }``) for an ECDSA signature."""
     if r <= 0 or s <= 0:
         raise TspError("ECDSA r and s must be positive")
-    return bytes(algos.DSASignature({"r": r, "s": s}).dump())
+    return _sequence(core.Integer(r).dump(), core.Integer(s).dump())  # as algos.DSASignature
 
 
 def parse_token(der: bytes) -> ParsedToken:
