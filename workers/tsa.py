@@ -53,6 +53,7 @@ __all__ = [
     "TsaError",
     "TsaKey",
     "build_token",
+    "build_tokens",
     "check_chain",
     "check_import",
     "csr",
@@ -83,6 +84,12 @@ SignFn = Callable[[int, bytes], Sequence[int]]
 SshSignFn = Callable[[bytes, bytes, int], bytes]
 """Sign bytes with the SSH key of a public key blob, with agent flags: ssh-agent's signature
 blob (`SshAgentConnection.sign`)."""
+
+SignManyFn = Callable[[int, Sequence[bytes]], Sequence[Sequence[int]]]
+"""`SignFn` for several digests in one agent round trip (`AssuanConnection.sign_many`)."""
+
+SshSignManyFn = Callable[[bytes, Sequence[bytes], int], Sequence[bytes]]
+"""`SshSignFn` for several messages in one round trip (`SshAgentConnection.sign_many`)."""
 
 _HASH_IDS = {name: algo for algo, name in openpgp.HASH_NAMES.items()}
 _EC_ALGORITHMS = {"nistp256": "sha256_ecdsa", "nistp384": "sha384_ecdsa"}
@@ -136,31 +143,39 @@ def ssh_signature_algorithm_for(key: sshsig.SshPublicKey) -> str:
 class TsaKey:
     """A key as the TSA signs with it, whatever agent holds it: ``name`` says which key in
     messages (its fingerprint), ``public_key_info`` is its DER ``SubjectPublicKeyInfo``,
-    ``algorithm`` its signature algorithm (as `workers.formats.tsp` names it) and ``sign``
-    signs bytes: the signature as X.509 and CMS carry it (`signature`). `openpgp_agent_key`
-    and `ssh_agent_key` make one."""
+    ``algorithm`` its signature algorithm (as `workers.formats.tsp` names it), ``sign`` signs
+    bytes: the signature as X.509 and CMS carry it (`signature`), and ``sign_many``, when the
+    agent can, signs several in one round trip (`signatures`). `openpgp_agent_key` and
+    `ssh_agent_key` make one."""
 
     name: str
     public_key_info: bytes
     algorithm: str
     sign: Callable[[bytes], bytes]
+    sign_many: Callable[[Sequence[bytes]], list[bytes]] | None = None
 
     def signature(self, data: bytes) -> bytes:
         """The signature over ``data``: a DER ``ECDSA-Sig-Value``, or the RSA ``s`` as
         big-endian bytes of the modulus' length."""
         return self.sign(data)
 
+    def signatures(self, datas: Sequence[bytes]) -> list[bytes]:
+        """`signature` of each of ``datas``, in one agent round trip where the agent allows."""
+        if self.sign_many is None or len(datas) == 1:
+            return [self.sign(data) for data in datas]
+        return self.sign_many(datas)
 
-def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn) -> TsaKey:
+
+def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn,
+                sign_many: SignManyFn | None = None) -> TsaKey:
     """The OpenPGP key ``key`` whose ``SubjectPublicKeyInfo`` is ``public_key_info``, signing
-    through ``sign`` (gpg-agent's ``PKSIGN`` over a digest); `TsaError` when it cannot be a
-    TSA key."""
+    through ``sign`` (gpg-agent's ``PKSIGN`` over a digest; ``sign_many`` for several);
+    `TsaError` when it cannot be a TSA key."""
     algorithm = signature_algorithm_for(key)
     hash_name = tsp.signature_hash(algorithm)
     hash_id = _HASH_IDS[hash_name]
 
-    def signature(data: bytes) -> bytes:
-        values = list(sign(hash_id, hashlib.new(hash_name, data).digest()))
+    def encoded(values: Sequence[int]) -> bytes:
         if key.pubkey_algo == openpgp.PK_ECDSA:
             if len(values) != 2:
                 raise AgentError(f"an ECDSA signature has 2 values, the agent gave {len(values)}")
@@ -172,7 +187,16 @@ def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn) -> T
             raise AgentError("the agent's RSA signature is longer than the modulus")
         return values[0].to_bytes(size, "big")
 
-    return TsaKey(key.fingerprint, public_key_info, algorithm, signature)
+    def signature(data: bytes) -> bytes:
+        return encoded(list(sign(hash_id, hashlib.new(hash_name, data).digest())))
+
+    def signatures(datas: Sequence[bytes]) -> list[bytes]:
+        assert sign_many is not None
+        values = sign_many(hash_id, [hashlib.new(hash_name, data).digest() for data in datas])
+        return [encoded(list(v)) for v in values]
+
+    return TsaKey(key.fingerprint, public_key_info, algorithm, signature,
+                  None if sign_many is None else signatures)
 
 
 def openpgp_agent_key(key: openpgp.KeyInfo, conn: AssuanConnection) -> TsaKey:
@@ -183,30 +207,39 @@ def openpgp_agent_key(key: openpgp.KeyInfo, conn: AssuanConnection) -> TsaKey:
     except sexp.SexpError as exc:
         raise TsaError(f"the agent's public key of {key.fingerprint} is unusable: {exc}"
                        ) from None
-    return openpgp_key(key, info, lambda algo, digest: conn.sign(key.keygrip, algo, digest))
+    return openpgp_key(key, info, lambda algo, digest: conn.sign(key.keygrip, algo, digest),
+                       lambda algo, digests: conn.sign_many(key.keygrip, algo, digests))
 
 
-def ssh_key(key: sshsig.SshPublicKey, sign: SshSignFn) -> TsaKey:
-    """The SSH key ``key`` (ECDSA P-256 or P-384), signing through ``sign``: ssh-agent signs
-    the bytes themselves (it hashes them), and its ``(r, s)`` become a DER
-    ``ECDSA-Sig-Value``. `TsaError` when it cannot be a TSA key."""
+def ssh_key(key: sshsig.SshPublicKey, sign: SshSignFn,
+            sign_many: SshSignManyFn | None = None) -> TsaKey:
+    """The SSH key ``key`` (ECDSA P-256 or P-384), signing through ``sign`` (``sign_many`` for
+    several): ssh-agent signs the bytes themselves (it hashes them), and its ``(r, s)`` become
+    a DER ``ECDSA-Sig-Value``. `TsaError` when it cannot be a TSA key."""
     algorithm = ssh_signature_algorithm_for(key)
     info = tsp.ec_public_key_info(_SSH_EC_KEYS[key.key_type][0], sshsig.ecdsa_point(key))
 
-    def signature(data: bytes) -> bytes:
-        blob = sign(key.blob, data, 0)
+    def encoded(blob: bytes) -> bytes:
         try:
             r, s = sshsig.ecdsa_signature_values(key, blob)
         except sshsig.SshSigError as exc:
             raise SshAgentError(f"ssh-agent returned an unusable signature: {exc}") from exc
         return tsp.ecdsa_signature(r, s)
 
-    return TsaKey(key.fingerprint, info, algorithm, signature)
+    def signature(data: bytes) -> bytes:
+        return encoded(sign(key.blob, data, 0))
+
+    def signatures(datas: Sequence[bytes]) -> list[bytes]:
+        assert sign_many is not None
+        return [encoded(blob) for blob in sign_many(key.blob, datas, 0)]
+
+    return TsaKey(key.fingerprint, info, algorithm, signature,
+                  None if sign_many is None else signatures)
 
 
 def ssh_agent_key(key: sshsig.SshPublicKey, conn: SshAgentConnection) -> TsaKey:
     """The SSH key ``key`` that ``conn``'s ssh-agent holds."""
-    return ssh_key(key, conn.sign)
+    return ssh_key(key, conn.sign, conn.sign_many)
 
 
 def secret_key_file(key_dir: Path, key_format: str) -> Path:
@@ -403,17 +436,39 @@ def build_token(job: TimestampJob, key: TsaKey, chain: Sequence[bytes]) -> bytes
     """The time-stamp token (a DER CMS ``ContentInfo``) of ``job``, signed by ``key`` whose
     certificate is ``chain[0]``: the TSTInfo names the TSA by that certificate's subject, the
     certificates are embedded when the client asked (``cert_req``)."""
+    token = build_tokens([job], key, chain)[0]
+    if isinstance(token, Exception):
+        raise token
+    return token
+
+
+def build_tokens(jobs: Sequence[TimestampJob], key: TsaKey, chain: Sequence[bytes]
+                 ) -> list[bytes | ValueError]:
+    """`build_token` of each of ``jobs``, signed in one agent round trip (`TsaKey.signatures`);
+    a job that cannot make a token gets its error (a `ValueError`) in its place, the others
+    their tokens. The agent's errors propagate."""
     if not chain:
         raise TsaError("this key has no TSA certificate")
-    algorithm = key.algorithm
-    fields = tsp.TokenFields(
-        policy=job.policy,
-        hash_algorithm=job.hash_algorithm,
-        digest=bytes.fromhex(job.digest),
-        serial=job.serial,
-        gen_time=datetime.fromtimestamp(job.time, UTC),
-        accuracy_seconds=job.accuracy,
-        nonce=job.nonce_value,
-        tsa_name=tsp.subject_of(chain[0]),
-    )
-    return tsp.token(fields, algorithm, chain, key.signature, include_certificates=job.cert_req)
+    name = tsp.subject_of(chain[0])
+    out: list[bytes | ValueError | None] = [None] * len(jobs)
+    unsigned: list[tuple[int, tsp.UnsignedToken]] = []
+    for i, job in enumerate(jobs):
+        try:
+            fields = tsp.TokenFields(
+                policy=job.policy,
+                hash_algorithm=job.hash_algorithm,
+                digest=bytes.fromhex(job.digest),
+                serial=job.serial,
+                gen_time=datetime.fromtimestamp(job.time, UTC),
+                accuracy_seconds=job.accuracy,
+                nonce=job.nonce_value,
+                tsa_name=name,
+            )
+            unsigned.append((i, tsp.prepare_token(fields, key.algorithm, chain,
+                                                  include_certificates=job.cert_req)))
+        except ValueError as e:
+            out[i] = e
+    signatures = key.signatures([u.signed_bytes for _, u in unsigned])
+    for (i, u), signature in zip(unsigned, signatures, strict=True):
+        out[i] = u.finish(signature)
+    return [o if o is not None else TsaError("not built") for o in out]

@@ -145,15 +145,25 @@ class Signer:
 
     def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
         """The signed object of each of ``jobs``, or the `REFUSED` error that made it
-        malformed; the agent's errors propagate. Signers whose agent signs several digests in
-        one round trip override this."""
-        out: list[str | Exception] = []
-        for job in jobs:
+        malformed; the agent's errors propagate. Time-stamp tokens are signed in one agent
+        round trip (`tsa.build_tokens`); signers whose agent signs several git objects so
+        override this."""
+        out: list[str | Exception | None] = [None] * len(jobs)
+        tokens: list[tuple[int, TimestampJob]] = []
+        for i, job in enumerate(jobs):
+            if isinstance(job, TimestampJob) and self.chain:
+                tokens.append((i, job))
+                continue
             try:
-                out.append(self.build(job))
+                out[i] = self.build(job)
             except REFUSED as e:
-                out.append(e)
-        return out
+                out[i] = e
+        if tokens:
+            built = tsa.build_tokens([job for _, job in tokens], self.tsa_key(), self.chain or [])
+            for (i, _), token in zip(tokens, built, strict=True):
+                out[i] = token if isinstance(token, Exception) \
+                    else base64.b64encode(token).decode("ascii")
+        return [o if o is not None else RuntimeError("not built") for o in out]
 
     def build(self, job: Job) -> str:
         """The signed object of ``job`` (ASCII text)."""
@@ -186,8 +196,8 @@ class OpenPgpSigner(Signer):
         return self.key.uid  # the client checks the uid of the key it fetched
 
     def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
-        """Git objects are signed in one agent round trip (`AssuanConnection.sign_many`); other
-        jobs one by one."""
+        """Git objects are signed in one agent round trip (`AssuanConnection.sign_many`),
+        time-stamp tokens in another (`Signer.build_many`), other jobs one by one."""
         out: list[str | Exception | None] = [None] * len(jobs)
         prepared: list[tuple[int, GitJob, bytes, openpgp.PreparedSignature]] = []
         for i, job in enumerate(jobs):
@@ -196,10 +206,12 @@ class OpenPgpSigner(Signer):
                     payload = job.payload(self.uid(job))
                     prepared.append((i, job, payload,
                                      openpgp.prepare_signature(payload, self.key, job.time)))
-                else:
-                    out[i] = self.build(job)
             except REFUSED as e:
                 out[i] = e
+        others = [i for i, job in enumerate(jobs) if not isinstance(job, TagJob | CommitJob)]
+        if others:  # receipts, manifests one by one, time-stamp tokens in one round trip
+            for i, o in zip(others, super().build_many([jobs[i] for i in others]), strict=True):
+                out[i] = o
         if prepared:
             values = self.conn.sign_many(self.key.keygrip, prepared[0][3].hash_algo,
                                          [p.digest for _, _, _, p in prepared])

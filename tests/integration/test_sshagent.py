@@ -137,6 +137,23 @@ def test_list_identities_shows_added_key(
     assert signature.namespace == "stampd"
 
 
+def test_several_signatures_in_one_round_trip(
+    base: Path, agents: list[SshAgent], keys: dict[str, Path]
+) -> None:
+    """sign_many answers as sign does (Ed25519 signatures are deterministic); a refused
+    request within a batch raises once every answer is read: the connection stays usable."""
+    agent = new_agent(base, agents)
+    key = agent.add_key(keys["plain"])
+    datas = [b"message %d" % i for i in range(5)]
+    with agent.connect() as conn:
+        assert conn.sign_many(key.blob, datas) == [conn.sign(key.blob, d) for d in datas]
+        assert conn.sign_many(key.blob, []) == []
+        other = SshPublicKey.from_line(keys["protected"].with_suffix(".pub").read_text())
+        with pytest.raises(SshAgentError, match="refused"):
+            conn.sign_many(other.blob, datas[:2])  # the agent has not got it: both refused
+        assert conn.sign_many(key.blob, datas[:2]) == [conn.sign(key.blob, d) for d in datas[:2]]
+
+
 def test_passphrase_protected_key_refused(
     base: Path, agents: list[SshAgent], keys: dict[str, Path]
 ) -> None:

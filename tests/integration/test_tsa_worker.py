@@ -27,7 +27,7 @@ from workers.config import DispatchConfig, WorkerConfig
 from workers.formats import sexp, tsp
 from workers.formats.jobs import TimestampJob
 from workers.keys.keyset import KeySpec, ensure_extra_keys, key_dir
-from workers.worker import OpenPgpSigner, SshSigner, check_key, load_signer, sign
+from workers.worker import OpenPgpSigner, SshSigner, check_key, load_signer, sign, sign_many
 
 SUBJECT = "stampd TSA at http://127.0.0.1:8080/"
 POLICY = "1.2.3.4.1"
@@ -114,6 +114,25 @@ def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, fmt: str, al
                 alone = _openssl("ts", "-verify", "-digest", digest, "-in", str(response),
                                  "-CAfile", str(chain_file))
                 assert alone.returncode != 0
+
+        # Several jobs arriving together are signed in one agent round trip; a malformed one
+        # among them is refused alone.
+        batch = [TimestampJob("sha256", digest, 2000 + n, int(time.time()), POLICY,
+                              accuracy=1, nonce=str(n), cert_req=bool(n % 2)).to_dict()
+                 for n in range(4)]
+        batch.insert(2, {**batch[0], "digest": "00"})
+        results = sign_many(signer, [{**job, "id": 10 + n} for n, job in enumerate(batch)])
+        assert [r.id for r in results] == [10, 11, 12, 13, 14]
+        assert results[2].object is None and "malformed job" in str(results[2].error)
+        for n, result in enumerate(r for i, r in enumerate(results) if i != 2):
+            assert result.error is None and result.object is not None
+            token = base64.b64decode(result.object)
+            assert tsp.parse_token(token).fields.serial == 2000 + n
+            response = tmp_path / f"b{n}.tsr"
+            response.write_bytes(tsp.granted(token))
+            verified = _openssl("ts", "-verify", "-digest", digest, "-in", str(response),
+                                "-CAfile", str(chain_file), "-untrusted", str(chain_file))
+            assert "Verification: OK" in verified.stdout, verified.stdout + verified.stderr
 
         # Without a chain the signer refuses timestamp jobs.
         bare = SshSigner.__new__(SshSigner) if fmt == "ssh" else \

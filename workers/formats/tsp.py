@@ -602,19 +602,50 @@ def _signed_data(tst_info_der: bytes, attributes: bytes, signature: bytes,
                      _sequence(*parts, explicit=0))
 
 
-def token(fields: TokenFields, signature_algorithm: str, chain: Sequence[bytes],
-          sign: Callable[[bytes], bytes], *, include_certificates: bool) -> bytes:
-    """The token of ``fields`` in one go: `tst_info`, `signed_attributes` for ``chain[0]``,
-    ``sign`` (the signer's signature over those attributes, as `signed_data` takes it), then
-    `signed_data`; the same bytes, without parsing back what it built itself."""
+@dataclass(frozen=True)
+class UnsignedToken:
+    """A token made up to its signature (`prepare_token`): the signer signs ``signed_bytes``
+    (hashing them with `signature_hash` of the algorithm) and `finish` wraps the signature
+    in. Several are prepared first so that one agent round trip signs them all."""
+
+    content: bytes  # the DER TSTInfo
+    attributes: bytes  # the contents of the signed attributes' SET OF
+    signature_algorithm: str
+    chain: tuple[bytes, ...]
+    include_certificates: bool
+
+    @property
+    def signed_bytes(self) -> bytes:
+        """The DER ``SET OF`` signed attributes: what the signature is over (RFC 5652 §5.4)."""
+        return _set_of_contents(self.attributes)
+
+    def finish(self, signature: bytes) -> bytes:
+        """The token (a DER ``ContentInfo``) with ``signature`` over `signed_bytes`."""
+        return _signed_data(self.content, self.attributes, signature, self.signature_algorithm,
+                            self.chain, include_certificates=self.include_certificates)
+
+
+def prepare_token(fields: TokenFields, signature_algorithm: str, chain: Sequence[bytes], *,
+                  include_certificates: bool) -> UnsignedToken:
+    """The token of ``fields`` up to its signature: `tst_info`, and `signed_attributes` for
+    ``chain[0]`` over it."""
     digest_algorithm = signature_hash(signature_algorithm)
     if not chain:
         raise TspError("the chain must hold the TSA certificate")
     content = tst_info(fields)
     attributes = _signed_attributes(hashlib.new(digest_algorithm, content).digest(), chain[0])
-    signature = sign(_set_of_contents(attributes))
-    return _signed_data(content, attributes, signature, signature_algorithm, tuple(chain),
-                        include_certificates=include_certificates)
+    return UnsignedToken(content, attributes, signature_algorithm, tuple(chain),
+                         include_certificates)
+
+
+def token(fields: TokenFields, signature_algorithm: str, chain: Sequence[bytes],
+          sign: Callable[[bytes], bytes], *, include_certificates: bool) -> bytes:
+    """The token of ``fields`` in one go: `prepare_token`, ``sign`` (the signer's signature
+    over the signed attributes, as `signed_data` takes it), then `UnsignedToken.finish`; the
+    same bytes as `signed_data`, without parsing back what it built itself."""
+    unsigned = prepare_token(fields, signature_algorithm, chain,
+                             include_certificates=include_certificates)
+    return unsigned.finish(sign(unsigned.signed_bytes))
 
 
 def ecdsa_signature(r: int, s: int) -> bytes:
