@@ -289,7 +289,6 @@ def _require_programs(settings: Settings, signs_here: bool = True) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from server.api.app import create_app
     from server.api.processes import run_uvicorn, serve_processes
 
     settings = build_settings(args)
@@ -330,6 +329,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
+    # (Imported only here: with several HTTP processes each imports the app, the supervisor
+    # need not.)
+    from server.api.app import create_app
+
     try:
         run_uvicorn(create_app(settings, before_shutdown=pool.stop if pool is not None else None,
                                keys=keys), settings)
