@@ -1,4 +1,4 @@
-"""A sample of `make fuzz` (bench/fuzz.py, bench/README.md): ~500 generated and mutated
+"""A sample of `make fuzz` (bench/fuzz.py, bench/README.md): ~300 generated and mutated
 requests through the same code, against one real server on SQLite, with the same promises: no
 answer ≥ 500, no hang, no worker restart, no traceback, nothing refused in the journal or the
 log, `stampd audit` passes. The full runs (10,000 requests, SQLite and PostgreSQL) are
@@ -28,7 +28,7 @@ from server.errors import BadRequest
 from server.settings import Settings
 from tests.helpers import Server
 
-SAMPLE = Options(requests=500, seed=20261124, concurrency=16)
+SAMPLE = Options(requests=300, seed=20261124, concurrency=16)
 
 
 def test_fuzz_sample_keeps_every_promise() -> None:
