@@ -52,7 +52,7 @@ REPORT_EVERY = 60.0  # seconds between warnings while the limit is being hit
 MAX_HEAD = 64 * 1024
 TOO_LARGE = "Request header fields too large."
 LINGER = 2.0  # seconds a connection closed with an error answer still reads (and drops)
-CYCLE = "stampd.cycle"  # scope key: the uvicorn cycle serving the request
+CYCLE = "stampd.cycle"  # scope key: a weak reference to the uvicorn cycle serving the request
 
 
 def connection_limit(nofile: int | None = None) -> int:
@@ -199,7 +199,9 @@ class StampdHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # (an upgrade makes no cycle)
-            self.scope[CYCLE] = cycle  # type: ignore[literal-required]
+            # Weak: the cycle holds the scope, which would otherwise hold the cycle, a loop
+            # per request that only the garbage collector frees.
+            self.scope[CYCLE] = weakref.ref(cycle)  # type: ignore[literal-required]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -325,11 +327,16 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
+def _cycle_of(scope: Scope) -> RequestResponseCycle | None:
+    ref: weakref.ref[RequestResponseCycle] | None = scope.get(CYCLE)
+    return None if ref is None else ref()
+
+
 def whole_body(scope: Scope, limit: int) -> bytes | None:
     """The request's body when it has arrived whole and is at most ``limit`` bytes, taken as
     ASGI's ``receive`` would take it; None when it must be read through ``receive`` (still
     arriving, ``Expect: 100-continue``, too large, the client gone, or no cycle here)."""
-    cycle: RequestResponseCycle | None = scope.get(CYCLE)
+    cycle = _cycle_of(scope)
     if (cycle is None or cycle.more_body or cycle.waiting_for_100_continue
             or cycle.disconnected or cycle.response_complete or len(cycle.body) > limit):
         return None
@@ -359,7 +366,7 @@ async def respond(scope: Scope, send: Send, status: int,
     when this protocol serves the request and nothing holds it back, else as ASGI messages.
     ``headers`` are the server's own (not checked for CR/LF, as uvicorn would), without
     Content-Length or Connection."""
-    cycle: RequestResponseCycle | None = scope.get(CYCLE)
+    cycle = _cycle_of(scope)
     if cycle is None or cycle.response_started or cycle.flow.write_paused \
             or scope["method"] == "HEAD":
         await send({"type": "http.response.start", "status": status,
