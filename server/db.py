@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,7 +101,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def alembic_config(engine: Engine) -> Config:
     from alembic.config import Config
 
-    cfg = Config()
+    # Alembic's Config defaults its stdout to the sys.stdout of the moment alembic was first
+    # imported, which may be a stream closed since (a test's capture); use the current one.
+    cfg = Config(stdout=sys.stdout)
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
     cfg.attributes["engine"] = engine

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +44,19 @@ def test_schema_matches_models_and_round_trips(engine: Engine) -> None:
         assert not engine.dialect.has_table(conn, "stamps")
     db.upgrade(engine)
     db.check(engine)
+
+
+def test_alembic_writes_to_the_current_stdout(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Alembic binds its default stdout when it is first imported; a stream closed since (a
+    # test's capture, a daemon's redirected stdout) must not break `check` (CI failed on it).
+    import alembic.config  # noqa: F401  (imported before sys.stdout changes)
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    db.check(engine)
+    assert "No new upgrade operations detected." in out.getvalue()
 
 
 def test_grouped_commits_and_durable_rows(engine: Engine) -> None:
