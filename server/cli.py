@@ -110,31 +110,27 @@ def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
 def _require_migrated(engine: Any) -> None:
     """A worker host does not migrate the shared database (API hosts and `stampd db upgrade`
     do); it refuses to start on one that is not up to date."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
     from client.errors import CommandError
     from server import db
 
-    with engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
-    head = ScriptDirectory.from_config(db.alembic_config(engine)).get_current_head()
-    if current != head:
+    current = db.current_revision(engine)
+    if current != db.SCHEMA_HEAD:
         raise CommandError(f"the database is at schema revision {current or 'none'}, not "
-                           f"{head}: run `stampd db upgrade` (or start an API host) first")
+                           f"{db.SCHEMA_HEAD}: run `stampd db upgrade` (or start an API host) "
+                           "first")
 
 
 def _adopt_tsa_chain(settings: Settings) -> None:
     """With several hosts, a worker host whose TSA key has no certificate chain yet takes the
     one registered in the database (by the host that made it), so that every host's tokens
     name the same certificate; the worker supervisor checks it is for this key."""
+    spec = settings.tsa_spec
+    if settings.dispatch != "database" or spec is None:
+        return
     from server import db
     from server.signing_keys import registered_certificates
     from workers.tsa import TSA_CHAIN_FILE, parse_chain, write_chain
 
-    spec = settings.tsa_spec
-    if settings.dispatch != "database" or spec is None:
-        return
     chain = settings.keys_dir / spec.id / TSA_CHAIN_FILE
     if chain.exists() or not chain.parent.is_dir():
         return
@@ -151,13 +147,13 @@ def _adopt_tsa_chain(settings: Settings) -> None:
 def _register_tsa_chain(settings: Settings, replace: bool = False) -> None:
     """With several hosts, the TSA certificate chain the worker supervisor made (or found) is
     registered with the TSA key, so that API hosts without key files serve it."""
+    spec = settings.tsa_spec
+    if settings.dispatch != "database" or spec is None:
+        return
     from server import db
     from server.signing_keys import register_certificates
     from workers.tsa import TSA_CHAIN_FILE
 
-    spec = settings.tsa_spec
-    if settings.dispatch != "database" or spec is None:
-        return
     chain = settings.keys_dir / spec.id / TSA_CHAIN_FILE
     if not chain.exists():  # (the supervisor's key check makes it; the server says it lacks)
         return

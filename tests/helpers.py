@@ -7,6 +7,7 @@ generator, the public log and peer branches, and generated OpenPGP test keys.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import http.client
@@ -80,13 +81,39 @@ def short_tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
+_migrated_journal: Path | None = None
+
+
+def migrated_journal() -> Path:
+    """An empty SQLite journal at the newest schema revision, made once per test process.
+    Seeded data directories start from a copy, so that their servers skip the migrations
+    (tests/integration/test_journal.py runs them; unseeded directories still do)."""
+    global _migrated_journal
+    if _migrated_journal is None:
+        from server import db
+
+        home = tempfile.mkdtemp(prefix="stampd-journal-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        path = Path(home) / "stampd.sqlite3"
+        engine = db.make_engine(f"sqlite:///{path}")
+        try:
+            db.upgrade(engine)
+        finally:
+            engine.dispose()
+        _migrated_journal = path
+    return _migrated_journal
+
+
 def seed_data_dir(data_dir: Path) -> Path:
-    """A data directory holding the fixed test key (so no key is generated)."""
+    """A data directory holding the fixed test key (so no key is generated) and an empty,
+    migrated journal."""
     keys = data_dir / "keys"
     keys.mkdir(parents=True, exist_ok=True, mode=0o700)
     shutil.copy(TEST_SECRET_KEY, keys / "secret-key.asc")
     os.chmod(keys / "secret-key.asc", 0o600)
     shutil.copy(TEST_PUBLIC_KEY, keys / "pubkey.asc")
+    if not (data_dir / "stampd.sqlite3").exists():
+        shutil.copy(migrated_journal(), data_dir / "stampd.sqlite3")
     return data_dir
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,41 @@ def test_schema_matches_models_and_round_trips(engine: Engine) -> None:
         assert not engine.dialect.has_table(conn, "stamps")
     db.upgrade(engine)
     db.check(engine)
+
+
+def test_schema_head_is_alembics_head(engine: Engine) -> None:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(db.alembic_config(engine)).get_current_head()
+    assert head == db.SCHEMA_HEAD, "a new migration: set server.db.SCHEMA_HEAD to its revision"
+    assert db.current_revision(engine) == head
+    db.downgrade(engine, "base")
+    assert db.current_revision(engine) is None
+    db.upgrade(engine, "0008")
+    assert db.current_revision(engine) == "0008"
+
+
+def test_a_database_at_head_is_not_given_to_alembic(tmp_path: Path) -> None:
+    # Start-up on a migrated database skips Alembic (its import alone is 0.3 s of CPU); one
+    # a revision behind is upgraded.
+    url = f"sqlite:///{tmp_path / 'h.sqlite3'}"
+    program = (
+        "import sys\n"
+        "from server import db\n"
+        f"engine = db.make_engine({url!r})\n"
+        "db.upgrade(engine)\n"
+        "print(db.current_revision(engine), 'alembic' in sys.modules)\n")
+    for expected in ("0009 True", "0009 False"):
+        out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).parents[2]).stdout.split()
+        assert " ".join(out) == expected.replace("0009", db.SCHEMA_HEAD)
+    engine = db.make_engine(url)
+    try:
+        db.downgrade(engine, "0008")
+        db.upgrade(engine)
+        assert db.current_revision(engine) == db.SCHEMA_HEAD
+    finally:
+        engine.dispose()
 
 
 def test_alembic_writes_to_the_current_stdout(
@@ -106,3 +142,25 @@ def test_database_down_fails_request_without_signing(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     eng.dispose()
+
+
+@pytest.mark.postgres
+def test_a_worker_host_refuses_a_database_behind_the_code(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from server.cli import EXIT_FAILED, main
+
+    engine = db.make_engine(pg_url)
+    try:
+        db.upgrade(engine)
+        db.downgrade(engine, "0008")
+        monkeypatch.setenv("STAMPD_DISPATCH", "database")
+        assert main(["worker", "--database-url", pg_url, "--data-dir", str(tmp_path)]) \
+            == EXIT_FAILED
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert f"at schema revision 0008, not {db.SCHEMA_HEAD}: run `stampd db upgrade`" in err
+        assert db.current_revision(engine) == "0008"  # a worker host never migrates
+    finally:
+        db.upgrade(engine)
+        engine.dispose()

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import KEY_TYPES, KeyMaker, Server, client, git, make_repo, start_server
+from tests.helpers import (
+    KEY_TYPES,
+    KeyMaker,
+    Server,
+    client,
+    git,
+    make_repo,
+    migrated_journal,
+    start_server,
+)
 
 # The branch commit of a second stamp merges the first: its signing differs in nothing but the
 # parents, so two types make it (test_interop makes merge chains with the default key too).
@@ -28,6 +37,7 @@ def test_real_client_and_git_accept(key_type: str, keys: KeyMaker,
     shutil.copy(key.secret_file, data / "keys/secret-key.asc")
     os.chmod(data / "keys/secret-key.asc", 0o600)
     shutil.copy(key.public_file, data / "keys/pubkey.asc")
+    shutil.copy(migrated_journal(), data / "stampd.sqlite3")
     server = start_server(data, workers=1)
     server_factory.append(server)
 

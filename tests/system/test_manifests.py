@@ -179,6 +179,7 @@ def test_on_postgres(seeded_dir: Path, server_factory: list[Server], pg_url: str
     (gpg --verify), found by GET, its digests in the log; the rows are PostgreSQL's."""
     from sqlalchemy import create_engine, text
 
+    (seeded_dir / "stampd.sqlite3").unlink()  # the seeded journal: none is made on PostgreSQL
     server = start_server(seeded_dir, workers=1, commit_interval=1, database_url=pg_url)
     server_factory.append(server)
     n = 50_000  # enough for every one of the 65,536 buckets to be hit many times over

@@ -10,6 +10,7 @@ from tests.helpers import Server, logged_hashes, stamp_tag, start_server, wait_f
 
 
 def test_server_on_postgres(seeded_dir: Path, server_factory: list[Server], pg_url: str) -> None:
+    (seeded_dir / "stampd.sqlite3").unlink()  # the seeded journal: none is made on PostgreSQL
     server = start_server(seeded_dir, workers=2, commit_interval=2, database_url=pg_url)
     server_factory.append(server)
     commits = [f"{i:040x}" for i in range(1, 21)]
