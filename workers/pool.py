@@ -60,8 +60,7 @@ from workers.agents.base import die_with_parent
 from workers.agents.gpg import AgentError
 from workers.agents.ssh import SshAgentError
 from workers.config import ConfigError, PoolConfig
-from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable
-from workers.tsa import TsaError
+from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable, TsaError
 from workers.worker import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,

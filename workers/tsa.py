@@ -44,7 +44,7 @@ from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.formats import openpgp, sexp, sshsig, tsp
 from workers.formats.jobs import TimestampJob
-from workers.keys.keyset import SshKeyStore
+from workers.keys.keyset import SshKeyStore, TsaError
 from workers.keys.store import KeyStore
 
 __all__ = [
@@ -102,14 +102,6 @@ _SSH_EC_KEYS = {
 }
 _KEY_SETTINGS = ("openpgp:nistp256, openpgp:nistp384, openpgp:rsa3072, openpgp:rsa4096, "
                  "ssh:ecdsa-p256, ssh:ecdsa-p384")
-
-
-class TsaError(ValueError):
-    """A key that cannot be a TSA key, or a certificate chain that does not fit the key."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = " ".join(message.split())
 
 
 def signature_algorithm_for(key: openpgp.KeyInfo) -> str:

@@ -38,9 +38,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workers import jobtable, tsa
+from workers import jobtable
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.config import ConfigError, WorkerConfig
@@ -62,8 +62,17 @@ from workers.formats.jobs import (
     job_from_dict,
 )
 from workers.formats.sshsig import SshPublicKey
-from workers.keys.keyset import RECEIPT_NAMESPACE, KeyUnusable, SshKeyStore, verify_openpgp
+from workers.keys.keyset import (
+    RECEIPT_NAMESPACE,
+    KeyUnusable,
+    SshKeyStore,
+    TsaError,
+    verify_openpgp,
+)
 from workers.keys.store import KeyStore, KeyStoreError
+
+if TYPE_CHECKING:
+    from workers import tsa
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +119,8 @@ class Signer:
         """The RFC 3161 token of ``job`` (DER), in base64."""
         if not self.chain:
             raise MalformedMessage("this key has no TSA certificate")
+        from workers import tsa  # (imported by the TSA key's worker only: asn1crypto is 0.1 s)
+
         token = tsa.build_token(job, self.tsa_key(), self.chain)
         return base64.b64encode(token).decode("ascii")
 
@@ -159,6 +170,8 @@ class Signer:
             except REFUSED as e:
                 out[i] = e
         if tokens:
+            from workers import tsa
+
             built = tsa.build_tokens([job for _, job in tokens], self.tsa_key(), self.chain or [])
             for (i, _), token in zip(tokens, built, strict=True):
                 out[i] = token if isinstance(token, Exception) \
@@ -190,6 +203,8 @@ class OpenPgpSigner(Signer):
         return self.conn.sign(self.key.keygrip, hash_algo, digest)
 
     def make_tsa_key(self) -> tsa.TsaKey:
+        from workers import tsa
+
         return tsa.openpgp_agent_key(self.key, self.conn)
 
     def uid(self, job: GitJob) -> str:
@@ -270,6 +285,8 @@ class SshSigner(Signer):
                                          RECEIPT_NAMESPACE)
 
     def make_tsa_key(self) -> tsa.TsaKey:
+        from workers import tsa
+
         return tsa.ssh_agent_key(self.key, self.conn)
 
 
@@ -596,6 +613,8 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
 def _load_chain(signer: Signer, config: WorkerConfig) -> None:
     """Give the TSA key's signer its certificate chain (none yet: it refuses timestamp jobs);
     `tsa.TsaError` naming the chain file when it cannot be read or is another key's."""
+    from workers import tsa
+
     chain = tsa.read_chain(config.key_dir)
     if chain is not None:
         tsa.check_chain(config.key_dir, chain, signer.tsa_key())
@@ -634,6 +653,8 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
         except KeyStoreError as e:
             raise KeyUnusable(config.key_id, secret, e.message) from None
         if config.tsa_subject is not None:
+            from workers import tsa
+
             made = tsa.ensure_certificate(config.key_dir, signer.tsa_key(), config.tsa_subject,
                                           config.tsa_days, clock)
             if made:
@@ -675,7 +696,7 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
             return serve(dispatchers, signer, agent, config.name, supervisor)
         finally:
             dispatchers.close()
-    except (KeyUnusable, tsa.TsaError) as e:  # the supervisor reports it, once for all attempts
+    except (KeyUnusable, TsaError) as e:  # the supervisor reports it, once for all attempts
         log.info("worker %s: %s", config.name, e.message)
         with contextlib.suppress(OSError):
             write_status(config.home, f"{UNUSABLE} {e.message}")

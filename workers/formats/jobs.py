@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from workers.formats import gitobjects, manifests, tsp
+from workers.formats import gitobjects, manifests
 
 HEADER = struct.Struct(">I")
 # One encoder for every message: json.dumps builds a new one per call when given separators.
@@ -251,6 +251,9 @@ class TimestampJob:
     cert_req: bool = False
 
     def __post_init__(self) -> None:
+        # (imported here: only the TSA key's worker and the HTTP processes need asn1crypto)
+        from workers.formats import tsp
+
         size = tsp.HASH_ALGORITHMS.get(self.hash_algorithm, (None, None))[1]
         if size is None:
             raise MalformedMessage(f"unknown hash algorithm {self.hash_algorithm!r}")

@@ -39,6 +39,15 @@ SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
 
 
+class TsaError(ValueError):
+    """A key that cannot be a TSA key, or a certificate chain that does not fit the key
+    (`workers.tsa`; here so that a worker that is no TSA need not import that module)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = " ".join(message.split())
+
+
 class KeyUnusable(KeyStoreError):
     """A served key cannot sign: its secret key file is unreadable or corrupt, holds another key
     than its public key file, or its agent cannot sign with it. ``message`` is one line that
