@@ -18,8 +18,11 @@ serve: $(STAMP)
 
 ## Run the whole test suite (lint, import contracts and types first). Four test processes
 ## on two cores: most tests wait on servers, agents and git; slow kinds of test start first.
+## Bytecode caches are written (into gitignored __pycache__ folders) even where the caller's
+## environment sets PYTHONDONTWRITEBYTECODE: each of the ~150 servers the tests start would
+## otherwise compile stampd again, and pytest rewrite every test module in each process.
 test: sysdeps lint
-	$(BIN)/pytest -n 4 --dist worksteal
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal
 
 ## The system packages the tests need: installed when possible, else one line naming them.
 sysdeps:
