@@ -114,21 +114,52 @@ def pg_admin_url() -> Iterator[str]:
     assert cluster.proc is None or cluster.proc.poll() is not None
 
 
-@pytest.fixture(scope="session")
-def pg_url(pg_admin_url: str) -> Iterator[str]:
-    """A fresh database of the session's PostgreSQL server, dropped at the end."""
+def _pg_database(admin_url: str, name: str, template: str | None = None) -> str:
+    """Create database ``name`` (a copy of ``template`` if given) on the session's server; its
+    SQLAlchemy URL."""
     import psycopg
 
-    name = f"stampd_test_{uuid.uuid4().hex[:12]}"
+    sql = f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")
     try:
-        with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql)
     except psycopg.OperationalError as e:
-        pytest.fail(f"PostgreSQL at {pg_admin_url} is required for this test: {e}")
-    base = pg_admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    yield f"{base}/{name}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        pytest.fail(f"PostgreSQL at {admin_url} is required for this test: {e}")
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{name}"
+
+
+def _drop_pg_database(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_url: str) -> Iterator[str]:
+    """A database migrated to the newest revision once per test process, the template of each
+    test's database."""
+    from server import db
+
+    name = f"stampd_template_{uuid.uuid4().hex[:12]}"
+    engine = db.make_engine(_pg_database(pg_admin_url, name))
+    try:
+        db.upgrade(engine)
+    finally:
+        engine.dispose()  # (a template must have no connections when it is copied)
+    yield name
+    _drop_pg_database(pg_admin_url, name)
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
+    """A database of the session's PostgreSQL server for this test alone, migrated to the
+    newest revision, dropped after it: no test sees another's rows or schema changes."""
+    name = f"stampd_test_{uuid.uuid4().hex[:12]}"
+    url = _pg_database(pg_admin_url, name, template=pg_template)
+    yield url
+    _drop_pg_database(pg_admin_url, name)
 
 
 @pytest.fixture(autouse=True)

@@ -36,12 +36,7 @@ APP = "stampd-transient-test"  # application_name of the connections under test
 @pytest.fixture
 def engine(pg_url: str) -> Iterator[Engine]:
     eng = db.make_engine(pg_url, connect_args={"application_name": APP})
-    db.downgrade(eng, "base")
-    db.upgrade(eng)
-    yield eng
-    with eng.begin() as conn:  # (the retry helper's test table: the database is shared)
-        conn.execute(text("DROP TABLE IF EXISTS tr_rows"))
-    db.downgrade(eng, "base")
+    yield eng  # (pg_url: a migrated database of this test's own, dropped after it)
     eng.dispose()
 
 
