@@ -21,6 +21,9 @@ def run_migrations() -> None:
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
             compare_type=True,
+            # SQLite's DDL is transactional too (Alembic assumes not, and would commit after
+            # each revision): an upgrade or downgrade that fails leaves the schema as it was.
+            transactional_ddl=True,
         )
         with context.begin_transaction():
             context.run_migrations()

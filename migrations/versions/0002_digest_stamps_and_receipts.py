@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from alembic.util.exc import CommandError
 
 revision = "0002"
 down_revision = "0001"
@@ -26,9 +27,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    digests = op.get_bind().execute(sa.text("SELECT count(*) FROM stamps WHERE kind = 'digest'"))
-    if digests.scalar():
-        raise RuntimeError("cannot downgrade below 0002: the journal holds digest stamps")
+    # Before 0002 every stamp had a commit; digest stamps (and the kinds of later revisions:
+    # manifests, RFC 3161 tokens) have none. Refuse, in alembic's error, which the CLI prints as
+    # one line, rather than fail on the NOT NULL below (or drop the stamps).
+    uncommitted = op.get_bind().execute(
+        sa.text('SELECT count(*) FROM stamps WHERE "commit" IS NULL')).scalar()
+    if uncommitted:
+        raise CommandError(f"cannot downgrade below 0002: the journal holds {uncommitted} "
+                           "stamps without a commit id (digest, manifest or RFC 3161 stamps)")
     with op.batch_alter_table("stamps", schema=None) as batch_op:
         batch_op.drop_index("ix_stamps_digest")
         batch_op.alter_column("commit", existing_type=sa.VARCHAR(length=64), nullable=False)

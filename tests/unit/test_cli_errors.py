@@ -87,3 +87,27 @@ def test_serve_on_a_busy_port_is_one_line_and_prepares_nothing(
     assert err == (f"stampd serve: cannot listen on 127.0.0.1:{port}: Address already in use "
                    "(set --port/STAMPD_PORT or --host/STAMPD_HOST)\n")
     assert not (tmp_path / "d").exists()  # no key generated, no database made
+
+
+def test_a_downgrade_that_would_lose_stamps_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Below revision 0002 every stamp has a commit id: with a digest stamp in the journal the
+    downgrade is refused (one line, exit 1) and the schema is left as it was."""
+    import sqlite3
+
+    from server import db
+
+    assert main(["db", "upgrade", "--data-dir", str(tmp_path)]) == 0
+    with sqlite3.connect(tmp_path / "stampd.sqlite3") as conn:
+        conn.execute("INSERT INTO stamps (kind, algorithm, digest, stamped_at, state, attempts)"
+                     " VALUES ('digest', 'sha256', ?, 1, 'pending', 0)", ("ab" * 32,))
+    capsys.readouterr()
+    assert main(["db", "downgrade", "0001", "--data-dir", str(tmp_path)]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err == ("stampd db: database: cannot downgrade below 0002: the journal holds 1 "
+                   "stamps without a commit id (digest, manifest or RFC 3161 stamps)\n")
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'stampd.sqlite3'}")
+    try:
+        assert db.current_revision(engine) == db.SCHEMA_HEAD
+    finally:
+        engine.dispose()
