@@ -787,7 +787,7 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
     if isinstance(exc, AgentError | SshAgentError | RuntimeDirError):
         return EXIT_FAILED, _one_line(str(exc))
     from alembic.util.exc import CommandError as MigrationError
-    from sqlalchemy.exc import ArgumentError, DBAPIError
+    from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
     if isinstance(exc, MigrationError):
         hint = " (run `stampd db upgrade`)" if "not up to date" in str(exc) else ""
@@ -798,7 +798,9 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         first = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc) else ""
         if "does not exist" in first:
             first += " (create it first, e.g. `createdb -h HOST -U USER NAME`)"
-        return EXIT_FAILED, _one_line(f"database unavailable: {first}")
+        # (a refused statement, e.g. a constraint, is no outage)
+        what = "unavailable" if isinstance(exc, OperationalError | InterfaceError) else "error"
+        return EXIT_FAILED, _one_line(f"database {what}: {first}")
     if isinstance(exc, OSError):
         return EXIT_FAILED, _one_line(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
     return None

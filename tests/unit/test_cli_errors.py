@@ -31,6 +31,13 @@ def test_exit_status_of_each_error_family() -> None:
     assert exit_status(FileNotFoundError(2, "No such file", "/x")) == (
         EXIT_FAILED, "No such file: /x")
     assert exit_status(ZeroDivisionError()) is None  # a bug keeps its traceback
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    down = OperationalError("SELECT 1", {}, Exception("connection refused\nmore"))
+    assert exit_status(down) == (EXIT_FAILED, "database unavailable: connection refused")
+    refused = IntegrityError("ALTER", {}, Exception('column "commit" contains null values'))
+    assert exit_status(refused) == (EXIT_FAILED,
+                                    'database error: column "commit" contains null values')
 
 
 def test_main_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
