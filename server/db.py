@@ -118,7 +118,7 @@ SCHEMA_HEAD = "0009"
 
 def current_revision(engine: Engine) -> str | None:
     """The database's schema revision (Alembic's version table); None for an empty database."""
-    with engine.connect() as conn:
+    with reading(engine).connect() as conn:  # (no write lock: a running server may hold it)
         if not engine.dialect.has_table(conn, "alembic_version"):
             return None
         value = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
