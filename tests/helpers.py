@@ -10,6 +10,7 @@ import asyncio
 import atexit
 import base64
 import contextlib
+import functools
 import http.client
 import http.server
 import json
@@ -81,27 +82,22 @@ def short_tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
-_migrated_journal: Path | None = None
-
-
+@functools.cache
 def migrated_journal() -> Path:
     """An empty SQLite journal at the newest schema revision, made once per test process.
     Seeded data directories start from a copy, so that their servers skip the migrations
     (tests/integration/test_journal.py runs them; unseeded directories still do)."""
-    global _migrated_journal
-    if _migrated_journal is None:
-        from server import db
+    from server import db
 
-        home = tempfile.mkdtemp(prefix="stampd-journal-")
-        atexit.register(shutil.rmtree, home, ignore_errors=True)
-        path = Path(home) / "stampd.sqlite3"
-        engine = db.make_engine(f"sqlite:///{path}")
-        try:
-            db.upgrade(engine)
-        finally:
-            engine.dispose()
-        _migrated_journal = path
-    return _migrated_journal
+    home = tempfile.mkdtemp(prefix="stampd-journal-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    path = Path(home) / "stampd.sqlite3"
+    engine = db.make_engine(f"sqlite:///{path}")
+    try:
+        db.upgrade(engine)
+    finally:
+        engine.dispose()
+    return path
 
 
 def seed_data_dir(data_dir: Path) -> Path:
