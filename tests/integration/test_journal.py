@@ -83,10 +83,10 @@ def test_a_database_at_head_is_not_given_to_alembic(tmp_path: Path) -> None:
         f"engine = db.make_engine({url!r})\n"
         "db.upgrade(engine)\n"
         "print(db.current_revision(engine), 'alembic' in sys.modules)\n")
-    for expected in ("0009 True", "0009 False"):
+    for alembic_imported in ("True", "False"):  # migrated by the first start, not the second
         out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).parents[2]).stdout.split()
-        assert " ".join(out) == expected.replace("0009", db.SCHEMA_HEAD)
+        assert out == [db.SCHEMA_HEAD, alembic_imported]
     engine = db.make_engine(url)
     try:
         db.downgrade(engine, "0008")
@@ -164,9 +164,8 @@ def test_a_worker_host_refuses_a_database_behind_the_code(
         capsys: pytest.CaptureFixture[str]) -> None:
     from server.cli import EXIT_FAILED, main
 
-    engine = db.make_engine(pg_url)
+    engine = db.make_engine(pg_url)  # (migrated, and this test's own)
     try:
-        db.upgrade(engine)
         db.downgrade(engine, "0008")
         monkeypatch.setenv("STAMPD_DISPATCH", "database")
         assert main(["worker", "--database-url", pg_url, "--data-dir", str(tmp_path)]) \
@@ -176,5 +175,4 @@ def test_a_worker_host_refuses_a_database_behind_the_code(
         assert f"at schema revision 0008, not {db.SCHEMA_HEAD}: run `stampd db upgrade`" in err
         assert db.current_revision(engine) == "0008"  # a worker host never migrates
     finally:
-        db.upgrade(engine)
         engine.dispose()
