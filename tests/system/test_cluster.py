@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from sqlalchemy import create_engine, text
 
 from server import db
@@ -30,11 +29,6 @@ from tests.helpers import (
     verify_stamps,
     wait_for,
 )
-
-
-@pytest.fixture
-def cluster_db(pg_url: str) -> str:
-    return pg_url  # a migrated database of this test's own (conftest.pg_url)
 
 
 class WorkerHost:
@@ -93,9 +87,9 @@ def freeze_worker_holding_a_job(url: str, exclude_supervisor: int, tries: int = 
     raise AssertionError("no worker could be caught holding a claimed job")
 
 
-def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
+def test_two_apis_two_worker_hosts(tmp_path: Path, pg_url: str,
                                    server_factory: list[Server]) -> None:
-    base = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": cluster_db,
+    base = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": pg_url,
             "STAMPD_HEARTBEAT_TIMEOUT": "3", "STAMPD_LOG_LEVEL": "INFO"}
     dirs = [seed_data_dir(tmp_path / f"h{i}" / "data") for i in range(4)]
     hosts = [WorkerHost(dirs[2], base), WorkerHost(dirs[3], base)]
@@ -103,13 +97,13 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
         # API hosts sign nothing themselves (--no-workers): the 4 workers are the worker
         # hosts'. (Without it each API host started a pool of its own, one worker per CPU, and
         # waiting for exactly 4 heartbeats raced with those pools on a busy machine.)
-        apis = [start_server(dirs[i], workers=0, commit_interval=2, database_url=cluster_db,
+        apis = [start_server(dirs[i], workers=0, commit_interval=2, database_url=pg_url,
                              extra_env={"STAMPD_DISPATCH": "database",
                                         "STAMPD_HEARTBEAT_TIMEOUT": "3"}, wait=False,
                              args=("--no-workers",), api_processes=2)
                 for i in range(2)]
         server_factory.extend(apis)
-        wait_for(lambda: heartbeats(cluster_db) >= 4, timeout=60, what="4 worker heartbeats")
+        wait_for(lambda: heartbeats(pg_url) >= 4, timeout=60, what="4 worker heartbeats")
         for api in apis:
             api.wait_ready(workers=4)
 
@@ -120,7 +114,7 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
         os.kill(hosts[0].proc.pid, signal.SIGKILL)
         # And kill -9 a worker of the other host while it holds a claimed job: the job is
         # taken over once its heartbeat stops.
-        victim = freeze_worker_holding_a_job(cluster_db, exclude_supervisor=hosts[0].proc.pid)
+        victim = freeze_worker_holding_a_job(pg_url, exclude_supervisor=hosts[0].proc.pid)
         os.kill(victim, signal.SIGKILL)
         for p in pools:
             p.shutdown(wait=True)
@@ -135,7 +129,7 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
         assert {v.fingerprint for v in verify_stamps([r.text for r in results], gnupg)} == {
             TEST_FPR}
         # Orphaned workers of the killed host exit; nothing was signed twice.
-        engine = create_engine(cluster_db)
+        engine = create_engine(pg_url)
 
         def job_states() -> dict[str, int]:
             with engine.connect() as conn:
@@ -183,13 +177,13 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, cluster_db: str,
             h.stop()
 
 
-def test_reaper_requeues_then_fails(cluster_db: str) -> None:
+def test_reaper_requeues_then_fails(pg_url: str) -> None:
     """Claims of a worker whose heartbeat stopped go back to the queue, until max attempts."""
     import time
 
     from server.dispatch.database import DbDispatcher
 
-    engine = db.make_engine(cluster_db)
+    engine = db.make_engine(pg_url)
     now = time.time()
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO worker_heartbeats VALUES ('gone', 'primary', 1, :t, :t)"),
@@ -213,14 +207,14 @@ def test_reaper_requeues_then_fails(cluster_db: str) -> None:
     ]
 
 
-def test_reaper_deletes_finished_jobs_after_their_requests(cluster_db: str) -> None:
+def test_reaper_deletes_finished_jobs_after_their_requests(pg_url: str) -> None:
     """Done and failed jobs older than KEEP_FINISHED go (their requests were answered long
     ago); newer ones, and every queued or claimed job, stay."""
     import time
 
     from server.dispatch.database import KEEP_FINISHED, DbDispatcher
 
-    engine = db.make_engine(cluster_db)
+    engine = db.make_engine(pg_url)
     old, new = time.time() - KEEP_FINISHED - 30, time.time() - 5
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs"))
