@@ -25,21 +25,20 @@ from tests.helpers import (
     wait_for,
 )
 from tests.system.test_cluster import WorkerHost, heartbeats
-from tests.system.test_cluster import cluster_db as cluster_db
 from workers.keys.keyset import SshKeyStore
 
 
 def test_an_api_host_without_keys_serves_what_the_worker_host_registered(
-        tmp_path: Path, cluster_db: str, server_factory: list[Server]) -> None:
-    env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": cluster_db,
+        tmp_path: Path, pg_url: str, server_factory: list[Server]) -> None:
+    env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": pg_url,
            "STAMPD_EXTRA_KEYS": "ssh:ed25519"}
     signer = seed_data_dir(tmp_path / "w" / "data")
     SshKeyStore(signer / "keys" / "ssh-ed25519").ensure("ed25519", "stampd test")
     host = WorkerHost(signer, env, workers=1)
     try:
-        wait_for(lambda: heartbeats(cluster_db) == 2, timeout=60, what="2 worker heartbeats")
+        wait_for(lambda: heartbeats(pg_url) == 2, timeout=60, what="2 worker heartbeats")
         api_dir = tmp_path / "api" / "data"
-        api = start_server(api_dir, commit_interval=1, database_url=cluster_db,
+        api = start_server(api_dir, commit_interval=1, database_url=pg_url,
                            args=("--no-workers",), wait=False,
                            extra_env={"STAMPD_DISPATCH": "database",
                                       "STAMPD_EXTRA_KEYS": "ssh:ed25519"})
@@ -73,12 +72,12 @@ def test_an_api_host_without_keys_serves_what_the_worker_host_registered(
 
 
 def test_a_worker_host_with_another_key_refuses_to_start(
-        tmp_path: Path, cluster_db: str) -> None:
+        tmp_path: Path, pg_url: str) -> None:
     first = seed_data_dir(tmp_path / "first")
     assert main(["keys", "register", "--data-dir", str(first), "--database-url",
-                 cluster_db]) == 0
+                 pg_url]) == 0
     other = tmp_path / "other"
-    env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": cluster_db,
+    env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": pg_url,
            "STAMPD_KEY_UID": "Other <other@stampd.invalid>"}
     made = subprocess.run([sys.executable, "-m", "server", "keys", "--data-dir", str(other),
                            "generate"], env=env, cwd=ROOT, capture_output=True, text=True,

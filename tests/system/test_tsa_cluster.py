@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import seed_data_dir, start_server, wait_for
-from tests.system.test_cluster import WorkerHost, cluster_db, heartbeats  # noqa: F401
+from tests.system.test_cluster import WorkerHost, heartbeats
 from tests.system.test_tsa import _server, chain, post, run
 from workers.tsa import TSA_CHAIN_FILE
 
@@ -20,19 +20,19 @@ pytestmark = pytest.mark.slow
 TSA_KEY = Path("keys") / "openpgp-nistp256"
 
 
-def test_api_hosts_serve_the_registered_chain(tmp_path: Path, cluster_db: str) -> None:  # noqa: F811
+def test_api_hosts_serve_the_registered_chain(tmp_path: Path, pg_url: str) -> None:
     made = seed_data_dir(tmp_path / "made" / "data")
     _server(made).stop()  # a first start makes the TSA key and its certificate
     w1, w2 = tmp_path / "w1" / "data", tmp_path / "w2" / "data"
     for host in (w1, w2):
         shutil.copytree(made / "keys", host / "keys")
     (w2 / TSA_KEY / TSA_CHAIN_FILE).unlink()  # the key copied before its certificate was made
-    env = {"STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": cluster_db,
+    env = {"STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": pg_url,
            "STAMPD_TSA": "true", "STAMPD_LOG_LEVEL": "INFO"}
     hosts = [WorkerHost(w1, {**os.environ, **env}, workers=1)]
     api = None
     try:
-        wait_for(lambda: heartbeats(cluster_db) >= 2, timeout=60, what="worker host 1")
+        wait_for(lambda: heartbeats(pg_url) >= 2, timeout=60, what="worker host 1")
         api = start_server(tmp_path / "api" / "data", workers=1, extra_env=env,
                            args=("--no-workers",), wait=False)
         api.wait_ready(workers=2)
@@ -50,7 +50,7 @@ def test_api_hosts_serve_the_registered_chain(tmp_path: Path, cluster_db: str) -
         assert "Verification: OK" in r.stdout, r.stdout + r.stderr
 
         hosts.append(WorkerHost(w2, {**os.environ, **env}, workers=1))
-        wait_for(lambda: heartbeats(cluster_db) >= 4, timeout=60, what="worker host 2")
+        wait_for(lambda: heartbeats(pg_url) >= 4, timeout=60, what="worker host 2")
         assert (w2 / TSA_KEY / TSA_CHAIN_FILE).read_text() == served
     finally:
         if api is not None:
