@@ -790,7 +790,11 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
     from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
     if isinstance(exc, MigrationError):
-        hint = " (run `stampd db upgrade`)" if "not up to date" in str(exc) else ""
+        hint = ""
+        if "not up to date" in str(exc):
+            hint = " (run `stampd db upgrade`)"
+        elif "Can't locate revision" in str(exc):  # a revision this release does not know
+            hint = " (a newer stampd migrated it: run that release)"
         return EXIT_FAILED, _one_line(f"database: {exc}{hint}")
     if isinstance(exc, ArgumentError):
         return EXIT_USAGE, _one_line(f"invalid STAMPD_DATABASE_URL: {exc}")

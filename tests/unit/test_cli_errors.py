@@ -66,6 +66,14 @@ def test_database_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert err.startswith("stampd db: invalid STAMPD_DATABASE_URL: ") and err.count("\n") == 1
     assert main(["db", "upgrade", "--data-dir", str(tmp_path)]) == 0
     assert main(["db", "check", "--data-dir", str(tmp_path)]) == 0
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "stampd.sqlite3") as conn:  # as a later release leaves it
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    capsys.readouterr()
+    assert main(["db", "upgrade", "--data-dir", str(tmp_path)]) == EXIT_FAILED
+    assert capsys.readouterr().err == ("stampd db: database: Can't locate revision identified by "
+                                       "'9999' (a newer stampd migrated it: run that release)\n")
 
 
 def test_postgres_urls_mean_psycopg() -> None:
