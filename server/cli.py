@@ -117,7 +117,7 @@ def _require_migrated(engine: Any) -> None:
     if current != db.SCHEMA_HEAD:
         raise CommandError(f"the database is at schema revision {current or 'none'}, not "
                            f"{db.SCHEMA_HEAD}: run `stampd db upgrade` (or start an API host) "
-                           "first")
+                           "first (if a newer stampd migrated it, run that release here)")
 
 
 def _adopt_tsa_chain(settings: Settings) -> None:
