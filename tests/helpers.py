@@ -100,14 +100,15 @@ def migrated_journal() -> Path:
     return path
 
 
-def seed_data_dir(data_dir: Path) -> Path:
-    """A data directory holding the fixed test key (so no key is generated) and an empty,
-    migrated journal."""
+def seed_data_dir(data_dir: Path, secret: Path = TEST_SECRET_KEY,
+                  public: Path = TEST_PUBLIC_KEY) -> Path:
+    """A data directory holding a primary key (by default the fixed test key), so that no key
+    is generated, and an empty, migrated journal."""
     keys = data_dir / "keys"
     keys.mkdir(parents=True, exist_ok=True, mode=0o700)
-    shutil.copy(TEST_SECRET_KEY, keys / "secret-key.asc")
+    shutil.copy(secret, keys / "secret-key.asc")
     os.chmod(keys / "secret-key.asc", 0o600)
-    shutil.copy(TEST_PUBLIC_KEY, keys / "pubkey.asc")
+    shutil.copy(public, keys / "pubkey.asc")
     if not (data_dir / "stampd.sqlite3").exists():
         shutil.copy(migrated_journal(), data_dir / "stampd.sqlite3")
     return data_dir

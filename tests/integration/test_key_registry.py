@@ -3,7 +3,6 @@ exactly those (no key files needed), and a host whose key files disagree refuses
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,8 @@ def shared_db(tmp_path: Path) -> str:
 
 def other_key_dir(tmp_path: Path, keys: KeyMaker, name: str) -> Path:
     """A data directory holding a different OpenPGP key than the test key."""
-    data = tmp_path / name
     key = keys.get("ed25519")
-    (data / "keys").mkdir(parents=True, mode=0o700)
-    shutil.copy(key.secret_file, data / "keys" / "secret-key.asc")
-    (data / "keys" / "secret-key.asc").chmod(0o600)
-    shutil.copy(key.public_file, data / "keys" / "pubkey.asc")
-    return data
+    return seed_data_dir(tmp_path / name, key.secret_file, key.public_file)
 
 
 def test_an_api_host_without_key_files_serves_the_registered_keys(

@@ -7,7 +7,6 @@ tests/integration/test_agents.py.)"""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from tests.helpers import (
     client,
     git,
     make_repo,
-    migrated_journal,
+    seed_data_dir,
     start_server,
 )
 
@@ -32,12 +31,7 @@ MERGE_TYPES = ("ed25519", "rsa2048")
 def test_real_client_and_git_accept(key_type: str, keys: KeyMaker,
                                     tmp_path: Path, server_factory: list[Server]) -> None:
     key = keys.get(key_type)
-    data = tmp_path / "data"
-    (data / "keys").mkdir(parents=True, mode=0o700)
-    shutil.copy(key.secret_file, data / "keys/secret-key.asc")
-    os.chmod(data / "keys/secret-key.asc", 0o600)
-    shutil.copy(key.public_file, data / "keys/pubkey.asc")
-    shutil.copy(migrated_journal(), data / "stampd.sqlite3")
+    data = seed_data_dir(tmp_path / "data", key.secret_file, key.public_file)
     server = start_server(data, workers=1)
     server_factory.append(server)
 
