@@ -30,7 +30,7 @@ sysdeps:
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: $(STAMP)
-	$(BIN)/ruff check server workers client migrations tests bench
+	$(BIN)/ruff check stampd server workers client formats migrations tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

@@ -20,9 +20,9 @@ from datetime import UTC, datetime, timedelta
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from formats import tsp
+from formats.jobs import TimestampJob
 from workers import tsa
-from workers.formats import tsp
-from workers.formats.jobs import TimestampJob
 
 POLICY = "2.25.178387009458913539541377305212843591845"
 R, S = (1 << 255) - 19, (1 << 254) - 97

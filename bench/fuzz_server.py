@@ -19,13 +19,13 @@ from pathlib import Path
 
 from bench.fuzz_cases import Target
 from bench.proof_server import ProofError, read_log
+from formats.manifests import unpack
 from tests.helpers import (
     TEST_FPR,
     Server,
     seed_data_dir,
     start_server,
 )
-from workers.formats.manifests import unpack
 
 # Short, so that cases which wait for them stay short; the hang bound lies well above both.
 BODY_TIMEOUT = 2

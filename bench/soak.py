@@ -78,7 +78,7 @@ class WorkerHost:
         runtime.mkdir(mode=0o700)
         with open(root / name / "worker.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "server", "worker", "--data-dir", str(data),
+                [sys.executable, "-m", "stampd", "worker", "--data-dir", str(data),
                  "--workers", str(workers)],
                 env={**env, "STAMPD_RUNTIME_DIR": str(runtime)}, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
@@ -108,7 +108,7 @@ def label(cmdline: bytes) -> str:
     exe = os.path.basename(argv[0])
     if exe.startswith("python") and len(argv) > 2 and argv[1] == "-m":
         mod = argv[2]
-        if mod == "server" and len(argv) > 3:
+        if mod == "stampd" and len(argv) > 3:
             return f"stampd {argv[3]}"
         return mod
     return exe

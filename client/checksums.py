@@ -86,7 +86,7 @@ _LINE = re.compile(r"(\\?)(?:([0-9a-f]+)(?: [ *](.*))?|SHA(?:256|512) \((.*)\) =
 
 def parse_line(line: str) -> tuple[str, str | None]:
     """(digest, name or None) of a checksum line the server accepted (see
-    `workers.formats.manifests`); names are unescaped."""
+    `formats.manifests`); names are unescaped."""
     m = _LINE.fullmatch(line)
     if not m:
         raise ValueError(f"not a checksum line: {line[:100]!r}")

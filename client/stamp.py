@@ -56,9 +56,9 @@ from client.verify import (
     verify_manifest_signature,
 )
 from client.verify import ssh_keys_from as _ssh_keys_from
-from workers.formats.gitobjects import OBJECT_FORMATS, SHA1
-from workers.formats.manifests import Header
-from workers.formats.sshsig import SshPublicKey, SshSigError, SshSignature
+from formats.gitobjects import OBJECT_FORMATS, SHA1
+from formats.manifests import Header
+from formats.sshsig import SshPublicKey, SshSigError, SshSignature
 from workers.keys.gnupg import GpgError, TempGnupgHome
 
 MAX_STAMP = 8000

@@ -1,6 +1,6 @@
 """``stampd verify``: check a digest receipt, or a git tag/commit stamp, with the real gpg and git.
 
-A receipt (see `workers.formats.receipts`) is valid when its statement parses, exactly one OpenPGP
+A receipt (see `formats.receipts`) is valid when its statement parses, exactly one OpenPGP
 signature verifies over exactly that statement, the signing key is the one the statement names
 in ``key:`` (and, with ``--key``, a key of that file), the signature was made in the second the
 statement gives as ``time:``, and -- with ``--file`` or ``--digest`` -- the digest matches.
@@ -69,10 +69,10 @@ from client.checksums import Progress, parse_line
 from client.checksums import file_digest as checksum_file_digest
 from client.errors import CommandError
 from client.fetch import FetchError, http_request
-from workers.formats.cleartext import BEGIN_SIGNED, canonical_text
-from workers.formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
-from workers.formats.manifests import Header, MalformedManifest, check_lines, parse_header
-from workers.formats.receipts import (
+from formats.cleartext import BEGIN_SIGNED, canonical_text
+from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
+from formats.manifests import Header, MalformedManifest, check_lines, parse_header
+from formats.receipts import (
     ALGORITHMS,
     BEGIN_SIG,
     END_SIG,
@@ -83,9 +83,9 @@ from workers.formats.receipts import (
     parse_statement,
     split_receipt,
 )
-from workers.formats.sshsig import KEY_TYPES as SSH_KEY_TYPES
-from workers.formats.sshsig import SshPublicKey
-from workers.formats.tsp import (
+from formats.sshsig import KEY_TYPES as SSH_KEY_TYPES
+from formats.sshsig import SshPublicKey
+from formats.tsp import (
     HASH_ALGORITHMS,
     TimeStampResp,
     TokenFields,

@@ -90,3 +90,14 @@ class PeerError(StampError):
 class KeyRegistryError(StampError):
     """This host's key files disagree with the keys registered in the database, or there are
     no keys to serve (a start-up error)."""
+
+
+class CommandFailed(StampError):
+    """A server command (``stampd serve``, ``worker``, ``db``, ``keys``, ``tsa``) cannot do
+    its work: a key that cannot sign, an address that cannot be listened on, a database at the
+    wrong revision. ``usage``: the arguments or settings are at fault (the command line's exit
+    status 2, else 1)."""
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage

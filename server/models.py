@@ -136,7 +136,7 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     key_id: Mapped[str] = mapped_column(String(64))
-    payload: Mapped[str] = mapped_column(Text)  # the job as JSON (see workers.formats.jobs)
+    payload: Mapped[str] = mapped_column(Text)  # the job as JSON (see formats.jobs)
     state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED.value)  # a JobState
     worker: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[float | None] = mapped_column(Float)
@@ -183,7 +183,7 @@ class SigningKey(Base):
 
 class ManifestDigests(Base):
     """The distinct digests of one manifest (a `Stamp` of kind ``manifest``) whose first 16 bits
-    are ``bucket``: sorted, packed as raw bytes (`workers.formats.manifests.buckets`). Written
+    are ``bucket``: sorted, packed as raw bytes (`formats.manifests.buckets`). Written
     in the transaction that journals the manifest."""
 
     __tablename__ = "manifest_digests"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from workers.formats.openpgp import crc24
+from formats.openpgp import crc24
 
 
 def _armor_parts(armored: str) -> tuple[list[str], bytes]:

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import pygit2
 
+from formats.jobs import Job
+from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
 from server.dispatch import Signed
 from server.errors import Unavailable
-from workers.formats.jobs import Job
-from workers.formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
 from workers.keys.keyset import PRIMARY
 from workers.worker import OpenPgpSigner
 
@@ -307,7 +307,7 @@ def start_server(
         "STAMPD_TSA": os.environ.get("STAMPD_TSA", "false"),
     })
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", "server", "serve", "--port", str(port),
+    cmd = [sys.executable, "-m", "stampd", "serve", "--port", str(port),
            "--data-dir", str(data_dir), "--workers", str(workers),
            "--commit-interval", str(commit_interval), "--api-processes", str(api_processes),
            *args]

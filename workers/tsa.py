@@ -3,7 +3,7 @@
 The TSA key is one more served key (``openpgp:nistp256`` by default, ``ssh:ecdsa-p256`` the
 fast choice, see `workers.keys.keyset`); its directory of the key store also holds its
 certificate chain, ``tsa-chain.pem`` (`TSA_CHAIN_FILE`): the PEM certificates, the TSA's own
-first. Every DER structure is built by the pure `workers.formats.tsp`; this module adds the one
+first. Every DER structure is built by the pure `formats.tsp`; this module adds the one
 private-key operation, made through the key's agent, and the chain file.
 
 * `TsaKey` is the key as the TSA uses it, whatever agent holds it: its DER
@@ -40,10 +40,10 @@ from asn1crypto import keys as asn1_keys
 from asn1crypto import pem as asn1_pem
 from asn1crypto import x509
 
+from formats import openpgp, sexp, sshsig, tsp
+from formats.jobs import TimestampJob
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
-from workers.formats import openpgp, sexp, sshsig, tsp
-from workers.formats.jobs import TimestampJob
 from workers.keys.keyset import SshKeyStore, TsaError
 from workers.keys.store import KeyStore
 
@@ -105,7 +105,7 @@ _KEY_SETTINGS = ("openpgp:nistp256, openpgp:nistp384, openpgp:rsa3072, openpgp:r
 
 
 def signature_algorithm_for(key: openpgp.KeyInfo) -> str:
-    """The signature algorithm (as `workers.formats.tsp` names it) of a TSA key: ECDSA P-256
+    """The signature algorithm (as `formats.tsp` names it) of a TSA key: ECDSA P-256
     ``sha256_ecdsa``, P-384 ``sha384_ecdsa``, RSA of 2048 bits or more ``sha256_rsa``;
     `TsaError` for any other key (ed25519, other curves, DSA, short RSA)."""
     curve = (key.curve or "").lower()
@@ -135,7 +135,7 @@ def ssh_signature_algorithm_for(key: sshsig.SshPublicKey) -> str:
 class TsaKey:
     """A key as the TSA signs with it, whatever agent holds it: ``name`` says which key in
     messages (its fingerprint), ``public_key_info`` is its DER ``SubjectPublicKeyInfo``,
-    ``algorithm`` its signature algorithm (as `workers.formats.tsp` names it), ``sign`` signs
+    ``algorithm`` its signature algorithm (as `formats.tsp` names it), ``sign`` signs
     bytes: the signature as X.509 and CMS carry it (`signature`), and ``sign_many``, when the
     agent can, signs several in one round trip (`signatures`). `openpgp_agent_key` and
     `ssh_agent_key` make one."""

@@ -40,12 +40,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers import jobtable
-from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
-from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
-from workers.config import ConfigError, WorkerConfig
-from workers.formats import cleartext, manifests, openpgp
-from workers.formats.jobs import (
+from formats import cleartext, manifests, openpgp
+from formats.jobs import (
     MAX_MANIFEST_FRAME,
     CommitJob,
     FrameBuffer,
@@ -61,7 +57,11 @@ from workers.formats.jobs import (
     decode_frame,
     job_from_dict,
 )
-from workers.formats.sshsig import SshPublicKey
+from formats.sshsig import SshPublicKey
+from workers import jobtable
+from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
+from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
+from workers.config import ConfigError, WorkerConfig
 from workers.keys.keyset import (
     RECEIPT_NAMESPACE,
     KeyUnusable,

@@ -3,7 +3,7 @@
     curl -sS --data sha256=<hex> http://127.0.0.1:8080/v1/stamps           (form)
     curl -sS -H 'Content-Type: application/json' -d '{"sha256":"<hex>"}' ...  (JSON)
 
-The answer is the receipt (an OpenPGP cleartext-signed statement, see `workers.formats.receipts`) as
+The answer is the receipt (an OpenPGP cleartext-signed statement, see `formats.receipts`) as
 ``text/plain``, or, with ``Accept: application/json``, the receipt and its fields in JSON.
 Errors are ``application/problem+json`` (RFC 9457).
 """
@@ -24,6 +24,8 @@ from fastapi.routing import APIRoute
 from sqlalchemy import select
 from starlette.exceptions import HTTPException
 
+from formats.manifests import bucket_of, packed_contains
+from formats.receipts import ALGORITHMS, check_digest, parse_statement, split_receipt
 from server.api.body import read_body
 from server.api.errors import problem, problem_response, status_of
 from server.api.manifests import manifest_request, read_manifest
@@ -32,8 +34,6 @@ from server.db import reading
 from server.errors import BadRequest, NotFound, StampError
 from server.models import ManifestDigests, Stamp, StampState
 from server.stamping.requests import DigestRequest, choose_key, key_fields
-from workers.formats.manifests import bucket_of, packed_contains
-from workers.formats.receipts import ALGORITHMS, check_digest, parse_statement, split_receipt
 from workers.keys.keyset import SSH_NAMESPACES, allowed_signers
 
 URLENCODED = "application/x-www-form-urlencoded"

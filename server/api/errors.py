@@ -15,6 +15,7 @@ from typing import Literal
 from fastapi.responses import JSONResponse
 from starlette.types import Scope, Send
 
+from formats import tsp
 from server.api.httpproto import respond
 from server.errors import (
     BadManifest,
@@ -28,7 +29,6 @@ from server.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from workers.formats import tsp
 
 Dialect = Literal["zeitgitter", "v1"]
 # Every answer says: no browser may guess another type than the one sent (an error body that

@@ -14,6 +14,7 @@ import time
 
 from starlette.types import Receive, Scope
 
+from formats.manifests import MalformedManifest, parse_body
 from server.api.body import checked_length, content_type
 from server.errors import (
     BadManifest,
@@ -24,7 +25,6 @@ from server.errors import (
 )
 from server.settings import Settings
 from server.stamping.requests import ManifestRequest
-from workers.formats.manifests import MalformedManifest, parse_body
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")

@@ -27,11 +27,11 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
+from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
+from formats.manifests import MAX_LINE, line_regex
+from formats.receipts import ALGORITHMS
 from server.api.digests import PAGE_MAX
 from server.api.services import Services
-from workers.formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
-from workers.formats.manifests import MAX_LINE, line_regex
-from workers.formats.receipts import ALGORITHMS
 from workers.keys.keyset import ServedKey
 
 Json = dict[str, Any]

@@ -2,7 +2,7 @@
 most public TSAs, so that a client can be given the server's base URL) and ``POST /tsr``;
 ``GET /tsa.pem`` publishes the certificate chain.
 
-A request is checked (`workers.formats.tsp.parse_request`) before anything is recorded: a
+A request is checked (`formats.tsp.parse_request`) before anything is recorded: a
 refused request is answered with a ``TimeStampResp`` whose status is ``rejection`` (HTTP 200,
 as RFC 3161 has it) and leaves no journal row. An accepted one is journalled, then signed by a
 worker holding the TSA key, like every stamp. What goes wrong outside the request itself is
@@ -18,13 +18,13 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from formats import tsp
 from server.api.body import content_type, read_body
 from server.api.errors import send_tsa_error, send_tsa_reply
 from server.api.services import Services
 from server.errors import BadRequest, ClockUnsynchronised, NotFound, StampError
 from server.stamping.requests import TimestampRequest
 from server.stamping.tsa import clock_synchronised
-from workers.formats import tsp
 
 TIMESTAMP_QUERY = "application/timestamp-query"
 PEM_CHAIN = "application/pem-certificate-chain"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from workers.formats.jobs import Job
+from formats.jobs import Job
 from workers.keys.keyset import PRIMARY
 
 

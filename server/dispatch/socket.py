@@ -1,5 +1,5 @@
 """Socket dispatch (one host): hands signing jobs from the HTTP process to worker processes
-and back, as frames of the job contract (`workers.formats.jobs`).
+and back, as frames of the job contract (`formats.jobs`).
 
 Workers connect to a Unix socket (``<data_dir>/run/dispatch.sock``) and receive jobs over it.
 Each connection keeps up to ``depth`` jobs in flight, so a worker never waits for a round trip;
@@ -20,10 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.dispatch import Signed
-from server.errors import QueueFull, SigningFailed, Unavailable
-from server.stats import Stats
-from workers.formats.jobs import (
+from formats.jobs import (
     HEADER,
     Hello,
     Job,
@@ -33,6 +30,9 @@ from workers.formats.jobs import (
     frame_size,
     job_frame,
 )
+from server.dispatch import Signed
+from server.errors import QueueFull, SigningFailed, Unavailable
+from server.stats import Stats
 from workers.keys.keyset import PRIMARY
 
 log = logging.getLogger(__name__)

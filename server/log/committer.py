@@ -46,14 +46,14 @@ from collections.abc import Callable
 
 from sqlalchemy import ColumnElement, Engine, Select, and_, insert, or_, select, update
 
+from formats.jobs import CommitJob
+from formats.manifests import ALGORITHMS, unpack
 from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
 from server.errors import StampError
 from server.log.repository import LogRepository
 from server.models import LogCommit, LogCommitState, ManifestDigests, Stamp, StampState
-from workers.formats.jobs import CommitJob
-from workers.formats.manifests import ALGORITHMS, unpack
 
 log = logging.getLogger(__name__)
 

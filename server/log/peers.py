@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select, update
 
-from client.fetch import FetchError, http_request
 from server.errors import PeerError
 from server.log.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
@@ -119,13 +118,26 @@ class PeerKeyring:
 
 
 def _http(url: str, data: dict[str, str] | None, timeout: float) -> str:
+    """The body of a 200 answer to a GET (a form POST with ``data``) of a peer's ``url``: no
+    redirect followed (a Zeitgitter server does not redirect), at most ``4 * MAX_STAMP + 1``
+    bytes read."""
+    import httpx
+
+    limit = MAX_STAMP * 4
     try:
-        body = http_request(url, form=data, timeout=timeout, limit=MAX_STAMP * 4)
-    except FetchError as e:
-        if e.status is not None:
-            raise PeerError(f"HTTP {e.status} from {url}") from None
+        with httpx.stream("POST" if data is not None else "GET", url, data=data,
+                          timeout=timeout, follow_redirects=False,
+                          headers={"User-Agent": "stampd"}) as r:
+            if r.status_code != 200:
+                raise PeerError(f"HTTP {r.status_code} from {url}")
+            body = b""
+            for chunk in r.iter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    break
+    except httpx.HTTPError as e:
         raise PeerError(f"cannot reach {url}: {e}") from None
-    return body.decode("ascii", "replace")
+    return body[:limit + 1].decode("ascii", "replace")
 
 
 @dataclass(frozen=True)

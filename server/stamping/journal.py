@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 UPDATE_DELAY = 0.5  # seconds an outcome may wait for the next group commit
 
 
-# A manifest's digest index rows: (bucket, packed digests) (`workers.formats.manifests`).
+# A manifest's digest index rows: (bucket, packed digests) (`formats.manifests`).
 Buckets = list[tuple[int, bytes]]
 
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from formats.gitobjects import object_format_of
+from formats.jobs import CommitJob, ManifestJob, ReceiptJob, TagJob, TimestampJob
+from formats.manifests import Manifest, buckets
 from server.errors import BadRequest
-from workers.formats.gitobjects import object_format_of
-from workers.formats.jobs import CommitJob, ManifestJob, ReceiptJob, TagJob, TimestampJob
-from workers.formats.manifests import Manifest, buckets
 from workers.keys.keyset import ServedKey
 
 
@@ -92,7 +92,7 @@ class DigestRequest:
 
 @dataclass(frozen=True)
 class TimestampRequest:
-    """An RFC 3161 ``TimeStampReq``, checked (`workers.formats.tsp.parse_request`): a token for
+    """An RFC 3161 ``TimeStampReq``, checked (`formats.tsp.parse_request`): a token for
     a message imprint. Its imprint is journalled and logged like a digest stamp's."""
 
     kind: ClassVar[str] = "tsa"

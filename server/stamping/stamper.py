@@ -11,6 +11,8 @@ import base64
 import logging
 from collections.abc import Callable, Sequence
 
+from formats.jobs import Job
+from formats.receipts import Statement
 from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, SigningFailed, StampError, Unavailable
 from server.stamping.journal import Journal
@@ -21,8 +23,6 @@ from server.stamping.requests import (
     Request,
     TimestampRequest,
 )
-from workers.formats.jobs import Job
-from workers.formats.receipts import Statement
 from workers.keys.keyset import ServedKey
 
 log = logging.getLogger(__name__)

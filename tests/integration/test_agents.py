@@ -36,6 +36,15 @@ from typing import Any
 
 import pytest
 
+from formats.openpgp import (
+    H_SHA256,
+    KeyInfo,
+    detached_signature,
+    hash_algo_for,
+    signature_digest,
+    signature_hashed_part,
+    signature_packet,
+)
 from tests.helpers import (
     KEY_TYPES,
     PASSPHRASE,
@@ -46,15 +55,6 @@ from tests.helpers import (
     short_tmpdir,
 )
 from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent, agent_socket_path
-from workers.formats.openpgp import (
-    H_SHA256,
-    KeyInfo,
-    detached_signature,
-    hash_algo_for,
-    signature_digest,
-    signature_hashed_part,
-    signature_packet,
-)
 
 SHORT_VALUE_CAP = 4000  # P(no leading zero byte in 2 x 4000 values) < (255/256)**8000 ~ 3e-14
 

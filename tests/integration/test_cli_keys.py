@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from stampd.cli import main
 from tests.helpers import TEST_FPR, free_port, seed_data_dir
 from workers.keys.keyset import SshKeyStore, stored_key_specs
 
@@ -66,7 +66,7 @@ def test_a_host_with_only_public_keys_never_makes_a_key(
     before = {p: p.read_bytes() for p in (api / "keys").rglob("*") if p.is_file()}
     capsys.readouterr()
 
-    from server.cli import _prepare
+    from server.commands import _prepare
     from server.settings import Settings
 
     _prepare(Settings(data_dir=api), signs_here=False)  # `stampd serve --no-workers`

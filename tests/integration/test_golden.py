@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from formats.jobs import decode_frame, job_frame
 from server.stamping.requests import BranchRequest, TagRequest
 from tests.helpers import (
     DATA,
@@ -23,7 +24,6 @@ from tests.helpers import (
     verify_stamp,
     verify_stamps,
 )
-from workers.formats.jobs import decode_frame, job_frame
 from workers.worker import OpenPgpSigner, sign_many
 
 T = 1795400000  # after the test key was made (gpg rejects older signatures)

@@ -162,7 +162,7 @@ def test_database_down_fails_request_without_signing(tmp_path: Path) -> None:
 def test_a_worker_host_refuses_a_database_behind_the_code(
         pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from server.cli import EXIT_FAILED, main
+    from stampd.cli import EXIT_FAILED, main
 
     engine = db.make_engine(pg_url)  # (migrated, and this test's own)
     try:

@@ -9,10 +9,11 @@ import pytest
 from sqlalchemy import text
 
 from server import db
-from server.cli import _prepare, main
+from server.commands import _prepare
 from server.errors import KeyRegistryError
 from server.settings import Settings
 from server.signing_keys import registered, serving_keys
+from stampd.cli import main
 from tests.helpers import TEST_FPR, KeyMaker, seed_data_dir
 from workers.keys.keyset import KeySpec, SshKeyStore
 

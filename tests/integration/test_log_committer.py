@@ -20,6 +20,7 @@ import pygit2
 import pytest
 from sqlalchemy import Engine, insert, select, update
 
+from formats.jobs import CommitJob
 from server import db
 from server.log.committer import OUTCOME_GRACE, LogCommitter
 from server.log.repository import LogRepository
@@ -27,7 +28,6 @@ from server.models import LogCommit, LogCommitState, Stamp, StampState
 from server.stamping.journal import Journal
 from server.stamping.requests import BranchRequest, DigestRequest, Request, TagRequest
 from tests.helpers import TEST_FPR, TEST_PUBLIC_KEY, TEST_UID, InProcessDispatcher, keyring
-from workers.formats.jobs import CommitJob
 
 # The injected clock starts here: after the test key was made (gpg refuses signatures older
 # than their key), and fixed, so that commit times and messages are known exactly.

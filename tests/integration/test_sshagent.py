@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from formats.sshsig import SshPublicKey, SshSignature
 from tests.helpers import short_tmpdir
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
-from workers.formats.sshsig import SshPublicKey, SshSignature
 
 
 def require_tools() -> None:

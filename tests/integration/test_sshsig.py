@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import short_tmpdir
-from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
-from workers.formats.sshsig import (
+from formats.sshsig import (
     SSH_AGENT_RSA_SHA2_512,
     SshPublicKey,
     SshSigError,
@@ -32,6 +30,8 @@ from workers.formats.sshsig import (
     ssh_signature,
     sshsig_signed_data,
 )
+from tests.helpers import short_tmpdir
+from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 
 KEY_SPECS = {  # name -> ssh-keygen arguments
     "ed25519": ["-t", "ed25519"],

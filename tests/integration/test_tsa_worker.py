@@ -19,13 +19,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
+from formats import sexp, tsp
+from formats.jobs import TimestampJob
 from tests.helpers import agent_home
 from workers import tsa
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
-from workers.formats import sexp, tsp
-from workers.formats.jobs import TimestampJob
 from workers.keys.keyset import KeySpec, ensure_extra_keys, key_dir
 from workers.worker import OpenPgpSigner, SshSigner, check_key, load_signer, sign, sign_many
 

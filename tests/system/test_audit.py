@@ -34,7 +34,7 @@ from client.audit import (
     TargetError,
     audit,
 )
-from server import cli
+from stampd import cli
 from tests.helpers import (
     TEST_FPR,
     TEST_PUBLIC_KEY,

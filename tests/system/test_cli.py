@@ -16,7 +16,7 @@ from tests.helpers import ROOT, TEST_FPR, TEST_UID, Server, free_port, short_tmp
 
 
 def stampd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "stampd", *args], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env=env, check=False)
 
 
@@ -60,12 +60,12 @@ def test_worker_pool_apart_from_api(seeded_dir: Path, server_factory: list[Serve
     log_path = seeded_dir.parent / "api.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--no-workers", "--port", str(port),
+            [sys.executable, "-m", "stampd", "serve", "--no-workers", "--port", str(port),
              "--data-dir", str(seeded_dir)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     api = Server(proc, port, seeded_dir, runtime, log_path, 2, env)
     server_factory.append(api)
-    pool = subprocess.Popen([sys.executable, "-m", "server", "worker", "--data-dir",
+    pool = subprocess.Popen([sys.executable, "-m", "stampd", "worker", "--data-dir",
                              str(seeded_dir), "--workers", "2"], env=env, cwd=ROOT)
     try:
         api.wait_ready(workers=2)

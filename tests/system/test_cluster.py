@@ -37,7 +37,7 @@ class WorkerHost:
         self.env = {**env, "STAMPD_RUNTIME_DIR": str(self.runtime)}
         log = open(data.parent / f"workerhost-{data.name}.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "worker", "--data-dir", str(data),
+            [sys.executable, "-m", "stampd", "worker", "--data-dir", str(data),
              "--workers", str(workers)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
             cwd=ROOT)
         log.close()
@@ -169,7 +169,7 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, pg_url: str,
         new = {r.commit for r in more.results}
         wait_for(lambda: (received | new) <= logged_hashes(dirs[other]), timeout=40,
                  what="the new log writer's commit")
-        r = subprocess.run([sys.executable, "-m", "server", "audit", str(dirs[other] / "log.git")],
+        r = subprocess.run([sys.executable, "-m", "stampd", "audit", str(dirs[other] / "log.git")],
                            capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stdout + r.stderr
     finally:

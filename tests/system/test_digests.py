@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from formats.receipts import parse_statement, split_receipt
 from tests.helpers import TEST_FPR, Server, keyring, log_commits, start_server, wait_for
-from workers.formats.receipts import parse_statement, split_receipt
 
 H256 = hashlib.sha256(b"hello\n").hexdigest()
 H512 = hashlib.sha512(b"hello\n").hexdigest()

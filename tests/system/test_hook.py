@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from client.hook import BACKUP_SUFFIX, MARKER, USER_SUFFIX
-from server import cli
+from stampd import cli
 from tests.helpers import (
     ROOT,
     TEST_FPR,

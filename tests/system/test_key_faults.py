@@ -43,7 +43,7 @@ def run_stampd(tmp_path: Path) -> Iterator[Started]:
         runtime = short_tmpdir("kf")
         full = {**os.environ, "STAMPD_RUNTIME_DIR": str(runtime), "STAMPD_LOG_LEVEL": "INFO",
                 **(env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "server", *args], env=full, cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "stampd", *args], env=full, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         runs.append(Server(proc, 0, tmp_path, runtime, tmp_path / "none.log", 0, full))
         _, err = proc.communicate(timeout=120)

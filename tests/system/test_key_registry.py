@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pygit2
 
-from server.cli import main
+from stampd.cli import main
 from tests.helpers import (
     ROOT,
     TEST_FPR,
@@ -79,11 +79,11 @@ def test_a_worker_host_with_another_key_refuses_to_start(
     other = tmp_path / "other"
     env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": pg_url,
            "STAMPD_KEY_UID": "Other <other@stampd.invalid>"}
-    made = subprocess.run([sys.executable, "-m", "server", "keys", "--data-dir", str(other),
+    made = subprocess.run([sys.executable, "-m", "stampd", "keys", "--data-dir", str(other),
                            "generate"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120, check=False)
     assert made.returncode == 0, made.stderr
-    r = subprocess.run([sys.executable, "-m", "server", "worker", "--data-dir", str(other)],
+    r = subprocess.run([sys.executable, "-m", "stampd", "worker", "--data-dir", str(other)],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
                        check=False)
     assert r.returncode == 1

@@ -98,6 +98,6 @@ def test_audit_of_cross_stamped_logs(tmp_path: Path, server_factory: list[Server
     wait_for(lambda: "peers" in branch(a_dir, "main")[0].tree, timeout=15, what="a's pin")
     wait_for(lambda: "peers" in branch(b_dir, "main")[0].tree, timeout=15, what="b's pin")
     for server in (a, b):
-        r = subprocess.run([sys.executable, "-m", "server", "audit", server.url + "log.git"],
+        r = subprocess.run([sys.executable, "-m", "stampd", "audit", server.url + "log.git"],
                            capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0, r.stdout + r.stderr

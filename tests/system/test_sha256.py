@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from client.audit import audit
-from server import cli
+from stampd import cli
 from tests.helpers import (
     TEST_FPR,
     TEST_PUBLIC_KEY,

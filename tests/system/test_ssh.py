@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from formats.receipts import parse_statement, split_receipt
 from tests.helpers import (
     TEST_FPR,
     Load,
@@ -25,7 +26,6 @@ from tests.helpers import (
     start_server,
     verify_stamp,
 )
-from workers.formats.receipts import parse_statement, split_receipt
 
 SSH_TYPES = ["ed25519", "ecdsa-p256", "ecdsa-p384", "ecdsa-p521", "rsa"]
 
@@ -212,7 +212,7 @@ def test_stampd_verify_ssh_receipt(server: Server, tmp_path: Path) -> None:
     (tmp_path / "signers").write_text(key["allowed_signers"])
 
     def verify(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "server", "verify", *args],
+        return subprocess.run([sys.executable, "-m", "stampd", "verify", *args],
                               capture_output=True, text=True, timeout=60, check=False)
 
     ok = verify(str(receipt), "--file", str(doc), "--key", str(tmp_path / "signers"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from client.stamp import pin_name
-from server import cli
+from stampd import cli
 from tests.helpers import (
     TEST_FPR,
     TEST_PUBLIC_KEY,

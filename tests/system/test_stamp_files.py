@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from server import cli
+from stampd import cli
 from tests.helpers import Relay, Server, require_tools, start_server
 
 TREE_FILES = 10_000

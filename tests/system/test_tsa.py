@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from rfc3161_client import TimestampRequestBuilder, VerifierBuilder, decode_timestamp_response
 
-from server import cli
+from stampd import cli
 from tests.helpers import Server, log_commits, seed_data_dir, start_server, wait_for
 
 pytestmark = pytest.mark.slow
@@ -233,7 +233,7 @@ def test_imprints_reach_the_log_and_chain_is_published(tmp_path: Path) -> None:
 
 def stampd(data: Path, *args: str, key: str = "openpgp:nistp256"
            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server", *args, "--data-dir", str(data)],
+    return subprocess.run([sys.executable, "-m", "stampd", *args, "--data-dir", str(data)],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "STAMPD_TSA": "true", "STAMPD_TSA_KEY": key})
 

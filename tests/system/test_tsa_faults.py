@@ -28,6 +28,7 @@ from asn1crypto import cms, core, tsp
 from cryptography import x509
 from rfc3161_client import VerifierBuilder, decode_timestamp_response
 
+from formats.tsp import TimeStampResp
 from tests.helpers import (
     Server,
     branch,
@@ -39,7 +40,6 @@ from tests.helpers import (
     start_server,
     wait_for,
 )
-from workers.formats.tsp import TimeStampResp
 
 TSQ = "application/timestamp-query"
 TSR = "application/timestamp-reply"
@@ -593,7 +593,7 @@ def test_tokens_published_cross_stamped_and_audited(tmp_path: Path,
     r = subprocess.run(["git", "clone", "--quiet", "--mirror", a.url + "log.git", str(clone)],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
-    audit = subprocess.run([sys.executable, "-m", "server", "audit", str(clone)],
+    audit = subprocess.run([sys.executable, "-m", "stampd", "audit", str(clone)],
                            capture_output=True, text=True, timeout=120, check=False)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "peer bee (refs/heads/bee-timestamps)" in audit.stdout, audit.stdout
@@ -601,7 +601,7 @@ def test_tokens_published_cross_stamped_and_audited(tmp_path: Path,
 
     chain = fetch_chain(a, tmp_path / "tsa.pem")
     imprint = lines["sha384-False"].split()[1]
-    verify = subprocess.run([sys.executable, "-m", "server", "verify",
+    verify = subprocess.run([sys.executable, "-m", "stampd", "verify",
                              str(tmp_path / "sha384-False.tsr"), "--digest", imprint,
                              "--chain", str(chain), "--log", str(clone)],
                             capture_output=True, text=True, timeout=120, check=False)

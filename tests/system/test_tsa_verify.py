@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from server import cli
+from stampd import cli
 from tests.helpers import ROOT, Server, log_commits, seed_data_dir, start_server, wait_for
 
 TSQ = "application/timestamp-query"
@@ -351,7 +351,7 @@ def test_the_stampd_command_exit_status(
     tsr = stamp(tsa, data)
 
     def stampd(*args: str | Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "server", "verify", *map(str, args)],
+        return subprocess.run([sys.executable, "-m", "stampd", "verify", *map(str, args)],
                               capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
 
     ok = stampd(tsr, "--data", data, "--chain", tsa_pem)

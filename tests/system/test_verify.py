@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from server import cli
+from formats.openpgp import armor_signature, dearmor_signature
+from formats.receipts import BEGIN_SIG, Statement
+from stampd import cli
 from tests.helpers import (
     ROOT,
     TEST_FPR,
@@ -27,8 +29,6 @@ from tests.helpers import (
     keyring,
     make_repo,
 )
-from workers.formats.openpgp import armor_signature, dearmor_signature
-from workers.formats.receipts import BEGIN_SIG, Statement
 
 README = ROOT / "README.md"
 STAMPD = Path(sys.executable).parent / "stampd"

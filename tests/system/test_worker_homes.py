@@ -49,7 +49,7 @@ def default_server() -> Iterator[Server]:
     log_path = base / "server.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--port", str(port), "--data-dir",
+            [sys.executable, "-m", "stampd", "serve", "--port", str(port), "--data-dir",
              str(data), "--workers", str(WORKERS)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     # runtime_dir: where the homes are expected (Server.agent_pids() looks for it).

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from client.errors import CommandError
-from server.cli import EXIT_FAILED, EXIT_USAGE, exit_status, main
 from server.errors import QueueFull
 from server.settings import Settings
+from stampd.cli import EXIT_FAILED, EXIT_USAGE, exit_status, main
 from workers.keys.store import KeyStoreError
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from formats.jobs import FrameBuffer, decode_frame, frame
 from server.api.processes import ApiProcessConfig, listeners
 from server.log.leader import FileLeader
 from server.stats import Stats
 from tests.helpers import short_tmpdir
-from workers.formats.jobs import FrameBuffer, decode_frame, frame
 from workers.worker import Dispatchers
 
 

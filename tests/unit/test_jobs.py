@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
-from workers.formats.jobs import (
+from formats.jobs import (
     MAX_FRAME,
     MAX_MANIFEST_FRAME,
     CommitJob,
@@ -26,6 +25,7 @@ from workers.formats.jobs import (
     frame,
     job_frame,
 )
+from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
 
 C, T, P = "c" * 40, "e" * 40, "a" * 40
 JOBS = [

@@ -1,4 +1,4 @@
-"""Manifest lines (workers/formats/manifests.py): what is taken, what is refused and which
+"""Manifest lines (formats/manifests.py): what is taken, what is refused and which
 line numbers the refusal names; the header, the splice, the digest buckets; and the OpenAPI
 body pattern, which must take exactly what the parser takes."""
 
@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from server.api.openapi import MANIFEST_PATTERN
-from workers.formats.manifests import (
+from formats.manifests import (
     MAX_LINE,
     MAX_REPORTED,
     Header,
@@ -25,6 +24,7 @@ from workers.formats.manifests import (
     splice,
     unpack,
 )
+from server.api.openapi import MANIFEST_PATTERN
 
 H256 = hashlib.sha256(b"a").hexdigest()
 H512 = hashlib.sha512(b"a").hexdigest()

@@ -1,5 +1,5 @@
-"""Pure tests of OpenPGP packet building (workers.formats.openpgp) and S-expressions
-(workers.formats.sexp).
+"""Pure tests of OpenPGP packet building (formats.openpgp) and S-expressions
+(formats.sexp).
 
 No gpg here: these pin the byte layout. tests/integration/test_agents.py checks the same code
 against a real gpg-agent and ``gpg --verify``.
@@ -12,8 +12,8 @@ import hashlib
 
 import pytest
 
-from workers.formats import openpgp
-from workers.formats.openpgp import (
+from formats import openpgp
+from formats.openpgp import (
     H_SHA256,
     H_SHA384,
     H_SHA512,
@@ -33,7 +33,7 @@ from workers.formats.openpgp import (
     signature_hashed_part,
     signature_packet,
 )
-from workers.formats.sexp import SexpError, parse_canonical_sexp, signature_values
+from formats.sexp import SexpError, parse_canonical_sexp, signature_values
 
 FPR = "0123456789ABCDEF0123456789ABCDEF01234567"
 GRIP = "FEDCBA9876543210FEDCBA9876543210FEDCBA98"

@@ -1,4 +1,4 @@
-"""A TSA key's public key from gpg-agent's READKEY answer (`workers.formats.sexp.public_key`),
+"""A TSA key's public key from gpg-agent's READKEY answer (`formats.sexp.public_key`),
 and the parts of `workers.tsa` that need no agent: which keys may be TSA keys, the chain file,
 self-signed certificates, imported chains and tokens, signed here with software keys."""
 
@@ -17,10 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
+from formats import openpgp, sexp, tsp
+from formats.jobs import TimestampJob
 from workers import tsa
 from workers.config import ConfigError, DispatchConfig, PoolConfig, WorkerConfig
-from workers.formats import openpgp, sexp, tsp
-from workers.formats.jobs import TimestampJob
 from workers.keys.keyset import KeySpec
 
 # READKEY answers of a real gpg-agent (GnuPG 2.2.40, libgcrypt 1.10.1) for keys made with

@@ -1,4 +1,4 @@
-"""Tests of RFC 3161 time-stamping formats (workers.formats.tsp) against real clients.
+"""Tests of RFC 3161 time-stamping formats (formats.tsp) against real clients.
 
 ``cryptography`` stands in for the agent: it makes the keys and signs the prehashed bytes the
 module hands out, nothing else. Requests come from ``openssl ts -query``; the responses built
@@ -22,8 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
-from workers.formats import tsp
-from workers.formats.tsp import Rejection, TokenFields, TspError
+from formats import tsp
+from formats.tsp import Rejection, TokenFields, TspError
 
 POLICY = "1.3.6.1.4.1.99999.1.1"
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)

@@ -6,7 +6,7 @@ secret key from a read-only key file and stops it again by PID; :class:`AssuanCo
 keeps one Unix socket open and turns a digest into signature values with
 ``SIGKEY``/``SETHASH``/``PKSIGN`` — no process per signature — and reads a key's public part
 with ``READKEY`` (for TSA certificates). The OpenPGP packet around those values is built by
-:mod:`workers.formats.openpgp`.
+:mod:`formats.openpgp`.
 
 How the agent is run: ``gpg-agent --daemon`` forks and leaves an orphan of init. Its PID
 cannot be waited for, and once killed it lingers as a zombie until init gets round to reaping
@@ -42,10 +42,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
+from formats.sexp import SexpError, signature_values
 from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
 from workers.agents.base import stderr_tail as _stderr_tail
-from workers.formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
-from workers.formats.sexp import SexpError, signature_values
 
 __all__ = [
     "AgentError",
@@ -281,7 +281,7 @@ class AssuanConnection(AgentSocket):
     def read_key(self, keygrip: str) -> bytes:
         """The public key of ``keygrip`` as the agent holds it (``READKEY``): a canonical
         S-expression ``(public-key (ecc ...))`` or ``(public-key (rsa ...))``, which
-        :func:`workers.formats.sexp.public_key` reads."""
+        :func:`formats.sexp.public_key` reads."""
         if not _HEX40.fullmatch(keygrip):
             raise ValueError(f"keygrip must be 40 hex digits: {keygrip!r}")
         data = self.transact(f"READKEY {keygrip.upper()}")

@@ -5,7 +5,7 @@ its own ssh-agent in its own 0700 home. :class:`SshAgent` starts one, loads the 
 a read-only key file and stops it again by PID; :class:`SshAgentConnection` keeps one Unix
 socket open and speaks the agent protocol (OpenSSH ``PROTOCOL.agent``, draft-miller-ssh-agent):
 ``SSH2_AGENTC_SIGN_REQUEST`` turns the SSHSIG signed data into a signature blob, no process per
-signature. The SSHSIG around it is built by :mod:`workers.formats.sshsig`.
+signature. The SSHSIG around it is built by :mod:`formats.sshsig`.
 
 How the agent is run: ``ssh-agent -D -a <home>/agent.sock`` stays in the foreground, so it is
 our own child with the PID :class:`subprocess.Popen` reports (it prints that PID on stdout once
@@ -34,9 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
-from workers.agents.base import stderr_tail as _stderr_tail
-from workers.formats.sshsig import (
+from formats.sshsig import (
     DEFAULT_HASH,
     SshPublicKey,
     SshReader,
@@ -47,6 +45,8 @@ from workers.formats.sshsig import (
     sshsig_armor,
     sshsig_signed_data,
 )
+from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
+from workers.agents.base import stderr_tail as _stderr_tail
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -100,7 +100,7 @@ class SshAgentConnection(AgentSocket):
     error = SshAgentError
 
     def list_identities(self) -> list[SshPublicKey]:
-        """The agent's keys of the types :mod:`workers.formats.sshsig` supports, with their
+        """The agent's keys of the types :mod:`formats.sshsig` supports, with their
         comments.
 
         Keys of other types (certificates, FIDO keys) are left out.
@@ -125,7 +125,7 @@ class SshAgentConnection(AgentSocket):
         """Sign ``data`` with the agent's key ``pubkey_blob``; return the signature blob.
 
         The blob is ``string algorithm, string signature`` (RFC 4253 section 6.6). For RSA
-        keys pass :data:`workers.formats.sshsig.SSH_AGENT_RSA_SHA2_512`, or the agent signs with
+        keys pass :data:`formats.sshsig.SSH_AGENT_RSA_SHA2_512`, or the agent signs with
         SHA-1.
         """
         if not 0 <= flags <= 0xFFFFFFFF:
@@ -185,7 +185,7 @@ class SshAgentConnection(AgentSocket):
         """``message`` signed as ``ssh-keygen -Y sign -n <namespace>`` does: the armored SSHSIG.
 
         The agent flags (``rsa-sha2-512`` for RSA) follow from the key type. A bad namespace
-        or hash algorithm raises :class:`~workers.formats.sshsig.SshSigError` before anything is
+        or hash algorithm raises :class:`~formats.sshsig.SshSigError` before anything is
         sent.
         """
         data = sshsig_signed_data(message, namespace, hash_alg)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.formats.sshsig import SshPublicKey, allowed_signers_line
+from formats.sshsig import SshPublicKey, allowed_signers_line
 from workers.keys.gnupg import GpgError, TempGnupgHome
 from workers.keys.store import KeyStore, KeyStoreError, ensure_files
 

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from server.cli import main
+from stampd.cli import main
 
 sys.exit(main())

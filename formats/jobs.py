@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from workers.formats import gitobjects, manifests
+from formats import gitobjects, manifests
 
 HEADER = struct.Struct(">I")
 # One encoder for every message: json.dumps builds a new one per call when given separators.
@@ -176,7 +176,7 @@ class CommitJob:
 
 @dataclass(frozen=True)
 class ReceiptJob:
-    """A signed receipt of the statement ``text`` (see `workers.formats.receipts`)."""
+    """A signed receipt of the statement ``text`` (see `formats.receipts`)."""
 
     op: ClassVar[str] = "receipt"
     text: str
@@ -192,7 +192,7 @@ class ReceiptJob:
 
 @dataclass(frozen=True)
 class ManifestJob:
-    """A signed manifest (see `workers.formats.manifests`): the header built from these fields,
+    """A signed manifest (see `formats.manifests`): the header built from these fields,
     then ``lines``, the checksum lines as the client sent them. The worker checks the lines
     again and that ``key`` is its own key's fingerprint, and signs header and lines with one
     signature (OpenPGP: cleartext-signed; SSH: the text, then its SSH signature, namespace
@@ -252,7 +252,7 @@ class TimestampJob:
 
     def __post_init__(self) -> None:
         # (imported here: only the TSA key's worker and the HTTP processes need asn1crypto)
-        from workers.formats import tsp
+        from formats import tsp
 
         size = tsp.HASH_ALGORITHMS.get(self.hash_algorithm, (None, None))[1]
         if size is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from workers.formats.openpgp import (
+from formats.openpgp import (
     H_SHA256,
     H_SHA384,
     H_SHA512,

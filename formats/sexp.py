@@ -180,7 +180,7 @@ def public_key(sexp_bytes: bytes) -> bytes:
     libgcrypt or gpg spells it) and RSA keys (``(rsa (n ...) (e ...))``); :class:`SexpError`
     for anything else (ed25519, other curves, DSA) or a malformed expression.
     """
-    from workers.formats import tsp  # (asn1crypto: imported only where a TSA key is read)
+    from formats import tsp  # (asn1crypto: imported only where a TSA key is read)
 
     top = parse_canonical_sexp(sexp_bytes)
     if not top or top[0] != b"public-key":

@@ -1,0 +1,109 @@
+"""The ``stampd`` command line: the client's commands (`client.cli`: stamp, verify, audit, hook)
+and the server's (`server.commands`: serve, worker, db, keys, tsa). The client installs alone
+(``pip install stampd``); without the server's dependencies (``pip install 'stampd[server]'``)
+a server command says in one line what to install.
+
+Only this module (and ``__main__`` blocks) may exit. Every error a command raises on purpose
+ends here, once: one line on stderr (``stampd <command>: <message>``), no traceback, and the
+documented exit code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from client import cli as client_cli
+
+EXIT_FAILED = 1  # the command failed (a client command's own code where it has one)
+EXIT_USAGE = 2  # bad arguments or settings (argparse uses 2 as well)
+
+SERVER_COMMANDS = ("serve", "worker", "db", "keys", "tsa")
+INSTALL_SERVER = "pip install 'stampd[server]'"
+
+
+def _server_commands() -> ModuleType | None:
+    """`server.commands`, or None where the server's dependencies are not installed."""
+    try:
+        from server import commands
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in {"stampd", "server", "workers", "client", "formats"}:
+            raise  # a module of ours is missing: a broken install, not a client-only one
+        return None
+    return commands
+
+
+def _not_installed(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(_args: argparse.Namespace) -> int:
+        print(f"stampd {name}: the server is not installed here: {INSTALL_SERVER}",
+              file=sys.stderr)
+        return EXIT_USAGE
+
+    return run
+
+
+def parser(server: ModuleType | None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="stampd",
+        description="stampd: a timestamping server for git (Zeitgitter protocol) and digests. "
+        "`stampd serve` runs it (data in ./var by default); `stampd stamp`, `verify`, "
+        "`audit` and `hook` are for users of any stampd server. Every setting is also an "
+        "environment variable STAMPD_<NAME>.",
+        epilog="Exit status: 0 success; 1 the command failed (one line on stderr says why); "
+        "2 bad arguments or settings. stamp, verify and audit have their own (see their --help).")
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (STAMPD_LOG_LEVEL)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    if server is not None:
+        server.add_commands(sub)
+    else:
+        for name in SERVER_COMMANDS:
+            p = sub.add_parser(name, help=f"(needs the server: {INSTALL_SERVER})",
+                               add_help=False)
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            p.set_defaults(func=_not_installed(name))
+    client_cli.add_commands(sub)
+    return ap
+
+
+def _setup_logging(server: ModuleType | None, level: str | None) -> None:
+    level = level or os.environ.get("STAMPD_LOG_LEVEL", "INFO")
+    if server is not None:
+        server.setup_logging(level)
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def exit_status(exc: Exception, server: ModuleType | None = None) -> tuple[int, str] | None:
+    """(exit code, one-line message) of an error a command raised on purpose; None for a
+    bug, which is left to propagate with its traceback."""
+    status: tuple[int, str] | None = client_cli.exit_status(exc)
+    server = server or _server_commands()
+    if status is None and server is not None:
+        status = server.exit_status(exc)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status."""
+    server = _server_commands()
+    args = parser(server).parse_args(argv)
+    _setup_logging(server, args.log_level)
+    name = " ".join(n for n in (args.command, getattr(args, "hook_command", None)) if n)
+    func: Any = args.func
+    try:
+        return int(func(args))
+    except Exception as e:
+        status = exit_status(e, server)
+        if status is None:
+            raise
+        code, message = status
+        print(f"stampd {name}: {message}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
