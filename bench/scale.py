@@ -34,6 +34,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,27 +131,35 @@ def has_api_flag() -> bool:
     return API_FLAG in out
 
 
-def plan(cores: int, server_cores: int, api: bool, cores_per_api: int) -> list[Row]:
+def plan(cores: int, server_cores: int, api: bool, cores_per_api: int,
+         api_counts: Sequence[int] | None = None, workers: Sequence[int] | None = None,
+         zg_agents: Sequence[int] | None = None) -> list[Row]:
     """The rows, pinned first (stampd and zeitgitterd rows taken in turn, so that background
-    load drifts alike and a short budget cuts both), then the unpinned rows."""
+    load drifts alike and a short budget cuts both), then the unpinned rows. ``api_counts``:
+    the HTTP processes of the rows with all cores as workers (default: 2 and the serve
+    default); ``workers``: the one-HTTP-process rows' workers (default 1, 2, 4, ... cores);
+    ``zg_agents``: zeitgitterd's agents (default 1, 4 and the cores; empty: no zeitgitterd)."""
     one = 1 if api else None  # one HTTP process; a tree without the flag has exactly one
 
     def api_rows(n: int, pinned: bool) -> list[Row]:
-        rows = [Row("stampd", n, a, n, pinned)
-                for a in sorted({2, default_api(n, cores_per_api)} - {1})]
+        counts = set(api_counts) if api_counts is not None else {2, default_api(n, cores_per_api)}
+        rows = [Row("stampd", n, a, n, pinned) for a in sorted(counts - {1})]
         for r in rows if not api else []:
             r.skipped = f"this stampd has no {API_FLAG}"
         return rows
 
     rows: list[Row] = []
     if server_cores:
-        st = [Row("stampd", w, one, server_cores, True) for w in doubling(server_cores)]
+        st = [Row("stampd", w, one, server_cores, True)
+              for w in (workers if workers is not None else doubling(server_cores))]
         st += api_rows(server_cores, True)
         zg = [Row("zeitgitterd", a, None, server_cores, True)
-              for a in sorted({*ZG_AGENTS, server_cores})]
+              for a in sorted(set(zg_agents) - {0} if zg_agents is not None
+                              else {*ZG_AGENTS, server_cores})]
         rows += [r for pair in itertools.zip_longest(st, zg) for r in pair if r is not None]
-    rows += [Row("stampd", cores, one, cores, False), *api_rows(cores, False),
-             Row("zeitgitterd", cores, None, cores, False)]
+    rows += [Row("stampd", cores, one, cores, False), *api_rows(cores, False)]
+    if zg_agents is None or set(zg_agents) - {0}:
+        rows.append(Row("zeitgitterd", cores, None, cores, False))
     return rows
 
 
@@ -176,7 +185,8 @@ class Scale(Measuring):
     def execute(self) -> None:
         self.idle_load = idle_load()
         self.api = has_api_flag()
-        self.rows = plan(self.cores, len(self.server_cpus), self.api, self.args.cores_per_api)
+        self.rows = plan(self.cores, len(self.server_cpus), self.api, self.args.cores_per_api,
+                         self.args.api, self.args.workers, self.args.zg_agents)
         if not self.api:
             progress(f"this stampd has no {API_FLAG}: the rows with several API processes "
                      "are skipped")
@@ -296,7 +306,8 @@ class Scale(Measuring):
                     f"{head} {conns:>3} | {c.rate:9.1f} {c.p50_ms:7.1f} {c.p99_ms:8.1f} | "
                     f"{c.wrong:>5} | {s['total_ms']:6.2f} {s['http_ms']:5.2f} "
                     f"{s['workers_ms']:7.2f} {s['agents_ms']:6.2f} {s['other_ms']:5.2f} | "
-                    f"{s['busiest_http_share']:11.0%} | {c.background:.1f}")
+                    f"{s['busiest_http_share']:11.0%} | {c.background:.1f}"
+                    + (f"  LONG TAIL: p99 > {TAIL_FACTOR} x p50" if long_tail(c) else ""))
             if r.skipped:
                 lines.append(f"{'':<11} note: {r.skipped}")
         lines += ["", "stampd / zeitgitterd, same run, same cores and concurrency:",
@@ -370,6 +381,13 @@ class Scale(Measuring):
                 "idle_load": self.idle_load, "projection": self.projected}
 
 
+TAIL_FACTOR = 5  # a cell whose p99 exceeds this many times its p50 is flagged
+
+
+def long_tail(cell: Cell) -> bool:
+    return bool(cell.p50_ms and cell.p99_ms > TAIL_FACTOR * cell.p50_ms)
+
+
 def good(row: Row, conns: int) -> bool:
     c = row.cells.get(conns)
     return bool(c and c.requests and not c.skipped)
@@ -395,6 +413,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cores-per-api", type=int, default=3,
                     help="the serve command's default API processes, max(1, cores // this), "
                          "for the API rows and the projection (default 3)")
+    ap.add_argument("--api", type=int_list, default=None,
+                    help="HTTP processes of the rows with all the server's cores as workers, "
+                         "comma-separated (default: 2 and the serve default)")
+    ap.add_argument("--workers", type=int_list, default=None,
+                    help="workers of the pinned one-HTTP-process rows (default 1, 2, 4, ... "
+                         "the server's cores)")
+    ap.add_argument("--zg-agents", type=int_list, default=None,
+                    help="zeitgitterd's agents in the pinned rows (default 1, 4 and the "
+                         "server's cores; 0 alone: no zeitgitterd rows)")
     ap.add_argument("--project", type=int_list, default=PROJECT_CORES,
                     help="server cores to project to (default 2,4,8,12,16)")
     return ap.parse_args(argv)

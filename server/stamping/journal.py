@@ -24,6 +24,7 @@ from server.errors import JournalError
 from server.models import ManifestDigests, Stamp, StampState
 from server.stamping.requests import Request
 from server.stats import Stats
+from server.writelock import WriteLock
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,8 @@ class _SqliteWriter(_Writer):
         self.path = path
         self.conn: sqlite3.Connection | None = None
         self._inserts: dict[int, str] = {}
+        # The HTTP processes of a host take turns at SQLite's write lock (`server.writelock`).
+        self.lock = WriteLock(path)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=30,
@@ -338,6 +341,11 @@ class _SqliteWriter(_Writer):
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
               buckets: dict[int, Buckets]) -> list[int]:
         conn = self.conn = self.conn or self._connect()
+        with self.lock.held():
+            return self._write(conn, rows, updates, buckets)
+
+    def _write(self, conn: sqlite3.Connection, rows: list[dict[str, Any]],
+               updates: list[dict[str, Any]], buckets: dict[int, Buckets]) -> list[int]:
         try:
             conn.execute("BEGIN IMMEDIATE")
             ids: list[int] = []
@@ -364,6 +372,10 @@ class _SqliteWriter(_Writer):
             conn.execute("COMMIT")
             return ids
         except BaseException:
-            self.close()
+            super().close()  # (the connection only: the lock is held, and kept for reuse)
             raise
+
+    def close(self) -> None:
+        super().close()
+        self.lock.close()
 
