@@ -133,7 +133,7 @@ def has_api_flag() -> bool:
 
 def plan(cores: int, server_cores: int, api: bool, cores_per_api: int,
          api_counts: Sequence[int] | None = None, workers: Sequence[int] | None = None,
-         zg_agents: Sequence[int] | None = None) -> list[Row]:
+         zg_agents: Sequence[int] | None = None, unpinned: bool = True) -> list[Row]:
     """The rows, pinned first (stampd and zeitgitterd rows taken in turn, so that background
     load drifts alike and a short budget cuts both), then the unpinned rows. ``api_counts``:
     the HTTP processes of the rows with all cores as workers (default: 2 and the serve
@@ -157,6 +157,8 @@ def plan(cores: int, server_cores: int, api: bool, cores_per_api: int,
               for a in sorted(set(zg_agents) - {0} if zg_agents is not None
                               else {*ZG_AGENTS, server_cores})]
         rows += [r for pair in itertools.zip_longest(st, zg) for r in pair if r is not None]
+    if not unpinned and server_cores:
+        return rows
     rows += [Row("stampd", cores, one, cores, False), *api_rows(cores, False)]
     if zg_agents is None or set(zg_agents) - {0}:
         rows.append(Row("zeitgitterd", cores, None, cores, False))
@@ -186,7 +188,8 @@ class Scale(Measuring):
         self.idle_load = idle_load()
         self.api = has_api_flag()
         self.rows = plan(self.cores, len(self.server_cpus), self.api, self.args.cores_per_api,
-                         self.args.api, self.args.workers, self.args.zg_agents)
+                         self.args.api, self.args.workers, self.args.zg_agents,
+                         unpinned=not self.args.pinned_only)
         if not self.api:
             progress(f"this stampd has no {API_FLAG}: the rows with several API processes "
                      "are skipped")
@@ -422,6 +425,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--zg-agents", type=int_list, default=None,
                     help="zeitgitterd's agents in the pinned rows (default 1, 4 and the "
                          "server's cores; 0 alone: no zeitgitterd rows)")
+    ap.add_argument("--pinned-only", action="store_true",
+                    help="no unpinned rows (where there are pinned ones)")
     ap.add_argument("--project", type=int_list, default=PROJECT_CORES,
                     help="server cores to project to (default 2,4,8,12,16)")
     return ap.parse_args(argv)
