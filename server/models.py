@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -26,7 +28,9 @@ class Base(DeclarativeBase):
     pass
 
 
-class StampState:
+class StampState(enum.StrEnum):
+    """The ``stamps.state`` column."""
+
     PENDING = "pending"  # journaled, not (yet known to be) signed
     SIGNED = "signed"
     FAILED = "failed"  # every attempt failed; the client got a 503
@@ -65,7 +69,9 @@ class Stamp(Base):
     )
 
 
-class LogCommitState:
+class LogCommitState(enum.StrEnum):
+    """The ``log_commits.state`` column."""
+
     PENDING = "pending"  # stamps assigned, git commit not yet written
     COMMITTED = "committed"
 
@@ -100,7 +106,9 @@ class Peer(Base):
     pinned_by: Mapped[str | None] = mapped_column(String(16))  # "config" | "tofu"
 
 
-class CrossStampState:
+class CrossStampState(enum.StrEnum):
+    """The ``cross_stamps.state`` column."""
+
     PENDING = "pending"  # to be (re)tried at next_attempt_at
     DONE = "done"
     SUPERSEDED = "superseded"  # a stamp of a newer log head covers this one
