@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import enum
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Float,
     ForeignKey,
     Index,
@@ -13,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -26,7 +30,16 @@ class Base(DeclarativeBase):
     pass
 
 
-class StampState:
+def state_check(table: str, states: type[enum.StrEnum]) -> CheckConstraint:
+    """The CHECK constraint ``ck_<table>_state``: the table's ``state`` column holds one of
+    ``states``' values, and the database refuses any other (migration 0010 adds them)."""
+    values = ", ".join(f"'{s.value}'" for s in states)
+    return CheckConstraint(f"state IN ({values})", name=f"ck_{table}_state")
+
+
+class StampState(enum.StrEnum):
+    """The ``stamps.state`` column."""
+
     PENDING = "pending"  # journaled, not (yet known to be) signed
     SIGNED = "signed"
     FAILED = "failed"  # every attempt failed; the client got a 503
@@ -62,10 +75,13 @@ class Stamp(Base):
     __table_args__ = (
         Index("ix_stamps_commit", "commit"),
         Index("ix_stamps_digest", "algorithm", "digest"),
+        state_check("stamps", StampState),
     )
 
 
-class LogCommitState:
+class LogCommitState(enum.StrEnum):
+    """The ``log_commits.state`` column."""
+
     PENDING = "pending"  # stamps assigned, git commit not yet written
     COMMITTED = "committed"
 
@@ -85,6 +101,8 @@ class LogCommit(Base):
     raw: Mapped[str | None] = mapped_column(Text)
     files: Mapped[str | None] = mapped_column(Text)  # JSON {path: content}
 
+    __table_args__ = (state_check("log_commits", LogCommitState),)
+
 
 class Peer(Base):
     """A peer timestamping server that stamps our log; its key is pinned on first contact."""
@@ -100,7 +118,9 @@ class Peer(Base):
     pinned_by: Mapped[str | None] = mapped_column(String(16))  # "config" | "tofu"
 
 
-class CrossStampState:
+class CrossStampState(enum.StrEnum):
+    """The ``cross_stamps.state`` column."""
+
     PENDING = "pending"  # to be (re)tried at next_attempt_at
     DONE = "done"
     SUPERSEDED = "superseded"  # a stamp of a newer log head covers this one
@@ -124,12 +144,14 @@ class CrossStamp(Base):
     stamp_text: Mapped[str | None] = mapped_column(Text)  # the stamp object itself
 
     __table_args__ = (UniqueConstraint("peer", "log_commit", name="uq_cross_stamps_peer_head"),
-                      Index("ix_cross_stamps_state", "state", "next_attempt_at"))
+                      Index("ix_cross_stamps_state", "state", "next_attempt_at"),
+                      state_check("cross_stamps", CrossStampState))
 
 
 class Job(Base):
     """A signing job handed over through the database (``STAMPD_DISPATCH=database``): API
-    hosts insert jobs, worker hosts claim them with ``FOR UPDATE SKIP LOCKED``. Every statement
+    hosts insert jobs, worker hosts claim them with ``FOR UPDATE SKIP LOCKED``. The whole
+    schema is here (a new job's state and attempts are the table's defaults); every statement
     on this table and on ``worker_heartbeats``, and the states, are `workers.jobtable`'s."""
 
     __tablename__ = "jobs"
@@ -137,15 +159,16 @@ class Job(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     key_id: Mapped[str] = mapped_column(String(64))
     payload: Mapped[str] = mapped_column(Text)  # the job as JSON (see formats.jobs)
-    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED.value)  # a JobState
+    state: Mapped[str] = mapped_column(String(16), server_default=JobState.QUEUED.value)
     worker: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[float | None] = mapped_column(Float)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # times claimed
     result: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
 
-    __table_args__ = (Index("ix_jobs_claim", "state", "key_id", "id"),)
+    __table_args__ = (Index("ix_jobs_claim", "state", "key_id", "id"),
+                      state_check("jobs", JobState))
 
 
 class WorkerHeartbeat(Base):

@@ -15,7 +15,8 @@ A job moves ``queued -> claimed -> done | failed``; the reaper moves ``claimed``
 spelled in the SQL. Every statement is an `Sql`: text in psycopg's ``%(name)s`` style and its
 parameters, for ``psycopg.Connection.execute(*sql)`` (workers) or SQLAlchemy's
 ``Connection.exec_driver_sql(*sql)`` (the API side). Both sides use psycopg 3, so the text and
-the parameter adaptation are the same. The schema itself is ``server.models`` (``Job``,
+the parameter adaptation are the same. The schema itself, indexes, defaults and the CHECK
+constraint on ``jobs.state`` (`JobState`'s values) included, is ``server.models`` (``Job``,
 ``WorkerHeartbeat``) and its migrations; this module only queries it.
 """
 
@@ -64,11 +65,12 @@ def _notify(channel: str, payload: str) -> Sql:
 # -- the API side ----------------------------------------------------------------------------
 
 def enqueue(key_id: str, payload: str, now: float) -> Sql:
-    """Insert a queued job for a worker holding ``key_id``; returns its ``id``. Follow it with
-    `notify_queued` in the same transaction."""
+    """Insert a job for a worker holding ``key_id``; returns its ``id``. It is queued, never
+    claimed yet: the table's defaults (``server.models.Job``). Follow it with `notify_queued`
+    in the same transaction."""
     return _sql(
-        "INSERT INTO jobs (key_id, payload, state, attempts, created_at) "
-        "VALUES (%(key_id)s, %(payload)s, %(queued)s, 0, %(now)s) RETURNING id",
+        "INSERT INTO jobs (key_id, payload, created_at) "
+        "VALUES (%(key_id)s, %(payload)s, %(now)s) RETURNING id",
         key_id=key_id, payload=payload, now=now)
 
 

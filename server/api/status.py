@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from server.api.services import Services
 from server.log.repository import LogRepository
-from server.models import CrossStamp, Peer, Stamp
+from server.models import CrossStamp, CrossStampState, Peer, Stamp
 
 MINUTES = 60
 
@@ -54,11 +54,12 @@ def snapshot(s: Services) -> Snapshot:
             if p.name not in s.cross.peers:
                 continue
             last = conn.execute(select(func.max(CrossStamp.updated_at)).where(
-                CrossStamp.peer == p.name, CrossStamp.state == "done")).scalar()
+                CrossStamp.peer == p.name, CrossStamp.state == CrossStampState.DONE)).scalar()
             pending = conn.execute(select(func.count()).select_from(CrossStamp).where(
-                CrossStamp.peer == p.name, CrossStamp.state == "pending")).scalar() or 0
+                CrossStamp.peer == p.name,
+                CrossStamp.state == CrossStampState.PENDING)).scalar() or 0
             err = conn.execute(select(CrossStamp.last_error).where(
-                CrossStamp.peer == p.name, CrossStamp.state == "pending",
+                CrossStamp.peer == p.name, CrossStamp.state == CrossStampState.PENDING,
                 CrossStamp.last_error.is_not(None)).order_by(CrossStamp.id.desc())
                 .limit(1)).scalar()
             peers.append(PeerRow(p.name, p.url, p.fingerprint, last, int(pending), err))
