@@ -6,8 +6,11 @@ sending Zeitgitter tag stamps (``POST /``) and digest stamps (``POST /v1/stamps`
 one with a commit id or digest no other request uses. Three faults, one after another, each
 during at least ``--requests`` requests:
 
-- ``api``: SIGKILL the HTTP process (its supervisor, workers and agents die with it); this
-  program starts it again on the same port, data directory and database;
+- ``api``: SIGKILL the ``stampd serve`` process (its HTTP processes, worker supervisor, workers
+  and agents die with it); this program starts it again on the same port, data directory and
+  database;
+- ``http``: with several HTTP processes (``--api-processes``, 2 by default), SIGKILL one of
+  them while the others go on writing the journal; ``stampd serve`` starts another;
 - ``worker``: SIGKILL one worker process; the supervisor starts another;
 - ``agent``: SIGKILL one worker's gpg-agent (a direct child of the worker); the worker exits and
   the supervisor starts another.
@@ -43,7 +46,7 @@ from pathlib import Path
 from bench.proof_http import Conn, HttpError, StampRequest, raise_nofile
 from bench.proof_server import ProofError, ProofServer, database, progress
 
-FAULTS = ("api", "worker", "agent")
+FAULTS = ("api", "http", "worker", "agent")
 # After the API process is killed, its stamps left pending are published once no live request
 # can be behind them: STAMPD_REQUEST_TIMEOUT + the committer's OUTCOME_GRACE (10 s) after
 # their time.
@@ -157,6 +160,24 @@ def inflict(ps: ProofServer, phase: Phase) -> None:
         ps.start()  # waits until /readyz lists every worker
         phase.recovery_s = time.monotonic() - t0
         return
+    if phase.fault == "http":
+        https = ps.http_pids()
+        if len(https) != ps.api_processes or len(https) < 2:
+            raise ProofError(f"expected {ps.api_processes} HTTP processes (at least 2), found "
+                             f"{https}")
+        phase.victim = https[0]
+        os.kill(phase.victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # another started in its place, and the pool serves it
+            now = ps.http_pids()
+            if (len(now) == ps.api_processes and phase.victim not in now
+                    and ps.ready_workers() >= ps.workers):
+                break
+            if time.monotonic() > deadline:
+                raise ProofError(f"HTTP process {phase.victim} was not replaced within 60 s")
+            time.sleep(0.05)
+        phase.recovery_s = time.monotonic() - t0
+        return
     before = _requeued(ps)
     pids = ps.worker_pids() if phase.fault == "worker" else ps.agent_pids()
     if len(pids) != ps.workers:
@@ -181,6 +202,7 @@ async def run_db(db: str, args: argparse.Namespace, workdir: Path) -> tuple[list
     problems: list[str] = []
     with database(db) as url:
         ps = ProofServer(db, workdir / db, url, workers=args.workers, commit_interval=2.0,
+                         api_processes=args.api_processes,
                          env={"STAMPD_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
                               "STAMPD_MAX_QUEUE": str(args.max_queue),
                               "STAMPD_LOG_LEVEL": "WARNING"})
@@ -258,6 +280,7 @@ async def main_async(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"crash consistency: kill -9 under c={args.concurrency} (tag and digest stamps in "
           f"turn), >= {args.requests} requests per fault, {args.workers} workers, "
+          f"{args.api_processes} HTTP processes, "
           f"STAMPD_MAX_QUEUE={args.max_queue}")
     print(HEADER)
     for r in rows:
@@ -280,12 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1000, help="requests per fault (1000)")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--api-processes", type=int, default=2,
+                    help="HTTP processes (2): the journal written by several at once; the "
+                         "http fault needs at least 2")
     ap.add_argument("--max-queue", type=int, default=12,
                     help="STAMPD_MAX_QUEUE (12): below the concurrency, so that some stamps "
                          "fail with 503 (QueueFull) at every fault and the phantom check has "
                          "failures to look at")
     ap.add_argument("--faults", type=lambda s: s.split(","), default=list(FAULTS),
-                    help="comma-separated, of api,worker,agent (all)")
+                    help="comma-separated, of api,http,worker,agent (all)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the data directories and server logs (kept anyway on failure)")
     args = ap.parse_args(argv)

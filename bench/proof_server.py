@@ -139,13 +139,15 @@ class ProofServer:
     same port, data directory and database."""
 
     def __init__(self, db: str, workdir: Path, database_url: str | None, *, workers: int = 2,
-                 commit_interval: float = 2.0, env: dict[str, str] | None = None) -> None:
+                 commit_interval: float = 2.0, env: dict[str, str] | None = None,
+                 api_processes: int = 1) -> None:
         self.db = db
         self.workdir = workdir
         self.data = seed_data_dir(workdir / "data")
         self.database_url = database_url
         self.db_url = database_url or f"sqlite:///{self.data / 'stampd.sqlite3'}"
         self.workers = workers
+        self.api_processes = api_processes
         self.commit_interval = commit_interval
         self.env = dict(env or {})
         self.port = free_port()
@@ -162,7 +164,8 @@ class ProofServer:
         self.server = start_server(self.data, workers=self.workers,
                                    commit_interval=self.commit_interval,
                                    database_url=self.database_url, extra_env=self.env,
-                                   port=self.port, runtime_dir=self.runtime)
+                                   port=self.port, runtime_dir=self.runtime,
+                                   api_processes=self.api_processes)
 
     @property
     def api_pid(self) -> int:
@@ -170,6 +173,11 @@ class ProofServer:
         return self.server.proc.pid
 
     # -- the process tree: API -> supervisor -> workers -> agents ----------------------------
+    def http_pids(self) -> list[int]:
+        """The HTTP processes, with several (``--api-processes``): children of the API
+        process, which restarts one that dies."""
+        return [p for p in children(self.api_pid) if b"server.api.processes" in cmdline(p)]
+
     def supervisor_pids(self) -> list[int]:
         return [p for p in children(self.api_pid) if b"workers.pool" in cmdline(p)]
 
