@@ -11,7 +11,7 @@ CLIENT_LOCK := requirements/client.lock
 UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command 'make lock'
 
-.PHONY: serve test lint sysdeps lock lock-check bench bench-manifest bench-scale \
+.PHONY: serve test lint sysdeps lock lock-check client-only bench bench-manifest bench-scale \
 	fuzz soak crash slow readflood proof clean
 
 # A changed lock or pyproject.toml reinstalls. The project itself is installed without its
@@ -33,7 +33,7 @@ serve: $(STAMP)
 ## Bytecode caches are written (into gitignored __pycache__ folders) even where the caller's
 ## environment sets PYTHONDONTWRITEBYTECODE: each of the ~150 servers the tests start would
 ## otherwise compile stampd again, and pytest rewrite every test module in each process.
-test: sysdeps lint lock-check
+test: sysdeps lint lock-check client-only
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal
 
 ## The system packages the tests need: installed when possible, else one line naming them.
@@ -60,6 +60,11 @@ lock-check: $(STAMP)
 		echo "lock-check: the lock files are not current with pyproject.toml; run make lock" >&2; \
 		exit 1; \
 	fi
+
+## The client installs alone: a fresh venv with CLIENT_LOCK and the project (no extras) has
+## `stampd verify` and no server dependency, and `stampd serve` names the extra.
+client-only: $(STAMP)
+	sh tests/client_only.sh $(PYTHON) $(BIN)/uv $(CLIENT_LOCK)
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: $(STAMP)
