@@ -90,7 +90,7 @@ bench-scale: $(STAMP)
 bench-manifest: $(STAMP)
 	$(BIN)/python -m bench.manifest
 
-## Proof of issue 12 (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
+## The robustness proof (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
 ## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
 ## broken promise.
 fuzz: $(STAMP) sysdeps
