@@ -3,13 +3,25 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The pinned, hashed dependencies (docs/development.md, "Dependencies"): LOCK, the server and
+# the test tools, is what the venv is built from; CLIENT_LOCK, the client alone
+# (`pip install .`), is what the client-only check installs.
+LOCK := requirements/test.lock
+CLIENT_LOCK := requirements/client.lock
+UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal \
+	--python-version 3.11 --custom-compile-command 'make lock'
 
-.PHONY: serve test lint sysdeps bench bench-manifest bench-scale fuzz soak crash slow readflood proof clean
+.PHONY: serve test lint sysdeps lock lock-check client-only bench bench-manifest bench-scale \
+	fuzz soak crash slow readflood proof clean
 
-$(STAMP): pyproject.toml
+# A changed lock or pyproject.toml reinstalls. The project itself is installed without its
+# dependencies: they all come from the lock, hash-checked; `pip check` fails when the lock
+# lacks one pyproject.toml asks for.
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip check
 	touch $(STAMP)
 
 ## Run the server on 127.0.0.1:8080 with the embedded defaults (data in ./var).
@@ -21,12 +33,38 @@ serve: $(STAMP)
 ## Bytecode caches are written (into gitignored __pycache__ folders) even where the caller's
 ## environment sets PYTHONDONTWRITEBYTECODE: each of the ~150 servers the tests start would
 ## otherwise compile stampd again, and pytest rewrite every test module in each process.
-test: sysdeps lint
+test: sysdeps lint lock-check client-only
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal
 
 ## The system packages the tests need: installed when possible, else one line naming them.
 sysdeps:
 	sh tests/sysdeps.sh
+
+## Write the lock files again from pyproject.toml (needs PyPI). Locked versions are kept
+## where pyproject.toml still allows them; `make lock LOCK_ARGS='-P NAME'` moves NAME on to
+## its newest release, `LOCK_ARGS=-U` everything.
+lock:
+	test -x $(BIN)/uv || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q "$$(grep -o '^uv==[^ ]*' $(LOCK))"; }
+	$(UV_COMPILE) $(LOCK_ARGS) --extra test -o $(LOCK)
+	$(UV_COMPILE) $(LOCK_ARGS) -o $(CLIENT_LOCK)
+
+## Fail when the lock files are not what `make lock` would write now (from uv's cache when
+## it can, else from PyPI; a few seconds).
+lock-check: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	cp $(LOCK) $$tmp/test.lock && cp $(CLIENT_LOCK) $$tmp/client.lock && \
+	for args in "--extra test -o $$tmp/test.lock" "-o $$tmp/client.lock"; do \
+		$(UV_COMPILE) --offline $$args 2>/dev/null || $(UV_COMPILE) $$args || exit 1; \
+	done && \
+	if ! diff -u $(LOCK) $$tmp/test.lock || ! diff -u $(CLIENT_LOCK) $$tmp/client.lock; then \
+		echo "lock-check: the lock files are not current with pyproject.toml; run make lock" >&2; \
+		exit 1; \
+	fi
+
+## The client installs alone: a fresh venv with CLIENT_LOCK and the project (no extras) has
+## `stampd verify` and no server dependency, and `stampd serve` names the extra.
+client-only: $(STAMP)
+	sh tests/client_only.sh $(PYTHON) $(BIN)/uv $(CLIENT_LOCK)
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: $(STAMP)
@@ -52,7 +90,7 @@ bench-scale: $(STAMP)
 bench-manifest: $(STAMP)
 	$(BIN)/python -m bench.manifest
 
-## Proof of issue 12 (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
+## The robustness proof (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
 ## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
 ## broken promise.
 fuzz: $(STAMP) sysdeps
