@@ -59,9 +59,10 @@ from formats.jobs import (
 )
 from formats.sshsig import SshPublicKey
 from workers import jobtable
-from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
-from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
+from workers.agents.gpg import AssuanConnection, GpgAgent
+from workers.agents.ssh import SshAgent, SshAgentConnection
 from workers.config import ConfigError, WorkerConfig
+from workers.errors import AgentError
 from workers.keys.keyset import (
     RECEIPT_NAMESPACE,
     KeyUnusable,
@@ -487,7 +488,7 @@ def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, 
         path, messages = found
         try:
             replies = sign_many(signer, messages)
-        except (AgentError, SshAgentError) as e:
+        except AgentError as e:
             log.error("worker %s: signing failed (%s); exiting so that another worker signs",
                       name, " ".join(str(e).split()))
             return EXIT_AGENT_DIED
@@ -525,7 +526,7 @@ def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, ke
                     job_id, payload = row
                     try:
                         answer = sign(signer, job_id, decode_frame(payload.encode()))
-                    except (AgentError, SshAgentError) as e:
+                    except AgentError as e:
                         log.error("worker %s: signing failed (%s); exiting (the job is "
                                   "requeued once our heartbeat stops)", name,
                                   " ".join(str(e).split()))
@@ -604,7 +605,7 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
         return signer, fingerprint
     except KeyStoreError as e:
         raise KeyUnusable(config.key_id, secret, e.message) from None
-    except (AgentError, SshAgentError) as e:
+    except AgentError as e:
         if not agent.running:  # the agent failed, not the key
             raise
         raise KeyUnusable(config.key_id, secret, str(e)) from None
@@ -640,7 +641,7 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
         message = f"stampd key check: {config.key_id} {fingerprint} {t}\n".encode()
         try:
             signature = signer.signature(message, t)
-        except (AgentError, SshAgentError) as e:
+        except AgentError as e:
             if not agent.running:
                 raise
             raise KeyUnusable(config.key_id, secret, f"its agent cannot sign with it: {e}"
@@ -701,7 +702,7 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
         with contextlib.suppress(OSError):
             write_status(config.home, f"{UNUSABLE} {e.message}")
         return EXIT_KEY_UNUSABLE
-    except (AgentError, SshAgentError) as e:
+    except AgentError as e:
         log.error("worker %s: the agent failed: %s", config.name, " ".join(str(e).split()))
         return EXIT_AGENT_DIED
     except (FileNotFoundError, ConnectionRefusedError):

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from workers.errors import WorkerError
+
 GPG = "gpg"
 GPGCONF = "gpgconf"
 GPG_TIMEOUT = 60.0
@@ -43,12 +45,8 @@ SIGNATURE_ERRORS = frozenset({"BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEY
                               "NO_PUBKEY", "NODATA", "BADARMOR"})
 
 
-class GpgError(Exception):
+class GpgError(WorkerError):
     """gpg could not be run at all: it is not installed, or it did not finish in time."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def run_gpg(home: Path, *args: str, input: bytes | None = None, timeout: float = GPG_TIMEOUT,
