@@ -60,7 +60,7 @@ from workers.agents.base import die_with_parent
 from workers.config import ConfigError, PoolConfig
 from workers.errors import AgentError, WorkerError
 from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable, TsaError
-from workers.worker import (
+from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
     EXIT_CONFIG,
@@ -68,9 +68,9 @@ from workers.worker import (
     EXIT_NO_DISPATCHER,
     READY,
     UNUSABLE,
-    check_key,
     read_status,
 )
+from workers.worker import check_key
 
 log = logging.getLogger(__name__)
 
