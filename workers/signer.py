@@ -11,12 +11,11 @@ is refused (`REFUSED`: the others of its batch are still signed); the agent's er
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from formats import cleartext, manifests, openpgp
 from formats.jobs import (
-    CommitJob,
     GitJob,
     Job,
     MalformedMessage,
@@ -35,6 +34,8 @@ if TYPE_CHECKING:
 
 # What makes a worker refuse one job as malformed (the others of its batch are still signed).
 REFUSED = (MalformedMessage, ValueError, UnicodeError)
+GIT = TagJob.kind  # (and CommitJob.kind): git objects, built and signed alike
+_NOT_BUILT = RuntimeError("not built")  # (a place every builder fills)
 
 
 class Signer:
@@ -57,15 +58,6 @@ class Signer:
     def receipt(self, text: str, t: int) -> str:
         raise NotImplementedError
 
-    def timestamp(self, job: TimestampJob) -> str:
-        """The RFC 3161 token of ``job`` (DER), in base64."""
-        if not self.chain:
-            raise MalformedMessage("this key has no TSA certificate")
-        from workers import tsa  # (imported by the TSA key's worker only: asn1crypto is 0.1 s)
-
-        token = tsa.build_token(job, self.tsa_key(), self.chain)
-        return base64.b64encode(token).decode("ascii")
-
     def tsa_key(self) -> tsa.TsaKey:
         """The key as a TSA signs with it (made once); `tsa.TsaError` when it cannot be a TSA
         key."""
@@ -85,6 +77,31 @@ class Signer:
         (`ManifestJob.signed` puts them back)."""
         raise NotImplementedError
 
+    # -- one method per kind of job ----------------------------------------------------------
+    # Each job class names its ``kind`` (`formats.jobs`); `builders` maps it to the method that
+    # builds one job of that kind, `batch_builders` to one that builds several in one agent
+    # round trip. Nothing else looks at a job's type.
+
+    def builders(self) -> dict[str, Callable[[Any], str]]:
+        """What builds one job of each kind: its signed object (ASCII text), or raises the
+        `REFUSED` error that makes it malformed."""
+        return {GIT: self.build_git_object, ReceiptJob.kind: self.build_receipt,
+                ManifestJob.kind: self.build_manifest, TimestampJob.kind: self.build_timestamp}
+
+    def batch_builders(self) -> dict[str, Callable[[Sequence[Any]], list[str | Exception]]]:
+        """What builds several jobs of one kind together (`build_many`): the signed object of
+        each, or the `REFUSED` error that made it malformed, in their order. Kinds not here are
+        built one by one. Time-stamp tokens are signed in one agent round trip
+        (`tsa.build_tokens`); signers whose agent signs several git objects so add theirs."""
+        return {TimestampJob.kind: self.build_timestamps}
+
+    def build_git_object(self, job: GitJob) -> str:
+        payload = job.payload(self.uid(job))
+        return job.embed(payload, self.signature(payload, job.time)).decode("ascii")
+
+    def build_receipt(self, job: ReceiptJob) -> str:
+        return self.receipt(job.text, job.time)
+
     def build_manifest(self, job: ManifestJob) -> str:
         """Only a well-formed manifest is signed: its lines are checksum lines of its
         algorithm, its header parses and names this worker's key."""
@@ -96,40 +113,56 @@ class Signer:
         manifests.parse_header(text)
         return self.manifest(text, job.lines, job.time)
 
-    def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
-        """The signed object of each of ``jobs``, or the `REFUSED` error that made it
-        malformed; the agent's errors propagate. Time-stamp tokens are signed in one agent
-        round trip (`tsa.build_tokens`); signers whose agent signs several git objects so
-        override this."""
-        out: list[str | Exception | None] = [None] * len(jobs)
-        tokens: list[tuple[int, TimestampJob]] = []
-        for i, job in enumerate(jobs):
-            if isinstance(job, TimestampJob) and self.chain:
-                tokens.append((i, job))
-                continue
-            try:
-                out[i] = self.build(job)
-            except REFUSED as e:
-                out[i] = e
-        if tokens:
-            from workers import tsa
+    def build_timestamp(self, job: TimestampJob) -> str:
+        """The RFC 3161 token of ``job`` (DER), in base64."""
+        if not self.chain:
+            raise MalformedMessage("this key has no TSA certificate")
+        from workers import tsa  # (imported by the TSA key's worker only: asn1crypto is 0.1 s)
 
-            built = tsa.build_tokens([job for _, job in tokens], self.tsa_key(), self.chain or [])
-            for (i, _), token in zip(tokens, built, strict=True):
-                out[i] = token if isinstance(token, Exception) \
-                    else base64.b64encode(token).decode("ascii")
-        return [o if o is not None else RuntimeError("not built") for o in out]
+        token = tsa.build_token(job, self.tsa_key(), self.chain)
+        return base64.b64encode(token).decode("ascii")
+
+    def build_timestamps(self, jobs: Sequence[TimestampJob]) -> list[str | Exception]:
+        if not self.chain:  # each refused
+            return one_by_one(self.build_timestamp, jobs)
+        from workers import tsa
+
+        built = tsa.build_tokens(jobs, self.tsa_key(), self.chain)
+        return [token if isinstance(token, Exception)
+                else base64.b64encode(token).decode("ascii") for token in built]
 
     def build(self, job: Job) -> str:
         """The signed object of ``job`` (ASCII text)."""
-        if isinstance(job, ReceiptJob):
-            return self.receipt(job.text, job.time)
-        if isinstance(job, ManifestJob):
-            return self.build_manifest(job)
-        if isinstance(job, TimestampJob):
-            return self.timestamp(job)
-        payload = job.payload(self.uid(job))
-        return job.embed(payload, self.signature(payload, job.time)).decode("ascii")
+        return self.builders()[job.kind](job)
+
+    def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
+        """The signed object of each of ``jobs``, or the `REFUSED` error that made it
+        malformed; the agent's errors propagate. The jobs of a kind that has a batch builder
+        are built together, the others one by one."""
+        out: list[str | Exception] = [_NOT_BUILT] * len(jobs)
+        by_kind: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_kind.setdefault(job.kind, []).append(i)
+        batch_builders = self.batch_builders()
+        builders = self.builders()
+        for kind, places in by_kind.items():
+            these = [jobs[i] for i in places]
+            batch = batch_builders.get(kind)
+            built = batch(these) if batch is not None else one_by_one(builders[kind], these)
+            for i, b in zip(places, built, strict=True):
+                out[i] = b
+        return out
+
+
+def one_by_one(build: Callable[[Any], str], jobs: Sequence[Any]) -> list[str | Exception]:
+    """``build`` of each of ``jobs``, or the `REFUSED` error it raised."""
+    out: list[str | Exception] = []
+    for job in jobs:
+        try:
+            out.append(build(job))
+        except REFUSED as e:
+            out.append(e)
+    return out
 
 
 class OpenPgpSigner(Signer):
@@ -152,23 +185,20 @@ class OpenPgpSigner(Signer):
     def uid(self, job: GitJob) -> str:
         return self.key.uid  # the client checks the uid of the key it fetched
 
-    def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
-        """Git objects are signed in one agent round trip (`AssuanConnection.sign_many`),
-        time-stamp tokens in another (`Signer.build_many`), other jobs one by one."""
-        out: list[str | Exception | None] = [None] * len(jobs)
+    def batch_builders(self) -> dict[str, Callable[[Sequence[Any]], list[str | Exception]]]:
+        return {**super().batch_builders(), GIT: self.build_git_objects}
+
+    def build_git_objects(self, jobs: Sequence[GitJob]) -> list[str | Exception]:
+        """Git objects signed in one agent round trip (`AssuanConnection.sign_many`)."""
+        out: list[str | Exception] = [_NOT_BUILT] * len(jobs)
         prepared: list[tuple[int, GitJob, bytes, openpgp.PreparedSignature]] = []
         for i, job in enumerate(jobs):
             try:
-                if isinstance(job, TagJob | CommitJob):
-                    payload = job.payload(self.uid(job))
-                    prepared.append((i, job, payload,
-                                     openpgp.prepare_signature(payload, self.key, job.time)))
+                payload = job.payload(self.uid(job))
+                prepared.append((i, job, payload,
+                                 openpgp.prepare_signature(payload, self.key, job.time)))
             except REFUSED as e:
                 out[i] = e
-        others = [i for i, job in enumerate(jobs) if not isinstance(job, TagJob | CommitJob)]
-        if others:  # receipts, manifests one by one, time-stamp tokens in one round trip
-            for i, o in zip(others, super().build_many([jobs[i] for i in others]), strict=True):
-                out[i] = o
         if prepared:
             values = self.conn.sign_many(self.key.keygrip, prepared[0][3].hash_algo,
                                          [p.digest for _, _, _, p in prepared])
@@ -178,7 +208,7 @@ class OpenPgpSigner(Signer):
                     out[i] = job.embed(payload, signature).decode("ascii")
                 except REFUSED as e:
                     out[i] = e
-        return [o if o is not None else RuntimeError("not built") for o in out]
+        return out
 
     def signature(self, payload: bytes, t: int) -> str:
         return openpgp.detached_signature(payload, self.key, t, self._sign)
