@@ -4,7 +4,10 @@ A job is one object for a worker to build and sign: a git tag (`TagJob`), a git 
 (`CommitJob`: branch stamps and log commits), a digest receipt (`ReceiptJob`), a manifest
 (`ManifestJob`) or an RFC 3161 time-stamp token (`TimestampJob`). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
-`Result`. A worker first introduces itself with a `Hello`. Every message is a JSON object; each
+`Result`. A worker first introduces itself with a `Hello`. Each job class names its ``op`` (its
+type on the wire) and its ``kind``: what a worker builds of it, tag and commit jobs both git
+objects (a worker looks up what builds each kind, and signs the jobs of one kind together where
+its agent can). Every message is a JSON object; each
 type encodes and decodes itself here and nowhere else.
 
 Over the dispatcher's Unix socket (one host) a message travels as a frame: a 4-byte big-endian
@@ -91,6 +94,7 @@ class TagJob:
     (``sha1`` or ``sha256``: the length of ``commit``)."""
 
     op: ClassVar[str] = "tag"
+    kind: ClassVar[str] = "git"  # what a worker builds: a git object (as for a CommitJob)
     object_type: ClassVar[str] = "tag"  # the git object it builds
     commit: str
     tagname: str
@@ -133,6 +137,7 @@ class CommitJob:
     repository of ``object_format`` (``sha1`` or ``sha256``: the length of every id)."""
 
     op: ClassVar[str] = "commit"
+    kind: ClassVar[str] = "git"  # what a worker builds: a git object (as for a TagJob)
     object_type: ClassVar[str] = "commit"  # the git object it builds
     tree: str
     parents: tuple[str, ...]
@@ -179,6 +184,7 @@ class ReceiptJob:
     """A signed receipt of the statement ``text`` (see `formats.receipts`)."""
 
     op: ClassVar[str] = "receipt"
+    kind: ClassVar[str] = "receipt"  # what a worker builds
     text: str
     time: int
 
@@ -200,6 +206,7 @@ class ManifestJob:
     result stays small, and only the job's frame may exceed `MAX_FRAME`."""
 
     op: ClassVar[str] = "manifest"
+    kind: ClassVar[str] = "manifest"  # what a worker builds
     algorithm: str
     time: int
     server: str
@@ -241,6 +248,7 @@ class TimestampJob:
     """
 
     op: ClassVar[str] = "timestamp"
+    kind: ClassVar[str] = "timestamp"  # what a worker builds
     hash_algorithm: str
     digest: str  # lowercase hex
     serial: int

@@ -486,9 +486,8 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
     from pydantic import ValidationError
 
     from server.errors import StampError
-    from workers.agents.gpg import AgentError
     from workers.agents.programs import ProgramError
-    from workers.agents.ssh import SshAgentError
+    from workers.errors import AgentError
     from workers.keys.store import KeyStoreError
     from workers.pool import RuntimeDirError
     from workers.tsa import TsaError
@@ -504,7 +503,7 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_FAILED, _one_line(exc.message)
     if isinstance(exc, StampError | KeyStoreError | ProgramError):
         return EXIT_FAILED, _one_line(exc.message)
-    if isinstance(exc, AgentError | SshAgentError | RuntimeDirError):
+    if isinstance(exc, AgentError | RuntimeDirError):
         return EXIT_FAILED, _one_line(str(exc))
     from alembic.util.exc import CommandError as MigrationError
     from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError

@@ -42,7 +42,7 @@ from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
 from server.dispatch import Signed
 from server.errors import Unavailable
 from workers.keys.keyset import PRIMARY
-from workers.worker import OpenPgpSigner
+from workers.signer import OpenPgpSigner
 
 if TYPE_CHECKING:
     from workers.agents.gpg import GpgAgent

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from workers.errors import WorkerError
 from workers.keys.keyset import PRIMARY, KeySpec, key_dir
 
 DispatchMode = Literal["socket", "database"]
@@ -23,7 +24,7 @@ KeyFormat = Literal["openpgp", "ssh"]
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
-class ConfigError(ValueError):
+class ConfigError(WorkerError, ValueError):
     """A configuration document that is not what this module writes. (Its message never
     quotes a value: values may be secret.)"""
 

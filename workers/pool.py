@@ -57,11 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.agents.base import die_with_parent
-from workers.agents.gpg import AgentError
-from workers.agents.ssh import SshAgentError
 from workers.config import ConfigError, PoolConfig
+from workers.errors import AgentError, WorkerError
 from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable, TsaError
-from workers.worker import (
+from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
     EXIT_CONFIG,
@@ -69,9 +68,9 @@ from workers.worker import (
     EXIT_NO_DISPATCHER,
     READY,
     UNUSABLE,
-    check_key,
     read_status,
 )
+from workers.worker import check_key
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less it
 LONGEST_SOCKET = "S.gpg-agent"
 
 
-class RuntimeDirError(Exception):
+class RuntimeDirError(WorkerError):
     """No usable directory for the workers' homes."""
 
 
@@ -504,10 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     pool = WorkerPool(config)
     try:
         pool.prepare(check_keys=args.check_keys)
-    except (KeyUnusable, TsaError, RuntimeDirError, AgentError, SshAgentError) as e:
-        message = e.message if isinstance(e, KeyUnusable | TsaError) else str(e)
-        if not report(message):
-            print(f"workers.pool: {' '.join(message.split())}", file=sys.stderr)
+    except (KeyUnusable, TsaError, RuntimeDirError, AgentError) as e:
+        if not report(e.message):
+            print(f"workers.pool: {' '.join(e.message.split())}", file=sys.stderr)
         if isinstance(e, KeyUnusable):
             return EXIT_KEY_UNUSABLE
         return EXIT_CONFIG if isinstance(e, RuntimeDirError | TsaError) else EXIT_AGENT_DIED

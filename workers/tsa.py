@@ -42,7 +42,7 @@ from asn1crypto import x509
 
 from formats import openpgp, sexp, sshsig, tsp
 from formats.jobs import TimestampJob
-from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent
+from workers.agents.gpg import AssuanConnection, GpgAgent, GpgAgentError
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.keys.keyset import SshKeyStore, TsaError
 from workers.keys.store import KeyStore
@@ -170,13 +170,14 @@ def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn,
     def encoded(values: Sequence[int]) -> bytes:
         if key.pubkey_algo == openpgp.PK_ECDSA:
             if len(values) != 2:
-                raise AgentError(f"an ECDSA signature has 2 values, the agent gave {len(values)}")
+                raise GpgAgentError(
+                    f"an ECDSA signature has 2 values, the agent gave {len(values)}")
             return tsp.ecdsa_signature(values[0], values[1])
         if len(values) != 1:
-            raise AgentError(f"an RSA signature has 1 value, the agent gave {len(values)}")
+            raise GpgAgentError(f"an RSA signature has 1 value, the agent gave {len(values)}")
         size = (key.bits + 7) // 8
         if values[0].bit_length() > 8 * size:
-            raise AgentError("the agent's RSA signature is longer than the modulus")
+            raise GpgAgentError("the agent's RSA signature is longer than the modulus")
         return values[0].to_bytes(size, "big")
 
     def signature(data: bytes) -> bytes:

@@ -18,7 +18,7 @@ from tests.helpers import (
     short_tmpdir,
 )
 from workers.agents.gpg import GpgAgent
-from workers.worker import OpenPgpSigner
+from workers.signer import OpenPgpSigner
 
 
 @pytest.fixture(scope="module")

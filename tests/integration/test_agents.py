@@ -54,7 +54,7 @@ from tests.helpers import (
     run_gpg,
     short_tmpdir,
 )
-from workers.agents.gpg import AgentError, AssuanConnection, GpgAgent, agent_socket_path
+from workers.agents.gpg import AssuanConnection, GpgAgent, GpgAgentError, agent_socket_path
 
 SHORT_VALUE_CAP = 4000  # P(no leading zero byte in 2 x 4000 values) < (255/256)**8000 ~ 3e-14
 
@@ -261,7 +261,7 @@ def test_agent_refuses_digests_shorter_than_the_curve(
     conn = agent.connect()
     sizes = {8: 32, 9: 48, 10: 64}
     for hash_algo in refused:
-        with pytest.raises(AgentError, match="Invalid length") as caught:
+        with pytest.raises(GpgAgentError, match="Invalid length") as caught:
             conn.sign(info.keygrip, hash_algo, bytes(sizes[hash_algo]))
         assert caught.value.code is not None
     # ERR answers leave the connection usable; the hash we choose works.
@@ -332,7 +332,7 @@ def test_protected_key_without_or_with_wrong_passphrase(
         agent = new_agent(passphrase=passphrase)
         info = agent.import_secret_key(key.secret_file)  # gpg keeps the protection as is
         conn = agent.connect()
-        with pytest.raises(AgentError, match=reason):
+        with pytest.raises(GpgAgentError, match=reason):
             conn.sign(info.keygrip, H_SHA256, digest)
         assert conn.transact("GETINFO pid") == str(agent.pid).encode()  # still in sync
 
@@ -357,11 +357,11 @@ def test_start_and_stop_by_pid(new_agent: Callable[..., GpgAgent]) -> None:
     assert not agent.running
     assert not agent.socket_path.exists()
     assert conn.closed
-    with pytest.raises(AgentError):
+    with pytest.raises(GpgAgentError):
         conn.transact("GETINFO pid")
-    with pytest.raises(AgentError):
+    with pytest.raises(GpgAgentError):
         agent.pid  # noqa: B018
-    with pytest.raises(AgentError):
+    with pytest.raises(GpgAgentError):
         agent.connect()
     agent.stop()  # idempotent
 
@@ -396,12 +396,12 @@ def test_killed_agent_fails_the_next_signature(
     assert not agent.running
     # The broken connection (a closed stream or a broken pipe), not the 30 s answer deadline,
     # ends the request.
-    with pytest.raises(AgentError, match=r"closed|Broken pipe|reset") as gone:
+    with pytest.raises(GpgAgentError, match=r"closed|Broken pipe|reset") as gone:
         conn.sign(info.keygrip, H_SHA256, digest)
     assert "no answer" not in str(gone.value)
-    with pytest.raises(AgentError, match="unusable"):
+    with pytest.raises(GpgAgentError, match="unusable"):
         conn.sign(info.keygrip, H_SHA256, digest)
-    with pytest.raises(AgentError, match="died"):
+    with pytest.raises(GpgAgentError, match="died"):
         agent.connect()
     pid = agent.pid
     agent.stop()
@@ -432,7 +432,7 @@ def test_unresponsive_agent_times_out(keys: KeyMaker, new_agent: Callable[..., G
     try:
         _wait_until_stopped(agent.pid)
         # Without the deadline this call would block for as long as the agent is stopped.
-        with pytest.raises(AgentError, match=r"no answer within 0\.5"):
+        with pytest.raises(GpgAgentError, match=r"no answer within 0\.5"):
             conn.sign(info.keygrip, H_SHA256, bytes(32))
         assert conn.closed
     finally:
@@ -457,16 +457,16 @@ def test_clients_hanging_up_do_not_kill_the_agent(new_agent: Callable[..., GpgAg
 
 def test_refusals(keys: KeyMaker, new_agent: Callable[..., GpgAgent]) -> None:
     agent = new_agent()
-    with pytest.raises(AgentError, match="already started"):
+    with pytest.raises(GpgAgentError, match="already started"):
         agent.start()
-    with pytest.raises(AgentError, match="already listens"):
+    with pytest.raises(GpgAgentError, match="already listens"):
         GpgAgent(agent.home).start()
-    with pytest.raises(AgentError, match="no secret key"):
+    with pytest.raises(GpgAgentError, match="no secret key"):
         agent.import_secret_key(keys.get("ed25519").public_file)
-    with pytest.raises(AgentError, match="cannot import"):
+    with pytest.raises(GpgAgentError, match="cannot import"):
         agent.import_secret_key(agent.home / "missing.asc")
     conn = agent.connect()
-    with pytest.raises(AgentError) as caught:
+    with pytest.raises(GpgAgentError) as caught:
         conn.sign("00" * 20, H_SHA256, bytes(32))
     assert caught.value.code is not None
     with pytest.raises(ValueError):
@@ -480,16 +480,16 @@ def test_home_must_be_private_and_short(gnupg: dict[str, str]) -> None:
     home = short_tmpdir("sp")
     try:
         home.chmod(0o755)
-        with pytest.raises(AgentError, match="private"):
+        with pytest.raises(GpgAgentError, match="private"):
             GpgAgent(home).start()
         home.chmod(0o700)
         deep = home / ("d" * 100)
         deep.mkdir(mode=0o700)
-        with pytest.raises(AgentError, match="longer than"):
+        with pytest.raises(GpgAgentError, match="longer than"):
             GpgAgent(deep).start()
-        with pytest.raises(AgentError, match="unusable"):
+        with pytest.raises(GpgAgentError, match="unusable"):
             GpgAgent(home / "absent").start()
-        with pytest.raises(AgentError, match="not started"):
+        with pytest.raises(GpgAgentError, match="not started"):
             GpgAgent(home).import_secret_key(home / "x")
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -499,7 +499,7 @@ def test_agent_that_cannot_start(gnupg: dict[str, str]) -> None:
     home = short_tmpdir("sn")
     try:
         agent = GpgAgent(home, gpg_agent=str(home / "no-such-gpg-agent"))
-        with pytest.raises(AgentError, match="did not start"):
+        with pytest.raises(GpgAgentError, match="did not start"):
             agent.start()
         assert not agent.running
         assert not agent_socket_path(home).exists()
@@ -632,7 +632,7 @@ def test_an_error_within_a_batch_keeps_the_connection_in_step(
 
     _peer, conn = scripted(script)
     digest = hashlib.sha256(b"m").digest()
-    with pytest.raises(AgentError, match="Bad signature"):
+    with pytest.raises(GpgAgentError, match="Bad signature"):
         conn.sign_many("ab" * 20, H_SHA256, [digest] * 3)
     assert conn.transact("GETINFO pid") == b"42"
 
@@ -649,7 +649,7 @@ def test_inquiry_without_passphrase_is_cancelled(
         peer.send(b"D 2.2.40\nOK\n")
 
     _peer, conn = scripted(script)
-    with pytest.raises(AgentError, match="cancelled") as caught:
+    with pytest.raises(GpgAgentError, match="cancelled") as caught:
         conn.transact("GETINFO version")
     assert caught.value.code == 83886179
     assert conn.transact("GETINFO version") == b"2.2.40"
@@ -704,11 +704,11 @@ def test_broken_peer_breaks_the_connection(
 
     _peer, conn = scripted(script)
     conn.timeout = 0.3
-    with pytest.raises(AgentError, match=message):
+    with pytest.raises(GpgAgentError, match=message):
         conn.sign("00" * 20, H_SHA256, bytes(32))
     done.set()
     assert conn.closed
-    with pytest.raises(AgentError, match="unusable"):
+    with pytest.raises(GpgAgentError, match="unusable"):
         conn.transact("GETINFO pid")
 
 
@@ -721,7 +721,7 @@ def test_bad_signature_data_is_an_agent_error(
         peer.send(b"OK\nOK\nD (7:sig-val(3:foo))\nOK\n")
 
     _peer, conn = scripted(script)
-    with pytest.raises(AgentError, match="unusable signature"):
+    with pytest.raises(GpgAgentError, match="unusable signature"):
         conn.sign("00" * 20, H_SHA256, bytes(32))
     assert not conn.closed
 

@@ -24,7 +24,8 @@ from tests.helpers import (
     verify_stamp,
     verify_stamps,
 )
-from workers.worker import OpenPgpSigner, sign_many
+from workers.loop import sign_many
+from workers.signer import OpenPgpSigner
 
 T = 1795400000  # after the test key was made (gpg rejects older signatures)
 URL = "http://127.0.0.1:8080/"

@@ -17,7 +17,7 @@ from server.stamping.stamper import Stamper
 from server.stats import Stats
 from tests.helpers import TEST_FPR, TEST_UID, InProcessDispatcher
 from workers.keys.keyset import PRIMARY, ServedKey
-from workers.worker import OpenPgpSigner
+from workers.signer import OpenPgpSigner
 
 PRIMARY_KEY = ServedKey(PRIMARY, "openpgp", TEST_FPR, "eddsa (ed25519)", "pub", TEST_UID,
                         primary=True)

@@ -27,7 +27,9 @@ from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
 from workers.keys.keyset import KeySpec, ensure_extra_keys, key_dir
-from workers.worker import OpenPgpSigner, SshSigner, check_key, load_signer, sign, sign_many
+from workers.loop import sign, sign_many
+from workers.signer import OpenPgpSigner, SshSigner
+from workers.worker import check_key, load_signer
 
 SUBJECT = "stampd TSA at http://127.0.0.1:8080/"
 POLICY = "1.2.3.4.1"

@@ -16,7 +16,7 @@ from server.api.processes import ApiProcessConfig, listeners
 from server.log.leader import FileLeader
 from server.stats import Stats
 from tests.helpers import short_tmpdir
-from workers.worker import Dispatchers
+from workers.link import Dispatchers
 
 
 @pytest.fixture

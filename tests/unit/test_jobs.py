@@ -213,3 +213,16 @@ def test_each_request_knows_its_kind_row_and_job() -> None:
     assert isinstance(commit, CommitJob) and commit.parents == (P, C) and commit.uid == "U <u@v>"
     assert BranchRequest(C, T).job(0, "u", None).parents == (C,)
     assert digest.job(9, "text") == ReceiptJob("text", 9)
+
+
+def test_a_worker_builds_every_kind_of_job() -> None:
+    """Each job class names its kind; a signer has a method for every kind (and batches only
+    kinds that exist), so nothing branches on a job's type."""
+    from formats.jobs import _JOB_TYPES
+    from workers.signer import OpenPgpSigner, Signer
+
+    kinds = {cls.kind for cls in _JOB_TYPES.values()}
+    assert kinds == {"git", "receipt", "manifest", "timestamp"}
+    assert TagJob.kind == CommitJob.kind  # signed together in one batch
+    assert set(Signer().builders()) == kinds
+    assert set(object.__new__(OpenPgpSigner).batch_builders()) == {"git", "timestamp"}

@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from workers.errors import AgentError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
@@ -69,7 +71,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
 
 class AgentSocket:
     agent_name = "agent"
-    error: type[Exception] = OSError  # what subclasses raise; set by each protocol
+    error: type[AgentError] = AgentError  # what subclasses raise; set by each protocol
 
     def __init__(self, sock: socket.socket, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Take over ``sock``, a socket already connected to the agent."""
@@ -168,7 +170,7 @@ class AgentSocket:
         return chunk
 
 
-def remove_stale_socket(path: Path, error: type[Exception], agent: str) -> None:
+def remove_stale_socket(path: Path, error: type[AgentError], agent: str) -> None:
     """Remove a socket file no agent serves (a dead agent's); raise ``error`` when a live
     ``agent`` still listens on it. Agents will not bind over an existing socket."""
     if not (path.exists() or path.is_symlink()):
@@ -210,7 +212,7 @@ def reap_agent(proc: subprocess.Popen[bytes], owner_pid: int, socket_path: Path,
 
 class AgentProcess:
     agent_name = "agent"
-    error: type[Exception] = OSError
+    error: type[AgentError] = AgentError  # (each agent's own)
     # Steps of stop() after _ask_to_exit(): None waits without a signal.
     stop_signals: tuple[int | None, ...] = (signal.SIGTERM, signal.SIGKILL)
 

@@ -46,11 +46,13 @@ from formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from formats.sexp import SexpError, signature_values
 from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
 from workers.agents.base import stderr_tail as _stderr_tail
+from workers.errors import AgentError
 
 __all__ = [
     "AgentError",
     "AssuanConnection",
     "GpgAgent",
+    "GpgAgentError",
     "agent_socket_path",
 ]
 
@@ -77,7 +79,7 @@ _SUPERVISED_SHIM = (
 )
 
 
-class AgentError(Exception):
+class GpgAgentError(AgentError):
     """gpg-agent (or gpg acting on its home) failed: dead agent, ``ERR`` answer, bad data.
 
     ``code`` is the GnuPG error code of an ``ERR`` line (source in the high bits, see
@@ -149,7 +151,7 @@ def _run(
     what: str,
     pass_fds: tuple[int, ...] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run a GnuPG tool; any failure to run it at all becomes an :class:`AgentError`."""
+    """Run a GnuPG tool; any failure to run it at all becomes an :class:`GpgAgentError`."""
     try:
         return subprocess.run(
             argv,
@@ -161,7 +163,7 @@ def _run(
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise AgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
+        raise GpgAgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
 
 
 _GPG_CHATTER = re.compile(r"gpg: (keybox '.*' created|.*: trustdb created|Total number processed)")
@@ -189,7 +191,8 @@ def agent_socket_path(home: Path, gpgconf: str = "gpgconf") -> Path:
     except ValueError:
         path = b""
     if result.returncode != 0 or not path:
-        raise AgentError(f"gpgconf cannot name the agent socket of {home}: {_stderr_tail(result)}")
+        raise GpgAgentError(
+            f"gpgconf cannot name the agent socket of {home}: {_stderr_tail(result)}")
     return Path(os.fsdecode(path))
 
 
@@ -201,13 +204,13 @@ class AssuanConnection(AgentSocket):
     """One persistent Assuan connection to gpg-agent.
 
     Requests are written in one go and answers read through a buffer; every request has a
-    deadline of :attr:`timeout` seconds. ``ERR`` answers raise :class:`AgentError` and leave the
+    deadline of :attr:`timeout` seconds. ``ERR`` answers raise :class:`GpgAgentError` and leave the
     connection usable; a timeout, a closed socket or a protocol violation also raises
-    :class:`AgentError` and makes the connection unusable (every later call fails at once).
+    :class:`GpgAgentError` and makes the connection unusable (every later call fails at once).
     """
 
     agent_name = "gpg-agent"
-    error = AgentError
+    error = GpgAgentError
 
     def __init__(
         self,
@@ -263,11 +266,11 @@ class AssuanConnection(AgentSocket):
         with self._lock:
             deadline = time.monotonic() + self._timeout * len(digests)
             self._send(request)
-            first_error: AgentError | None = None
+            first_error: GpgAgentError | None = None
             for _ in range(1 + 2 * len(digests)):
                 try:
                     answers.append(self._read_response(deadline))
-                except AgentError as exc:
+                except GpgAgentError as exc:
                     if self._broken is not None:
                         raise
                     first_error = first_error or exc
@@ -276,7 +279,7 @@ class AssuanConnection(AgentSocket):
         try:
             return [signature_values(data)[1] for data in answers[2::2]]
         except SexpError as exc:
-            raise AgentError(f"gpg-agent returned an unusable signature: {exc}") from exc
+            raise GpgAgentError(f"gpg-agent returned an unusable signature: {exc}") from exc
 
     def read_key(self, keygrip: str) -> bytes:
         """The public key of ``keygrip`` as the agent holds it (``READKEY``): a canonical
@@ -286,7 +289,7 @@ class AssuanConnection(AgentSocket):
             raise ValueError(f"keygrip must be 40 hex digits: {keygrip!r}")
         data = self.transact(f"READKEY {keygrip.upper()}")
         if not data.startswith(b"(10:public-key"):
-            raise AgentError(f"gpg-agent returned no public key for {keygrip.upper()}")
+            raise GpgAgentError(f"gpg-agent returned no public key for {keygrip.upper()}")
         return data
 
     def transact(self, command: str) -> bytes:
@@ -332,7 +335,7 @@ class AssuanConnection(AgentSocket):
             elif line.startswith(b"ERR "):
                 code_text, _, message = line[4:].decode("utf-8", "replace").partition(" ")
                 code = int(code_text) if code_text.isdigit() else None
-                raise AgentError(f"gpg-agent: {message or code_text}", code=code)
+                raise GpgAgentError(f"gpg-agent: {message or code_text}", code=code)
             elif line.startswith(b"INQUIRE "):
                 self._answer_inquiry(line[8:].split(b" ", 1)[0])
             elif line[:2] in (b"S ", b"# ") or line in (b"S", b"#", b"END"):
@@ -372,7 +375,7 @@ def _unescape_colon_field(field: str) -> str:
     try:
         return unescaped.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise AgentError(f"user id is not valid UTF-8: {exc}") from None
+        raise GpgAgentError(f"user id is not valid UTF-8: {exc}") from None
 
 
 class _ListedKey:
@@ -423,13 +426,13 @@ def _parse_secret_listing(output: str) -> list[_ListedKey]:
 
 def _key_info(primary: _ListedKey) -> KeyInfo:
     if primary.validity in ("r", "e"):
-        raise AgentError(f"key {primary.fingerprint} is revoked or expired")
+        raise GpgAgentError(f"key {primary.fingerprint} is revoked or expired")
     if not primary.uids:
-        raise AgentError(f"key {primary.fingerprint} has no valid user id")
+        raise GpgAgentError(f"key {primary.fingerprint} has no valid user id")
     candidates = [primary, *primary.subkeys]
     signer = next((key for key in candidates if key.can_sign), None)
     if signer is None:
-        raise AgentError(f"key {primary.fingerprint} has no usable secret signing key")
+        raise GpgAgentError(f"key {primary.fingerprint} has no usable secret signing key")
     try:
         return KeyInfo(
             fingerprint=signer.fingerprint,
@@ -440,7 +443,7 @@ def _key_info(primary: _ListedKey) -> KeyInfo:
             uid=primary.uids[0],
         )
     except ValueError as exc:
-        raise AgentError(f"cannot sign with key {primary.fingerprint}: {exc}") from exc
+        raise GpgAgentError(f"cannot sign with key {primary.fingerprint}: {exc}") from exc
 
 
 class GpgAgent(AgentProcess):
@@ -453,7 +456,7 @@ class GpgAgent(AgentProcess):
     """
 
     agent_name = "gpg-agent"
-    error = AgentError
+    error = GpgAgentError
     # After KILLAGENT: wait, then SIGTERM, then SIGKILL.
     stop_signals = (None, signal.SIGTERM, signal.SIGKILL)
 
@@ -489,12 +492,12 @@ class GpgAgent(AgentProcess):
     def start(self) -> None:
         """Start the agent for :attr:`home` and learn its PID."""
         if self._proc is not None:
-            raise AgentError(f"gpg-agent for {self.home} already started (pid {self._pid})")
+            raise GpgAgentError(f"gpg-agent for {self.home} already started (pid {self._pid})")
         self._check_home()
         agent = self._gpg_agent or self._find_agent_program()
         socket_path = agent_socket_path(self.home, self._gpgconf)
         if len(os.fsencode(socket_path)) > _SUN_PATH_MAX:
-            raise AgentError(
+            raise GpgAgentError(
                 f"agent socket path is longer than {_SUN_PATH_MAX} bytes: {socket_path}; "
                 "use a shorter home directory"
             )
@@ -524,7 +527,7 @@ class GpgAgent(AgentProcess):
             )
         except OSError as exc:
             socket_path.unlink(missing_ok=True)
-            raise AgentError(f"cannot start gpg-agent {agent}: {exc}") from exc
+            raise GpgAgentError(f"cannot start gpg-agent {agent}: {exc}") from exc
         finally:
             listener.close()  # the agent holds its own copy
         self._proc = proc
@@ -534,14 +537,14 @@ class GpgAgent(AgentProcess):
             conn = AssuanConnection.open(socket_path, timeout=_START_TIMEOUT)
             with conn:
                 reported = conn.transact("GETINFO pid").decode("ascii", "replace").strip()
-        except AgentError as exc:
+        except GpgAgentError as exc:
             status = proc.poll()
             self.stop()
             detail = f" (exited with status {status})" if status is not None else ""
-            raise AgentError(f"gpg-agent for {self.home} did not start{detail}: {exc}") from exc
+            raise GpgAgentError(f"gpg-agent for {self.home} did not start{detail}: {exc}") from exc
         if reported != str(proc.pid):
             self.stop()
-            raise AgentError(f"gpg-agent reports pid {reported!r}, we started {proc.pid}")
+            raise GpgAgentError(f"gpg-agent reports pid {reported!r}, we started {proc.pid}")
         self._pid = proc.pid
         log.info("gpg-agent started", extra={"pid": proc.pid, "home": str(self.home)})
 
@@ -549,7 +552,7 @@ class GpgAgent(AgentProcess):
     def socket_path(self) -> Path:
         """The agent's socket (known once started)."""
         if self._socket_path is None:
-            raise AgentError(f"gpg-agent for {self.home} is not started")
+            raise GpgAgentError(f"gpg-agent for {self.home} is not started")
         return self._socket_path
 
     def _ask_to_exit(self, proc: subprocess.Popen[bytes]) -> None:
@@ -558,7 +561,7 @@ class GpgAgent(AgentProcess):
             try:
                 with AssuanConnection.open(self._socket_path, timeout=1.0) as conn:
                     conn.transact("KILLAGENT")
-            except AgentError as exc:
+            except GpgAgentError as exc:
                 log.debug("KILLAGENT failed", extra={"pid": proc.pid, "error": str(exc)})
 
     # -- keys and connections ---------------------------------------------------------------
@@ -586,9 +589,9 @@ class GpgAgent(AgentProcess):
         fingerprints, secret_read = self._parse_import_status(result.stdout)
         if result.returncode != 0 or not fingerprints or not secret_read:
             problem = "no secret key in it" if result.returncode == 0 else _gpg_complaint(result)
-            raise AgentError(f"cannot import {key_file}: {problem}")
+            raise GpgAgentError(f"cannot import {key_file}: {problem}")
         if len(fingerprints) != 1:
-            raise AgentError(f"{key_file} holds {len(fingerprints)} keys, expected one")
+            raise GpgAgentError(f"{key_file} holds {len(fingerprints)} keys, expected one")
         listing = _run(
             [
                 self._gpg, "--homedir", str(self.home), "--batch", "--no-tty", "--no-autostart",
@@ -599,10 +602,11 @@ class GpgAgent(AgentProcess):
             what="list secret keys",
         )  # fmt: skip
         if listing.returncode != 0:
-            raise AgentError(f"cannot list secret key {fingerprints[0]}: {_stderr_tail(listing)}")
+            raise GpgAgentError(
+                f"cannot list secret key {fingerprints[0]}: {_stderr_tail(listing)}")
         primaries = _parse_secret_listing(listing.stdout.decode("utf-8", "surrogateescape"))
         if len(primaries) != 1:
-            raise AgentError(f"listing {fingerprints[0]} shows {len(primaries)} secret keys")
+            raise GpgAgentError(f"listing {fingerprints[0]} shows {len(primaries)} secret keys")
         info = _key_info(primaries[0])
         log.info(
             "secret key imported",
@@ -646,7 +650,7 @@ class GpgAgent(AgentProcess):
             if fields[0] == b"gpg-agent" and len(fields) >= 3 and fields[2]:
                 with contextlib.suppress(ValueError):
                     return os.fsdecode(_percent_unescape(fields[2]))
-        raise AgentError(f"gpgconf names no gpg-agent program: {_stderr_tail(result)}")
+        raise GpgAgentError(f"gpgconf names no gpg-agent program: {_stderr_tail(result)}")
 
     def _listen(self, path: Path) -> socket.socket:
         """Bind the agent's listening socket, after making sure no agent owns it."""
@@ -656,7 +660,7 @@ class GpgAgent(AgentProcess):
                 home=self.home,
                 what="create socket directory",
             )
-        remove_stale_socket(path, AgentError, "gpg-agent")
+        remove_stale_socket(path, GpgAgentError, "gpg-agent")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(os.fspath(path))
@@ -664,7 +668,7 @@ class GpgAgent(AgentProcess):
             listener.listen(64)
         except OSError as exc:
             listener.close()
-            raise AgentError(f"cannot listen on {path}: {exc}") from exc
+            raise GpgAgentError(f"cannot listen on {path}: {exc}") from exc
         return listener
 
     @staticmethod

@@ -23,20 +23,18 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from workers.errors import WorkerError
+
 __all__ = ["GNUPG", "OPENSSH", "Program", "ProgramError", "require", "version_of"]
 
 _TIMEOUT = 30.0
 _VERSION = re.compile(rb"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
-class ProgramError(Exception):
+class ProgramError(WorkerError):
     """A program stampd needs is missing, too old, or does not run (a setup error).
 
     ``message`` is one line: the program, the release needed and how to install it."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from formats.sshsig import (
 )
 from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
 from workers.agents.base import stderr_tail as _stderr_tail
+from workers.errors import AgentError
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -79,7 +80,7 @@ _PID_LINE = re.compile(rb"echo Agent pid (\d+);")
 _SCRUBBED_ENV = ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_ASKPASS", "DISPLAY", "WAYLAND_DISPLAY")
 
 
-class SshAgentError(Exception):
+class SshAgentError(AgentError):
     """ssh-agent (or ssh-add acting on it) failed: dead agent, ``SSH_AGENT_FAILURE``, bad data."""
 
 

@@ -16,6 +16,17 @@ machine-readable outputs of gpg that stampd reads.
 
 A home that may not start an agent (the default) gets ``no-autostart`` in its ``gpg.conf`` too,
 so gpg started by git with ``GNUPGHOME`` set starts none either: verifying needs no agent.
+
+Why not python-gnupg (``gnupg``, a declared dependency): it cannot stand in for `run_gpg` and
+`GnupgHome` without changing what their callers get. It waits for gpg without a timeout
+(`run_gpg` gives up after `GPG_TIMEOUT` with a `GpgError`); it cannot hand gpg an inherited
+descriptor (`workers.keys.store` passes a key's passphrase with ``--passphrase-fd`` and
+``pass_fds``, apart from the key data on stdin); it reads the status lines from stderr mixed
+with gpg's messages (`Imported.stderr` keeps them apart), and turns a listing's escaped user-id
+bytes into characters one by one (here the bytes are read as UTF-8); every `gnupg.GPG` runs
+``gpg --version`` first, and every call starts two reader threads. `GpgStatus.parse` also reads
+what ``git verify-* --raw`` prints, which no python-gnupg call produces. So stampd keeps this
+small wrapper and imports no python-gnupg.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from workers.errors import WorkerError
+
 GPG = "gpg"
 GPGCONF = "gpgconf"
 GPG_TIMEOUT = 60.0
@@ -43,12 +56,8 @@ SIGNATURE_ERRORS = frozenset({"BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEY
                               "NO_PUBKEY", "NODATA", "BADARMOR"})
 
 
-class GpgError(Exception):
+class GpgError(WorkerError):
     """gpg could not be run at all: it is not installed, or it did not finish in time."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def run_gpg(home: Path, *args: str, input: bytes | None = None, timeout: float = GPG_TIMEOUT,

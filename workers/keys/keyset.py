@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from formats.sshsig import SshPublicKey, allowed_signers_line
+from workers.errors import WorkerError
 from workers.keys.gnupg import GpgError, TempGnupgHome
 from workers.keys.store import KeyStore, KeyStoreError, ensure_files
 
@@ -39,7 +40,7 @@ SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
 
 
-class TsaError(ValueError):
+class TsaError(WorkerError, ValueError):
     """A key that cannot be a TSA key, or a certificate chain that does not fit the key
     (`workers.tsa`; here so that a worker that is no TSA need not import that module)."""
 

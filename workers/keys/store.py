@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.errors import WorkerError
 from workers.keys.gnupg import (
     GnupgHome,
     GpgError,
@@ -30,12 +31,8 @@ from workers.keys.gnupg import (
 log = logging.getLogger(__name__)
 
 
-class KeyStoreError(Exception):
+class KeyStoreError(WorkerError):
     """The key store is missing, unreadable or inconsistent (a configuration error)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 ALGO_NAMES = {1: "rsa", 17: "dsa", 19: "ecdsa", 22: "eddsa"}

@@ -1,0 +1,262 @@
+"""What signs a worker's jobs: one key held by one agent (`Signer`), OpenPGP through gpg-agent
+(`OpenPgpSigner`) or SSHSIG through ssh-agent (`SshSigner`).
+
+A signer builds the object of a job (`formats.jobs`): a git tag or commit, a digest receipt, a
+manifest or an RFC 3161 time-stamp token, and has its agent sign it; `Signer.build_many` signs
+the jobs of one batch in as few agent round trips as the agent allows. A job it cannot build
+is refused (`REFUSED`: the others of its batch are still signed); the agent's errors
+(`workers.errors.AgentError`) propagate: the worker exits and its jobs go to another worker.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from formats import cleartext, manifests, openpgp
+from formats.jobs import (
+    GitJob,
+    Job,
+    MalformedMessage,
+    ManifestJob,
+    ReceiptJob,
+    TagJob,
+    TimestampJob,
+)
+from formats.sshsig import SshPublicKey
+from workers.agents.gpg import AssuanConnection
+from workers.agents.ssh import SshAgentConnection
+from workers.keys.keyset import RECEIPT_NAMESPACE
+
+if TYPE_CHECKING:
+    from workers import tsa
+
+# What makes a worker refuse one job as malformed (the others of its batch are still signed).
+REFUSED = (MalformedMessage, ValueError, UnicodeError)
+GIT = TagJob.kind  # (and CommitJob.kind): git objects, built and signed alike
+_NOT_BUILT = RuntimeError("not built")  # (a place every builder fills)
+
+
+class Signer:
+    """Builds and signs git objects, receipts and time-stamp tokens with one key held by one
+    agent.
+
+    Subclasses say how a payload is signed (OpenPGP or SSH) and which user id goes into the
+    tagger/committer lines. The TSA key's signer also has ``chain``, its TSA certificates (DER,
+    its own first), and makes RFC 3161 time-stamp tokens; without one it refuses them."""
+
+    chain: list[bytes] | None = None
+    _tsa_key: tsa.TsaKey | None = None
+
+    def uid(self, job: GitJob) -> str:
+        raise NotImplementedError
+
+    def signature(self, payload: bytes, t: int) -> str:
+        raise NotImplementedError
+
+    def receipt(self, text: str, t: int) -> str:
+        raise NotImplementedError
+
+    def tsa_key(self) -> tsa.TsaKey:
+        """The key as a TSA signs with it (made once); `tsa.TsaError` when it cannot be a TSA
+        key."""
+        if self._tsa_key is None:
+            self._tsa_key = self.make_tsa_key()
+        return self._tsa_key
+
+    def make_tsa_key(self) -> tsa.TsaKey:
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def manifest(self, header: str, lines: str, t: int) -> str:
+        """``header`` + ``lines`` signed, the lines left out of the answer
+        (`ManifestJob.signed` puts them back)."""
+        raise NotImplementedError
+
+    # -- one method per kind of job ----------------------------------------------------------
+    # Each job class names its ``kind`` (`formats.jobs`); `builders` maps it to the method that
+    # builds one job of that kind, `batch_builders` to one that builds several in one agent
+    # round trip. Nothing else looks at a job's type.
+
+    def builders(self) -> dict[str, Callable[[Any], str]]:
+        """What builds one job of each kind: its signed object (ASCII text), or raises the
+        `REFUSED` error that makes it malformed."""
+        return {GIT: self.build_git_object, ReceiptJob.kind: self.build_receipt,
+                ManifestJob.kind: self.build_manifest, TimestampJob.kind: self.build_timestamp}
+
+    def batch_builders(self) -> dict[str, Callable[[Sequence[Any]], list[str | Exception]]]:
+        """What builds several jobs of one kind together (`build_many`): the signed object of
+        each, or the `REFUSED` error that made it malformed, in their order. Kinds not here are
+        built one by one. Time-stamp tokens are signed in one agent round trip
+        (`tsa.build_tokens`); signers whose agent signs several git objects so add theirs."""
+        return {TimestampJob.kind: self.build_timestamps}
+
+    def build_git_object(self, job: GitJob) -> str:
+        payload = job.payload(self.uid(job))
+        return job.embed(payload, self.signature(payload, job.time)).decode("ascii")
+
+    def build_receipt(self, job: ReceiptJob) -> str:
+        return self.receipt(job.text, job.time)
+
+    def build_manifest(self, job: ManifestJob) -> str:
+        """Only a well-formed manifest is signed: its lines are checksum lines of its
+        algorithm, its header parses and names this worker's key."""
+        manifests.check_structure(job.lines, job.algorithm)
+        header = job.header()
+        if header.key != self.fingerprint:
+            raise MalformedMessage("the manifest names another key")
+        text = header.text()
+        manifests.parse_header(text)
+        return self.manifest(text, job.lines, job.time)
+
+    def build_timestamp(self, job: TimestampJob) -> str:
+        """The RFC 3161 token of ``job`` (DER), in base64."""
+        if not self.chain:
+            raise MalformedMessage("this key has no TSA certificate")
+        from workers import tsa  # (imported by the TSA key's worker only: asn1crypto is 0.1 s)
+
+        token = tsa.build_token(job, self.tsa_key(), self.chain)
+        return base64.b64encode(token).decode("ascii")
+
+    def build_timestamps(self, jobs: Sequence[TimestampJob]) -> list[str | Exception]:
+        if not self.chain:  # each refused
+            return one_by_one(self.build_timestamp, jobs)
+        from workers import tsa
+
+        built = tsa.build_tokens(jobs, self.tsa_key(), self.chain)
+        return [token if isinstance(token, Exception)
+                else base64.b64encode(token).decode("ascii") for token in built]
+
+    def build(self, job: Job) -> str:
+        """The signed object of ``job`` (ASCII text)."""
+        return self.builders()[job.kind](job)
+
+    def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
+        """The signed object of each of ``jobs``, or the `REFUSED` error that made it
+        malformed; the agent's errors propagate. The jobs of a kind that has a batch builder
+        are built together, the others one by one."""
+        out: list[str | Exception] = [_NOT_BUILT] * len(jobs)
+        by_kind: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_kind.setdefault(job.kind, []).append(i)
+        batch_builders = self.batch_builders()
+        builders = self.builders()
+        for kind, places in by_kind.items():
+            these = [jobs[i] for i in places]
+            batch = batch_builders.get(kind)
+            built = batch(these) if batch is not None else one_by_one(builders[kind], these)
+            for i, b in zip(places, built, strict=True):
+                out[i] = b
+        return out
+
+
+def one_by_one(build: Callable[[Any], str], jobs: Sequence[Any]) -> list[str | Exception]:
+    """``build`` of each of ``jobs``, or the `REFUSED` error it raised."""
+    out: list[str | Exception] = []
+    for job in jobs:
+        try:
+            out.append(build(job))
+        except REFUSED as e:
+            out.append(e)
+    return out
+
+
+class OpenPgpSigner(Signer):
+    """OpenPGP signatures; with ``chain``, RFC 3161 time-stamp tokens too."""
+
+    def __init__(self, key: openpgp.KeyInfo, conn: AssuanConnection,
+                 chain: list[bytes] | None = None) -> None:
+        self.key = key
+        self.conn = conn
+        self.chain = chain
+
+    def _sign(self, hash_algo: int, digest: bytes) -> list[int]:
+        return self.conn.sign(self.key.keygrip, hash_algo, digest)
+
+    def make_tsa_key(self) -> tsa.TsaKey:
+        from workers import tsa
+
+        return tsa.openpgp_agent_key(self.key, self.conn)
+
+    def uid(self, job: GitJob) -> str:
+        return self.key.uid  # the client checks the uid of the key it fetched
+
+    def batch_builders(self) -> dict[str, Callable[[Sequence[Any]], list[str | Exception]]]:
+        return {**super().batch_builders(), GIT: self.build_git_objects}
+
+    def build_git_objects(self, jobs: Sequence[GitJob]) -> list[str | Exception]:
+        """Git objects signed in one agent round trip (`AssuanConnection.sign_many`)."""
+        out: list[str | Exception] = [_NOT_BUILT] * len(jobs)
+        prepared: list[tuple[int, GitJob, bytes, openpgp.PreparedSignature]] = []
+        for i, job in enumerate(jobs):
+            try:
+                payload = job.payload(self.uid(job))
+                prepared.append((i, job, payload,
+                                 openpgp.prepare_signature(payload, self.key, job.time)))
+            except REFUSED as e:
+                out[i] = e
+        if prepared:
+            values = self.conn.sign_many(self.key.keygrip, prepared[0][3].hash_algo,
+                                         [p.digest for _, _, _, p in prepared])
+            for (i, job, payload, p), v in zip(prepared, values, strict=True):
+                try:
+                    signature = openpgp.finish_signature(p, self.key, v)
+                    out[i] = job.embed(payload, signature).decode("ascii")
+                except REFUSED as e:
+                    out[i] = e
+        return out
+
+    def signature(self, payload: bytes, t: int) -> str:
+        return openpgp.detached_signature(payload, self.key, t, self._sign)
+
+    def receipt(self, text: str, t: int) -> str:
+        return cleartext.clearsign(text, self.key, t, self._sign)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.key.fingerprint
+
+    def manifest(self, header: str, lines: str, t: int) -> str:
+        # No line of a manifest starts with "-" (check_structure): nothing is dash-escaped.
+        head, signature = cleartext.clearsign_parts(header + lines, self.key, t, self._sign)
+        return head + header + signature
+
+
+class SshSigner(Signer):
+    """SSHSIG signatures: namespace ``git`` for git objects, ``stampd`` for receipts. A
+    receipt is the statement followed by its armored SSH signature. With ``chain``, RFC 3161
+    time-stamp tokens too (an ECDSA key)."""
+
+    def __init__(self, key: SshPublicKey, conn: SshAgentConnection,
+                 chain: list[bytes] | None = None) -> None:
+        self.key = key
+        self.conn = conn
+        self.chain = chain
+
+    def uid(self, job: GitJob) -> str:
+        if job.uid is None:
+            raise MalformedMessage("an SSH-signed job needs a uid")
+        return job.uid
+
+    def signature(self, payload: bytes, t: int) -> str:
+        return self.conn.sshsig(self.key, payload, "git")
+
+    def receipt(self, text: str, t: int) -> str:
+        return text + self.conn.sshsig(self.key, text.encode("utf-8"), RECEIPT_NAMESPACE)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.key.fingerprint
+
+    def manifest(self, header: str, lines: str, t: int) -> str:
+        return header + self.conn.sshsig(self.key, (header + lines).encode("utf-8"),
+                                         RECEIPT_NAMESPACE)
+
+    def make_tsa_key(self) -> tsa.TsaKey:
+        from workers import tsa
+
+        return tsa.ssh_agent_key(self.key, self.conn)
