@@ -486,11 +486,7 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
     from pydantic import ValidationError
 
     from server.errors import StampError
-    from workers.agents.programs import ProgramError
-    from workers.errors import AgentError
-    from workers.keys.store import KeyStoreError
-    from workers.pool import RuntimeDirError
-    from workers.tsa import TsaError
+    from workers.errors import WorkerError
 
     if isinstance(exc, ValidationError):
         problems = "; ".join(
@@ -499,12 +495,8 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_USAGE, _one_line(f"invalid setting: {problems}")
     if isinstance(exc, CommandFailed):
         return EXIT_USAGE if exc.usage else EXIT_FAILED, _one_line(exc.message)
-    if isinstance(exc, TsaError):
+    if isinstance(exc, StampError | WorkerError):  # (the service's and the workers' bases)
         return EXIT_FAILED, _one_line(exc.message)
-    if isinstance(exc, StampError | KeyStoreError | ProgramError):
-        return EXIT_FAILED, _one_line(exc.message)
-    if isinstance(exc, AgentError | RuntimeDirError):
-        return EXIT_FAILED, _one_line(str(exc))
     from alembic.util.exc import CommandError as MigrationError
     from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 

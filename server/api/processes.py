@@ -10,7 +10,7 @@
   while a process restarts wait in its backlog and are served by the replacement.
 - **The workers.** HTTP process *n* runs its own dispatcher on its own Unix socket
   (`Settings.dispatch_socket_of`); every worker connects to all of them and takes jobs from
-  each in turn (`workers.worker.Dispatchers`). A stamp is journalled by the process that took
+  each in turn (`workers.link.Dispatchers`). A stamp is journalled by the process that took
   the request and signed by whichever worker is free.
 - **What stays single.** One journal: the database (SQLite in WAL mode takes the processes'
   grouped commits one after another). One log writer and one cross-stamper: the process that
