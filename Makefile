@@ -5,9 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The pinned, hashed dependencies (docs/development.md, "Dependencies"): LOCK, the server and
 # the test tools, is what the venv is built from; CLIENT_LOCK, the client alone
-# (`pip install .`), is what the client-only check installs.
+# (`pip install .`), is what the client-only check installs; SERVER_LOCK, the server without
+# the test tools, is what deploy/Dockerfile installs.
 LOCK := requirements/test.lock
 CLIENT_LOCK := requirements/client.lock
+SERVER_LOCK := requirements/server.lock
 UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command 'make lock'
 
@@ -47,16 +49,20 @@ lock:
 	test -x $(BIN)/uv || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q "$$(grep -o '^uv==[^ ]*' $(LOCK))"; }
 	$(UV_COMPILE) $(LOCK_ARGS) --extra test -o $(LOCK)
 	$(UV_COMPILE) $(LOCK_ARGS) -o $(CLIENT_LOCK)
+	$(UV_COMPILE) $(LOCK_ARGS) --extra server -o $(SERVER_LOCK)
 
 ## Fail when the lock files are not what `make lock` would write now (from uv's cache when
 ## it can, else from PyPI; a few seconds).
 lock-check: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	cp $(LOCK) $$tmp/test.lock && cp $(CLIENT_LOCK) $$tmp/client.lock && \
-	for args in "--extra test -o $$tmp/test.lock" "-o $$tmp/client.lock"; do \
+	cp $(SERVER_LOCK) $$tmp/server.lock && \
+	for args in "--extra test -o $$tmp/test.lock" "-o $$tmp/client.lock" \
+			"--extra server -o $$tmp/server.lock"; do \
 		$(UV_COMPILE) --offline $$args 2>/dev/null || $(UV_COMPILE) $$args || exit 1; \
 	done && \
-	if ! diff -u $(LOCK) $$tmp/test.lock || ! diff -u $(CLIENT_LOCK) $$tmp/client.lock; then \
+	if ! diff -u $(LOCK) $$tmp/test.lock || ! diff -u $(CLIENT_LOCK) $$tmp/client.lock \
+			|| ! diff -u $(SERVER_LOCK) $$tmp/server.lock; then \
 		echo "lock-check: the lock files are not current with pyproject.toml; run make lock" >&2; \
 		exit 1; \
 	fi

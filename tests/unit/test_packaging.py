@@ -16,6 +16,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[2]
 TEST_LOCK = ROOT / "requirements/test.lock"
 CLIENT_LOCK = ROOT / "requirements/client.lock"
+SERVER_LOCK = ROOT / "requirements/server.lock"
 README_MAX_LINES = 250
 SERVER_ONLY = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "prometheus-client")
 
@@ -49,6 +50,7 @@ def requirements(*groups: str) -> list[Requirement]:
 
 
 @pytest.mark.parametrize(("lock", "groups"), [(TEST_LOCK, ("base", "server", "test")),
+                                              (SERVER_LOCK, ("base", "server")),
                                               (CLIENT_LOCK, ("base",))])
 def test_the_lock_pins_every_requirement_within_its_range(
         lock: Path, groups: tuple[str, ...]) -> None:
@@ -60,7 +62,7 @@ def test_the_lock_pins_every_requirement_within_its_range(
             f"{lock.name} pins {name}=={pins[name][0]}, outside {req}: run make lock"
 
 
-@pytest.mark.parametrize("lock", [TEST_LOCK, CLIENT_LOCK])
+@pytest.mark.parametrize("lock", [TEST_LOCK, SERVER_LOCK, CLIENT_LOCK])
 def test_every_locked_package_has_hashes(lock: Path) -> None:
     pins = locked(lock)
     assert pins
@@ -74,6 +76,25 @@ def test_the_client_lock_agrees_with_the_test_lock_and_holds_no_server_package()
     assert not differ, f"client.lock and test.lock pin these differently: {differ}"
     assert not [n for n in SERVER_ONLY if n in client]
     assert all(n in full for n in SERVER_ONLY)
+
+
+def test_the_server_lock_agrees_with_the_test_lock() -> None:
+    server, full = locked(SERVER_LOCK), locked(TEST_LOCK)
+    differ = {n: (v, full.get(n, (None,))[0]) for n, (v, _) in server.items()
+              if full.get(n, (None,))[0] != v}
+    assert not differ, f"server.lock and test.lock pin these differently: {differ}"
+    assert all(n in server for n in SERVER_ONLY)
+
+
+def test_the_image_installs_the_server_lock_and_every_package() -> None:
+    """deploy/Dockerfile copies every top-level package of the project and installs the
+    server's lock (a package it lacks made an image that could not start)."""
+    text = (ROOT / "deploy/Dockerfile").read_text()
+    assert "-r requirements/server.lock" in text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+        package = pattern.rstrip("*")
+        assert f"COPY {package} ./{package}\n" in text, f"the image lacks {package}/"
 
 
 def test_uvicorn_and_rfc3161_client_are_pinned_exactly() -> None:
