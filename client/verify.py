@@ -69,6 +69,7 @@ from client.checksums import Progress, parse_line
 from client.checksums import file_digest as checksum_file_digest
 from client.errors import CommandError
 from client.fetch import FetchError, http_request
+from client.gpg import GpgError, GpgHome, Key, SignatureStatus, TempGpgHome, ValidSig
 from formats.cleartext import BEGIN_SIGNED, canonical_text
 from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
 from formats.manifests import Header, MalformedManifest, check_lines, parse_header
@@ -93,8 +94,6 @@ from formats.tsp import (
     load_certificate,
     parse_token,
 )
-from workers.keys.gnupg import GnupgHome, GpgError, GpgStatus, Key, TempGnupgHome, ValidSig
-from workers.keys.keyset import RECEIPT_NAMESPACE
 
 if TYPE_CHECKING:  # imported where used: cryptography is needed for RFC 3161 tokens only
     from cryptography.hazmat.primitives import hashes
@@ -105,6 +104,9 @@ FETCH_TIMEOUT = 10.0
 SIG_BINARY = "00"
 SIG_TEXT = "01"
 KEYRING_PREFIX = "stampd-v"
+# The SSH signature namespace of digest receipts and manifests (git objects: "git"); the
+# workers sign in it (workers.keys.keyset.RECEIPT_NAMESPACE).
+RECEIPT_NAMESPACE = "stampd"
 
 
 class VerifyError(CommandError):
@@ -151,22 +153,22 @@ def gpg_checks() -> Iterator[None]:
         raise CannotCheck(e.message) from None
 
 
-def import_keys(home: GnupgHome, armored: bytes) -> list[Key]:
+def import_keys(home: GpgHome, armored: bytes) -> list[Key]:
     """Import public keys; return what the keyring holds afterwards."""
     home.import_keys(armored)
     return home.list_keys()
 
 
-def only_signature(status: GpgStatus, ok: bool) -> ValidSig:
+def only_signature(status: SignatureStatus, ok: bool) -> ValidSig:
     """The one valid signature; raise `Invalid` for none, a bad one, or several."""
-    if status.newsig > 1 or len(status.valid) > 1:
+    if status.newsig > 1 or len(status.valid_sigs) > 1:
         raise Invalid("more than one signature (only one is allowed)")
-    if not ok or len(status.valid) != 1 or status.errors:
+    if not ok or len(status.valid_sigs) != 1 or status.errors:
         reason = ", ".join(sorted(set(status.errors))) or "no valid signature"
         if "NO_PUBKEY" in status.errors or "ERRSIG" in status.errors:
             reason += " (signed by a key that is not the expected one?)"
         raise Invalid(f"signature does not verify: {reason}")
-    return status.valid[0]
+    return status.valid_sigs[0]
 
 
 # --------------------------------------------------------------------------- server key
@@ -203,7 +205,7 @@ def read_key_file(path: Path) -> bytes:
         raise Malformed(f"cannot read key file {path}: {e.strerror}") from None
 
 
-def load_keyring(home: GnupgHome, key_file: Path | None, server: str | None) -> str:
+def load_keyring(home: GpgHome, key_file: Path | None, server: str | None) -> str:
     """Import the ``--key`` file (or the key fetched from ``server``); return where it came
     from. Raise unless the keyring then holds at least one key."""
     if key_file is not None:
@@ -342,7 +344,7 @@ def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None
         res = verify_ssh_receipt(statement, statement_text, signature, key_file)
         return ReceiptResult(statement, res.signature, res.key_origin,
                              _check_digest(statement, file, expected))
-    with gpg_checks(), TempGnupgHome(KEYRING_PREFIX) as home:
+    with gpg_checks(), TempGpgHome(KEYRING_PREFIX) as home:
         origin = load_keyring(home, key_file, statement.server)
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
         # Verify the detached signature over exactly the statement we parsed (in the canonical
@@ -546,14 +548,14 @@ def verify_git_openpgp(repo: Path, oid: str, kind: str, obj: GitObject, key_file
                        ) -> tuple[ValidSig, str]:
     """An OpenPGP-signed tag or commit: ``git verify-tag|verify-commit --raw`` in a keyring
     holding only ``key_file``; a binary signature made in the tagger/committer second."""
-    with gpg_checks(), TempGnupgHome(KEYRING_PREFIX) as home:
+    with gpg_checks(), TempGpgHome(KEYRING_PREFIX) as home:
         origin = load_keyring(home, key_file, None)
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
         env = {**os.environ, "GNUPGHOME": str(home.path)}
         r = _git(repo, "-c", "gpg.format=openpgp", "-c", "gpg.program=gpg",
                  "-c", "gpg.minTrustLevel=undefined",
                  "verify-tag" if kind == "tag" else "verify-commit", "--raw", oid, env=env)
-    sig = only_signature(GpgStatus.parse(r.stderr), r.returncode == 0)
+    sig = only_signature(SignatureStatus.parse(r.stderr), r.returncode == 0)
     if sig.primary not in pinned:
         raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
     if sig.sig_class != SIG_BINARY:
@@ -1219,7 +1221,7 @@ def verify_manifest_signature(manifest: SignedManifest, *, openpgp: bytes | None
         return key.fingerprint
     if openpgp is None:
         raise Invalid(f"the manifest is OpenPGP-signed, and the {origin} holds no OpenPGP key")
-    with gpg_checks(), TempGnupgHome(KEYRING_PREFIX) as home:
+    with gpg_checks(), TempGpgHome(KEYRING_PREFIX) as home:
         if not import_keys(home, openpgp):
             raise Invalid(f"the {origin} holds no OpenPGP public key")
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
