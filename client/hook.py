@@ -34,9 +34,9 @@ from pathlib import Path
 
 from client.errors import CommandError
 from client.gpg import GpgError, GpgHome, TempGpgHome
-from client.verify import (
+from client.verify.errors import VerifyError
+from client.verify.keys import (
     KEYRING_PREFIX,
-    VerifyError,
     fetch_allowed_signers,
     fetch_public_key,
     ssh_keys_from,

@@ -46,17 +46,10 @@ from client.checksums import ALGORITHMS, FilesError, Progress, Skipped, collect,
 from client.errors import CommandError
 from client.fetch import FetchError, http_request
 from client.gpg import GpgError, TempGpgHome
-from client.verify import (
-    KEYRING_PREFIX,
-    CannotCheck,
-    SignedManifest,
-    VerifyError,
-    fetch_allowed_signers,
-    fetch_public_key,
-    parse_manifest,
-    verify_manifest_signature,
-)
-from client.verify import ssh_keys_from as _ssh_keys_from
+from client.verify.errors import CannotCheck, VerifyError
+from client.verify.keys import KEYRING_PREFIX, fetch_allowed_signers, fetch_public_key
+from client.verify.keys import ssh_keys_from as _ssh_keys_from
+from client.verify.manifest import SignedManifest, parse_manifest, verify_manifest_signature
 from formats.gitobjects import OBJECT_FORMATS, SHA1
 from formats.manifests import Header
 from formats.sshsig import SshPublicKey, SshSigError, SshSignature
