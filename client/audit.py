@@ -65,7 +65,7 @@ import pygit2
 from pygit2.enums import RepositoryOpenFlag
 
 from client.errors import CommandError
-from workers.keys.gnupg import GpgError, GpgStatus, TempGnupgHome
+from client.gpg import GpgError, SignatureStatus, TempGpgHome
 
 MAIN = "main"
 PEER_SUFFIX = "-timestamps"
@@ -294,7 +294,7 @@ class Keyrings:
     """Temporary single-key GNUPGHOMEs, one per distinct armored key; removed on `close`."""
 
     def __init__(self) -> None:
-        self._homes: list[TempGnupgHome] = []
+        self._homes: list[TempGpgHome] = []
         self._cache: dict[bytes, Keyring | KeyFileError] = {}
 
     def close(self) -> None:
@@ -324,9 +324,9 @@ class Keyrings:
     def _create(self, armored: bytes) -> Keyring:
         # No agent or dirmngr (a public keyring needs none; gpg.conf says so to the gpg that
         # git starts too); no trust database.
-        home = TempGnupgHome("stampd-a", conf=("trust-model always",))
-        self._homes.append(home)
         try:
+            home = TempGpgHome("stampd-a", conf=("trust-model always",))
+            self._homes.append(home)
             if not home.import_keys(armored).ok:
                 raise KeyFileError("is not an armored OpenPGP public key")
             keys = home.list_keys()
@@ -337,7 +337,7 @@ class Keyrings:
         return Keyring(home.path, keys[0].fingerprint)
 
 
-def _gpg_problem(status: GpgStatus, fingerprint: str) -> str:
+def _gpg_problem(status: SignatureStatus, fingerprint: str) -> str:
     """A short explanation of why gpg did not accept a signature."""
     for words in status.records:
         if len(words) < 2:
@@ -370,15 +370,15 @@ def verify_commit(git_dir: Path, commit: str, keyring: Keyring) -> SignatureChec
          "--git-dir", str(git_dir), "verify-commit", "--raw", commit],
         capture_output=True, env=env, timeout=GIT_TIMEOUT, check=False,
     )
-    status = GpgStatus.parse(r.stderr.decode("utf-8", "replace"))
+    status = SignatureStatus.parse(r.stderr.decode("utf-8", "replace"))
     if r.returncode != 0 or not status.validsig:
         return SignatureCheck(False, None, None, _gpg_problem(status, keyring.fingerprint))
     if status.validsig != 1 or status.goodsig != 1:
         return SignatureCheck(False, None, None, f"holds {max(status.validsig, status.goodsig)} "
                               "signatures, expected one")
-    if not status.valid:  # a VALIDSIG line gpg would not write
+    if not status.valid_sigs:  # a VALIDSIG line gpg would not write
         return SignatureCheck(False, None, None, "gpg's VALIDSIG status line is malformed")
-    sig = status.valid[0]
+    sig = status.valid_sigs[0]
     return SignatureCheck(True, sig.primary, sig.created, None)
 
 

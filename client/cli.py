@@ -57,7 +57,7 @@ def add_commands(sub: Any) -> None:
                         help="RFC 3161 token: a clone of the server's log (path or http(s) "
                         "URL, as for `stampd audit`): name the log commit publishing the "
                         "imprint")
-    verify.set_defaults(func=_lazy("client.verify", "cmd_verify"))
+    verify.set_defaults(func=_lazy("client.verify.command", "cmd_verify"))
 
     audit = sub.add_parser(
         "audit", help="verify a log repository (a clone or its URL) and its peer stamps",

@@ -33,14 +33,14 @@ from importlib import resources
 from pathlib import Path
 
 from client.errors import CommandError
-from client.verify import (
+from client.gpg import GpgError, GpgHome, TempGpgHome
+from client.verify.errors import VerifyError
+from client.verify.keys import (
     KEYRING_PREFIX,
-    VerifyError,
     fetch_allowed_signers,
     fetch_public_key,
     ssh_keys_from,
 )
-from workers.keys.gnupg import GnupgHome, GpgError, TempGnupgHome
 
 HOOK = "post-commit"
 MARKER = "# stampd-post-commit-hook v1"
@@ -162,7 +162,7 @@ def pin_key(server: str) -> PinnedKey:
     """Fetch the server's key and describe it; exactly one key with a printable user id."""
     try:
         armored = fetch_public_key(server)
-        with TempGnupgHome(KEYRING_PREFIX) as home:
+        with TempGpgHome(KEYRING_PREFIX) as home:
             home.import_keys(armored)
             keys = home.list_keys()
     except (VerifyError, GpgError) as e:
@@ -183,7 +183,7 @@ def write_keyring(target: Path, key: PinnedKey) -> None:
     try:
         os.chmod(fresh, 0o700)
         try:
-            imported = GnupgHome(fresh).import_keys(key.armored)
+            imported = GpgHome(fresh).import_keys(key.armored)
         except GpgError as e:
             raise HookError(e.message) from None
         # gpg 2.2 exits 2 after a good import when it cannot reach an agent, e.g. because

@@ -45,21 +45,14 @@ from pathlib import Path
 from client.checksums import ALGORITHMS, FilesError, Progress, Skipped, collect, hash_files
 from client.errors import CommandError
 from client.fetch import FetchError, http_request
-from client.verify import (
-    KEYRING_PREFIX,
-    CannotCheck,
-    SignedManifest,
-    VerifyError,
-    fetch_allowed_signers,
-    fetch_public_key,
-    parse_manifest,
-    verify_manifest_signature,
-)
-from client.verify import ssh_keys_from as _ssh_keys_from
+from client.gpg import GpgError, TempGpgHome
+from client.verify.errors import CannotCheck, VerifyError
+from client.verify.keys import KEYRING_PREFIX, fetch_allowed_signers, fetch_public_key
+from client.verify.keys import ssh_keys_from as _ssh_keys_from
+from client.verify.manifest import SignedManifest, parse_manifest, verify_manifest_signature
 from formats.gitobjects import OBJECT_FORMATS, SHA1
 from formats.manifests import Header
 from formats.sshsig import SshPublicKey, SshSigError, SshSignature
-from workers.keys.gnupg import GpgError, TempGnupgHome
 
 MAX_STAMP = 8000
 CLOCK_SKEW = 30  # seconds; a time must lie strictly within this of our clock
@@ -237,7 +230,7 @@ def pin_name(server: str) -> str:
 
 def describe_openpgp(armored: bytes, origin: str) -> OpenPgpTrust:
     try:
-        with TempGnupgHome(KEYRING_PREFIX) as home:
+        with TempGpgHome(KEYRING_PREFIX) as home:
             home.import_keys(armored)
             keys = home.list_keys()
     except GpgError as e:
@@ -320,17 +313,17 @@ def verify_openpgp(checked: Checked, trust: OpenPgpTrust, now: int) -> str:
     """The signing key's fingerprint; `AnswerRefused` unless exactly one binary signature by
     the trusted key, made within the clock skew, verifies."""
     try:
-        with TempGnupgHome(KEYRING_PREFIX) as home:
+        with TempGpgHome(KEYRING_PREFIX) as home:
             home.import_keys(trust.armored)
             ok, status = home.verify_detached(checked.payload, checked.signature)
     except GpgError as e:
         raise StampFailed(e.message) from None
-    if status.newsig > 1 or len(status.valid) > 1:
+    if status.newsig > 1 or len(status.valid_sigs) > 1:
         raise AnswerRefused("more than one signature")
-    if not ok or len(status.valid) != 1:
+    if not ok or len(status.valid_sigs) != 1:
         reason = ", ".join(sorted(set(status.errors))) or "no valid signature"
         raise AnswerRefused(f"the signature does not verify with the {trust.origin} ({reason})")
-    sig = status.valid[0]
+    sig = status.valid_sigs[0]
     if sig.primary not in trust.fingerprints and sig.fingerprint not in trust.fingerprints:
         raise AnswerRefused(f"signed by {sig.primary}, not by the {trust.origin}")
     if sig.sig_class != "00":

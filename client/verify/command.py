@@ -1,0 +1,232 @@
+"""``stampd verify``: check a digest receipt, a signed manifest, an RFC 3161 time-stamp token, or
+a git tag/commit stamp, and print what was checked.
+
+The target tells which: a manifest, a token (DER) or a receipt when it is a file (``-``:
+standard input), else a tag or commit in ``--repo``. Each kind is checked by its module
+(`client.verify.receipt`, `.manifest`, `.token`, `.gitstamp`); this one prints the reports,
+and refuses options that do not apply to the target.
+
+Exit status: 0 valid, 1 invalid (or could not be checked, or unsupported), 2 malformed, 3 a
+valid token whose imprint is not in the ``--log`` (yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged, Unsupported
+from client.verify.gitstamp import GitResult, verify_git
+from client.verify.inputs import iso, read_target
+from client.verify.manifest import MAX_MANIFEST, ManifestResult, is_manifest, verify_manifest
+from client.verify.receipt import ReceiptResult, receipt_text, verify_receipt
+from client.verify.token import (
+    MAX_TOKEN,
+    LogResult,
+    TokenResult,
+    find_in_log,
+    is_token,
+    name_text,
+    verify_token,
+)
+
+
+def report_manifest(res: ManifestResult) -> Iterator[str]:
+    h = res.manifest.header
+    yield f"valid manifest: {h.lines} {h.algorithm} line(s)"
+    if res.matched:
+        yield f"matches:        {res.matched}"
+    yield f"time:           {iso(h.time)} ({h.time})"
+    yield f"key:            {res.signer} ({res.key_origin})"
+    yield f"server:         {h.server} (serial {h.serial})"
+    if res.files is not None:
+        f = res.files
+        bad = len(f.changed) + len(f.missing)
+        yield (f"files:          {f.checked} checked in {f.directory}: "
+               + (f"{bad} do NOT match ({len(f.changed)} changed, {len(f.missing)} missing)"
+                  if bad else "all match")
+               + (f"; {len(f.unchecked)} line(s) not checked" if f.unchecked else ""))
+        for name in f.changed:
+            yield f"CHANGED:        {name}"
+        for name in f.missing:
+            yield f"MISSING:        {name}"
+        for name in f.unchecked:
+            yield f"NOT CHECKED:    {name} (no name, or outside --dir)"
+
+
+def verify_manifest_command(args: argparse.Namespace, data: bytes) -> int:
+    """The manifest branch of `cmd_verify`: print the report; raise for files that do not
+    match (`Invalid`) or could not be checked (`Unsupported`)."""
+    res = verify_manifest(data, key_file=args.key, directory=getattr(args, "dir", None),
+                          file=args.file, digest=args.digest)
+    if args.key is None:
+        print(f"note: the server key was {res.key_origin} (trusting that server); "
+              "use --key KEYFILE to check against a key you hold", file=sys.stderr)
+    print("\n".join(report_manifest(res)))
+    f = res.files
+    if f is not None and (f.changed or f.missing):
+        names = [*f.changed, *f.missing]
+        raise Invalid(f"{len(names)} of {f.checked} files do not match the manifest: "
+                      + ", ".join(names[:5]) + (", ..." if len(names) > 5 else ""))
+    if f is not None and f.unchecked:
+        raise Unsupported(f"{len(f.unchecked)} line(s) name no file inside {f.directory}: "
+                          "not checked")
+    return 0
+
+
+def _is_receipt_target(target: str) -> bool:
+    return target == "-" or Path(target).is_file()
+
+
+def _looks_like_a_file(target: str) -> bool:
+    """A target that can only be meant as a file (a path or a receipt's name), never a git
+    tag or commit name."""
+    return "/" in target or target.endswith((".asc", ".receipt", ".txt"))
+
+
+def report_receipt(res: ReceiptResult) -> Iterator[str]:
+    st = res.statement
+    yield f"valid receipt: {st.algorithm} {st.digest}"
+    if res.checked:
+        yield f"matches:       {res.checked}"
+    yield f"time:          {iso(st.time)} ({st.time})"
+    yield f"key:           {res.signature.fingerprint} ({res.key_origin})"
+    yield f"server:        {st.server} (serial {st.serial})"
+
+
+def report_git(res: GitResult) -> Iterator[str]:
+    what = f"tag {res.name}" if res.kind == "tag" else f"commit {res.oid}"
+    yield f"valid {res.kind} stamp: {what}"
+    yield f"stamps commit: {res.stamped}"
+    yield f"time:          {iso(res.time)} ({res.time})"
+    yield f"key:           {res.signature.primary} ({res.key_origin})"
+    yield f"signer:        {res.signer}"
+
+
+def _gen_time(moment: datetime) -> str:
+    fraction = f".{moment.microsecond:06d}".rstrip("0") if moment.microsecond else ""
+    return f"{moment:%Y-%m-%dT%H:%M:%S}{fraction}Z ({int(moment.timestamp())})"
+
+
+def report_token(res: TokenResult, chain_file: Path | None, logged: LogResult | None
+                 ) -> Iterator[str]:
+    f = res.fields
+    anchored = res.anchor is not None and res.anchor.anchor is not None
+    where = " (a TimeStampResp)" if res.container == "TimeStampResp" else " (a bare token)"
+    yield f"{'valid token:' if anchored else 'token:':15}{res.imprint}{where}"
+    yield f"matches:       {res.checked or 'nothing (give --data FILE or --digest HEX)'}"
+    accuracy = f", accuracy {f.accuracy_seconds} s" if f.accuracy_seconds else ""
+    yield f"time:          {_gen_time(f.gen_time)}{accuracy}"
+    yield f"serial:        {f.serial}"
+    yield f"policy:        {f.policy}"
+    if f.nonce is not None:
+        yield f"nonce:         {f.nonce:#x}"
+    yield f"tsa:           {name_text(f.tsa_name) if f.tsa_name else res.signer}" + (
+        "" if f.tsa_name else " (the signer; the token names no TSA)")
+    yield (f"signature:     {res.signature_algorithm}, certificate sha256 {res.signer_sha256} "
+           f"(from {res.certificate_origin})")
+    if res.anchor is None:
+        yield ("certificate:   NOT ANCHORED: checked against the token's own certificate only "
+               "(no --chain)")
+    elif res.anchor.path == (res.anchor.anchor,):
+        yield f"certificate:   in --chain {chain_file}"
+    else:
+        yield (f"certificate:   {' <- '.join(res.anchor.path)}; {res.anchor.anchor} is in "
+               f"--chain {chain_file}")
+    if logged is not None:
+        number = f"log commit {logged.number}, " if logged.number is not None else ""
+        delta = logged.time - int(f.gen_time.timestamp())
+        after = (f"{delta} s after genTime" if delta >= 0 else
+                 f"{-delta} s BEFORE genTime: an earlier stamp of the same digest")
+        yield f"log commit:    {logged.commit} ({number}{iso(logged.time)}, {after})"
+        yield (f"log:           {logged.target}, signed by {logged.fingerprint} (checked as "
+               "`stampd audit` does)")
+        if logged.stamp is None:
+            yield "peer stamp:    none yet"
+        else:
+            s = logged.stamp
+            yield (f"peer stamp:    {s.peer} at {iso(s.time)} ({s.time - logged.time} s after "
+                   f"the log commit), commit {s.commit}")
+
+
+def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
+    """The token branch of `cmd_verify`: print the report, then raise what remains unproven
+    (no --chain: `CannotCheck`; not in the --log yet: `NotLogged`)."""
+    chain_file: Path | None = getattr(args, "chain", None)
+    log_target: str | None = getattr(args, "log", None)
+    if args.key is not None:
+        raise Malformed("--key is for receipts and git stamps; give a token's TSA certificate "
+                        "chain with --chain FILE")
+    res = verify_token(data, chain_file=chain_file, file=args.file, digest=args.digest)
+    logged: LogResult | None = None
+    pending: NotLogged | None = None
+    if log_target is not None:
+        try:
+            logged = find_in_log(str(log_target), res.fields.hash_algorithm,
+                                 res.fields.digest.hex())
+        except NotLogged as e:
+            pending = e
+    print("\n".join(report_token(res, chain_file, logged)))
+    if logged is not None and logged.problems:
+        print(f"note: `stampd audit {logged.target}` finds {logged.problems} problem(s) "
+              "elsewhere in the log", file=sys.stderr)
+    if res.anchor is None:
+        raise CannotCheck(f"the token verifies with its own certificate ({res.signer}), which "
+                          "is anchored nowhere: give the TSA's chain with --chain tsa.pem "
+                          "(GET /tsa.pem) to check who issued it")
+    if pending is not None:
+        raise pending
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``stampd verify TARGET [--file F | --digest HEX] [--key KEYFILE] [--repo DIR]
+    [--chain PEM] [--log LOG] [--dir DIR]``: 0 when valid; otherwise raise a `VerifyError`
+    (exit status 1, 2, or 3 for a valid token not yet in the log)."""
+    token_only = [o for o, v in (("--chain", getattr(args, "chain", None)),
+                                 ("--log", getattr(args, "log", None))) if v is not None]
+    verb = "applies" if len(token_only) == 1 else "apply"
+    directory: Path | None = getattr(args, "dir", None)
+    if _is_receipt_target(args.target):
+        data = read_target(args.target, MAX_TOKEN)
+        if is_manifest(data):
+            if token_only:
+                raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
+                                "to manifests")
+            if len(data) > MAX_TOKEN:
+                data += read_target(args.target, MAX_MANIFEST)[len(data):] \
+                    if args.target != "-" else sys.stdin.buffer.read(MAX_MANIFEST)
+            return verify_manifest_command(args, data)
+        if directory is not None:
+            raise Malformed("--dir applies to manifests (SHA256SUMS.asc), not to receipts, "
+                            "tokens or git stamps")
+        if is_token(data, args.target):
+            return verify_token_command(args, data)
+        if token_only:
+            raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
+                            "to receipts")
+        res = verify_receipt(receipt_text(data), key_file=args.key, file=args.file,
+                             digest=args.digest)
+        if args.key is None:
+            print(f"note: the server key was {res.key_origin} (trusting that server); "
+                  "use --key KEYFILE to check against a key you hold", file=sys.stderr)
+        lines = report_receipt(res)
+    else:
+        if _looks_like_a_file(args.target):
+            raise Malformed(f"no such file: {args.target}")
+        if directory is not None:
+            raise Malformed("--dir applies to manifests (SHA256SUMS.asc), not to git stamps")
+        if args.file is not None or args.digest is not None:
+            raise Malformed("--file and --digest apply to receipts, not to git stamps")
+        if token_only:
+            raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
+                            "to git stamps")
+        if args.key is None:
+            raise Malformed("a git tag or commit stamp needs --key KEYFILE (the server's "
+                            "public key)")
+        lines = report_git(verify_git(args.repo, args.target, args.key))
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,148 @@
+"""Digest receipts (see `formats.receipts`), signed with OpenPGP or SSH.
+
+A receipt is valid when its statement parses, exactly one signature verifies over exactly that
+statement, the signing key is the one the statement names in ``key:`` (and, with ``--key``, a
+key of that file), an OpenPGP signature is a text signature made in the second the statement
+gives as ``time:``, and -- with ``--file`` or ``--digest`` -- the digest matches. (An SSH
+signature carries no time: the statement's time is the stamp's.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from client.gpg import TempGpgHome, ValidSig
+from client.verify.errors import CannotCheck, Invalid, Malformed
+from client.verify.inputs import file_digest, normalise_digest, read_target
+from client.verify.keys import (
+    KEYRING_PREFIX,
+    RECEIPT_NAMESPACE,
+    SIG_TEXT,
+    fetch_allowed_signers,
+    gpg_checks,
+    load_keyring,
+    only_signature,
+    ssh_keys_from,
+)
+from formats.cleartext import canonical_text
+from formats.receipts import SSH_BEGIN, MalformedReceipt, Statement, parse_statement, split_receipt
+
+MAX_RECEIPT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ReceiptResult:
+    statement: Statement
+    signature: ValidSig
+    key_origin: str
+    checked: str | None  # what the digest was compared with, if anything
+
+
+def read_receipt(target: str) -> str:
+    """The receipt text from a file (``-``: standard input); printable ASCII only."""
+    return receipt_text(read_target(target, MAX_RECEIPT))
+
+
+def receipt_text(data: bytes) -> str:
+    """``data`` as a receipt's text: at most `MAX_RECEIPT` bytes of printable ASCII."""
+    if len(data) > MAX_RECEIPT:
+        raise Malformed(f"larger than {MAX_RECEIPT} bytes: not a receipt")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise Malformed("not ASCII text: not a receipt") from None
+    if any(not (" " <= c <= "~") and c not in "\r\n" for c in text):
+        raise Malformed("control characters in the receipt")
+    return text
+
+
+def parse_receipt(text: str) -> tuple[Statement, str, str]:
+    """(statement, its text, armored signature); `Malformed` if it is not a receipt."""
+    try:
+        statement_text, signature = split_receipt(text)
+        return parse_statement(statement_text), statement_text, signature
+    except MalformedReceipt as e:
+        raise Malformed(str(e)) from None
+
+
+def verify_ssh_receipt(statement: Statement, statement_text: str, signature: str,
+                       key_file: Path | None) -> ReceiptResult:
+    """An SSH-signed receipt: ``ssh-keygen -Y verify -n stampd`` with the key that has the
+    stated fingerprint. (An SSH signature carries no time: the statement's time is the
+    stamp, as with a git object's tagger time.)"""
+    if key_file is not None:
+        try:
+            data, origin = key_file.read_text(errors="replace"), f"key file {key_file}"
+        except OSError as e:
+            raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+    else:
+        data = fetch_allowed_signers(statement.server)
+        origin = f"fetched from {statement.server.rstrip('/')}/v1/keys/allowed_signers"
+    key = next((k for k in ssh_keys_from(data) if k.fingerprint == statement.key), None)
+    if key is None:
+        raise Invalid(f"the receipt names key {statement.key}, which is not in the {origin}")
+    with tempfile.TemporaryDirectory(prefix="stampd-v") as tmp:
+        signers, sig = Path(tmp) / "allowed_signers", Path(tmp) / "receipt.sig"
+        signers.write_text(f'receipt@stampd namespaces="{RECEIPT_NAMESPACE}" '
+                           f"{key.to_line(comment=False)}\n")
+        sig.write_text(signature)
+        try:
+            r = subprocess.run(["ssh-keygen", "-Y", "verify", "-n", RECEIPT_NAMESPACE, "-f",
+                                str(signers), "-I", "receipt@stampd", "-s", str(sig)],
+                               input=statement_text.encode(), capture_output=True, timeout=60,
+                               check=False)
+        except FileNotFoundError:
+            raise CannotCheck("ssh-keygen is not installed (OpenSSH 8.2 or later)") from None
+    if r.returncode != 0:
+        raise Invalid(f"the SSH signature does not verify: {r.stderr.decode()[-200:].strip()}")
+    sig_info = ValidSig(fingerprint=key.fingerprint, created=statement.time, sig_class="ssh",
+                        primary=key.fingerprint)
+    return ReceiptResult(statement=statement, signature=sig_info, key_origin=origin,
+                         checked=None)
+
+
+def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None = None,
+                   digest: str | None = None) -> ReceiptResult:
+    """Check a receipt completely; raise a `VerifyError` unless it is valid."""
+    statement, statement_text, signature = parse_receipt(text)
+    expected = normalise_digest(digest) if digest is not None else None
+    if signature.startswith(SSH_BEGIN):
+        res = verify_ssh_receipt(statement, statement_text, signature, key_file)
+        return ReceiptResult(statement, res.signature, res.key_origin,
+                             _check_digest(statement, file, expected))
+    with gpg_checks(), TempGpgHome(KEYRING_PREFIX) as home:
+        origin = load_keyring(home, key_file, statement.server)
+        pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
+        # Verify the detached signature over exactly the statement we parsed (in the canonical
+        # form a cleartext signature covers), so what was checked is what is reported.
+        ok, status = home.verify_detached(canonical_text(statement_text), signature)
+    sig = only_signature(status, ok)
+    if sig.fingerprint != statement.key:
+        raise Invalid(f"signed by {sig.fingerprint}, but the receipt names key {statement.key}")
+    if sig.primary not in pinned:
+        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
+    if sig.sig_class != SIG_TEXT:
+        raise Invalid(f"signature class {sig.sig_class} is not a text signature (01)")
+    if sig.created != statement.time:
+        raise Invalid(f"signature made at {sig.created}, but the receipt says {statement.time}")
+    return ReceiptResult(statement=statement, signature=sig, key_origin=origin,
+                         checked=_check_digest(statement, file, expected))
+
+
+def _check_digest(statement: Statement, file: Path | None, expected: str | None) -> str | None:
+    """What the receipt's digest was compared with (None: nothing); Invalid on a mismatch."""
+    checked = None
+    if file is not None:
+        actual = file_digest(file, statement.algorithm)
+        if actual != statement.digest:
+            raise Invalid(f"{statement.algorithm} of {file} is {actual}, not the receipt's "
+                          f"{statement.digest}")
+        checked = f"file {file}"
+    elif expected is not None:
+        if expected != statement.digest:
+            raise Invalid(f"the receipt is for {statement.digest}, not {expected}")
+        checked = "the given digest"
+    return checked
