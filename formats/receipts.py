@@ -25,6 +25,9 @@ from typing import Any
 
 ALGORITHMS = {"sha256": 64, "sha512": 128}
 HEADER = "stampd receipt v1"
+# The SSH signature namespace (SSHSIG) of receipts and manifests signed by an SSH key (git
+# objects are signed in "git"): the workers sign in it, the client verifies in it.
+RECEIPT_NAMESPACE = "stampd"
 BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----"
 BEGIN_SIG = "-----BEGIN PGP SIGNATURE-----"
 END_SIG = "-----END PGP SIGNATURE-----"

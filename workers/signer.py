@@ -24,10 +24,10 @@ from formats.jobs import (
     TagJob,
     TimestampJob,
 )
+from formats.receipts import RECEIPT_NAMESPACE
 from formats.sshsig import SshPublicKey
 from workers.agents.gpg import AssuanConnection
 from workers.agents.ssh import SshAgentConnection
-from workers.keys.keyset import RECEIPT_NAMESPACE
 
 if TYPE_CHECKING:
     from workers import tsa

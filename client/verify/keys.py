@@ -28,9 +28,6 @@ FETCH_TIMEOUT = 10.0
 SIG_BINARY = "00"
 SIG_TEXT = "01"
 KEYRING_PREFIX = "stampd-v"
-# The SSH signature namespace of digest receipts and manifests (git objects: "git"); the
-# workers sign in it (workers.keys.keyset.RECEIPT_NAMESPACE).
-RECEIPT_NAMESPACE = "stampd"
 
 
 @contextlib.contextmanager

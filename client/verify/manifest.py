@@ -16,7 +16,6 @@ from client.verify.errors import Invalid, Malformed, Unsupported
 from client.verify.inputs import file_digest, normalise_digest
 from client.verify.keys import (
     KEYRING_PREFIX,
-    RECEIPT_NAMESPACE,
     SIG_TEXT,
     fetch_allowed_signers,
     fetch_public_key,
@@ -31,7 +30,7 @@ from client.verify.keys import (
 from formats.cleartext import BEGIN_SIGNED, canonical_text
 from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
 from formats.manifests import Header, MalformedManifest, check_lines, parse_header
-from formats.receipts import BEGIN_SIG, END_SIG, SSH_BEGIN, SSH_END
+from formats.receipts import BEGIN_SIG, END_SIG, RECEIPT_NAMESPACE, SSH_BEGIN, SSH_END
 from formats.sshsig import SshPublicKey
 
 MAX_MANIFEST = 257 * 1024 * 1024  # the server's largest body (256 MiB), its header, signature

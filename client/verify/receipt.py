@@ -19,7 +19,6 @@ from client.verify.errors import CannotCheck, Invalid, Malformed
 from client.verify.inputs import file_digest, normalise_digest, read_target
 from client.verify.keys import (
     KEYRING_PREFIX,
-    RECEIPT_NAMESPACE,
     SIG_TEXT,
     fetch_allowed_signers,
     gpg_checks,
@@ -28,7 +27,14 @@ from client.verify.keys import (
     ssh_keys_from,
 )
 from formats.cleartext import canonical_text
-from formats.receipts import SSH_BEGIN, MalformedReceipt, Statement, parse_statement, split_receipt
+from formats.receipts import (
+    RECEIPT_NAMESPACE,
+    SSH_BEGIN,
+    MalformedReceipt,
+    Statement,
+    parse_statement,
+    split_receipt,
+)
 
 MAX_RECEIPT = 64 * 1024
 

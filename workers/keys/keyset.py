@@ -33,7 +33,6 @@ SSH_TYPES = {
     "rsa": ["-t", "rsa", "-b", "3072"],
     "rsa4096": ["-t", "rsa", "-b", "4096"],
 }
-RECEIPT_NAMESPACE = "stampd"  # SSH signature namespace of digest receipts (git objects: "git")
 SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
 
 
