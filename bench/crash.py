@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,6 +152,20 @@ def _requeued(ps: ProofServer) -> int:
     return int(value) if isinstance(value, int) else 0
 
 
+def _wait_replaced(ps: ProofServer, processes: Callable[[], list[int]], count: int, victim: int,
+                   what: str) -> None:
+    """Until another process stands in ``victim``'s place (``count`` of ``processes``, the
+    victim not among them) and every worker is in /readyz again; at most 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        now = processes()
+        if len(now) == count and victim not in now and ps.ready_workers() >= ps.workers:
+            return
+        if time.monotonic() > deadline:
+            raise ProofError(f"{what} {victim} was not replaced within 60 s")
+        time.sleep(0.05)
+
+
 def inflict(ps: ProofServer, phase: Phase) -> None:
     """Kill the victim and bring back what must come back (blocking: run in a thread)."""
     t0 = time.monotonic()
@@ -167,15 +182,7 @@ def inflict(ps: ProofServer, phase: Phase) -> None:
                              f"{https}")
         phase.victim = https[0]
         os.kill(phase.victim, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while True:  # another started in its place, and the pool serves it
-            now = ps.http_pids()
-            if (len(now) == ps.api_processes and phase.victim not in now
-                    and ps.ready_workers() >= ps.workers):
-                break
-            if time.monotonic() > deadline:
-                raise ProofError(f"HTTP process {phase.victim} was not replaced within 60 s")
-            time.sleep(0.05)
+        _wait_replaced(ps, ps.http_pids, ps.api_processes, phase.victim, "HTTP process")
         phase.recovery_s = time.monotonic() - t0
         return
     before = _requeued(ps)
@@ -184,15 +191,8 @@ def inflict(ps: ProofServer, phase: Phase) -> None:
         raise ProofError(f"expected {ps.workers} {phase.fault} processes, found {pids}")
     phase.victim = pids[0]
     os.kill(phase.victim, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while True:  # the supervisor replaced it: a full set of new processes, all connected
-        now = ps.worker_pids() if phase.fault == "worker" else ps.agent_pids()
-        if (len(now) == ps.workers and phase.victim not in now
-                and ps.ready_workers() >= ps.workers):
-            break
-        if time.monotonic() > deadline:
-            raise ProofError(f"{phase.fault} {phase.victim} was not replaced within 60 s")
-        time.sleep(0.05)
+    _wait_replaced(ps, ps.worker_pids if phase.fault == "worker" else ps.agent_pids,
+                   ps.workers, phase.victim, phase.fault)
     phase.recovery_s = time.monotonic() - t0
     phase.requeued = _requeued(ps) - before
 
