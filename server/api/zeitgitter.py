@@ -148,6 +148,15 @@ def _multipart_complete(scope: Scope, body: bytes) -> bool:
     return body.startswith(close) or b"\r\n" + close in body
 
 
+def _replay(body: bytes) -> Receive:
+    """A ``receive`` that hands over ``body``, already read, as one message."""
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
 async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Fields:
     """Read and parse a form body within the size and time limits."""
     mtype, body = await read_body(scope, receive, settings, (URLENCODED, MULTIPART))
@@ -160,8 +169,8 @@ async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Field
     else:
         if not _multipart_complete(scope, body):
             raise BadRequest("malformed multipart body")
-        request = Request(scope)
-        request._body = body  # Starlette parses the cached body
+        # Starlette's parser reads the body already held through the request's receive.
+        request = Request(scope, _replay(body))
         try:
             form = await request.form(max_files=0, max_fields=MAX_FIELDS)
         except Exception:
