@@ -155,7 +155,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
                                       (URLENCODED, JSON))
         req, choice = parse_digest_body(ctype, body)
         key = choose_key(s.keys, *key_fields(choice))
-        statement, receipt = await s.stamper.receipt(req, key)
+        statement, receipt = await s.stamper.stamp(req, key)
         s.stats.request("digest", 200)
         if wants_json(request):
             return JSONResponse({**statement.as_json(), "receipt": receipt})
@@ -173,7 +173,7 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         body = await read_manifest(request.scope, request.receive, s.settings)
         req = await asyncio.to_thread(manifest_request, body)
         del body
-        text = await s.stamper.manifest(req, key)
+        text = await s.stamper.stamp(req, key)
         s.stats.request("manifest", 200)
         return PlainTextResponse(text)
 

@@ -57,8 +57,8 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
         if tsa.require_clock_sync and clock_synchronised() is False:
             raise ClockUnsynchronised("the server's clock is not synchronised; retry later")
         req = TimestampRequest(query.hash_algorithm, query.digest.hex(), query.nonce,
-                               query.cert_req)
-        token = await s.stamper.timestamp(req, tsa.key, tsa.policy, tsa.accuracy)
+                               query.cert_req, tsa.policy, tsa.accuracy)
+        token = await s.stamper.stamp(req, tsa.key)
     except StampError as e:
         s.stats.request("tsa", await send_tsa_error(scope, send, e))
         return
