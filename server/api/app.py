@@ -26,7 +26,7 @@ from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.services import Services
 from server.api.siblings import Siblings
-from server.api.tsa import add_tsa_routes
+from server.api.timestamps import add_timestamp_routes
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
@@ -39,7 +39,7 @@ from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
-from server.stamping.tsa import Tsa, TsaSource
+from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from workers.keys.keyset import ServedKey, allowed_signers
 
@@ -155,5 +155,5 @@ def create_app(
     add_health_routes(app, services)
     add_metrics_route(app, services)
     add_docs_routes(app, services)
-    add_tsa_routes(app, services)
+    add_timestamp_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -24,7 +24,7 @@ from server.api.body import read_body
 from server.api.errors import NOSNIFF, reason, send_plain, status_of
 from server.api.httpproto import respond
 from server.api.services import Services
-from server.api.tsa import TSA_PATH, is_timestamp_query, serve_timestamp
+from server.api.timestamps import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.errors import (
     BadRequest,
     InvalidCommitId,
@@ -215,8 +215,9 @@ def _headless(send: Send) -> Send:
 
 class ZeitgitterPost:
     """Raw ASGI handler for ``POST /`` (the hot path; RFC 3161 requests, told apart by their
-    Content-Type, and ``POST /tsr`` go to `server.api.tsa`), in front of the FastAPI app; every
-    HTTP response, its own and the app's, gets ``X-Content-Type-Options: nosniff``."""
+    Content-Type, and ``POST /tsr`` go to `server.api.timestamps`), in front of the FastAPI
+    app; every HTTP response, its own and the app's, gets ``X-Content-Type-Options:
+    nosniff``."""
 
     def __init__(self, app: ASGIApp, services: Callable[[], Services]) -> None:
         self.app = app

@@ -1,18 +1,19 @@
 """The requests the service accepts, validated: each knows its kind, its journal row, the job
 that signs it and what the signed job answers, so that nothing else branches on what kind of
 request it is. Every kind has one interface, `Request`: the `Stamper` has one path for all.
+(The RFC 3161 request, `server.stamping.timestamps.TimestampRequest`, lives with the rest of
+the time-stamping authority.)
 """
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
-from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob, TimestampJob
+from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob
 from formats.manifests import Manifest, buckets
 from formats.receipts import Statement
 from server.errors import BadRequest, MalformedAnswer
@@ -160,41 +161,6 @@ class DigestRequest:
                 ) -> Outcome[tuple[Statement, str]]:
         """The statement and the signed receipt, which is stored."""
         return Outcome((self.statement(ctx), signed), stored=signed)
-
-
-@dataclass(frozen=True)
-class TimestampRequest:
-    """An RFC 3161 ``TimeStampReq``, checked (`formats.tsp.parse_request`): a token for
-    a message imprint, under the TSA's ``policy`` and ``accuracy``. Its imprint is journalled
-    and logged like a digest stamp's."""
-
-    kind: ClassVar[str] = "tsa"
-    noun: ClassVar[str] = "token"
-    algorithm: str
-    digest: str  # lowercase hex
-    nonce: int | None
-    cert_req: bool
-    policy: str
-    accuracy: int | None
-
-    def journal_fields(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm, "digest": self.digest}
-
-    def digest_buckets(self) -> None:
-        return None
-
-    def job(self, ctx: StampContext) -> TimestampJob:
-        """The token's serial number is the journal row's serial, its genTime the journal
-        time."""
-        return TimestampJob(hash_algorithm=self.algorithm, digest=self.digest,
-                            serial=ctx.serial, time=ctx.time, policy=self.policy,
-                            accuracy=self.accuracy,
-                            nonce=None if self.nonce is None else str(self.nonce),
-                            cert_req=self.cert_req)
-
-    def outcome(self, ctx: StampContext, job: TimestampJob, signed: str) -> Outcome[bytes]:
-        """The token (CMS ContentInfo, DER; the worker sends it in base64)."""
-        return Outcome(base64.b64decode(signed))
 
 
 @dataclass(frozen=True)
