@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import db
-from server.api.digests import add_digest_routes
 from server.api.health import add_health_routes
 from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
@@ -27,6 +26,7 @@ from server.api.publish import add_log_routes
 from server.api.services import Services
 from server.api.siblings import Siblings
 from server.api.timestamps import add_timestamp_routes
+from server.api.v1 import add_v1_routes
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
@@ -150,7 +150,7 @@ def create_app(
     app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     add_zeitgitter_routes(app, services)
-    add_digest_routes(app, services)
+    add_v1_routes(app, services)
     add_log_routes(app, settings.log_repo)
     add_health_routes(app, services)
     add_metrics_route(app, services)
