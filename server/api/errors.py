@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import Scope, Send
@@ -85,6 +85,14 @@ async def send_plain(scope: Scope, send: Send, exc: StampError) -> int:
     headers += [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
     await respond(scope, send, status, headers, body)
     return status
+
+
+def plain(exc: StampError) -> PlainTextResponse:
+    """The same answer as `send_plain`, as a response of the app (``GET /``, ``GET
+    /tsa.pem``)."""
+    status, _ = status_of(exc, "zeitgitter")
+    return PlainTextResponse(reason(exc) + "\n", status_code=status,
+                             headers=_retry_after(exc) or None)
 
 
 def problem(exc: StampError) -> JSONResponse:

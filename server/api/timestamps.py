@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from formats import tsp
 from server.api.body import content_type, read_body
-from server.api.errors import send_tsa_error, send_tsa_reply
+from server.api.errors import plain, send_tsa_error, send_tsa_reply
 from server.api.services import Services
 from server.errors import BadRequest, NotFound, StampError
 from server.stamping.timestamps import timestamp_request
@@ -73,8 +73,7 @@ def add_timestamp_routes(app: FastAPI, services: Callable[[], Services]) -> None
     async def tsa_pem() -> Response:
         tsa = services().tsa
         if tsa is None:
-            return PlainTextResponse("RFC 3161 time-stamping is off on this server\n",
-                                     status_code=404)
+            return plain(NotFound("RFC 3161 time-stamping is off on this server"))
         return Response(tsa.chain_pem, media_type=PEM_CHAIN)
 
     @app.post(TSA_PATH)

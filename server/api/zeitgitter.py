@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api import status
 from server.api.body import read_body
-from server.api.errors import NOSNIFF, reason, send_plain, status_of
+from server.api.errors import NOSNIFF, plain, send_plain
 from server.api.httpproto import respond
 from server.api.services import Services
 from server.api.timestamps import TSA_PATH, is_timestamp_query, serve_timestamp
@@ -273,10 +273,5 @@ def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> Non
                 "Zeitgitter protocol v1: POST request=stamp-tag-v1 | stamp-branch-v1\n"
             )
         if requests != [GET_PUBLIC_KEY]:
-            return _plain(UnknownRequest("unknown request type"))
+            return plain(UnknownRequest("unknown request type"))
         return Response(s.key.public, media_type=PGP_KEYS)
-
-
-def _plain(exc: StampError) -> Response:
-    status_code, _ = status_of(exc, "zeitgitter")
-    return PlainTextResponse(reason(exc) + "\n", status_code=status_code)
