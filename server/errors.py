@@ -74,6 +74,15 @@ class SigningFailed(Unavailable):
     """Every attempt to sign a stamp failed (workers or agents died, or timed out)."""
 
 
+class MalformedAnswer(SigningFailed):
+    """A worker's signed answer is not what its job asked for (``detail`` says how); the
+    client is told only that it was malformed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("the worker's answer was malformed")
+        self.detail = detail
+
+
 class JournalError(Unavailable):
     """The journal could not record the request durably."""
 

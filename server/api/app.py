@@ -19,14 +19,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import db
-from server.api.digests import add_digest_routes
 from server.api.health import add_health_routes
 from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.services import Services
 from server.api.siblings import Siblings
-from server.api.tsa import add_tsa_routes
+from server.api.timestamps import add_timestamp_routes
+from server.api.v1 import add_v1_routes
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
@@ -39,7 +39,7 @@ from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
-from server.stamping.tsa import Tsa, TsaSource
+from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from workers.keys.keyset import ServedKey, allowed_signers
 
@@ -150,10 +150,10 @@ def create_app(
     app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     add_zeitgitter_routes(app, services)
-    add_digest_routes(app, services)
+    add_v1_routes(app, services)
     add_log_routes(app, settings.log_repo)
     add_health_routes(app, services)
     add_metrics_route(app, services)
     add_docs_routes(app, services)
-    add_tsa_routes(app, services)
+    add_timestamp_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -9,10 +9,15 @@ status is ``rejection`` (``systemFailure`` for a 503, else ``badDataFormat``). A
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Callable, Coroutine, Mapping
+from http import HTTPStatus
+from typing import Any, Literal
 
-from fastapi.responses import JSONResponse
+from fastapi import Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.types import Scope, Send
 
 from formats import tsp
@@ -82,6 +87,14 @@ async def send_plain(scope: Scope, send: Send, exc: StampError) -> int:
     return status
 
 
+def plain(exc: StampError) -> PlainTextResponse:
+    """The same answer as `send_plain`, as a response of the app (``GET /``, ``GET
+    /tsa.pem``)."""
+    status, _ = status_of(exc, "zeitgitter")
+    return PlainTextResponse(reason(exc) + "\n", status_code=status,
+                             headers=_retry_after(exc) or None)
+
+
 def problem(exc: StampError) -> JSONResponse:
     """The ``/v1`` answer: RFC 9457 problem details."""
     status, title = status_of(exc, "v1")
@@ -98,6 +111,37 @@ def problem_response(status: int, title: str, detail: object,
     body: dict[str, object] = {"type": "about:blank", "title": title, "status": status,
                                "detail": detail, **extra}
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def problem_route(on_problem: Callable[[int], None]) -> type[APIRoute]:
+    """The route class of the ``/v1`` API: a domain error its handler raises is answered as
+    problem+json (mapped here, once), and ``on_problem`` is told the status sent."""
+
+    class ProblemRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def handle(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except StampError as e:
+                    on_problem(status_of(e, "v1")[0])
+                    return problem(e)
+
+            return handle
+
+    return ProblemRoute
+
+
+async def routing_problem(request: Request, exc: Exception) -> Response:
+    """A ``/v1`` path that names no resource (404) or a method it does not take (405, with
+    ``Allow``) is answered as problem+json too; other paths as FastAPI does."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if path != "/v1" and not path.startswith("/v1/"):
+        return await http_exception_handler(request, exc)
+    return problem_response(exc.status_code, HTTPStatus(exc.status_code).phrase, exc.detail,
+                            exc.headers)
 
 
 def _failure_of(exc: StampError) -> str:

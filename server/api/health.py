@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from server.api.services import Services
 from server.api.siblings import Sibling
-from server.stamping.tsa import clock_synchronised
+from server.stamping.timestamps import clock_synchronised
 
 
 def _ping(engine: Engine) -> None:

@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope
 
 from formats.manifests import MalformedManifest, parse_body
 from server.api.body import checked_length, content_type
+from server.api.services import Services
 from server.errors import (
     BadManifest,
     BadRequest,
     BodyTooLarge,
+    NotFound,
     RequestTimeout,
     UnsupportedMediaType,
 )
 from server.settings import Settings
-from server.stamping.requests import ManifestRequest
+from server.stamping.queries import signed_manifest
+from server.stamping.requests import ManifestRequest, choose_key, key_fields
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
@@ -76,3 +82,32 @@ def manifest_request(body: bytes) -> ManifestRequest:
         if not e.count:  # no line to name (an empty body)
             raise BadRequest(str(e)) from None
         raise BadManifest(str(e), e.bad, e.count) from None
+
+
+def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> None:
+    @router.post("/v1/manifests")
+    async def stamp_manifest(request: Request) -> Response:
+        """A manifest (sha256sum/sha512sum output) signed with one signature: the server's
+        header lines (``#`` comments to ``sha256sum -c``), then the lines as sent."""
+        s = services()
+        fmt, fingerprint = key_fields({k: request.query_params.getlist(k)
+                                       for k in ("format", "key")
+                                       if k in request.query_params})
+        key = choose_key(s.keys, fmt, fingerprint)
+        body = await read_manifest(request.scope, request.receive, s.settings)
+        req = await asyncio.to_thread(manifest_request, body)
+        del body
+        text = await s.stamper.stamp(req, key)
+        s.stats.request("manifest", 200)
+        return PlainTextResponse(text)
+
+    @router.get("/v1/manifests/{serial}")
+    async def get_manifest(serial: str) -> Response:
+        """A signed manifest again, by its serial."""
+        s = services()
+        if not (serial.isascii() and serial.isdigit() and len(serial) <= 18):
+            raise BadRequest("a serial is a whole number")
+        text = await asyncio.to_thread(signed_manifest, s.engine, int(serial))
+        if text is None:
+            raise NotFound(f"no signed manifest {serial}")
+        return PlainTextResponse(text)

@@ -30,8 +30,8 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
 from formats.manifests import MAX_LINE, line_regex
 from formats.receipts import ALGORITHMS
-from server.api.digests import PAGE_MAX
 from server.api.services import Services
+from server.api.stamps import PAGE_MAX
 from workers.keys.keyset import ServedKey
 
 Json = dict[str, Any]

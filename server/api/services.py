@@ -14,7 +14,7 @@ from server.log.peers import CrossStamper
 from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
-from server.stamping.tsa import Tsa, TsaSource
+from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from workers.keys.keyset import ServedKey
 

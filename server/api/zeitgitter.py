@@ -21,10 +21,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api import status
 from server.api.body import read_body
-from server.api.errors import NOSNIFF, reason, send_plain, status_of
+from server.api.errors import NOSNIFF, plain, send_plain
 from server.api.httpproto import respond
 from server.api.services import Services
-from server.api.tsa import TSA_PATH, is_timestamp_query, serve_timestamp
+from server.api.timestamps import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.errors import (
     BadRequest,
     InvalidCommitId,
@@ -148,6 +148,15 @@ def _multipart_complete(scope: Scope, body: bytes) -> bool:
     return body.startswith(close) or b"\r\n" + close in body
 
 
+def _replay(body: bytes) -> Receive:
+    """A ``receive`` that hands over ``body``, already read, as one message."""
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
 async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Fields:
     """Read and parse a form body within the size and time limits."""
     mtype, body = await read_body(scope, receive, settings, (URLENCODED, MULTIPART))
@@ -160,8 +169,8 @@ async def read_form(scope: Scope, receive: Receive, settings: Settings) -> Field
     else:
         if not _multipart_complete(scope, body):
             raise BadRequest("malformed multipart body")
-        request = Request(scope)
-        request._body = body  # Starlette parses the cached body
+        # Starlette's parser reads the body already held through the request's receive.
+        request = Request(scope, _replay(body))
         try:
             form = await request.form(max_files=0, max_fields=MAX_FIELDS)
         except Exception:
@@ -206,8 +215,9 @@ def _headless(send: Send) -> Send:
 
 class ZeitgitterPost:
     """Raw ASGI handler for ``POST /`` (the hot path; RFC 3161 requests, told apart by their
-    Content-Type, and ``POST /tsr`` go to `server.api.tsa`), in front of the FastAPI app; every
-    HTTP response, its own and the app's, gets ``X-Content-Type-Options: nosniff``."""
+    Content-Type, and ``POST /tsr`` go to `server.api.timestamps`), in front of the FastAPI
+    app; every HTTP response, its own and the app's, gets ``X-Content-Type-Options:
+    nosniff``."""
 
     def __init__(self, app: ASGIApp, services: Callable[[], Services]) -> None:
         self.app = app
@@ -263,10 +273,5 @@ def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> Non
                 "Zeitgitter protocol v1: POST request=stamp-tag-v1 | stamp-branch-v1\n"
             )
         if requests != [GET_PUBLIC_KEY]:
-            return _plain(UnknownRequest("unknown request type"))
+            return plain(UnknownRequest("unknown request type"))
         return Response(s.key.public, media_type=PGP_KEYS)
-
-
-def _plain(exc: StampError) -> Response:
-    status_code, _ = status_of(exc, "zeitgitter")
-    return PlainTextResponse(reason(exc) + "\n", status_code=status_code)

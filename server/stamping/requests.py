@@ -1,18 +1,70 @@
-"""The requests the service accepts, validated: each knows its kind, its journal row and the
-job that signs it, so that nothing else branches on what kind of request it is."""
+"""The requests the service accepts, validated: each knows its kind, its journal row, the job
+that signs it and what the signed job answers, so that nothing else branches on what kind of
+request it is. Every kind has one interface, `Request`: the `Stamper` has one path for all.
+(The RFC 3161 request, `server.stamping.timestamps.TimestampRequest`, lives with the rest of
+the time-stamping authority.)
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
-from formats.jobs import CommitJob, ManifestJob, ReceiptJob, TagJob, TimestampJob
+from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob
 from formats.manifests import Manifest, buckets
-from server.errors import BadRequest
+from formats.receipts import Statement
+from server.errors import BadRequest, MalformedAnswer
 from workers.keys.keyset import ServedKey
+
+J = TypeVar("J", bound=Job)  # the job a request kind builds
+A_co = TypeVar("A_co", covariant=True)  # what its stamp answers
+
+
+@dataclass(frozen=True)
+class StampContext:
+    """What a request's job needs besides the request: the journal's time and serial of its
+    row, the key that signs it, and the server's public URL."""
+
+    time: int
+    serial: int
+    key: ServedKey
+    url: str
+
+    @property
+    def uid(self) -> str | None:
+        """The user id a git object names, for keys that carry none of their own (SSH)."""
+        return None if self.key.format == "openpgp" else self.key.uid
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[A_co]):
+    """What a signed job answers, and what the journal records of it: a git object's id, with
+    the next group commit; or the signed text itself (``stored``), committed before the answer
+    goes out (so that a GET finds it from then on)."""
+
+    answer: A_co
+    object_id: str | None = None
+    stored: str | None = None
+
+
+class Request(Protocol[J, A_co]):
+    """The interface of every request kind."""
+
+    kind: ClassVar[str]  # the journal row's kind, and the metrics' label
+    noun: ClassVar[str]  # what its answer is called (in errors)
+
+    def journal_fields(self) -> dict[str, Any]: ...
+
+    def digest_buckets(self) -> list[tuple[int, bytes]] | None: ...
+
+    def job(self, ctx: StampContext) -> J: ...
+
+    def outcome(self, ctx: StampContext, job: J, signed: str) -> Outcome[A_co]:
+        """The answer from the worker's signed text; `MalformedAnswer` if it is not one."""
+        ...
 
 
 def _message(commit: str, url: str, t: int) -> str:
@@ -27,6 +79,7 @@ class TagRequest:
     repository; 64: a SHA-256 one)."""
 
     kind: ClassVar[str] = "tag"
+    noun: ClassVar[str] = "tag"
     commit: str
     tagname: str
 
@@ -40,9 +93,13 @@ class TagRequest:
     def digest_buckets(self) -> None:
         return None
 
-    def job(self, t: int, url: str, uid: str | None) -> TagJob:
-        return TagJob(self.commit, self.tagname, t, _message(self.commit, url, t), uid,
-                      self.object_format)
+    def job(self, ctx: StampContext) -> TagJob:
+        return TagJob(self.commit, self.tagname, ctx.time, _message(self.commit, ctx.url, ctx.time),
+                      ctx.uid, self.object_format)
+
+    def outcome(self, ctx: StampContext, job: TagJob, signed: str) -> Outcome[str]:
+        """The signed tag; its object id is journalled."""
+        return Outcome(signed, object_id=job.object_id(signed.encode("ascii")))
 
 
 @dataclass(frozen=True)
@@ -52,6 +109,7 @@ class BranchRequest:
     (a SHA-256 one)."""
 
     kind: ClassVar[str] = "branch"
+    noun: ClassVar[str] = "commit"
     commit: str
     tree: str
     parent: str | None = None
@@ -66,10 +124,14 @@ class BranchRequest:
     def digest_buckets(self) -> None:
         return None
 
-    def job(self, t: int, url: str, uid: str | None) -> CommitJob:
+    def job(self, ctx: StampContext) -> CommitJob:
         parents = (self.parent, self.commit) if self.parent else (self.commit,)
-        return CommitJob(self.tree, parents, t, _message(self.commit, url, t), uid,
-                         self.object_format)
+        return CommitJob(self.tree, parents, ctx.time, _message(self.commit, ctx.url, ctx.time),
+                         ctx.uid, self.object_format)
+
+    def outcome(self, ctx: StampContext, job: CommitJob, signed: str) -> Outcome[str]:
+        """The signed commit; its object id is journalled."""
+        return Outcome(signed, object_id=job.object_id(signed.encode("ascii")))
 
 
 @dataclass(frozen=True)
@@ -77,6 +139,7 @@ class DigestRequest:
     """``POST /v1/stamps``: a receipt for a sha256 or sha512 digest."""
 
     kind: ClassVar[str] = "digest"
+    noun: ClassVar[str] = "receipt"
     algorithm: str
     digest: str
 
@@ -86,32 +149,18 @@ class DigestRequest:
     def digest_buckets(self) -> None:
         return None
 
-    def job(self, t: int, statement: str) -> ReceiptJob:
-        return ReceiptJob(statement, t)
+    def statement(self, ctx: StampContext) -> Statement:
+        """What the receipt states (`formats.receipts`)."""
+        return Statement(algorithm=self.algorithm, digest=self.digest, time=ctx.time,
+                         server=ctx.url, serial=ctx.serial, key=ctx.key.fingerprint)
 
+    def job(self, ctx: StampContext) -> ReceiptJob:
+        return ReceiptJob(self.statement(ctx).text(), ctx.time)
 
-@dataclass(frozen=True)
-class TimestampRequest:
-    """An RFC 3161 ``TimeStampReq``, checked (`formats.tsp.parse_request`): a token for
-    a message imprint. Its imprint is journalled and logged like a digest stamp's."""
-
-    kind: ClassVar[str] = "tsa"
-    algorithm: str
-    digest: str  # lowercase hex
-    nonce: int | None
-    cert_req: bool
-
-    def journal_fields(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm, "digest": self.digest}
-
-    def digest_buckets(self) -> None:
-        return None
-
-    def job(self, t: int, serial: int, policy: str, accuracy: int | None) -> TimestampJob:
-        return TimestampJob(hash_algorithm=self.algorithm, digest=self.digest, serial=serial,
-                            time=t, policy=policy, accuracy=accuracy,
-                            nonce=None if self.nonce is None else str(self.nonce),
-                            cert_req=self.cert_req)
+    def outcome(self, ctx: StampContext, job: ReceiptJob, signed: str
+                ) -> Outcome[tuple[Statement, str]]:
+        """The statement and the signed receipt, which is stored."""
+        return Outcome((self.statement(ctx), signed), stored=signed)
 
 
 @dataclass(frozen=True)
@@ -121,6 +170,7 @@ class ManifestRequest:
     transaction (built here, before the journal's thread sees them)."""
 
     kind: ClassVar[str] = "manifest"
+    noun: ClassVar[str] = "manifest"
     manifest: Manifest
     _buckets: list[tuple[int, bytes]] = field(init=False, repr=False, compare=False)
 
@@ -137,12 +187,21 @@ class ManifestRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_buckets", buckets(self.manifest.digests))
 
-    def job(self, t: int, url: str, serial: int, key: str) -> ManifestJob:
-        return ManifestJob(self.manifest.algorithm, t, url, serial, key, self.manifest.text)
+    def job(self, ctx: StampContext) -> ManifestJob:
+        return ManifestJob(self.manifest.algorithm, ctx.time, ctx.url, ctx.serial,
+                           ctx.key.fingerprint, self.manifest.text)
+
+    def outcome(self, ctx: StampContext, job: ManifestJob, signed: str) -> Outcome[str]:
+        """The signed manifest (the header lines, the lines as sent, one signature), which is
+        stored."""
+        try:
+            text = job.signed(signed)
+        except ValueError as e:
+            raise MalformedAnswer(str(e)) from e
+        return Outcome(text, stored=text)
 
 
 GitRequest = TagRequest | BranchRequest
-Request = TagRequest | BranchRequest | DigestRequest | TimestampRequest | ManifestRequest
 
 
 def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None) -> ServedKey:

@@ -1,34 +1,33 @@
-"""The stamping path every front end shares: record the request durably, then have a worker
-holding the chosen key sign it, then record the outcome.
+"""The stamping path every front end shares, one for every kind of request: record the request
+durably, then have a worker holding the chosen key sign its job, then record the outcome.
 
     request ──> Journal.record (committed) ──> Dispatcher.sign (a worker) ──> Journal.signed
+                                 request.job(context)         request.outcome(context, job, text)
+
+What differs between kinds (the job, the answer, whether the signed text is stored before the
+answer goes out) is each request's own (`server.stamping.requests.Request`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from formats.jobs import Job
-from formats.receipts import Statement
 from server.dispatch import Dispatcher, Signed
-from server.errors import JournalError, SigningFailed, StampError, Unavailable
+from server.errors import JournalError, MalformedAnswer, StampError, Unavailable
 from server.stamping.journal import Journal
-from server.stamping.requests import (
-    DigestRequest,
-    GitRequest,
-    ManifestRequest,
-    Request,
-    TimestampRequest,
-)
+from server.stamping.requests import Request, StampContext
 from workers.keys.keyset import ServedKey
 
 log = logging.getLogger(__name__)
 
 # Seconds a failed stamp's answer waits for its outcome to be committed (see Stamper._failed).
 FAILURE_WRITE_TIMEOUT = 5.0
+
+A = TypeVar("A")
 
 
 class Stamper:
@@ -41,10 +40,6 @@ class Stamper:
         self.public_url = public_url
         self.request_timeout = request_timeout
         self.clock = clock
-
-    async def _record(self, req: Request, key: ServedKey) -> tuple[int, int]:
-        t = int(self.clock())
-        return await self.journal.record(req, t, None if key.primary else key.id), t
 
     async def _sign(self, stamp_id: int, job: Job, key: ServedKey) -> Signed:
         try:
@@ -85,48 +80,24 @@ class Stamper:
             log.warning("failure of stamp %d not recorded within %.0f s", stamp_id,
                         FAILURE_WRITE_TIMEOUT, extra={"stamp_id": stamp_id})
 
-    async def stamp(self, req: GitRequest, key: ServedKey | None = None) -> str:
-        """A signed git tag or commit for a Zeitgitter request."""
+    async def stamp(self, req: Request[Any, A], key: ServedKey | None = None) -> A:
+        """The signed answer to ``req`` (a git tag or commit, a receipt and its statement, a
+        manifest, an RFC 3161 token), signed with ``key`` (the primary key if none). The
+        request is committed before it is signed; a receipt's or manifest's signed text is
+        committed before it is returned."""
         key = key or self.keys[0]
-        stamp_id, t = await self._record(req, key)
-        uid = None if key.format == "openpgp" else key.uid
-        job = req.job(t, self.public_url, uid)
-        signed = await self._sign(stamp_id, job, key)
-        self.journal.signed(stamp_id, signed.worker, signed.attempts,
-                            job.object_id(signed.text.encode("ascii")))
-        return signed.text
-
-    async def receipt(self, req: DigestRequest, key: ServedKey | None = None
-                      ) -> tuple[Statement, str]:
-        """A signed receipt for a digest; returned once the receipt itself is stored."""
-        key = key or self.keys[0]
-        stamp_id, t = await self._record(req, key)
-        statement = Statement(algorithm=req.algorithm, digest=req.digest, time=t,
-                              server=self.public_url, serial=stamp_id, key=key.fingerprint)
-        signed = await self._sign(stamp_id, req.job(t, statement.text()), key)
-        await self._store(stamp_id, signed, signed.text, "receipt")
-        return statement, signed.text
-
-    async def manifest(self, req: ManifestRequest, key: ServedKey | None = None) -> str:
-        """The signed manifest: journalled (the stamp and its digests, one transaction), then
-        signed by one worker with one signature; returned once it is stored."""
-        key = key or self.keys[0]
-        stamp_id, t = await self._record(req, key)
-        job = req.job(t, self.public_url, stamp_id, key.fingerprint)
+        t = int(self.clock())
+        stamp_id = await self.journal.record(req, t, None if key.primary else key.id)
+        ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
+        job = req.job(ctx)
         signed = await self._sign(stamp_id, job, key)
         try:
-            text = job.signed(signed.text)
-        except ValueError as e:
-            await self._failed(stamp_id, f"malformed answer: {e}")
-            raise SigningFailed("the worker's answer was malformed") from e
-        await self._store(stamp_id, signed, text, "manifest")
-        return text
-
-    async def timestamp(self, req: TimestampRequest, key: ServedKey, policy: str,
-                        accuracy: int | None) -> bytes:
-        """An RFC 3161 token (CMS ContentInfo, DER) for ``req``, signed by the TSA ``key``:
-        its serial number is the journal row's id and its genTime the journal time."""
-        stamp_id, t = await self._record(req, key)
-        signed = await self._sign(stamp_id, req.job(t, stamp_id, policy, accuracy), key)
-        self.journal.signed(stamp_id, signed.worker, signed.attempts, None)
-        return base64.b64decode(signed.text)
+            outcome = req.outcome(ctx, job, signed.text)
+        except MalformedAnswer as e:
+            await self._failed(stamp_id, f"malformed answer: {e.detail}")
+            raise
+        if outcome.stored is None:
+            self.journal.signed(stamp_id, signed.worker, signed.attempts, outcome.object_id)
+        else:
+            await self._store(stamp_id, signed, outcome.stored, req.noun)
+        return outcome.answer

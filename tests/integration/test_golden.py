@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from formats.jobs import decode_frame, job_frame
-from server.stamping.requests import BranchRequest, TagRequest
+from server.stamping.requests import BranchRequest, StampContext, TagRequest
 from tests.helpers import (
     DATA,
     TEST_FPR,
@@ -24,11 +24,15 @@ from tests.helpers import (
     verify_stamp,
     verify_stamps,
 )
+from workers.keys.keyset import PRIMARY, ServedKey
 from workers.loop import sign_many
 from workers.signer import OpenPgpSigner
 
 T = 1795400000  # after the test key was made (gpg rejects older signatures)
 URL = "http://127.0.0.1:8080/"
+# What a stamp's job is built with: the test key (OpenPGP: its own user id), at time T.
+CTX = StampContext(T, 1, ServedKey(PRIMARY, "openpgp", TEST_FPR, "eddsa (ed25519)", "pub",
+                                   TEST_UID, primary=True), URL)
 C = "0123456789abcdef0123456789abcdef01234567"
 TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 P = "fedcba9876543210fedcba9876543210fedcba98"
@@ -49,7 +53,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_vector(openpgp_signer: OpenPgpSigner, name: str, tmp_path: Path) -> None:
-    text = openpgp_signer.build(CASES[name].job(T, URL, None))
+    text = openpgp_signer.build(CASES[name].job(CTX))
     golden = DATA / f"golden-{name}.txt"
     if os.environ.get("STAMPD_WRITE_GOLDEN") == "1":
         golden.write_text(text)
@@ -64,7 +68,7 @@ def test_a_batch_is_signed_in_one_round_trip_byte_exactly(
     """A worker signs every job that has arrived with one agent round trip: each answer is
     the golden vector of its job, in order, and a malformed job among them is refused alone."""
     names = sorted(CASES)
-    messages = [decode_frame(job_frame(10 + i, CASES[name].job(T, URL, None))[4:])
+    messages = [decode_frame(job_frame(10 + i, CASES[name].job(CTX))[4:])
                 for i, name in enumerate(names)]
     messages.insert(2, {"id": 99, "op": "tag", "commit": "not hex", "tagname": "x",
                         "time": T, "message": "m\n"})
@@ -125,7 +129,7 @@ def test_golden_sha256_objects_pass_git(tmp_path: Path) -> None:
         oid = subprocess.run(["git", "--git-dir", str(repo), "hash-object", "-t", kind, "-w",
                               "--literally", "--stdin"], input=blob, capture_output=True,
                              check=True, timeout=30).stdout.decode().strip()
-        job = CASES[name].job(T, URL, None)
+        job = CASES[name].job(CTX)
         assert oid == job.object_id(blob) and len(oid) == 64
         r = subprocess.run(["git", "--git-dir", str(repo), f"verify-{kind}", "--raw", oid],
                            capture_output=True, text=True, env=env, timeout=30, check=False)

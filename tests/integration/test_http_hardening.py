@@ -389,7 +389,7 @@ def test_a_failed_stamp_is_committed_as_failed_before_the_error_is_raised(
             if kind == "tag":
                 await stamper.stamp(TagRequest("a" * 40, "v1"))
             else:
-                await stamper.receipt(DigestRequest("sha256", "b" * 64))
+                await stamper.stamp(DigestRequest("sha256", "b" * 64))
         except (StampError, RuntimeError) as e:
             # Read at once, before this coroutine yields: the event loop can run no journal
             # write or timer in between; only what `_failed` awaited is committed.

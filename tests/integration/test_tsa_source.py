@@ -18,7 +18,7 @@ from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
 from server.signing_keys import register_certificates, registered_certificates
-from server.stamping.tsa import RETRY_EVERY, TsaSource
+from server.stamping.timestamps import RETRY_EVERY, TsaSource
 from workers.keys.keyset import ServedKey
 from workers.tsa import TSA_CHAIN_FILE
 

@@ -32,7 +32,7 @@ from schemathesis.hooks import HookContext
 from schemathesis.schemas import BaseSchema
 
 from server.api.app import create_app
-from server.api.digests import PAGE_MAX
+from server.api.stamps import PAGE_MAX
 from server.settings import Settings
 from tests.helpers import Server, seed_data_dir, start_server
 

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from server.api.errors import problem, status_of
+from server.api.errors import plain, problem, status_of
 from server.errors import (
     BadRequest,
     BodyTooLarge,
     InvalidTagName,
     JournalError,
     LengthRequired,
+    MalformedAnswer,
     NotFound,
     PeerError,
     QueueFull,
@@ -33,6 +34,7 @@ from server.errors import (
     (PeerError("x"), 502, 502),
     (QueueFull("x"), 503, 503),
     (JournalError("x"), 503, 503),
+    (MalformedAnswer("x"), 503, 503),
     (StampError("x"), 500, 500),
 ])
 def test_status_in_each_dialect(exc: StampError, zeitgitter: int, v1: int) -> None:
@@ -48,3 +50,11 @@ def test_problem_details_and_retry_after() -> None:
     assert json.loads(bytes(r.body)) == {"type": "about:blank", "title": "Service Unavailable",
                                          "status": 503, "detail": "too many"}
     assert "retry-after" not in problem(BadRequest("no")).headers
+
+
+def test_plain_answers_of_the_app() -> None:
+    r = plain(NotFound("RFC 3161 time-stamping is off on this server"))
+    assert (r.status_code, r.body) == (404, b"RFC 3161 time-stamping is off on this server\n")
+    assert r.headers["content-type"] == "text/plain; charset=utf-8"
+    assert "retry-after" not in r.headers
+    assert plain(QueueFull("busy")).headers["retry-after"] == "2"

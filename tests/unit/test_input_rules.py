@@ -18,7 +18,7 @@ import pytest
 
 from server import db
 from server.api.body import content_type
-from server.api.digests import JSON, URLENCODED, parse_digest_body
+from server.api.stamps import JSON, URLENCODED, parse_digest_body
 from server.api.zeitgitter import parse_stamp_request
 from server.errors import BadRequest, InvalidTagName
 from server.stamping.requests import TagRequest

@@ -25,9 +25,26 @@ from formats.jobs import (
     frame,
     job_frame,
 )
-from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
+from formats.manifests import parse_body
+from formats.receipts import Statement
+from server.errors import MalformedAnswer
+from server.stamping.requests import (
+    BranchRequest,
+    DigestRequest,
+    ManifestRequest,
+    StampContext,
+    TagRequest,
+)
+from workers.keys.keyset import PRIMARY, ServedKey
 
 C, T, P = "c" * 40, "e" * 40, "a" * 40
+OPENPGP = ServedKey(PRIMARY, "openpgp", "F" * 40, "eddsa (ed25519)", "pub", "K <k@v>",
+                    primary=True)
+SSH = ServedKey("ssh-ed25519", "ssh", "SHA256:x", "ssh-ed25519", "ssh-ed25519 AAAA", "U <u@v>")
+
+
+def ctx(t: int = 0, url: str = "u", key: ServedKey = OPENPGP, serial: int = 1) -> StampContext:
+    return StampContext(time=t, serial=serial, key=key, url=url)
 JOBS = [
     TagJob(C, "v1", 1_700_000_000, "msg\n"),
     TagJob(C, "v1", 1_700_000_000, "msg\n", uid="X <x@y>"),
@@ -118,10 +135,10 @@ def test_sha256_jobs_build_what_git_writes_there() -> None:
 
 def test_sha256_requests_make_sha256_jobs() -> None:
     c, t, p = "c" * 64, "e" * 64, "a" * 64
-    assert TagRequest(c, "v1").job(0, "u", None).object_format == "sha256"
-    job = BranchRequest(c, t, p).job(0, "u", None)
+    assert TagRequest(c, "v1").job(ctx()).object_format == "sha256"
+    job = BranchRequest(c, t, p).job(ctx())
     assert job.object_format == "sha256" and job.parents == (p, c)
-    assert TagRequest(C, "v1").job(0, "u", None).object_format == "sha1"
+    assert TagRequest(C, "v1").job(ctx()).object_format == "sha1"
 
 
 def test_hello_and_results() -> None:
@@ -207,12 +224,26 @@ def test_each_request_knows_its_kind_row_and_job() -> None:
     assert tag.journal_fields() == {"commit": C, "tagname": "v1"}
     assert branch.journal_fields() == {"commit": C, "tree": T, "parent": P}
     assert digest.journal_fields() == {"algorithm": "sha256", "digest": "d" * 64}
-    job = tag.job(0, "http://s/", None)
+    job = tag.job(ctx(url="http://s/"))
     assert isinstance(job, TagJob) and job.message.startswith(f"Timestamp of commit {C}\nby http")
-    commit = branch.job(0, "http://s/", "U <u@v>")
+    assert job.uid is None  # an OpenPGP key's user id is its own
+    commit = branch.job(ctx(url="http://s/", key=SSH))
     assert isinstance(commit, CommitJob) and commit.parents == (P, C) and commit.uid == "U <u@v>"
-    assert BranchRequest(C, T).job(0, "u", None).parents == (C,)
-    assert digest.job(9, "text") == ReceiptJob("text", 9)
+    assert BranchRequest(C, T).job(ctx()).parents == (C,)
+    at = ctx(t=9, url="http://s/", serial=4)
+    statement = Statement(algorithm="sha256", digest="d" * 64, time=9, server="http://s/",
+                          serial=4, key="F" * 40)
+    assert digest.job(at) == ReceiptJob(statement.text(), 9)
+    outcome = digest.outcome(at, digest.job(at), "signed")
+    assert outcome.answer == (statement, "signed") and outcome.stored == "signed"
+
+
+def test_a_malformed_manifest_answer_is_a_signing_failure() -> None:
+    req = ManifestRequest(parse_body(("d" * 64 + "  file\n").encode()))
+    at = ctx(url="http://s/")
+    with pytest.raises(MalformedAnswer) as raised:
+        req.outcome(at, req.job(at), "not a signed manifest")
+    assert raised.value.message == "the worker's answer was malformed" and raised.value.detail
 
 
 def test_a_worker_builds_every_kind_of_job() -> None:

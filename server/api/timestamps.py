@@ -1,6 +1,6 @@
-"""RFC 3161 over HTTP (§3.4): ``POST /`` with ``Content-Type: application/timestamp-query`` (as
-most public TSAs, so that a client can be given the server's base URL) and ``POST /tsr``;
-``GET /tsa.pem`` publishes the certificate chain.
+"""The HTTP front end of the RFC 3161 time-stamping authority (§3.4): ``POST /`` with
+``Content-Type: application/timestamp-query`` (as most public TSAs, so that a client can be
+given the server's base URL) and ``POST /tsr``; ``GET /tsa.pem`` publishes the certificate chain.
 
 A request is checked (`formats.tsp.parse_request`) before anything is recorded: a
 refused request is answered with a ``TimeStampResp`` whose status is ``rejection`` (HTTP 200,
@@ -8,6 +8,10 @@ as RFC 3161 has it) and leaves no journal row. An accepted one is journalled, th
 worker holding the TSA key, like every stamp. What goes wrong outside the request itself is
 answered with an HTTP status and a ``TimeStampResp`` saying why (413, 408, 503 with
 ``systemFailure``...): docs/tsa.md lists them.
+
+This module is only the HTTP side: what a request is checked against and how it becomes a
+token is `server.stamping.timestamps`; the format, `formats.tsp`; the worker's side,
+`workers.tsa`.
 """
 
 from __future__ import annotations
@@ -20,11 +24,10 @@ from starlette.types import Receive, Scope, Send
 
 from formats import tsp
 from server.api.body import content_type, read_body
-from server.api.errors import send_tsa_error, send_tsa_reply
+from server.api.errors import plain, send_tsa_error, send_tsa_reply
 from server.api.services import Services
-from server.errors import BadRequest, ClockUnsynchronised, NotFound, StampError
-from server.stamping.requests import TimestampRequest
-from server.stamping.tsa import clock_synchronised
+from server.errors import BadRequest, NotFound, StampError
+from server.stamping.timestamps import timestamp_request
 
 TIMESTAMP_QUERY = "application/timestamp-query"
 PEM_CHAIN = "application/pem-certificate-chain"
@@ -49,16 +52,12 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
             raise NotFound("RFC 3161 time-stamping is off on this server")
         _, body = await read_body(scope, receive, s.settings, (TIMESTAMP_QUERY,))
         try:
-            query = tsp.parse_request(body, policy=tsa.policy, allow_sha1=tsa.allow_sha1)
+            req = timestamp_request(tsa, body)
         except tsp.Rejection as r:
             await send_tsa_reply(scope, send, 200, tsp.rejection(r.failure, r.text))
             s.stats.request("tsa", 200)
             return
-        if tsa.require_clock_sync and clock_synchronised() is False:
-            raise ClockUnsynchronised("the server's clock is not synchronised; retry later")
-        req = TimestampRequest(query.hash_algorithm, query.digest.hex(), query.nonce,
-                               query.cert_req)
-        token = await s.stamper.timestamp(req, tsa.key, tsa.policy, tsa.accuracy)
+        token = await s.stamper.stamp(req, tsa.key)
     except StampError as e:
         s.stats.request("tsa", await send_tsa_error(scope, send, e))
         return
@@ -66,7 +65,7 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
     s.stats.request("tsa", 200)
 
 
-def add_tsa_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+def add_timestamp_routes(app: FastAPI, services: Callable[[], Services]) -> None:
     """``GET /tsa.pem``: the TSA certificate chain (``POST /tsr`` is served before the app, by
     `server.api.zeitgitter.ZeitgitterPost`, and named here for the Allow header of a 405)."""
 
@@ -74,8 +73,7 @@ def add_tsa_routes(app: FastAPI, services: Callable[[], Services]) -> None:
     async def tsa_pem() -> Response:
         tsa = services().tsa
         if tsa is None:
-            return PlainTextResponse("RFC 3161 time-stamping is off on this server\n",
-                                     status_code=404)
+            return plain(NotFound("RFC 3161 time-stamping is off on this server"))
         return Response(tsa.chain_pem, media_type=PEM_CHAIN)
 
     @app.post(TSA_PATH)

@@ -1,8 +1,18 @@
-"""The RFC 3161 time-stamping authority of a server: the key that signs its tokens, the
-certificate chain published for it, its policy, and the clock check (docs/tsa.md)."""
+"""The server's RFC 3161 time-stamping authority, all of its domain in one place (docs/tsa.md):
+the key that signs its tokens and the certificate chain published for it (`Tsa`,
+`TsaSource`), the check of a client's ``TimeStampReq`` against its policy and clock
+(`timestamp_request`), and the request that is journalled and signed like every stamp
+(`TimestampRequest`).
+
+The other parts of RFC 3161 live elsewhere: the HTTP front end (``POST /``, ``POST /tsr``,
+``GET /tsa.pem``) is `server.api.timestamps`; the pure format (``TimeStampReq`` parsing,
+``TimeStampResp`` building) is `formats.tsp`; the signing worker's side (building and signing
+the token, the certificate chain) is `workers.tsa`.
+"""
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import ctypes.util
 import functools
@@ -11,11 +21,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from formats import tsp
+from formats.jobs import TimestampJob
+from server.errors import ClockUnsynchronised
 from server.signing_keys import registered_certificates
+from server.stamping.requests import Outcome, StampContext
 from workers.keys.keyset import ServedKey
 from workers.tsa import TSA_CHAIN_FILE, TsaError, parse_chain
 
@@ -89,6 +104,53 @@ class TsaSource:
                         e.message)
             return None
         return text
+
+
+@dataclass(frozen=True)
+class TimestampRequest:
+    """An RFC 3161 ``TimeStampReq``, checked (`formats.tsp.parse_request`): a token for
+    a message imprint, under the TSA's ``policy`` and ``accuracy``. Its imprint is journalled
+    and logged like a digest stamp's (`server.stamping.requests.Request`)."""
+
+    kind: ClassVar[str] = "tsa"
+    noun: ClassVar[str] = "token"
+    algorithm: str
+    digest: str  # lowercase hex
+    nonce: int | None
+    cert_req: bool
+    policy: str
+    accuracy: int | None
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "digest": self.digest}
+
+    def digest_buckets(self) -> None:
+        return None
+
+    def job(self, ctx: StampContext) -> TimestampJob:
+        """The token's serial number is the journal row's serial, its genTime the journal
+        time."""
+        return TimestampJob(hash_algorithm=self.algorithm, digest=self.digest,
+                            serial=ctx.serial, time=ctx.time, policy=self.policy,
+                            accuracy=self.accuracy,
+                            nonce=None if self.nonce is None else str(self.nonce),
+                            cert_req=self.cert_req)
+
+    def outcome(self, ctx: StampContext, job: TimestampJob, signed: str) -> Outcome[bytes]:
+        """The token (CMS ContentInfo, DER; the worker sends it in base64)."""
+        return Outcome(base64.b64decode(signed))
+
+
+def timestamp_request(tsa: Tsa, body: bytes) -> TimestampRequest:
+    """The request a ``TimeStampReq`` (DER) asks ``tsa`` for. `tsp.Rejection` if the request
+    is refused (RFC 3161 answers that with a rejection, not an HTTP error);
+    `ClockUnsynchronised` if the TSA requires a synchronised clock and the kernel says it is
+    not."""
+    query = tsp.parse_request(body, policy=tsa.policy, allow_sha1=tsa.allow_sha1)
+    if tsa.require_clock_sync and clock_synchronised() is False:
+        raise ClockUnsynchronised("the server's clock is not synchronised; retry later")
+    return TimestampRequest(query.hash_algorithm, query.digest.hex(), query.nonce,
+                            query.cert_req, tsa.policy, tsa.accuracy)
 
 
 class _Timex(ctypes.Structure):

@@ -1,11 +1,11 @@
-"""The ``/v1`` digest API: stamp a sha256/sha512 digest, fetch its receipts again.
+"""``/v1/stamps``: stamp a sha256/sha512 digest, fetch its receipts again.
 
     curl -sS --data sha256=<hex> http://127.0.0.1:8080/v1/stamps           (form)
     curl -sS -H 'Content-Type: application/json' -d '{"sha256":"<hex>"}' ...  (JSON)
 
 The answer is the receipt (an OpenPGP cleartext-signed statement, see `formats.receipts`) as
 ``text/plain``, or, with ``Accept: application/json``, the receipt and its fields in JSON.
-Errors are ``application/problem+json`` (RFC 9457).
+Errors are ``application/problem+json`` (RFC 9457), mapped by `server.api.errors.problem_route`.
 """
 
 from __future__ import annotations
@@ -13,28 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from collections.abc import Callable, Coroutine
-from http import HTTPStatus
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.routing import APIRoute
-from sqlalchemy import select
-from starlette.exceptions import HTTPException
 
-from formats.manifests import bucket_of, packed_contains
 from formats.receipts import ALGORITHMS, check_digest, parse_statement, split_receipt
 from server.api.body import read_body
-from server.api.errors import problem, problem_response, status_of
-from server.api.manifests import manifest_request, read_manifest
 from server.api.services import Services
-from server.db import reading
-from server.errors import BadRequest, NotFound, StampError
-from server.models import ManifestDigests, Stamp, StampState
+from server.errors import BadRequest, NotFound
+from server.stamping.queries import digest_page
 from server.stamping.requests import DigestRequest, choose_key, key_fields
-from workers.keys.keyset import SSH_NAMESPACES, allowed_signers
 
 URLENCODED = "application/x-www-form-urlencoded"
 JSON = "application/json"
@@ -125,28 +115,11 @@ def receipt_json(receipt: str) -> dict[str, Any]:
     return {**statement.as_json(), "receipt": receipt}
 
 
-def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+def add_stamp_routes(router: APIRouter, services: Callable[[], Services]) -> None:
     # One receipts page is built at a time: threads building pages contend for the GIL with
     # the event loop and the journal's thread, and every stamp waits on those (bench.readflood:
     # a stamp's p99 under 4 readers 47 ms with pages in parallel, 21 ms one at a time).
     one_page_at_a_time = asyncio.Semaphore(1)
-
-    class ProblemRoute(APIRoute):
-        """Every ``/v1`` route answers a domain error as problem+json (mapped here, once)."""
-
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
-
-            async def handle(request: Request) -> Response:
-                try:
-                    return await handler(request)
-                except StampError as e:
-                    services().stats.request("digest", status_of(e, "v1")[0])
-                    return problem(e)
-
-            return handle
-
-    router = APIRouter(route_class=ProblemRoute)
 
     @router.post("/v1/stamps")
     async def stamp_digest(request: Request) -> Response:
@@ -155,63 +128,11 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
                                       (URLENCODED, JSON))
         req, choice = parse_digest_body(ctype, body)
         key = choose_key(s.keys, *key_fields(choice))
-        statement, receipt = await s.stamper.receipt(req, key)
+        statement, receipt = await s.stamper.stamp(req, key)
         s.stats.request("digest", 200)
         if wants_json(request):
             return JSONResponse({**statement.as_json(), "receipt": receipt})
         return PlainTextResponse(receipt)
-
-    @router.post("/v1/manifests")
-    async def stamp_manifest(request: Request) -> Response:
-        """A manifest (sha256sum/sha512sum output) signed with one signature: the server's
-        header lines (``#`` comments to ``sha256sum -c``), then the lines as sent."""
-        s = services()
-        fmt, fingerprint = key_fields({k: request.query_params.getlist(k)
-                                       for k in ("format", "key")
-                                       if k in request.query_params})
-        key = choose_key(s.keys, fmt, fingerprint)
-        body = await read_manifest(request.scope, request.receive, s.settings)
-        req = await asyncio.to_thread(manifest_request, body)
-        del body
-        text = await s.stamper.manifest(req, key)
-        s.stats.request("manifest", 200)
-        return PlainTextResponse(text)
-
-    @router.get("/v1/manifests/{serial}")
-    async def get_manifest(serial: str) -> Response:
-        """A signed manifest again, by its serial."""
-        s = services()
-        if not (serial.isascii() and serial.isdigit() and len(serial) <= 18):
-            raise BadRequest("a serial is a whole number")
-
-        def load() -> str | None:
-            with reading(s.engine).connect() as conn:
-                return conn.execute(select(Stamp.receipt).where(
-                    Stamp.id == int(serial), Stamp.kind == "manifest",
-                    Stamp.state == StampState.SIGNED)).scalar_one_or_none()
-
-        text = await asyncio.to_thread(load)
-        if text is None:
-            raise NotFound(f"no signed manifest {serial}")
-        return PlainTextResponse(text)
-
-    @router.get("/v1/keys")
-    async def keys() -> Response:
-        """Every signing key: id, format, fingerprint, algorithm, public key, and for SSH
-        keys the allowed-signers line (namespaces git and stampd)."""
-        return JSONResponse({"keys": [
-            {"id": k.id, "format": k.format, "fingerprint": k.fingerprint,
-             "algorithm": k.algorithm, "primary": k.primary, "public_key": k.public,
-             "allowed_signers": k.allowed_signers(SSH_NAMESPACES)}
-            for k in services().keys]})
-
-    @router.get("/v1/keys/allowed_signers")
-    async def get_allowed_signers() -> Response:
-        """For `git config gpg.ssh.allowedSignersFile` and `ssh-keygen -Y verify -f`."""
-        text = allowed_signers(services().keys)
-        if not text:
-            raise NotFound("this server has no SSH key")
-        return PlainTextResponse(text)
 
     @router.get("/v1/stamps/{algorithm}/{digest}")
     async def get_receipts(algorithm: str, digest: str, request: Request) -> Response:
@@ -233,36 +154,14 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         def page() -> tuple[list[int], Any, list[dict[str, Any]]]:
             # The query and the answer's body are built in a thread: a digest stamped
             # thousands of times must not hold up the event loop.
-            with reading(s.engine).connect() as conn:
-                rows = conn.execute(
-                    select(Stamp.id, Stamp.receipt).where(
-                        Stamp.algorithm == algorithm, Stamp.digest == digest,
-                        Stamp.state == StampState.SIGNED, Stamp.receipt.is_not(None),
-                        Stamp.id > after,
-                    ).order_by(Stamp.id).limit(limit + 1)
-                ).all()
-                # Manifests that cover the digest: the rows of its bucket, searched.
-                covering = [
-                    (sid, t, key_id) for sid, t, key_id, packed in conn.execute(
-                        select(Stamp.id, Stamp.stamped_at, Stamp.key_id,
-                               ManifestDigests.digests)
-                        .join(ManifestDigests, ManifestDigests.stamp_id == Stamp.id)
-                        .where(ManifestDigests.algorithm == algorithm,
-                               ManifestDigests.bucket == bucket_of(digest),
-                               Stamp.state == StampState.SIGNED, Stamp.id > after)
-                        .order_by(Stamp.id))
-                    if packed_contains(packed, digest)][:limit + 1]
-            # One page holds receipts and manifests in serial order.
-            ids = sorted([r[0] for r in rows] + [m[0] for m in covering])[:limit + 1]
-            shown = set(ids[:limit])
-            receipts = [r[1] for r in rows if r[0] in shown and r[1] is not None]
-            manifests = [{"serial": sid, "time": t, "algorithm": algorithm,
-                          "key": fingerprints.get(key_id, primary) if key_id else primary,
-                          "url": f"/v1/manifests/{sid}"}
-                         for sid, t, key_id in covering if sid in shown]
+            found = digest_page(s.engine, algorithm, digest, after, limit)
+            manifests = [{"serial": m.serial, "time": m.time, "algorithm": algorithm,
+                          "key": fingerprints.get(m.key_id, primary) if m.key_id else primary,
+                          "url": f"/v1/manifests/{m.serial}"}
+                         for m in found.manifests]
             if as_json:
-                return ids, [receipt_json(r) for r in receipts], manifests
-            return ids, "".join(receipts), manifests
+                return found.serials, [receipt_json(r) for r in found.receipts], manifests
+            return found.serials, "".join(found.receipts), manifests
 
         async with one_page_at_a_time:
             ids, body, manifests = await asyncio.to_thread(page)
@@ -280,17 +179,3 @@ def add_digest_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             return JSONResponse(answer, headers=headers)
         body += "".join(f"manifest: {m['url']}\n" for m in manifests)
         return PlainTextResponse(body, headers=headers)
-
-    app.include_router(router)
-
-    async def routing_error(request: Request, exc: Exception) -> Response:
-        """A ``/v1`` path that names no resource (404) or a method it does not take (405,
-        with ``Allow``) is answered as problem+json too; other paths as FastAPI does."""
-        assert isinstance(exc, HTTPException)
-        path = request.url.path
-        if path != "/v1" and not path.startswith("/v1/"):
-            return await http_exception_handler(request, exc)
-        return problem_response(exc.status_code, HTTPStatus(exc.status_code).phrase,
-                                exc.detail, exc.headers)
-
-    app.add_exception_handler(HTTPException, routing_error)

@@ -1,0 +1,34 @@
+"""The ``/v1`` API, one module per resource, on one router whose routes answer every domain
+error as ``application/problem+json`` (`server.api.errors.problem_route`):
+
+    /v1/stamps, /v1/stamps/<algorithm>/<hex>    `server.api.stamps`     digest receipts
+    /v1/manifests, /v1/manifests/<serial>       `server.api.manifests`  signed manifests
+    /v1/keys, /v1/keys/allowed_signers          `server.api.keys`       the signing keys
+
+The queries behind them are `server.stamping.queries`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter, FastAPI
+from starlette.exceptions import HTTPException
+
+from server.api.errors import problem_route, routing_problem
+from server.api.keys import add_key_routes
+from server.api.manifests import add_manifest_routes
+from server.api.services import Services
+from server.api.stamps import add_stamp_routes
+
+
+def add_v1_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    def count(status: int) -> None:  # every /v1 refusal is counted as a digest request's
+        services().stats.request("digest", status)
+
+    router = APIRouter(route_class=problem_route(count))
+    add_stamp_routes(router, services)
+    add_manifest_routes(router, services)
+    add_key_routes(router, services)
+    app.include_router(router)
+    app.add_exception_handler(HTTPException, routing_problem)
