@@ -1,7 +1,7 @@
 """Runtime configuration: one `Settings` object, built at the entry point and passed down.
 
 Every field can be set from the environment with the `STAMPD_` prefix (``STAMPD_DATA_DIR``,
-``STAMPD_WORKERS``...) and most from the command line (see ``server.cli``).
+``STAMPD_WORKERS``...) and most from the command line (see ``server.commands``).
 """
 
 from __future__ import annotations
