@@ -21,14 +21,12 @@ run here nor gpg started by git with ``GNUPGHOME`` set starts an agent: verifyin
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import threading
-import time
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,12 +35,11 @@ from typing import Any
 
 import gnupg
 
+from formats.gpgstatus import SignatureTally
+
 GPG_TIMEOUT = 60.0
 # Temporary homes go here rather than to $TMPDIR: a gpg socket path must stay short.
 SHORT_TMP = "/tmp"
-# Keywords of a signature that did not verify (or of input that held none).
-FAILED = frozenset({"BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG", "NO_PUBKEY",
-                    "NODATA", "BADARMOR"})
 NOT_INSTALLED = ("gpg is not installed (not on PATH): stampd needs GnuPG 2.2.8 or later; "
                  "install it, e.g. `apt-get install gnupg`")
 
@@ -60,69 +57,24 @@ class GpgError(Exception):
 # --------------------------------------------------------------------------- status lines
 
 
-def status_time(value: str) -> int | None:
-    """A status-line time: seconds since the epoch, or ISO 8601 ``YYYYMMDDThhmmss`` (UTC)."""
-    if value.isdigit():
-        return int(value)
-    try:
-        return calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%S"))
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class ValidSig:
-    """One good signature: a ``VALIDSIG`` status line (or an SSH signature, class "ssh")."""
-
-    fingerprint: str  # the signing (sub)key, upper-case hex
-    created: int  # signature time, seconds since the epoch
-    sig_class: str  # "00" binary, "01" text, "ssh"
-    primary: str  # the primary key of the signing key
-
-
-class SignatureStatus(gnupg.Verify):
-    """python-gnupg's verification result, plus every signature's status: how many signatures
-    gpg saw (``NEWSIG``), found good (``GOODSIG``, ``VALIDSIG``), each well-formed
-    ``VALIDSIG`` (`valid_sigs`), and the keywords of the failed ones (`errors`)."""
+class SignatureStatus(gnupg.Verify, SignatureTally):
+    """python-gnupg's verification result, plus every signature's status
+    (`formats.gpgstatus.SignatureTally`: how many gpg saw, found good, each well-formed
+    ``VALIDSIG`` in `valid_sigs`, the keywords of the failed ones in `errors`)."""
 
     def __init__(self, gpg: Any) -> None:
-        super().__init__(gpg)
-        self.records: list[tuple[str, ...]] = []  # keyword first
-        self.newsig = 0
-        self.goodsig = 0
-        self.validsig = 0  # VALIDSIG lines, well-formed or not
-        self.valid_sigs: list[ValidSig] = []
-        self.errors: list[str] = []  # FAILED keywords, in order
+        gnupg.Verify.__init__(self, gpg)
+        SignatureTally.__init__(self)
 
     @classmethod
     def parse(cls, text: str) -> SignatureStatus:
         """The ``[GNUPG:]`` lines of ``text`` (what ``git verify-* --raw`` prints)."""
         status = cls(types.SimpleNamespace(error_map=None))
-        for line in text.splitlines():
-            if line.startswith("[GNUPG:] "):
-                keyword, _, value = line[9:].strip().partition(" ")
-                if keyword:
-                    status.handle_status(keyword, value.strip())
+        status.add_lines(text)
         return status
 
     def handle_status(self, key: str, value: str) -> None:
-        words = value.split()
-        self.records.append((key, *words))
-        if key == "NEWSIG":
-            self.newsig += 1
-        elif key == "GOODSIG":
-            self.goodsig += 1
-        elif key == "VALIDSIG":
-            self.validsig += 1
-            # <fpr> <date> <time> <expires> <version> <reserved> <pk-algo> <hash-algo>
-            # <class> [<primary fpr>]
-            created = status_time(words[2]) if len(words) > 8 else None
-            if created is not None:
-                signer = words[0].upper()
-                primary = words[9] if len(words) > 9 else signer
-                self.valid_sigs.append(ValidSig(signer, created, words[8], primary.upper()))
-        elif key in FAILED:
-            self.errors.append(key)
+        self.add(key, value.split())
         # python-gnupg's own fields (valid, status, problems...); a line it cannot take apart
         # is already counted above.
         with contextlib.suppress(ValueError, IndexError):

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.gpg import SignatureStatus, TempGpgHome, ValidSig
+from client.gpg import SignatureStatus, TempGpgHome
 from client.verify.errors import CannotCheck, Invalid, Malformed, Unsupported
 from client.verify.keys import (
     KEYRING_PREFIX,
@@ -29,6 +29,7 @@ from client.verify.keys import (
     only_signature,
     ssh_keys_from,
 )
+from formats.gpgstatus import ValidSig
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from client.fetch import FetchError, http_request
-from client.gpg import GpgError, GpgHome, Key, SignatureStatus, ValidSig
+from client.gpg import GpgError, GpgHome, Key, SignatureStatus
 from client.verify.errors import CannotCheck, Invalid, Malformed
+from formats.gpgstatus import ValidSig
 from formats.sshsig import KEY_TYPES as SSH_KEY_TYPES
 from formats.sshsig import SshPublicKey
 

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.gpg import TempGpgHome, ValidSig
+from client.gpg import TempGpgHome
 from client.verify.errors import CannotCheck, Invalid, Malformed
 from client.verify.inputs import file_digest, normalise_digest, read_target
 from client.verify.keys import (
@@ -27,6 +27,7 @@ from client.verify.keys import (
     ssh_keys_from,
 )
 from formats.cleartext import canonical_text
+from formats.gpgstatus import ValidSig
 from formats.receipts import (
     RECEIPT_NAMESPACE,
     SSH_BEGIN,

@@ -106,9 +106,9 @@ class PeerKeyring:
             ok, status = self._home.verify_detached(payload, signature)
         except GpgError as e:
             raise PeerError(e.message) from None
-        if not ok or not status.valid:
+        if not ok or not status.valid_sigs:
             raise PeerError("the stamp's signature does not verify with the pinned key")
-        sig = status.valid[0]
+        sig = status.valid_sigs[0]
         if sig.fingerprint != self.fingerprint:
             raise PeerError(f"stamp signed by {sig.fingerprint}, pinned key is {self.fingerprint}")
         return sig.created

@@ -9,8 +9,9 @@ machine-readable outputs of gpg that stampd reads.
 - `parse_key_listing`: the ``--with-colons`` key listing (``--list-keys``, ``--list-secret-keys``,
   ``--show-keys``) as `Key` objects: primary key and subkeys (fingerprint, algorithm, bits,
   curve, capabilities, keygrip) and user ids, unescaped.
-- `GpgStatus.parse`: the ``--status-fd`` lines (also what ``git verify-* --raw`` prints):
-  ``VALIDSIG`` as `ValidSig` (signature time in epoch or ISO 8601 form), ``NEWSIG`` and
+- `GpgStatus.parse`: the ``--status-fd`` lines (also what ``git verify-* --raw`` prints),
+  tallied by `formats.gpgstatus`: ``VALIDSIG`` as `ValidSig` (signature time in epoch or ISO
+  8601 form), ``NEWSIG`` and
   ``GOODSIG`` counts, the keywords of failed signatures, and every record for callers that need
   more.
 
@@ -31,19 +32,18 @@ small wrapper and imports no python-gnupg.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from formats.gpgstatus import SignatureTally
 from workers.errors import WorkerError
 
 GPG = "gpg"
@@ -52,9 +52,6 @@ GPG_TIMEOUT = 60.0
 # Temporary homes go here rather than to $TMPDIR: an agent's socket path must stay short.
 SHORT_TMP = "/tmp"
 # Keywords of a signature that did not verify (or of input that held none).
-SIGNATURE_ERRORS = frozenset({"BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG",
-                              "NO_PUBKEY", "NODATA", "BADARMOR"})
-
 
 class GpgError(WorkerError):
     """gpg could not be run at all: it is not installed, or it did not finish in time."""
@@ -199,63 +196,13 @@ def parse_key_listing(text: str) -> list[Key]:
 # --------------------------------------------------------------------------- status lines
 
 
-def sig_time(value: str) -> int | None:
-    """A status-line time: seconds since the epoch, or ISO 8601 ``YYYYMMDDThhmmss`` (UTC)."""
-    if value.isdigit():
-        return int(value)
-    with contextlib.suppress(ValueError):
-        return calendar.timegm(time.strptime(value, "%Y%m%dT%H%M%S"))
-    return None
-
-
-@dataclass(frozen=True)
-class ValidSig:
-    """One ``VALIDSIG`` status line."""
-
-    fingerprint: str  # the signing (sub)key
-    created: int  # signature time, seconds since the epoch
-    sig_class: str  # "00" binary, "01" text...
-    primary: str  # the primary key of the signing key (the signing key if gpg omits it)
-
-
-@dataclass
-class GpgStatus:
-    """The ``[GNUPG:]`` status lines of one gpg run."""
-
-    records: list[tuple[str, ...]] = field(default_factory=list)  # keyword first
-    newsig: int = 0
-    goodsig: int = 0
-    validsig: int = 0  # VALIDSIG lines, well-formed or not
-    valid: list[ValidSig] = field(default_factory=list)  # the well-formed VALIDSIG lines
-    errors: list[str] = field(default_factory=list)  # SIGNATURE_ERRORS keywords, in order
+class GpgStatus(SignatureTally):
+    """The ``[GNUPG:]`` status lines of one gpg run (`formats.gpgstatus`)."""
 
     @classmethod
     def parse(cls, text: str) -> GpgStatus:
         st = cls()
-        for line in text.splitlines():
-            if not line.startswith("[GNUPG:] "):
-                continue
-            words = tuple(line.split()[1:])
-            if not words:
-                continue
-            st.records.append(words)
-            keyword = words[0]
-            if keyword == "NEWSIG":
-                st.newsig += 1
-            elif keyword == "GOODSIG":
-                st.goodsig += 1
-            elif keyword == "VALIDSIG":
-                st.validsig += 1
-                # VALIDSIG <fpr> <date> <time> <expires> <version> <reserved> <pk-algo>
-                #          <hash-algo> <class> [<primary fpr>]
-                created = sig_time(words[3]) if len(words) > 9 else None
-                if created is not None:
-                    fpr = words[1].upper()
-                    st.valid.append(ValidSig(fingerprint=fpr, created=created,
-                                             sig_class=words[9],
-                                             primary=(_field(words, 10) or fpr).upper()))
-            elif keyword in SIGNATURE_ERRORS:
-                st.errors.append(keyword)
+        st.add_lines(text)
         return st
 
 

@@ -168,7 +168,7 @@ def verify_openpgp(public_key_file: Path, message: bytes, signature: str,
         raise KeyStoreError(f"cannot read the public key {public_key_file}: {e}") from None
     except GpgError as e:
         raise KeyStoreError(e.message) from None
-    if not any(v.fingerprint == fingerprint.upper() for v in status.valid):
+    if not any(v.fingerprint == fingerprint.upper() for v in status.valid_sigs):
         why = ", ".join(status.errors) or "no valid signature"
         raise KeyStoreError(f"its signature does not verify with the public key "
                             f"{public_key_file} ({why})")
