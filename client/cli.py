@@ -68,7 +68,7 @@ def add_commands(sub: Any) -> None:
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")
-    audit.set_defaults(func=_lazy("client.audit", "cmd_audit"))
+    audit.set_defaults(func=_lazy("client.audit.command", "cmd_audit"))
 
     stampp = sub.add_parser(
         "stamp", help="stamp files (one signed manifest, SHA256SUMS.asc), or obtain a tag or "

@@ -30,16 +30,10 @@ from asn1crypto import algos, cms, core, x509
 from asn1crypto import parser as asn1_parser
 from asn1crypto import pem as asn1_pem
 
-from client.audit import (
-    MAIN_CHECK,
-    URL,
-    AuditError,
-    PeerStamp,
-    TargetError,
-    audit,
-    local_copy,
-    open_repository,
-)
+from client.audit.auditor import audit
+from client.audit.errors import AuditError, TargetError
+from client.audit.report import MAIN_CHECK, PeerStamp
+from client.audit.repository import URL, local_copy, open_repository
 from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged
 from client.verify.inputs import file_digest, iso
 from formats.tsp import (
