@@ -114,7 +114,7 @@ def add_commands(sub: Any) -> None:
     stampp.add_argument("--repo", type=Path, default=Path("."),
                         help="the git repository (default: .); for files, where keys are "
                         "pinned and timestamp.server is read")
-    stampp.set_defaults(func=_lazy("client.stamp", "cmd_stamp"))
+    stampp.set_defaults(func=_lazy("client.stamp.command", "cmd_stamp"))
 
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
     hooksub = hook.add_subparsers(dest="hook_command", required=True)
