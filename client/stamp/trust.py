@@ -16,8 +16,6 @@ first (which is then pinned); its allowed-signers line comes from ``GET
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +23,13 @@ from client.gpg import GpgError, TempGpgHome
 from client.stamp.answers import CLOCK_SKEW, Checked
 from client.stamp.errors import AnswerRefused, StampFailed, UsageError
 from client.stamp.git import git_config
-from client.verify.errors import VerifyError
-from client.verify.keys import KEYRING_PREFIX, fetch_allowed_signers, fetch_public_key
+from client.verify.errors import CannotCheck, VerifyError
+from client.verify.keys import (
+    KEYRING_PREFIX,
+    fetch_allowed_signers,
+    fetch_public_key,
+    ssh_keygen_verify,
+)
 from client.verify.keys import ssh_keys_from as _ssh_keys_from
 from formats.sshsig import SshPublicKey, SshSigError, SshSignature
 
@@ -175,21 +178,13 @@ def verify_ssh(checked: Checked, trust: SshTrust) -> str:
                             f"{trust.origin} ({trust.key.fingerprint})")
     if parsed.namespace != SSH_NAMESPACE:
         raise AnswerRefused(f"the SSH signature's namespace is {parsed.namespace!r}, not 'git'")
-    with tempfile.TemporaryDirectory(prefix="stampd-s") as tmp:
-        signers, sig = Path(tmp) / "allowed_signers", Path(tmp) / "stamp.sig"
-        signers.write_text(f'stamp@stampd namespaces="{SSH_NAMESPACE}" '
-                           f"{trust.key.to_line(comment=False)}\n", encoding="ascii")
-        sig.write_text(checked.signature, encoding="ascii")
-        try:
-            r = subprocess.run(["ssh-keygen", "-Y", "verify", "-n", SSH_NAMESPACE, "-f",
-                                str(signers), "-I", "stamp@stampd", "-s", str(sig)],
-                               input=checked.payload, capture_output=True, timeout=60,
-                               check=False)
-        except FileNotFoundError:
-            raise StampFailed("ssh-keygen is not installed (OpenSSH 8.2 or later)") from None
-    if r.returncode != 0:
-        detail = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    try:
+        ok, detail = ssh_keygen_verify(trust.key, SSH_NAMESPACE, checked.payload,
+                                       checked.signature)
+    except CannotCheck as e:  # ssh-keygen missing: not the answer's fault
+        raise StampFailed(e.message) from None
+    if not ok:
         raise AnswerRefused("the SSH signature does not verify with the "
-                            f"{trust.origin}: {detail[-1] if detail else r.returncode}")
+                            f"{trust.origin}: {detail}")
     return trust.key.fingerprint
 
