@@ -68,7 +68,7 @@ def add_commands(sub: Any) -> None:
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")
-    audit.set_defaults(func=_lazy("client.audit", "cmd_audit"))
+    audit.set_defaults(func=_lazy("client.audit.command", "cmd_audit"))
 
     stampp = sub.add_parser(
         "stamp", help="stamp files (one signed manifest, SHA256SUMS.asc), or obtain a tag or "
@@ -114,7 +114,7 @@ def add_commands(sub: Any) -> None:
     stampp.add_argument("--repo", type=Path, default=Path("."),
                         help="the git repository (default: .); for files, where keys are "
                         "pinned and timestamp.server is read")
-    stampp.set_defaults(func=_lazy("client.stamp", "cmd_stamp"))
+    stampp.set_defaults(func=_lazy("client.stamp.command", "cmd_stamp"))
 
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
     hooksub = hook.add_subparsers(dest="hook_command", required=True)

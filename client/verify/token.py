@@ -30,16 +30,10 @@ from asn1crypto import algos, cms, core, x509
 from asn1crypto import parser as asn1_parser
 from asn1crypto import pem as asn1_pem
 
-from client.audit import (
-    MAIN_CHECK,
-    URL,
-    AuditError,
-    PeerStamp,
-    TargetError,
-    audit,
-    local_copy,
-    open_repository,
-)
+from client.audit.auditor import audit
+from client.audit.errors import AuditError, TargetError
+from client.audit.report import MAIN_CHECK, PeerStamp
+from client.audit.repository import URL, local_copy, open_repository, read_blob
 from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged
 from client.verify.inputs import file_digest, iso
 from formats.tsp import (
@@ -498,13 +492,9 @@ def verify_token(data: bytes, *, chain_file: Path | None = None, file: Path | No
 def _digests_contain(repo: pygit2.Repository, commit: str, line: bytes) -> bool:
     obj = repo[commit]
     assert isinstance(obj, pygit2.Commit)
-    try:
-        blob = repo[obj.tree["digests.log"].id]
-    except KeyError:
+    data = read_blob(repo, obj.tree, "digests.log")
+    if data is None:
         return False
-    if not isinstance(blob, pygit2.Blob):
-        return False
-    data = blob.data
     return data.startswith(line + b"\n") or b"\n" + line + b"\n" in data
 
 

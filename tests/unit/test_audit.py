@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from client.audit import (
-    DIGEST_LINE,
-    HASH_LINE,
-    AuditedRefs,
-    Failure,
-    TargetError,
-    audited_refs,
-    check_lines,
-)
+from client.audit.errors import TargetError
+from client.audit.logfiles import DIGEST_LINE, HASH_LINE, check_lines
+from client.audit.report import Failure
+from client.audit.repository import AuditedRefs, audited_refs
 
 
 def test_line_checks() -> None:

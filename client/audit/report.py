@@ -1,0 +1,183 @@
+"""What `stampd audit` found: the failures, the log commits with their earliest peer stamps, the
+peers; as JSON (`AuditReport.to_dict`) or text (`AuditReport.render`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from client.audit.repository import MAIN
+
+# Checks (groups of failures), in report order.
+MAIN_CHECK = "main"
+FILES_CHECK = "files"
+PEERS_CHECK = "peers"
+CHECKS = (MAIN_CHECK, FILES_CHECK, PEERS_CHECK)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed check: the check group, the rule broken (a short name, listed in
+    docs/log.md), and the commit it concerns (with the peer branch and the file, if any).
+
+    Written ``[<check>/<rule>] <commit> [<ref>] [<path>]: <message>``."""
+
+    check: str
+    rule: str
+    message: str
+    commit: str
+    path: str | None = None
+    ref: str | None = None
+
+    def __str__(self) -> str:
+        where = " ".join(x for x in (self.commit, self.ref, self.path) if x)
+        return f"[{self.check}/{self.rule}] {where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class PeerStamp:
+    """A verified stamp of a main commit by a peer."""
+
+    peer: str
+    commit: str
+    stamped: str
+    time: int
+
+
+@dataclass
+class LogEntry:
+    """One main commit and its earliest covering peer stamp (None: uncovered)."""
+
+    commit: str
+    number: int | None
+    time: int
+    hashes: int
+    digests: int
+    stamp: PeerStamp | None = None
+
+    @property
+    def window(self) -> int | None:
+        """Seconds between the log commit and its earliest peer stamp."""
+        return None if self.stamp is None else self.stamp.time - self.time
+
+
+@dataclass
+class PeerSummary:
+    """What was found on one peer branch."""
+
+    name: str
+    ref: str
+    commits: int = 0
+    valid: int = 0
+    pending: int = 0  # stamps of the main head awaiting the publication of the peer's key
+    fingerprint: str | None = None
+    key_source: str | None = None
+
+
+@dataclass
+class AuditReport:
+    """The result of `audit`: the log (oldest commit first), the peers and all failures."""
+
+    target: str
+    head: str
+    fingerprint: str | None
+    log: list[LogEntry] = field(default_factory=list)
+    peers: list[PeerSummary] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    main_ref: str = f"refs/heads/{MAIN}"
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def uncovered(self) -> list[str]:
+        return [e.commit for e in self.log if e.stamp is None]
+
+    def failures_of(self, check: str) -> list[Failure]:
+        return [f for f in self.failures if f.check == check]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "ok": self.ok,
+            "head": self.head,
+            "main_ref": self.main_ref,
+            "server_fingerprint": self.fingerprint,
+            "log": [{**asdict(e), "window": e.window} for e in self.log],
+            "uncovered": self.uncovered,
+            "peers": [asdict(p) for p in self.peers],
+            "failures": [asdict(f) for f in self.failures],
+        }
+
+    def render(self) -> str:
+        """Human-readable report: one line per check group, the window table, the failures."""
+        out = [f"audit of {self.target}: main ({self.main_ref}) at {self.head}, "
+               f"{len(self.log)} log commits, server key {self.fingerprint or 'unknown'}"]
+        out.append(_status_line(
+            f"main: {len(self.log)} commits signed by the server key",
+            self.failures_of(MAIN_CHECK)))
+        out.append(_status_line(
+            f"files: hashes.log/digests.log of {len(self.log)} commits sorted and unique",
+            self.failures_of(FILES_CHECK)))
+        peer_failures = self.failures_of(PEERS_CHECK)
+        if not self.peers:
+            out.append(_status_line("peers: no peer branches", peer_failures))
+        for p in self.peers:
+            if p.fingerprint:
+                key = f"key {p.fingerprint} from {p.key_source}"
+            elif p.pending:  # only without any key: then a stamp has none to verify it
+                key = (f"key not yet in the log, {p.pending} stamp(s) of the main head "
+                       "awaiting its publication by the next log commit (not verified, "
+                       "covering nothing)")
+            else:
+                key = "no pinned key"
+            mine = [f for f in peer_failures if f.ref == p.ref]
+            out.append(_status_line(
+                f"peer {p.name} ({p.ref}): {p.valid} of {p.commits} stamps valid, {key}", mine))
+        rest = [f for f in peer_failures if f.ref not in {p.ref for p in self.peers}]
+        if rest:
+            out.append(_status_line("peers", rest))
+        covered = len(self.log) - len(self.uncovered)
+        out.append(f"coverage: {covered} of {len(self.log)} log commits stamped by a peer"
+                   + (f", {len(self.uncovered)} uncovered" if self.uncovered else ""))
+        out.append("")
+        out.append(f"  {'#':>6}  {'log commit':12}  {'log time (UTC)':19}  {'peer':12}  "
+                   f"{'stamp time (UTC)':19}  window")
+        for e in reversed(self.log):
+            number = "-" if e.number is None else str(e.number)
+            if e.stamp is None:
+                tail = f"{'-':12}  {'-':19}  uncovered"
+            else:
+                tail = (f"{e.stamp.peer:12}  {_utc(e.stamp.time)}  "
+                        f"{_duration(e.window or 0)}")
+            out.append(f"  {number:>6}  {e.commit[:12]}  {_utc(e.time)}  {tail}")
+        if self.failures:
+            out.append("")
+            out.append(f"FAILED: {len(self.failures)} problem(s)")
+            out.extend(f"  {f}" for f in self.failures)
+        else:
+            out.append("")
+            out.append("OK: no problems found")
+        return "\n".join(out)
+
+
+def _status_line(what: str, failures: Sequence[Failure]) -> str:
+    return f"{what}: " + (f"FAILED ({len(failures)})" if failures else "ok")
+
+
+def _utc(t: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def _duration(seconds: int) -> str:
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 60:
+        return f"{sign}{s} s"
+    if s < 3600:
+        return f"{sign}{s // 60} min {s % 60} s"
+    return f"{sign}{s // 3600} h {s % 3600 // 60} min"
+

@@ -1,0 +1,43 @@
+"""``stampd stamp``: files (`client.stamp.manifest`) or a git stamp (`client.stamp.gitstamp`),
+its report printed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from client.stamp.errors import UsageError
+from client.stamp.gitstamp import report, stamp
+from client.stamp.manifest import report_written, stamp_files
+
+
+def cmd_stamp(args: argparse.Namespace) -> int:
+    """``stampd stamp (--tag NAME | --branch NAME) [COMMIT]`` or ``stampd stamp FILE|DIR...
+    [-o FILE] [--algorithm sha256|sha512]``, with ``[--server URL] [--format openpgp|ssh]
+    [--key FILE|SHA256:...] [--repo DIR]``: 0 when stored; otherwise raise a `StampFailed`
+    (exit status 1, 2 or 3)."""
+    positional: list[str] = list(getattr(args, "paths", None) or [])
+    if args.tag is None and args.branch is None:
+        if not positional:
+            raise UsageError("give FILE|DIR... to stamp files, or --tag NAME / --branch NAME "
+                             "for a git stamp")
+        res = stamp_files([Path(p) for p in positional], server=args.server,
+                          output=getattr(args, "output", None),
+                          algorithm=getattr(args, "algorithm", None) or "sha256",
+                          fmt=args.format, key=args.key, repo=args.repo)
+        for item in res.skipped:
+            print(f"stampd stamp: skipped {item.path}: {item.why}", file=sys.stderr)
+        print("\n".join(report_written(res)))
+        if res.skipped:
+            print(f"skipped:       {len(res.skipped)} (not regular files; named on stderr)")
+        return 0
+    if getattr(args, "output", None) is not None or getattr(args, "algorithm", None):
+        raise UsageError("-o and --algorithm are for stamping files, not git stamps")
+    if len(positional) > 1:
+        raise UsageError("a git stamp is of one COMMIT")
+    res_git = stamp(args.repo, server=args.server, tag=args.tag, branch=args.branch,
+                    commit=positional[0] if positional else "HEAD", fmt=args.format,
+                    key=args.key)
+    print("\n".join(report(res_git)))
+    return 0
