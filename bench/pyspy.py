@@ -12,19 +12,28 @@ from pathlib import Path
 
 from bench.procs import BIN
 
+# The leaf frames of a thread waiting for work (an idle executor thread, the event loop in its
+# poll): in a profile taken with --idle they are no request's time.
+IDLE = re.compile(r"^(_worker \(concurrent/futures/thread\.py|Runner\.run \(asyncio/runners\.py)")
 
-def summarize_profile(raw: Path, top: int = 18) -> list[str]:
-    """Self and inclusive shares of the functions in a py-spy raw (collapsed) profile."""
+
+def summarize_profile(raw: Path, top: int = 18, without_idle: bool = False) -> list[str]:
+    """Self and inclusive shares of the functions in a py-spy raw (collapsed) profile;
+    ``without_idle``: leaving out the samples of threads waiting for work (`IDLE`), which are
+    counted apart."""
     self_n: dict[str, int] = {}
     incl_n: dict[str, int] = {}
-    total = 0
+    total = idle = 0
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
             continue
         n = int(count)
-        total += n
         frames = stack.split(";")
+        if without_idle and IDLE.match(frames[-1]):
+            idle += n
+            continue
+        total += n
         self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
         for f in set(frames):
             incl_n[f] = incl_n.get(f, 0) + n
@@ -33,7 +42,10 @@ def summarize_profile(raw: Path, top: int = 18) -> list[str]:
     generic = re.compile(r"^(<module>|main|run|cmd_serve|asyncio_run|Server\.run|Runner\.run|"
                          r"Thread\.|_WorkItem\.run|_worker|thread_run|Loop|run_until|"
                          r"run_forever|Handle__run|task_step|uv_)")
-    out = [f"  {total} samples holding the GIL; self time (where the CPU is spent):"]
+    out = ([f"  {total} samples of work or waiting inside a request ({idle} more of threads "
+            "idle for want of work left out); self time (where it is spent):"]
+           if without_idle else
+           [f"  {total} samples holding the GIL; self time (where the CPU is spent):"])
     for f, n in sorted(self_n.items(), key=lambda kv: -kv[1])[:top]:
         out.append(f"    {100 * n / total:5.1f}%  {f}")
     out.append("  inclusive (time in the function and what it calls):")

@@ -33,6 +33,7 @@ import argparse
 import itertools
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,11 +48,13 @@ from bench.procs import (
     idle_load,
     int_list,
     keep_or_remove,
+    kill_pids,
     progress,
     run,
     run_then_stop,
     start_bench,
 )
+from bench.pyspy import py_spy, summarize_profile
 from bench.servers import Server, Stampd, Zeitgitterd
 
 KEY = "ed25519"
@@ -183,6 +186,7 @@ class Scale(Measuring):
         self.rows: list[Row] = []
         self.idle_load = 0.0
         self.projected: list[dict[str, object]] = []
+        self.profiled: list[str] = []
 
     def execute(self) -> None:
         self.idle_load = idle_load()
@@ -214,6 +218,8 @@ class Scale(Measuring):
         try:
             for conns in self.args.conns:
                 row.cells[conns] = self.measure(server, KEY, MODE, conns, row.label)
+            if self.args.profile == row.label:
+                self.profile_row(server, row)
             escaped = self.unpinned_processes(server) if row.pinned else []
             if escaped:
                 row.skipped = f"processes outside cores {server.cpus}: {escaped}"
@@ -243,6 +249,47 @@ class Scale(Measuring):
         server.wait_ready(180)
         server.fetch_key(self.root / f"{i:02d}-{row.label}-key")
         return server
+
+    def profile_row(self, server: Server, row: Row) -> None:
+        """py-spy on the row's HTTP processes (its API processes; the serve process itself when
+        it has one) while wrk drives one more cell at the largest concurrency; with --idle, so
+        that time spent waiting (locks, sockets, the event loop's poll) shows beside the CPU."""
+        exe = py_spy()
+        if exe is None:
+            self.profiled = ["profile: py-spy is not installed (pip install py-spy); skipped"]
+            return
+        procs = server.processes()
+        api = [pid for pid, (role, p) in procs.items()
+               if role == "http" and b"server.api.processes" in p.cmdline]
+        pids = api or [pid for pid, (role, _) in procs.items() if role == "http"][:1]
+        conns, secs = max(self.args.conns), self.args.duration
+        progress(f"profiling {row.label} c={conns} for {secs}s: py-spy --idle on HTTP "
+                 f"processes {pids}")
+        spies = []
+        for pid in pids:
+            out = self.root / f"profile-{row.label}-{pid}.txt"
+            spies.append((out, subprocess.Popen(
+                [exe, "record", "--pid", str(pid), "--duration", str(secs), "--rate", "200",
+                 "--nonblocking", "--idle", "--format", "raw", "--output", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        try:
+            res, _ = self.wrk(server, MODE, conns, secs + 1, self.prefix(), None)
+        finally:
+            for _, spy in spies:
+                try:
+                    spy.wait(timeout=secs + 30)
+                except subprocess.TimeoutExpired:
+                    kill_pids([spy.pid], "py-spy")
+                    spy.wait(timeout=10)
+        merged = self.root / f"profile-{row.label}.txt"
+        merged.write_text("".join(out.read_text(errors="replace") for out, _ in spies
+                                  if out.exists()))
+        rate = int(res["requests"]) / (int(res["duration_us"]) / 1e6)  # type: ignore[call-overload]
+        self.profiled = [f"profile: {row.label} c={conns}, {rate:.0f} stamps/s while sampled; "
+                         f"py-spy --idle at 200 Hz on {len(pids)} HTTP process(es), their "
+                         "samples together (waiting counts as well as running, so the shares "
+                         "say where a request's time goes, not only the CPU's):",
+                         *summarize_profile(merged, without_idle=True)]
 
     @staticmethod
     def unpinned_processes(server: Server) -> list[int]:
@@ -315,6 +362,8 @@ class Scale(Measuring):
                 lines.append(f"{'':<11} note: {r.skipped}")
         lines += ["", "stampd / zeitgitterd, same run, same cores and concurrency:",
                   *self.ratios(), "", *self.projection()]
+        if self.profiled:
+            lines += ["", *self.profiled]
         measured = [c for c in self.cells if c.seconds]
         if measured:
             wrk = max(c.wrk_cpu / c.seconds for c in measured)
@@ -425,6 +474,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--zg-agents", type=int_list, default=None,
                     help="zeitgitterd's agents in the pinned rows (default 1, 4 and the "
                          "server's cores; 0 alone: no zeitgitterd rows)")
+    ap.add_argument("--profile", metavar="ROW",
+                    help="py-spy on every HTTP process of the row labelled ROW (e.g. st-12a4p: "
+                         "stampd, 12 workers, 4 API processes, pinned) during one more cell at "
+                         "the largest --conns, waiting included (--idle); the summary follows "
+                         "the table")
     ap.add_argument("--pinned-only", action="store_true",
                     help="no unpinned rows (where there are pinned ones)")
     ap.add_argument("--project", type=int_list, default=PROJECT_CORES,
