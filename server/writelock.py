@@ -9,8 +9,10 @@ cores, p99 was 8-13 times that of one process at the same throughput.
 
 `WriteLock` puts an ``flock`` on a file beside the database (``<database>-writelock``) in
 front of ``BEGIN IMMEDIATE``: a writer that finds it taken blocks in the kernel and is woken
-the moment it is released, so the journal writers of all HTTP processes take turns, one fsync
-each, with no sleeping. Inside one process a `threading.Lock` serialises the threads first
+the moment it is released, so the journal writers of all HTTP processes take turns, with no
+sleeping. The journal takes the lock before it takes its group of requests
+(`server.stamping.journal.Journal`), so that everything that arrived while it waited goes into
+its one commit. Inside one process a `threading.Lock` serialises the threads first
 (an ``flock`` held through one open file is held by every thread that shares it).
 
 The lock is advisory and only the journal's writers take it: another writer (the log committer,
@@ -44,17 +46,31 @@ class WriteLock:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         return self._fd
 
+    def acquire(self) -> None:
+        """Wait (in the kernel, woken at once) until no other process's or thread's journal
+        writer holds the lock, and take it."""
+        self._thread.acquire()
+        try:
+            fcntl.flock(self._file(), fcntl.LOCK_EX)
+        except BaseException:
+            self._thread.release()
+            raise
+
+    def release(self) -> None:
+        assert self._fd is not None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread.release()
+
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Hold the lock for the body: wait (in the kernel, woken at once) until no other
-        process's or thread's journal writer holds it."""
-        with self._thread:
-            fd = self._file()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        """Hold the lock for the body."""
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
 
     def close(self) -> None:
         with self._thread:

@@ -65,6 +65,8 @@ class Journal:
             self._writer = _SqliteWriter(str(engine.url.database))
         else:
             self._writer = _SqlAlchemyWriter(engine)
+        # The host-wide queue for SQLite's write lock; None for other databases.
+        self._lock = self._writer.lock if isinstance(self._writer, _SqliteWriter) else None
         self._task: asyncio.Task[None] | None = None
         self.commits = 0  # transactions written (for tests and metrics)
 
@@ -149,6 +151,34 @@ class Journal:
                 await asyncio.sleep(0.5)  # the database is down: do not spin
 
     async def _write_once(self) -> bool:
+        if not self._inserts and not self._updates:
+            return True
+        if self._lock is None:
+            return await self._write_group()
+        # SQLite: take the host's write lock first (`server.writelock`), then the group, so
+        # that what arrived while another HTTP process committed rides in this commit: one
+        # fsync for all of it rather than a commit of its own after another wait.
+        await self._acquire(self._lock)
+        try:
+            return await self._write_group()
+        finally:
+            # (Cancelled while the thread still writes, the lock goes early: SQLite's own
+            # write lock still keeps the other processes out; this one only queues them.)
+            self._lock.release()
+
+    async def _acquire(self, lock: WriteLock) -> None:
+        """Wait for ``lock`` in the journal's thread. Cancelled meanwhile (the journal is
+        stopping), the lock is released once the thread has it, so that it is never left
+        taken."""
+        taken = asyncio.get_running_loop().run_in_executor(self._executor, lock.acquire)
+        try:
+            await asyncio.shield(taken)
+        except asyncio.CancelledError:
+            taken.add_done_callback(
+                lambda f: None if f.cancelled() or f.exception() else lock.release())
+            raise
+
+    async def _write_group(self) -> bool:
         inserts, self._inserts = self._inserts, []
         updates, self._updates = self._updates, []
         waiters, self._update_waiters = self._update_waiters, []
@@ -318,7 +348,8 @@ class _SqliteWriter(_Writer):
         self.path = path
         self.conn: sqlite3.Connection | None = None
         self._inserts: dict[int, str] = {}
-        # The HTTP processes of a host take turns at SQLite's write lock (`server.writelock`).
+        # The HTTP processes of a host take turns at SQLite's write lock (`server.writelock`):
+        # the journal takes it around each group commit, before it takes the group.
         self.lock = WriteLock(path)
 
     def _connect(self) -> sqlite3.Connection:
@@ -341,11 +372,6 @@ class _SqliteWriter(_Writer):
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
               buckets: dict[int, Buckets]) -> list[int]:
         conn = self.conn = self.conn or self._connect()
-        with self.lock.held():
-            return self._write(conn, rows, updates, buckets)
-
-    def _write(self, conn: sqlite3.Connection, rows: list[dict[str, Any]],
-               updates: list[dict[str, Any]], buckets: dict[int, Buckets]) -> list[int]:
         try:
             conn.execute("BEGIN IMMEDIATE")
             ids: list[int] = []
@@ -372,7 +398,7 @@ class _SqliteWriter(_Writer):
             conn.execute("COMMIT")
             return ids
         except BaseException:
-            super().close()  # (the connection only: the lock is held, and kept for reuse)
+            super().close()  # (the connection only: the lock file is kept for reuse)
             raise
 
     def close(self) -> None:
