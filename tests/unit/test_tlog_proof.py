@@ -22,6 +22,7 @@ from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
 from formats.tlog.errors import InvalidProof, MalformedProof, TlogError
 from formats.tlog.merkle import inclusion_proof, leaf_hash, tree_levels, tree_root
 from formats.tlog.proof import TlogProof, verify_proof
+from formats.tlog.tiles import entry_bundle
 
 
 def key(seed: bytes) -> tuple[Ed25519PrivateKey, bytes]:
@@ -164,3 +165,48 @@ def test_malformed_proofs_are_refused(change: object) -> None:
     bad = change(proof)  # type: ignore[operator]
     with pytest.raises(MalformedProof):
         TlogProof.parse(bad)
+
+
+def test_the_worked_example_of_the_docs() -> None:
+    # docs/transparency-formats.md: three entries, keys from fixed seeds (Ed25519 is
+    # deterministic, so every byte is fixed).
+    entries = [b"stamp 0", b"stamp 1", b"stamp 2"]
+    levels = tree_levels([leaf_hash(e) for e in entries])
+    small = lambda level, index: levels[level][index]  # noqa: E731
+    log_priv, log_pub = key(b"stampd docs log")
+    w_priv, w_pub = key(b"stampd docs witness")
+    origin = "stampd.example/log"
+    log = Ed25519Verifier(VerifierKey(origin, ED25519, log_pub))
+    witness = CosignatureVerifier(VerifierKey("witness.example/w1", ED25519_COSIGNATURE, w_pub))
+    assert (
+        log.key.encode()
+        == "stampd.example/log+a0cdd061+AYUaNCgjh2bab57BGMCifoPL7eVilY/xDEEFOL8Nyoai"
+    )
+    assert witness.key.encode() == (
+        "witness.example/w1+7769a4e7+BKFmEWAIJH7L90S5+RZMAQwg836zbdopV4NSoM42Lgun"
+    )
+    body = Checkpoint(origin, 3, tree_root(3, small)).body()
+    signed = sign_note(body, [ed25519_signer(origin, log_pub, log_priv.sign)])
+    cosig = cosign(body, "witness.example/w1", w_pub, 1_700_000_000, w_priv.sign)
+    note = sign_note(body, [], keep=[*signed.signatures, cosig]).encode()
+    proof = TlogProof(1, tuple(inclusion_proof(1, 3, small)), note).encode()
+    assert proof.decode() == (
+        "c2sp.org/tlog-proof@v1\n"
+        "index 1\n"
+        "UewS4FyO4w1Yzgfqx0zC81pgeGGZi0+myZDiQzz5oX8=\n"
+        "QumiaYhsS5QVtg+YwTHKwuSgCANZ1qs9wFI21q7CS6c=\n"
+        "\n"
+        "stampd.example/log\n"
+        "3\n"
+        "i8ei10N9zB7gNiVJc+o+64V4vzdG+AZkUvHKR2zpMHI=\n"
+        "\n"
+        "— stampd.example/log oM3QYRWyi5FjJKjzsxg2fEW7Kyu9nUjweVSux/i5ty9oYf95JXcX1t/lFBYgv8b2"
+        "qpnk+ap0JVe6DLqe2yFxO4tRewA=\n"
+        "— witness.example/w1 d2mk5wAAAABlU/EAgDap9Pu/KWHPRA17D68dIbl4zVghljFJhfF+vRO3q3m26h+u"
+        "fkuS5WFCO9aOaxsBE4fR2nwoeXAjDoQo8oftBQ==\n"
+    )
+    got = verify_proof(
+        proof, b"stamp 1", origin=origin, log_keys=[log], witnesses=[witness], quorum=1
+    )
+    assert got == (1, 3)
+    assert entry_bundle(entries).hex() == ("00077374616d70203000077374616d70203100077374616d702032")
