@@ -1,0 +1,1 @@
+"""Transparency-log formats (see docs/transparency-formats.md)."""
