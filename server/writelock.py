@@ -56,6 +56,20 @@ class WriteLock:
             self._thread.release()
             raise
 
+    def try_acquire(self) -> bool:
+        """Take the lock if no one holds it, without waiting; whether it was taken."""
+        if not self._thread.acquire(blocking=False):
+            return False
+        try:
+            fcntl.flock(self._file(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._thread.release()
+            return False
+        except BaseException:
+            self._thread.release()
+            raise
+        return True
+
     def release(self) -> None:
         assert self._fd is not None
         try:

@@ -157,8 +157,10 @@ class Journal:
             return await self._write_group()
         # SQLite: take the host's write lock first (`server.writelock`), then the group, so
         # that what arrived while another HTTP process committed rides in this commit: one
-        # fsync for all of it rather than a commit of its own after another wait.
-        await self._acquire(self._lock)
+        # fsync for all of it rather than a commit of its own after another wait. A free lock
+        # is taken at once, here (one server process, or a quiet moment): no thread hop then.
+        if not self._lock.try_acquire():
+            await self._acquire(self._lock)
         try:
             return await self._write_group()
         finally:

@@ -45,6 +45,9 @@ def test_the_lock_excludes_other_processes_while_held(tmp_path: Path) -> None:
         assert lock.path.stat().st_mode & 0o777 == 0o600
         assert taken_elsewhere(lock.path)
     assert not taken_elsewhere(lock.path)
+    assert lock.try_acquire()  # free: taken without waiting
+    assert taken_elsewhere(lock.path)
+    lock.release()
     lock.close()
 
 
@@ -124,6 +127,9 @@ def test_a_killed_holder_leaves_the_lock_free(tmp_path: Path) -> None:
         fd = os.open(lock_file, os.O_RDWR)
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        mine = WriteLock(tmp_path / "journal.sqlite3")
+        assert not mine.try_acquire()  # held by the other process: not taken, no wait
+        mine.close()
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=30)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free at once
