@@ -4,6 +4,7 @@ keys, tsa; and the mapping of every error they raise on purpose to an exit statu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -172,6 +173,66 @@ def _require_programs(settings: Settings, signs_here: bool = True) -> None:
     require(needed)
 
 
+SERVE_LOCK = "serve.lock"  # in run/: held by the one `stampd serve` of a data directory
+WORKERS_LOCK = "workers.lock"  # in run/: held by whichever runs its workers (serve or worker)
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data_dir>/run/<name>``, held for as long as the process
+    lives (the kernel frees it when the process dies, however it dies; the descriptor is
+    close-on-exec, so no child inherits it), with the holder's PID and command in the file.
+
+    One `stampd serve` per data directory (`SERVE_LOCK`): a second would send its workers to
+    the first one's dispatch socket and delete that socket when it exits. One worker pool per
+    data directory (`WORKERS_LOCK`): `stampd serve` with workers, or `stampd worker` beside a
+    `stampd serve --no-workers`."""
+
+    def __init__(self, run_dir: Path, name: str, holder: str) -> None:
+        self.path = run_dir / name
+        self.holder = holder
+        self.fd: int | None = None
+
+    def acquire(self, create: bool = True) -> None:
+        """Take the lock, or raise `CommandFailed` naming the process that holds it. With
+        ``create`` false, nothing is made: where the lock file does not exist (no server ever
+        ran here), nothing is taken either (take it later, when the data directory may be
+        made)."""
+        import fcntl
+
+        if self.fd is not None:
+            return
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0),
+                         0o600)
+        except FileNotFoundError:
+            if create:
+                raise
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            os.close(fd)
+            pid = held[0] if held and held[0].isdigit() else "unknown"
+            raise CommandFailed(
+                f"{' '.join(held[1:]) or 'another stampd'} (pid {pid}) is running on data "
+                f"directory {self.path.parent.parent}: stop it first, or give this one another "
+                "--data-dir") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {self.holder}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # (frees the lock)
+            self.fd = None
+
+
 def _check_database(settings: Settings) -> None:
     """Fail at once, before the data directory or a key is made: a database driver that does
     not load (the URL's scheme is checked with the settings), a PostgreSQL server that does
@@ -204,11 +265,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = build_settings(args)
     count = settings.api_process_count
     settings = settings.model_copy(update={"api_processes": count})  # (the same in each)
-    # Nothing is made before every check passed: the address, the programs, the database.
-    _check_listen(settings.host, settings.port)
-    _require_programs(settings, signs_here=not args.no_workers)
-    _check_database(settings)
-    return _serve(args, settings)
+    with contextlib.ExitStack() as held:
+        # Nothing is made before every check passed: a running server here, the address, the
+        # programs, the database. (The lock is checked first where it exists, and taken for
+        # good once the data directory may be made.)
+        locks = [DataDirLock(settings.run_dir, SERVE_LOCK, "stampd serve")]
+        if not args.no_workers:
+            locks.append(DataDirLock(settings.run_dir, WORKERS_LOCK,
+                                     "the worker pool of stampd serve"))
+        for lock in locks:
+            held.callback(lock.release)
+            lock.acquire(create=False)
+        _check_listen(settings.host, settings.port)
+        _require_programs(settings, signs_here=not args.no_workers)
+        _check_database(settings)
+        for lock in locks:
+            lock.acquire()
+        return _serve(args, settings)
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -293,9 +366,15 @@ def _key_summary(keys: list[ServedKey]) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = build_settings(args)
-    _require_programs(settings)
-    _check_database(settings)
-    return _work(settings)
+    lock = DataDirLock(settings.run_dir, WORKERS_LOCK, "stampd worker")
+    try:
+        lock.acquire(create=False)
+        _require_programs(settings)
+        _check_database(settings)
+        lock.acquire()
+        return _work(settings)
+    finally:
+        lock.release()
 
 
 def _work(settings: Settings) -> int:
