@@ -108,3 +108,24 @@ def test_a_worker_beside_a_no_workers_server_is_allowed_once(tmp_path: Path) -> 
     absent = DataDirLock(tmp_path / "absent" / "run", WORKERS_LOCK, "stampd worker")
     absent.acquire(create=False)
     assert absent.fd is None and not (tmp_path / "absent").exists()
+
+
+def test_upgrade_h2c_is_answered_as_http1_without_a_warning(server: Server) -> None:
+    """HTTP/2-capable clients send ``Upgrade: h2c``: each request is answered as HTTP/1.1,
+    and none adds a WARNING line to the server's log (uvicorn logged one each)."""
+    import http.client
+
+    before = server.log_path.read_text()
+    headers = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c",
+               "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"}
+    for _ in range(50):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            conn.request("GET", "/healthz", headers=headers)
+            r = conn.getresponse()
+            assert (r.status, r.version, r.read()) == (200, 11, b"ok\n")
+        finally:
+            conn.close()
+    stamp_tag(server, COMMIT, "after")  # (its log lines are written by now)
+    added = server.log_path.read_text()[len(before):]
+    assert [line for line in added.splitlines() if "WARNING" in line] == []
