@@ -71,7 +71,18 @@ def parser(server: ModuleType | None) -> argparse.ArgumentParser:
             p.add_argument("rest", nargs=argparse.REMAINDER)
             p.set_defaults(func=_not_installed(name))
     client_cli.add_commands(sub)
+    _own_usage(ap)
     return ap
+
+
+def _own_usage(ap: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser remembers itself (``usage_parser``), so that an argument
+    none of them knows is reported with the usage of the command it was given to."""
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                p.set_defaults(usage_parser=p)
+                _own_usage(p)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -110,7 +121,10 @@ def exit_status(exc: Exception, server: ModuleType | None = None) -> tuple[int, 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status."""
     server = _server_commands()
-    args = parser(server).parse_args(argv)
+    ap = parser(server)
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:  # (argparse would print the top-level usage)
+        getattr(args, "usage_parser", ap).error(f"unrecognized arguments: {' '.join(unknown)}")
     name = " ".join(n for n in (args.command, getattr(args, "hook_command", None)) if n)
     try:
         _setup_logging(server, args.log_level)

@@ -214,3 +214,17 @@ def test_a_handful_in_subprocesses(tmp_path: Path) -> None:
         assert r.returncode == EXIT_USAGE, r.stderr
         assert r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
         assert not data.exists()
+
+
+@pytest.mark.parametrize(("argv", "prog"), [
+    (["serve", "--prot", "1"], "stampd serve"), (["keys", "show", "--sssh"], "stampd keys show"),
+    (["db", "upgrade", "head", "--bogus"], "stampd db upgrade"),
+])
+def test_a_typo_shows_the_usage_of_its_command(
+        clean_env: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+        prog: str) -> None:
+    code, err = run(argv, capsys)
+    assert code == EXIT_USAGE
+    assert err.startswith(f"usage: {prog} [-h]"), err
+    unknown = " ".join(argv[1:]) if argv[0] == "serve" else argv[-1]
+    assert err.endswith(f"{prog}: error: unrecognized arguments: {unknown}\n"), err
