@@ -14,7 +14,7 @@ UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --u
 	--python-version 3.11 --custom-compile-command 'make lock'
 
 .PHONY: serve test lint sysdeps lock lock-check client-only bench bench-manifest bench-scale \
-	fuzz soak crash slow readflood proof clean
+	fuzz soak crash slow readflood proof clean clean-data
 
 # A changed lock or pyproject.toml reinstalls. The project itself is installed without its
 # dependencies: they all come from the lock, hash-checked; `pip check` fails when the lock
@@ -116,5 +116,27 @@ readflood: $(STAMP)
 
 proof: fuzz soak crash slow readflood
 
+## Remove what can be rebuilt: the venv and the caches. Never the data: keys and journal
+## stay (see clean-data).
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	find stampd server workers client formats migrations tests bench -name __pycache__ \
+		-type d -prune -exec rm -rf {} +
+
+## Delete the server's data directory DATA (./var): its secret signing keys, the journal of
+## every stamp and the public log. They cannot be rebuilt. Asks first; without a terminal it
+## refuses unless CONFIRM=yes.
+DATA ?= var
+clean-data:
+	@test -e "$(DATA)" || { echo "clean-data: $(DATA) does not exist"; exit 0; }; \
+	echo "clean-data: this deletes $(DATA): the secret signing keys ($(DATA)/keys), the journal" \
+		"of every stamp, the public log ($(DATA)/log.git). They cannot be rebuilt."; \
+	if [ "$(CONFIRM)" != yes ]; then \
+		if [ ! -t 0 ]; then \
+			echo "clean-data: refused: no terminal to ask; run make clean-data CONFIRM=yes" >&2; \
+			exit 1; \
+		fi; \
+		printf 'Type yes to delete %s: ' "$(DATA)"; read answer; \
+		[ "$$answer" = yes ] || { echo "clean-data: nothing deleted" >&2; exit 1; }; \
+	fi; \
+	rm -rf -- "$(DATA)" && echo "clean-data: deleted $(DATA)"

@@ -4,11 +4,15 @@ keys, tsa; and the mapping of every error they raise on purpose to an exit statu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from server.errors import CommandFailed
 from server.settings import Settings
@@ -19,13 +23,34 @@ log = logging.getLogger("stampd")
 
 
 def build_settings(args: argparse.Namespace) -> Settings:
+    """The settings: the environment's, overridden by the options given. A bad value fails
+    in one line naming where it came from: the option (``--workers``) when one was given,
+    else the variable (``STAMPD_WORKERS``)."""
     overrides: dict[str, Any] = {}
     for name in ("host", "port", "data_dir", "workers", "api_processes", "database_url",
                  "commit_interval", "own_url", "key_uid", "key_algo", "peers"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    return Settings(**overrides)
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        raise CommandFailed(invalid_settings(e, given=set(overrides)), usage=True) from None
+
+
+def invalid_settings(exc: ValidationError, given: Collection[str] = ()) -> str:
+    """The one-line message of a pydantic ``ValidationError`` of `Settings`: each problem
+    with the option that set it (names in ``given``) or else its environment variable."""
+    problems = []
+    for e in exc.errors():
+        where = ""
+        if e["loc"]:
+            name = str(e["loc"][0])
+            where = (f"--{name.replace('_', '-')}" if name in given
+                     else f"STAMPD_{name.upper()}") + ": "
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        problems.append(where + msg)
+    return _one_line("invalid setting: " + "; ".join(problems))
 
 
 def setup_logging(level: str | None = None) -> None:
@@ -148,14 +173,121 @@ def _require_programs(settings: Settings, signs_here: bool = True) -> None:
     require(needed)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from server.api.processes import run_uvicorn, serve_processes
+SERVE_LOCK = "serve.lock"  # in run/: held by the one `stampd serve` of a data directory
+WORKERS_LOCK = "workers.lock"  # in run/: held by whichever runs its workers (serve or worker)
 
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data_dir>/run/<name>``, held for as long as the process
+    lives (the kernel frees it when the process dies, however it dies; the descriptor is
+    close-on-exec, so no child inherits it), with the holder's PID and command in the file.
+
+    One `stampd serve` per data directory (`SERVE_LOCK`): a second would send its workers to
+    the first one's dispatch socket and delete that socket when it exits. One worker pool per
+    data directory (`WORKERS_LOCK`): `stampd serve` with workers, or `stampd worker` beside a
+    `stampd serve --no-workers`."""
+
+    def __init__(self, run_dir: Path, name: str, holder: str) -> None:
+        self.path = run_dir / name
+        self.holder = holder
+        self.fd: int | None = None
+
+    def acquire(self, create: bool = True) -> None:
+        """Take the lock, or raise `CommandFailed` naming the process that holds it. With
+        ``create`` false, nothing is made: where the lock file does not exist (no server ever
+        ran here), nothing is taken either (take it later, when the data directory may be
+        made)."""
+        import fcntl
+
+        if self.fd is not None:
+            return
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0),
+                         0o600)
+        except FileNotFoundError:
+            if create:
+                raise
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            os.close(fd)
+            pid = held[0] if held and held[0].isdigit() else "unknown"
+            raise CommandFailed(
+                f"{' '.join(held[1:]) or 'another stampd'} (pid {pid}) is running on data "
+                f"directory {self.path.parent.parent}: stop it first, or give this one another "
+                "--data-dir") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {self.holder}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # (frees the lock)
+            self.fd = None
+
+
+def _check_database(settings: Settings) -> None:
+    """Fail at once, before the data directory or a key is made: a database driver that does
+    not load (the URL's scheme is checked with the settings), a PostgreSQL server that does
+    not answer. (A SQLite file is made in the data directory, so it is checked after.)"""
+    from sqlalchemy.engine import make_url
+
+    from server import db
+
+    url = make_url(settings.db_url)
+    try:
+        url.get_dialect().import_dbapi()
+    except ImportError as e:
+        raise CommandFailed(f"the database driver {url.get_driver_name()} is not installed "
+                            f"({e})", usage=True) from None
+    path = db.sqlite_path(settings.db_url)
+    if path is not None:
+        folder = path.resolve().parent
+        if not folder.is_dir() and settings.data_dir.resolve() not in (folder, *folder.parents):
+            raise CommandFailed(f"the database's folder {folder} does not exist", usage=True)
+    elif url.get_backend_name() != "sqlite":
+        engine = db.make_engine(settings.db_url)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
     settings = build_settings(args)
     count = settings.api_process_count
     settings = settings.model_copy(update={"api_processes": count})  # (the same in each)
-    _check_listen(settings.host, settings.port)
-    _require_programs(settings, signs_here=not args.no_workers)
+    with contextlib.ExitStack() as held:
+        # Nothing is made before every check passed: a running server here, the address, the
+        # programs, the database. (The lock is checked first where it exists, and taken for
+        # good once the data directory may be made.)
+        locks = [DataDirLock(settings.run_dir, SERVE_LOCK, "stampd serve")]
+        if not args.no_workers:
+            locks.append(DataDirLock(settings.run_dir, WORKERS_LOCK,
+                                     "the worker pool of stampd serve"))
+        for lock in locks:
+            held.callback(lock.release)
+            lock.acquire(create=False)
+        _check_listen(settings.host, settings.port)
+        _require_programs(settings, signs_here=not args.no_workers)
+        _check_database(settings)
+        for lock in locks:
+            lock.acquire()
+        return _serve(args, settings)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    from server.api.processes import run_uvicorn, serve_processes
+
+    count = settings.api_process_count
     keys = _prepare(settings, signs_here=not args.no_workers)
     pool = None if args.no_workers else PoolProcess(settings)
     if pool is not None:
@@ -215,8 +347,9 @@ def _check_listen(host: str, port: int) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             probe.bind((host, port))
-        except OSError as e:
-            raise CommandFailed(f"cannot listen on {host}:{port}: {e.strerror} "
+        except (OSError, ValueError) as e:  # (ValueError: a host name IDNA cannot encode)
+            reason = (e.strerror if isinstance(e, OSError) else None) or str(e) or "bad address"
+            raise CommandFailed(f"cannot listen on {host}:{port}: {reason} "
                                "(set --port/STAMPD_PORT or --host/STAMPD_HOST)") from None
 
 
@@ -232,11 +365,22 @@ def _key_summary(keys: list[ServedKey]) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    settings = build_settings(args)
+    lock = DataDirLock(settings.run_dir, WORKERS_LOCK, "stampd worker")
+    try:
+        lock.acquire(create=False)
+        _require_programs(settings)
+        _check_database(settings)
+        lock.acquire()
+        return _work(settings)
+    finally:
+        lock.release()
+
+
+def _work(settings: Settings) -> int:
     from server import db
     from workers.pool import WorkerPool
 
-    settings = build_settings(args)
-    _require_programs(settings)
     if settings.dispatch == "database":  # a worker host: API hosts serve what it registers
         engine = db.make_engine(settings.db_url)
         try:
@@ -483,16 +627,11 @@ def _one_line(text: str) -> str:
 def exit_status(exc: Exception) -> tuple[int, str] | None:
     """(exit code, one-line message) of an error any command may raise; None for a bug,
     which is left to propagate with its traceback."""
-    from pydantic import ValidationError
-
     from server.errors import StampError
     from workers.errors import WorkerError
 
     if isinstance(exc, ValidationError):
-        problems = "; ".join(
-            f"{'STAMPD_' + str(e['loc'][0]).upper() + ': ' if e['loc'] else ''}{e['msg']}"
-            for e in exc.errors())
-        return EXIT_USAGE, _one_line(f"invalid setting: {problems}")
+        return EXIT_USAGE, invalid_settings(exc)
     if isinstance(exc, CommandFailed):
         return EXIT_USAGE if exc.usage else EXIT_FAILED, _one_line(exc.message)
     if isinstance(exc, StampError | WorkerError):  # (the service's and the workers' bases)

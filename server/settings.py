@@ -28,6 +28,42 @@ TSA_POLICY = "2.25.178387009458913539541377305212843591845"
 PEER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
 
 
+# The databases stampd runs on, each with the one driver it ships with (`Settings.database_url`).
+DATABASES = {"sqlite": "pysqlite", "postgresql": "psycopg"}
+DATABASE_URLS = "sqlite:///PATH or postgresql://USER@HOST/NAME"
+
+
+def supported_database_url(url: str) -> str:
+    """``url`` when it names a database and driver stampd supports (SQLite, PostgreSQL with
+    psycopg 3), else ValueError saying which it supports, with a "did you mean" for a near
+    miss (``postgress://``). Checked before anything is made: an unknown scheme fails here,
+    not after keys were generated, and never as an import error of a driver we lack."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    scheme, sep, _ = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_+.-]+", scheme):
+        raise ValueError(f"not a database URL: use {DATABASE_URLS}")
+    backend, _, driver = scheme.lower().partition("+")
+    backend = {"postgres": "postgresql"}.get(backend, backend)
+    if backend not in DATABASES:
+        import difflib
+
+        near = difflib.get_close_matches(backend, [*DATABASES, "postgres"], n=1, cutoff=0.6)
+        hint = f"; did you mean {'postgresql' if near[0] == 'postgres' else near[0]}://?" \
+            if near else ""
+        raise ValueError(f"unsupported database {backend!r}: stampd runs on SQLite or "
+                         f"PostgreSQL ({DATABASE_URLS}){hint}")
+    if driver and driver != DATABASES[backend]:
+        raise ValueError(f"unsupported driver {driver!r}: stampd uses "
+                         f"{backend}+{DATABASES[backend]}:// (or just {backend}://)")
+    try:
+        make_url(url)
+    except (ArgumentError, ValueError) as e:  # (a port that is not a number: ValueError)
+        raise ValueError(f"not a database URL ({e}): use {DATABASE_URLS}") from None
+    return url
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (``taskset``, cgroup cpusets), not all the machine's."""
     try:
@@ -65,7 +101,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STAMPD_", extra="ignore")
 
     host: str = Field(default="127.0.0.1", description="listen address")
-    port: int = Field(default=8080, description="listen port")
+    port: int = Field(default=8080, ge=0, le=65535, description="listen port")
     data_dir: Path = Field(default=Path("var"), description="database, keys, log repository")
     database_url: str | None = Field(
         default=None,
@@ -166,13 +202,16 @@ class Settings(BaseSettings):
 
     @field_validator("database_url")
     @classmethod
-    def _postgres_means_psycopg(cls, v: str | None) -> str | None:
-        """``postgres://`` and ``postgresql://`` (what libpq and most hosts print) mean the
-        psycopg 3 driver stampd ships with."""
-        if v is not None:
-            for scheme in ("postgres://", "postgresql://"):
-                if v.startswith(scheme):
-                    return "postgresql+psycopg://" + v[len(scheme):]
+    def _supported_database(cls, v: str | None) -> str | None:
+        """A URL of a database stampd supports (`supported_database_url`); ``postgres://``
+        and ``postgresql://`` (what libpq and most hosts print) mean the psycopg 3 driver
+        stampd ships with."""
+        if v is None:
+            return v
+        v = supported_database_url(v)
+        for scheme in ("postgres://", "postgresql://"):
+            if v.startswith(scheme):
+                return "postgresql+psycopg://" + v[len(scheme):]
         return v
 
     @field_validator("key_uid")

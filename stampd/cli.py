@@ -26,6 +26,10 @@ SERVER_COMMANDS = ("serve", "worker", "db", "keys", "tsa")
 INSTALL_SERVER = "pip install 'stampd[server]'"
 
 
+class BadLogLevel(ValueError):
+    """STAMPD_LOG_LEVEL is no level name."""
+
+
 def _server_commands() -> ModuleType | None:
     """`server.commands`, or None where the server's dependencies are not installed."""
     try:
@@ -55,7 +59,8 @@ def parser(server: ModuleType | None) -> argparse.ArgumentParser:
         "environment variable STAMPD_<NAME>.",
         epilog="Exit status: 0 success; 1 the command failed (one line on stderr says why); "
         "2 bad arguments or settings. stamp, verify and audit have their own (see their --help).")
-    ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (STAMPD_LOG_LEVEL)")
+    ap.add_argument("--log-level", default=None, type=_log_level,
+                    help="DEBUG, INFO, WARNING, ERROR (STAMPD_LOG_LEVEL)")
     sub = ap.add_subparsers(dest="command", required=True)
     if server is not None:
         server.add_commands(sub)
@@ -66,11 +71,37 @@ def parser(server: ModuleType | None) -> argparse.ArgumentParser:
             p.add_argument("rest", nargs=argparse.REMAINDER)
             p.set_defaults(func=_not_installed(name))
     client_cli.add_commands(sub)
+    _own_usage(ap)
     return ap
 
 
+def _own_usage(ap: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser remembers itself (``usage_parser``), so that an argument
+    none of them knows is reported with the usage of the command it was given to."""
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                p.set_defaults(usage_parser=p)
+                _own_usage(p)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    """A level name of `LOG_LEVELS`, in any case (argparse's ``type`` of ``--log-level``)."""
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(LOG_LEVELS)}")
+    return text.upper()
+
+
 def _setup_logging(server: ModuleType | None, level: str | None) -> None:
-    level = level or os.environ.get("STAMPD_LOG_LEVEL", "INFO")
+    if level is None:
+        level = os.environ.get("STAMPD_LOG_LEVEL", "INFO")
+        if level.upper() not in LOG_LEVELS:
+            raise BadLogLevel(f"invalid setting: STAMPD_LOG_LEVEL: {level!r} is not one of "
+                              f"{', '.join(LOG_LEVELS)}")
+        level = level.upper()
     if server is not None:
         server.setup_logging(level)
     else:
@@ -90,9 +121,16 @@ def exit_status(exc: Exception, server: ModuleType | None = None) -> tuple[int, 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status."""
     server = _server_commands()
-    args = parser(server).parse_args(argv)
-    _setup_logging(server, args.log_level)
+    ap = parser(server)
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:  # (argparse would print the top-level usage)
+        getattr(args, "usage_parser", ap).error(f"unrecognized arguments: {' '.join(unknown)}")
     name = " ".join(n for n in (args.command, getattr(args, "hook_command", None)) if n)
+    try:
+        _setup_logging(server, args.log_level)
+    except BadLogLevel as e:
+        print(f"stampd {name}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     func: Any = args.func
     try:
         return int(func(args))

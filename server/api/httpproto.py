@@ -160,6 +160,11 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self._limit.busy(self)
         super().connection_lost(exc)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """An ``Upgrade`` stampd does not speak (``h2c`` from HTTP/2-capable clients, a
+        WebSocket): the request is answered as plain HTTP/1.1, which RFC 9110 allows, so it is
+        no event worth a warning (uvicorn logged one, or two, per such request)."""
+
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # the answer is sent; what comes now is dropped until the close

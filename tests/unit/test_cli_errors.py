@@ -63,7 +63,8 @@ def test_database_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert err.count("\n") == 1 and "not up to date" in err and "stampd db upgrade" in err
     assert main(["db", "--database-url", "nonsense://x", "check"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert err.startswith("stampd db: invalid STAMPD_DATABASE_URL: ") and err.count("\n") == 1
+    assert err.startswith("stampd db: invalid setting: --database-url: unsupported database "
+                          "'nonsense'") and err.count("\n") == 1
     assert main(["db", "upgrade", "--data-dir", str(tmp_path)]) == 0
     assert main(["db", "check", "--data-dir", str(tmp_path)]) == 0
     import sqlite3
