@@ -307,6 +307,18 @@ class Settings(BaseSettings):
         return self.data_dir / "run"
 
     @property
+    def journal_socket(self) -> Path:
+        """Where the HTTP processes reach the host's one journal (SQLite, several HTTP
+        processes: `server.stamping.journal_host`)."""
+        return self.run_dir / "journal.sock"
+
+    @property
+    def shared_journal(self) -> bool:
+        """Whether ``stampd serve`` keeps one journal for its HTTP processes: several of them
+        on one SQLite file. (PostgreSQL takes every process's commits itself.)"""
+        return self.api_process_count > 1 and self.db_url.startswith("sqlite")
+
+    @property
     def dispatch_socket(self) -> Path:
         """The dispatch socket of the first (or only) HTTP process."""
         return self.dispatch_socket_of(0)

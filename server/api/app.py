@@ -37,7 +37,8 @@ from server.log.peers import CrossStamper
 from server.log.repository import LogRepository
 from server.settings import Settings
 from server.signing_keys import serving_keys
-from server.stamping.journal import Journal
+from server.stamping.journal import Journal, JournalApi
+from server.stamping.journal_host import RemoteJournal
 from server.stamping.stamper import Stamper
 from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
@@ -91,7 +92,13 @@ def create_app(
         served = list(keys) if keys is not None else serving_keys(
             settings.keys_dir, settings.extra_key_specs, settings.dispatch, engine)
         stats = Stats()
-        journal = Journal(engine, stats)
+        journal: JournalApi
+        if settings.shared_journal:  # the serve process keeps the host's one journal
+            remote = RemoteJournal(settings.journal_socket, stats)
+            await remote.connect()
+            journal = remote
+        else:
+            journal = Journal(engine, stats)
         dispatcher = make_dispatcher(settings, engine, stats, process)
         # One log writer and one cross-stamper: the HTTP process holding the log lock.
         leader: AdvisoryLeader | FileLeader

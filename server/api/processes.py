@@ -10,10 +10,11 @@
   while a process restarts wait in its backlog and are served by the replacement.
 - **The workers.** HTTP process *n* runs its own dispatcher on its own Unix socket
   (`Settings.dispatch_socket_of`); every worker connects to all of them and takes jobs from
-  each in turn (`workers.link.Dispatchers`). A stamp is journalled by the process that took
-  the request and signed by whichever worker is free.
-- **What stays single.** One journal: the database (SQLite in WAL mode takes the processes'
-  grouped commits one after another). One log writer and one cross-stamper: the process that
+  each in turn (`workers.link.Dispatchers`). A stamp is signed by whichever worker is free.
+- **What stays single.** One journal: on SQLite this process keeps the host's one journal
+  writer (`server.stamping.journal_host.JournalHost`), which commits the rows every HTTP
+  process sends it together, one fsync for all; on PostgreSQL each process commits its own
+  groups. One log writer and one cross-stamper: the process that
   holds the log lock (`server.log.leader.FileLeader`; with database dispatch the PostgreSQL
   advisory lock), which another takes over when it dies.
 - **Metrics and /readyz** add up, or check, every process (`server.api.siblings`).
@@ -191,6 +192,13 @@ def serve_processes(settings: Settings, log_level: str, env: dict[str, str]) -> 
     """Bind the port, run ``settings.api_process_count`` HTTP processes until SIGTERM or
     SIGINT, then stop them (they finish their requests first)."""
     socks = listeners(settings.host, settings.port, settings.api_process_count)
+    host = None
+    if settings.shared_journal:  # one journal writer for every HTTP process of this host
+        from server import db
+        from server.stamping.journal_host import JournalHost
+
+        host = JournalHost(settings.journal_socket, lambda: db.make_engine(settings.db_url))
+        host.start()
     procs = ApiProcesses(settings, socks, log_level, env)
 
     def _stop(_signum: int, _frame: object) -> None:
@@ -203,6 +211,8 @@ def serve_processes(settings: Settings, log_level: str, env: dict[str, str]) -> 
     finally:
         for sock in socks:
             sock.close()
+        if host is not None:  # (after every HTTP process stopped: nothing more to record)
+            host.stop()
 
 
 # -- the HTTP process -------------------------------------------------------------------------

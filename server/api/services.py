@@ -12,7 +12,7 @@ from server.dispatch import Dispatcher
 from server.log.committer import LogCommitter
 from server.log.peers import CrossStamper
 from server.settings import Settings
-from server.stamping.journal import Journal
+from server.stamping.journal import JournalApi
 from server.stamping.stamper import Stamper
 from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
@@ -23,7 +23,7 @@ from workers.keys.keyset import ServedKey
 class Services:
     settings: Settings
     engine: Engine
-    journal: Journal
+    journal: JournalApi
     dispatcher: Dispatcher
     stamper: Stamper
     committer: LogCommitter

@@ -15,7 +15,7 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, update
 
@@ -40,6 +40,27 @@ class _Pending:
     row: dict[str, Any]
     future: asyncio.Future[int]
     buckets: Buckets | None = None  # manifests: written in the same transaction
+
+
+class JournalApi(Protocol):
+    """What the stamping path asks of a journal: `Journal` (this process commits), or
+    `server.stamping.journal_host.RemoteJournal` (the host's one journal commits)."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def record(self, req: Request, t: int, key_id: str | None = None) -> int: ...
+
+    def signed(self, stamp_id: int, worker: str | None, attempts: int, object_id: str | None,
+               receipt: str | None = None) -> None: ...
+
+    async def signed_durably(self, stamp_id: int, worker: str | None, attempts: int,
+                             receipt: str) -> None: ...
+
+    def failed(self, stamp_id: int, error: str) -> None: ...
+
+    async def failed_durably(self, stamp_id: int, error: str) -> None: ...
 
 
 def stamp_row(req: Request, t: int, key_id: str | None = None) -> dict[str, Any]:
@@ -94,8 +115,13 @@ class Journal:
 
     async def record(self, req: Request, t: int, key_id: str | None = None) -> int:
         """Commit the request durably; return its stamp id. Raises `JournalError`."""
+        return await self.record_row(stamp_row(req, t, key_id), req.digest_buckets())
+
+    async def record_row(self, row: dict[str, Any], buckets: Buckets | None = None) -> int:
+        """Commit a stamp row (`stamp_row`) and, for a manifest, its digest buckets durably;
+        return its stamp id. Raises `JournalError`."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._inserts.append(_Pending(stamp_row(req, t, key_id), fut, req.digest_buckets()))
+        self._inserts.append(_Pending(row, fut, buckets))
         self._wake.set()
         return await fut
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from formats.jobs import Job
 from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, MalformedAnswer, StampError, Unavailable
-from server.stamping.journal import Journal
+from server.stamping.journal import JournalApi
 from server.stamping.requests import Request, StampContext
 from workers.keys.keyset import ServedKey
 
@@ -31,7 +31,7 @@ A = TypeVar("A")
 
 
 class Stamper:
-    def __init__(self, journal: Journal, dispatcher: Dispatcher, keys: Sequence[ServedKey], *,
+    def __init__(self, journal: JournalApi, dispatcher: Dispatcher, keys: Sequence[ServedKey], *,
                  public_url: str, request_timeout: float,
                  clock: Callable[[], float]) -> None:
         self.journal = journal

@@ -1,0 +1,377 @@
+"""One journal writer for every HTTP process of a host (SQLite, ``--api-processes`` > 1).
+
+Each HTTP process committing its own groups made the processes take turns at SQLite's one
+write lock, one fsync each: with four processes on 12 cores, 43% of the time spent inside a
+request went to waiting for the others' commits (bench/RESULTS.md, "Many cores"). Here the
+``stampd serve`` process, which supervises the HTTP processes and serves no request itself,
+runs the one `Journal` of the host in a thread of its own (`JournalHost`), and the HTTP
+processes send it their rows over a Unix socket (`RemoteJournal`, the journal's interface): the
+rows of every process that arrive while one commit runs go into the next, one fsync for all.
+
+Nothing changes in what is promised: a request is answered (and signed) only after the host
+has committed its row and replied with its id. An HTTP process killed loses only its
+connection: the rows it sent are committed, or were never acknowledged. The host dies only with
+``stampd serve``, whose HTTP processes die with it; if its thread fails, it stops the server
+(SIGTERM to its own process) rather than leave the HTTP processes answering 503.
+
+The wire (`JournalCall`, `JournalReply`): frames of a 4-byte big-endian length, then a 4-byte
+length of a JSON object, the object, and the bytes it names (a manifest's digest buckets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from server.errors import JournalError
+from server.stamping.journal import Buckets, Journal, stamp_row
+from server.stamping.requests import Request
+from server.stats import Stats
+
+log = logging.getLogger(__name__)
+
+LENGTH = struct.Struct(">I")
+MAX_CALL = 1 << 30  # a manifest of 10^6 sha512 digests packs into ~64 MB; far below this
+CONNECT_TIMEOUT = 30.0  # seconds an HTTP process waits for the host at its start
+
+
+# -- the wire -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JournalCall:
+    """What an HTTP process asks of the host: ``record`` a stamp row (and a manifest's digest
+    buckets), or an outcome, ``signed`` or ``failed``. ``call_id`` 0: no reply wanted (an
+    outcome that rides along with the next commit, `Journal.signed`)."""
+
+    op: str
+    call_id: int
+    fields: dict[str, Any]
+    buckets: Buckets | None = None
+
+    OPS = ("record", "signed", "failed")
+
+    def encode(self) -> bytes:
+        head: dict[str, Any] = {"op": self.op, "id": self.call_id, "f": self.fields}
+        tail = b""
+        if self.buckets is not None:
+            head["b"] = [[b, len(packed)] for b, packed in self.buckets]
+            tail = b"".join(packed for _, packed in self.buckets)
+        text = json.dumps(head, separators=(",", ":")).encode()
+        body = LENGTH.pack(len(text)) + text + tail
+        return LENGTH.pack(len(body)) + body
+
+    @classmethod
+    def decode(cls, body: bytes) -> JournalCall:
+        """A call from a frame's body (after its length); ValueError if it is not one."""
+        head, tail = _split(body)
+        op, call_id, fields = head.get("op"), head.get("id"), head.get("f")
+        if op not in cls.OPS or not isinstance(call_id, int) or not isinstance(fields, dict):
+            raise ValueError("not a journal call")
+        buckets: Buckets | None = None
+        if "b" in head:
+            buckets, at = [], 0
+            for bucket, size in head["b"]:
+                buckets.append((int(bucket), tail[at:at + int(size)]))
+                at += int(size)
+            if at != len(tail):
+                raise ValueError("the buckets do not add up")
+        return cls(op, call_id, fields, buckets)
+
+
+@dataclass(frozen=True)
+class JournalReply:
+    """The host's answer to a call with an id: the stamp id of a recorded row (None for an
+    outcome), or the error that kept it from being committed."""
+
+    call_id: int
+    stamp_id: int | None = None
+    error: str | None = None
+
+    def encode(self) -> bytes:
+        text = json.dumps({"id": self.call_id, "sid": self.stamp_id, "error": self.error},
+                          separators=(",", ":")).encode()
+        body = LENGTH.pack(len(text)) + text
+        return LENGTH.pack(len(body)) + body
+
+    @classmethod
+    def decode(cls, body: bytes) -> JournalReply:
+        head, _ = _split(body)
+        call_id, sid, error = head.get("id"), head.get("sid"), head.get("error")
+        if (not isinstance(call_id, int) or not (sid is None or isinstance(sid, int))
+                or not (error is None or isinstance(error, str))):
+            raise ValueError("not a journal reply")
+        return cls(call_id, sid, error)
+
+
+def _split(body: bytes) -> tuple[dict[str, Any], bytes]:
+    if len(body) < LENGTH.size:
+        raise ValueError("short frame")
+    (n,) = LENGTH.unpack(body[:LENGTH.size])
+    head = json.loads(body[LENGTH.size:LENGTH.size + n])
+    if not isinstance(head, dict):
+        raise ValueError("not a JSON object")
+    return head, body[LENGTH.size + n:]
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame's body; None at the end of the stream."""
+    try:
+        (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+    except asyncio.IncompleteReadError:
+        return None
+    if size > MAX_CALL:
+        raise ValueError(f"a frame of {size} bytes")
+    return await reader.readexactly(size)
+
+
+# -- the host -----------------------------------------------------------------------------------
+
+class JournalHost:
+    """The host's one `Journal`, in a thread with its own event loop, serving the HTTP
+    processes on ``socket_path`` (0600)."""
+
+    def __init__(self, socket_path: Path, make_engine: Callable[[], Engine]) -> None:
+        self.socket_path = socket_path
+        self.make_engine = make_engine
+        self.journal: Journal | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self._links: set[asyncio.Task[None]] = set()  # one task per connected process
+        self._thread = threading.Thread(target=self._run, name="journal-host", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start serving; return once the socket listens (raise what kept it from it)."""
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._failed is not None:
+            raise RuntimeError(f"the journal host did not start: {self._failed!r}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, commit what is queued, close (after the HTTP processes stopped)."""
+        if not self._thread.is_alive():
+            return
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # the HTTP processes cannot journal: stop the server
+            self._failed = e
+            if self._ready.is_set():
+                log.exception("the journal host failed; stopping the server")
+                os.kill(os.getpid(), signal.SIGTERM)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        engine = self.make_engine()
+        journal = self.journal = Journal(engine)
+        journal.start()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            for link in list(self._links):
+                link.cancel()
+            if self._links:
+                await asyncio.wait(self._links, timeout=10)
+            await server.wait_closed()
+            await journal.stop()
+            engine.dispose()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = asyncio.current_task()
+        assert link is not None
+        self._links.add(link)
+        calls: set[asyncio.Task[None]] = set()
+        try:
+            while (body := await _read_frame(reader)) is not None:
+                call = JournalCall.decode(body)
+                task = asyncio.create_task(self._answer(call, writer))
+                calls.add(task)
+                task.add_done_callback(calls.discard)
+        except (ValueError, ConnectionError) as e:
+            log.warning("journal host: dropping a connection: %s", e)
+        except asyncio.CancelledError:
+            pass  # (stopping: the rows already sent are in the journal's queue)
+        finally:
+            if calls:  # what was asked is recorded before the connection goes
+                await asyncio.wait(calls, timeout=30)
+            writer.close()
+            self._links.discard(link)
+
+    async def _answer(self, call: JournalCall, writer: asyncio.StreamWriter) -> None:
+        assert self.journal is not None
+        f = call.fields
+        reply: JournalReply | None = None
+        try:
+            if call.op == "record":
+                reply = JournalReply(call.call_id, await self.journal.record_row(f, call.buckets))
+            elif call.op == "signed":
+                if call.call_id:
+                    await self.journal.signed_durably(f["sid"], f["worker"], f["attempts"],
+                                                      f["receipt"])
+                    reply = JournalReply(call.call_id)
+                else:
+                    self.journal.signed(f["sid"], f["worker"], f["attempts"], f["object_id"],
+                                        f["receipt"])
+            elif call.call_id:
+                await self.journal.failed_durably(f["sid"], f["error"])
+                reply = JournalReply(call.call_id)
+            else:
+                self.journal.failed(f["sid"], f["error"])
+        except JournalError as e:
+            reply = JournalReply(call.call_id, error=e.message) if call.call_id else None
+        if reply is not None and not writer.is_closing():
+            writer.write(reply.encode())
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+
+# -- the HTTP process's side ----------------------------------------------------------------------
+
+@dataclass
+class RemoteJournal:
+    """The journal of an HTTP process whose host's ``stampd serve`` keeps the one journal
+    (`JournalHost`): the interface of `Journal` over one Unix socket connection. Every call
+    fails with `JournalError` while the host cannot be reached; nothing is retried behind the
+    caller's back (a request not acknowledged was not recorded)."""
+
+    socket_path: Path
+    stats: Stats = field(default_factory=Stats)
+    _writer: asyncio.StreamWriter | None = None
+    _reader_task: asyncio.Task[None] | None = None
+    _calls: dict[int, asyncio.Future[JournalReply]] = field(default_factory=dict)
+    _next_id: int = 1
+
+    def start(self) -> None:
+        pass  # (connects on the first call; `connect` waits for the host at start-up)
+
+    async def connect(self, timeout: float = CONNECT_TIMEOUT) -> None:
+        """Connect, waiting (bounded) for the host to listen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._connect()
+                return
+            except JournalError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        if self._writer is not None and not self._writer.is_closing():
+            return self._writer
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+        except OSError as e:
+            raise JournalError(f"journal unavailable: {e.strerror or e}") from None
+        self._writer = writer
+        self._reader_task = asyncio.create_task(self._read(reader, writer), name="journal-link")
+        return writer
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        why = "the journal host closed the connection"
+        try:
+            while (body := await _read_frame(reader)) is not None:
+                reply = JournalReply.decode(body)
+                fut = self._calls.pop(reply.call_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        except (ValueError, ConnectionError) as e:
+            why = f"journal link broken: {e}"
+        finally:
+            if self._writer is writer:
+                self._writer = None
+            writer.close()
+            for fut in self._calls.values():
+                if not fut.done():
+                    fut.set_exception(JournalError(f"journal unavailable: {why}"))
+            self._calls.clear()
+
+    async def _call(self, op: str, fields: dict[str, Any], buckets: Buckets | None = None,
+                    reply: bool = True) -> JournalReply | None:
+        writer = await self._connect()
+        call_id = 0
+        fut: asyncio.Future[JournalReply] | None = None
+        if reply:
+            call_id, self._next_id = self._next_id, self._next_id + 1
+            fut = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        writer.write(JournalCall(op, call_id, fields, buckets).encode())
+        if buckets:  # (a manifest's buckets are megabytes: let the socket take them)
+            await writer.drain()
+        if fut is None:
+            return None
+        answer = await fut
+        if answer.error is not None:
+            raise JournalError(answer.error)
+        return answer
+
+    async def record(self, req: Request, t: int, key_id: str | None = None) -> int:
+        """Commit the request durably (in the host's journal); its stamp id."""
+        started = time.perf_counter()
+        answer = await self._call("record", stamp_row(req, t, key_id), req.digest_buckets())
+        assert answer is not None
+        if answer.stamp_id is None:
+            raise JournalError("journal unavailable: no stamp id")
+        self.stats.journal_commit.observe(time.perf_counter() - started)
+        return answer.stamp_id
+
+    def signed(self, stamp_id: int, worker: str | None, attempts: int, object_id: str | None,
+               receipt: str | None = None) -> None:
+        """The outcome, with the host's next group commit (not awaited: bookkeeping)."""
+        self._outcome("signed", {"sid": stamp_id, "worker": worker, "attempts": attempts,
+                                 "object_id": object_id, "receipt": receipt})
+
+    async def signed_durably(self, stamp_id: int, worker: str | None, attempts: int,
+                             receipt: str) -> None:
+        await self._call("signed", {"sid": stamp_id, "worker": worker, "attempts": attempts,
+                                    "object_id": None, "receipt": receipt})
+
+    def failed(self, stamp_id: int, error: str) -> None:
+        self._outcome("failed", {"sid": stamp_id, "error": error})
+
+    async def failed_durably(self, stamp_id: int, error: str) -> None:
+        await self._call("failed", {"sid": stamp_id, "error": error})
+
+    def _outcome(self, op: str, fields: dict[str, Any]) -> None:
+        if self._writer is None or self._writer.is_closing():
+            # (the host is gone, and with it `stampd serve`: this process is about to die)
+            log.warning("journal host unreachable: the %s outcome of stamp %s is not recorded",
+                        op, fields["sid"])
+            return
+        self._writer.write(JournalCall(op, 0, fields).encode())
+
+    async def stop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._reader_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._reader_task

@@ -1,0 +1,130 @@
+"""One journal writer for the HTTP processes of a host (server/stamping/journal_host.py): the
+rows of several processes go into shared group commits; replies, outcomes, manifests'
+digest buckets and the loss of the host behave as the journal's own do."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from formats.manifests import parse_body
+from server import db
+from server.errors import JournalError
+from server.models import ManifestDigests, Stamp, StampState
+from server.stamping.journal_host import JournalCall, JournalHost, JournalReply, RemoteJournal
+from server.stamping.requests import DigestRequest, ManifestRequest, TagRequest
+from tests.helpers import short_tmpdir
+
+
+@pytest.fixture
+def host(tmp_path: Path):  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    engine.dispose()
+    run = short_tmpdir("jh")
+    h = JournalHost(run / "journal.sock", lambda: db.make_engine(url))
+    h.start()
+    try:
+        yield h, url
+    finally:
+        h.stop()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def test_the_wire_round_trips_calls_and_replies() -> None:
+    call = JournalCall("record", 7, {"kind": "manifest", "digest": None},
+                       [(1, b"\x00" * 32), (65535, b"\xff" * 64)])
+    body = call.encode()[4:]
+    assert JournalCall.decode(body) == call
+    assert JournalReply.decode(JournalReply(7, 42).encode()[4:]) == JournalReply(7, 42)
+    assert JournalReply.decode(JournalReply(8, error="down").encode()[4:]).error == "down"
+    for bad in (b"", b"\x00\x00\x00\x02[]", JournalReply(1).encode()[4:]):
+        with pytest.raises(ValueError):
+            JournalCall.decode(bad)
+
+
+def test_two_processes_share_group_commits(host) -> None:  # type: ignore[no-untyped-def]
+    h, url = host
+
+    async def scenario() -> list[int]:
+        a = RemoteJournal(h.socket_path)
+        b = RemoteJournal(h.socket_path)
+        await a.connect()
+        await b.connect()
+        reqs = [TagRequest(f"{i:040x}", "t") for i in range(200)]
+        ids = await asyncio.gather(*((a if i % 2 else b).record(r, 1700000000 + i)
+                                     for i, r in enumerate(reqs)))
+        a.signed(ids[0], "w1", 1, "c" * 40)  # rides along
+        await b.signed_durably(ids[1], "w2", 2, "receipt text")
+        await a.failed_durably(ids[2], "no worker")
+        manifest = DigestRequest("sha256", "ab" * 32)
+        ids.append(await a.record(manifest, 1700000999))
+        await a.stop()
+        await b.stop()
+        return list(ids)
+
+    ids = asyncio.run(scenario())
+    h.stop()  # commits what rides along
+    assert h.journal is not None and h.journal.commits < 200 / 4  # grouped across processes
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(select(Stamp))}
+        assert len(rows) == 201 and set(ids) == set(rows)
+        assert rows[ids[0]].state == StampState.SIGNED and rows[ids[0]].object_id == "c" * 40
+        assert rows[ids[1]].receipt == "receipt text" and rows[ids[1]].attempts == 2
+        assert rows[ids[2]].state == StampState.FAILED and rows[ids[2]].error == "no worker"
+        assert rows[ids[-1]].digest == "ab" * 32
+        assert rows[ids[5]].commit == f"{5:040x}" and rows[ids[5]].stamped_at == 1700000005
+        assert conn.execute(select(ManifestDigests)).first() is None  # (a digest, no buckets)
+    engine.dispose()
+
+
+def test_a_manifests_buckets_reach_the_database(host) -> None:  # type: ignore[no-untyped-def]
+    h, url = host
+    lines = "".join(f"{i:064x}  file{i}\n" for i in range(300))
+    req = ManifestRequest(parse_body(lines.encode()))
+
+    async def scenario() -> int:
+        j = RemoteJournal(h.socket_path)
+        sid = await j.record(req, 1700000000)
+        await j.stop()
+        return sid
+
+    sid = asyncio.run(scenario())
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        got = conn.execute(select(ManifestDigests.bucket, ManifestDigests.digests)
+                           .where(ManifestDigests.stamp_id == sid)).all()
+    engine.dispose()
+    assert sorted(got) == sorted(req.digest_buckets() or [])
+
+
+def test_without_the_host_a_record_fails_and_nothing_waits(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        j = RemoteJournal(tmp_path / "journal.sock")
+        with pytest.raises(JournalError):
+            await j.record(TagRequest("a" * 40, "t"), 1)
+        with pytest.raises(JournalError):
+            await j.connect(timeout=0.2)
+        j.signed(1, "w", 1, None)  # an outcome with no host is dropped (and logged)
+
+    asyncio.run(scenario())
+
+
+def test_the_host_going_away_fails_what_waits(host) -> None:  # type: ignore[no-untyped-def]
+    h, _ = host
+
+    async def scenario() -> None:
+        j = RemoteJournal(h.socket_path)
+        assert await j.record(TagRequest("a" * 40, "t"), 1) > 0
+        await asyncio.to_thread(h.stop)
+        with pytest.raises(JournalError):
+            await j.record(TagRequest("b" * 40, "t"), 2)
+        await j.stop()
+
+    asyncio.run(scenario())
