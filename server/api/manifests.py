@@ -21,12 +21,12 @@ import os
 import secrets
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope
 
 from formats.manifests import MalformedManifest, parse_body
@@ -43,7 +43,7 @@ from server.errors import (
     UnsupportedMediaType,
 )
 from server.settings import Settings
-from server.stamping.queries import signed_manifest
+from server.stamping.queries import MANIFEST_CHUNK, manifest_chunk, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
@@ -297,7 +297,20 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
         s = services()
         if not (serial.isascii() and serial.isdigit() and len(serial) <= 18):
             raise BadRequest("a serial is a whole number")
-        text = await asyncio.to_thread(signed_manifest, s.engine, int(serial))
-        if text is None:
+        size = await asyncio.to_thread(manifest_size, s.engine, int(serial))
+        if size is None:
             raise NotFound(f"no signed manifest {serial}")
-        return PlainTextResponse(text)
+
+        async def pieces() -> AsyncIterator[bytes]:
+            # A piece at a time, each read when the last one is sent: a slow reader holds one
+            # piece, not the manifest (a signed row never changes).
+            offset = 0
+            while piece := await asyncio.to_thread(manifest_chunk, s.engine, int(serial),
+                                                   offset):
+                yield piece
+                offset += len(piece) if size >= 0 else MANIFEST_CHUNK
+                if 0 <= size <= offset:
+                    return
+
+        return StreamingResponse(pieces(), media_type="text/plain; charset=utf-8",
+                                 headers={"Content-Length": str(size)} if size >= 0 else None)
