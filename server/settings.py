@@ -185,6 +185,22 @@ class Settings(BaseSettings):
     max_manifest_lines: int = Field(
         default=1_000_000, gt=0, description="most lines in one manifest"
     )
+    # Budgets of POST /v1/manifests (docs/manifests.md, "Budgets"); 0 = no limit.
+    manifest_bytes_per_client_hour: int = Field(
+        default=1 << 30, ge=0,
+        description="manifest bytes one client address (IPv6: its /64) may send per clock "
+        "hour, all HTTP processes together; beyond them 429; 0 = no limit",
+    )
+    manifest_bytes_per_hour: int = Field(
+        default=8 << 30, ge=0,
+        description="manifest bytes this host takes per clock hour from all clients; beyond "
+        "them 429; 0 = no limit",
+    )
+    manifest_bytes_in_flight: int = Field(
+        default=512 << 20, ge=0,
+        description="manifest bytes being read, signed and answered at once on this host "
+        "(each HTTP process its share, at least one manifest); beyond them 503; 0 = no limit",
+    )
     keepalive_timeout: float = Field(
         default=15.0, gt=0, description="seconds an idle connection may stay open"
     )

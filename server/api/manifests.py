@@ -4,21 +4,34 @@
     sha256sum -b * | curl -sS --data-binary @- http://127.0.0.1:8080/v1/manifests > SHA256SUMS.asc
 
 The body is read as it streams in, within its own limits (``STAMPD_MAX_MANIFEST_BYTES``,
-``STAMPD_MAX_MANIFEST_LINES``), not the 1000-byte limit of the form endpoints.
+``STAMPD_MAX_MANIFEST_LINES``), not the 1000-byte limit of the form endpoints. Before it is
+read, its bytes are charged to the hourly budgets of its client and of the host
+(`ByteRateLimit`, 429 beyond them), and held in the host's budget of manifest bytes in
+flight (`InFlight`, 503 beyond it) until the request is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import os
+import secrets
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope
 
 from formats.manifests import MalformedManifest, parse_body
 from server.api.body import checked_length, content_type
+from server.api.errors import problem_response
 from server.api.services import Services
 from server.errors import (
     BadManifest,
@@ -26,27 +39,169 @@ from server.errors import (
     BodyTooLarge,
     NotFound,
     RequestTimeout,
+    Unavailable,
     UnsupportedMediaType,
 )
 from server.settings import Settings
-from server.stamping.queries import signed_manifest
+from server.stamping.queries import MANIFEST_CHUNK, manifest_chunk, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
 RATE = 1 << 20  # bytes per second a body must at least arrive at, past STAMPD_BODY_TIMEOUT
+WINDOW = 3600  # seconds of one rate-limit window (fixed windows, aligned to the hour)
+SLOTS = 1 << 16  # client counters of the rate-limit file (a keyed hash of the address picks one)
+_HEAD = struct.Struct("<QQ32s")  # window start, host bytes in it, the hash key
+_SLOT = struct.Struct("<Q")
 
 
-async def read_manifest(scope: Scope, receive: Receive, settings: Settings) -> bytes:
-    """The body, streamed: at most ``max_manifest_bytes`` bytes and ``max_manifest_lines``
-    lines. A Content-Length is not required (chunked bodies are taken). Each chunk must come
-    within ``body_timeout``, and the whole body within ``body_timeout`` plus one second per
-    MiB."""
+class RateLimited(Exception):
+    """A manifest over an hourly byte budget; the client may come back in ``retry_after``
+    seconds (when the window ends). Answered 429 (`stamp_manifest`)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class ManifestsBusy(Unavailable):
+    """More manifest bytes in flight on this host than ``manifest_bytes_in_flight``."""
+
+    retry_after = 10
+
+
+def client_key(host: str | None) -> bytes:
+    """What the per-client budget counts by: the IPv4 address, or the IPv6 /64 (one site's
+    addresses; a client holding a /64 must not get 2**64 budgets)."""
+    if host is None:
+        return b"?"
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return host.encode("utf-8", "replace")  # a Unix socket's name, a proxy's token
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return addr.ipv4_mapped.packed
+        return ipaddress.IPv6Network((addr, 64), strict=False).network_address.packed
+    return addr.packed
+
+
+@dataclass
+class ByteRateLimit:
+    """Hourly budgets of manifest bytes, per client and per host, shared by every HTTP
+    process of the host: the counters live in one small file (``path``, under the data
+    directory's run/), read and written under an exclusive ``flock``. Fixed windows aligned
+    to the hour (``clock() // 3600``): a window's counters start at 0. A client's counter is
+    one of `SLOTS`, picked by a hash of its address keyed with a secret the file holds (two
+    clients may share one by chance, never by choice). 0 = no limit."""
+
+    path: Path
+    per_client: int
+    per_host: int
+    clock: Callable[[], float]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)  # (releases the lock)
+
+    def charge(self, client: bytes, n: int) -> None:
+        """Count ``n`` bytes of ``client``; `RateLimited` (and nothing counted) if that would
+        exceed a budget of this window."""
+        if not (self.per_client or self.per_host) or n <= 0:
+            return
+        now = self.clock()
+        window = int(now // WINDOW)
+        retry = max(1, int((window + 1) * WINDOW - now + 0.999))
+        with self._locked() as fd:
+            head = os.pread(fd, _HEAD.size, 0)
+            if len(head) == _HEAD.size:
+                start, host, key = _HEAD.unpack(head)
+            else:
+                start, host, key = window, 0, secrets.token_bytes(32)
+                os.ftruncate(fd, 0)
+            if start != window:  # a new window: every counter from 0
+                os.ftruncate(fd, 0)
+                host = 0
+            slot = _HEAD.size + _SLOT.size * (
+                int.from_bytes(hashlib.blake2b(client, key=key, digest_size=8).digest())
+                % SLOTS)
+            raw = os.pread(fd, _SLOT.size, slot)
+            used = _SLOT.unpack(raw)[0] if len(raw) == _SLOT.size else 0
+            if self.per_client and used + n > self.per_client:
+                raise RateLimited(
+                    f"this client sent {used} of its {self.per_client} manifest bytes this "
+                    f"hour; {n} more would exceed them", retry)
+            if self.per_host and host + n > self.per_host:
+                raise RateLimited(
+                    f"this server took {host} of its {self.per_host} manifest bytes this "
+                    f"hour; {n} more would exceed them", retry)
+            os.pwrite(fd, _SLOT.pack(used + n), slot)
+            os.pwrite(fd, _HEAD.pack(window, host + n, key), 0)
+
+
+@dataclass
+class InFlight:
+    """At most ``limit`` bytes of manifest bodies in flight (read, checked, journalled,
+    signed, answered) on this host: each of the host's ``processes`` HTTP processes holds
+    its share, ``limit // processes`` (counted in the process: nothing to clean up after a
+    crash). A request beyond it is refused before its body is read (`ManifestsBusy`)."""
+
+    limit: int
+    processes: int
+    held: int = 0
+
+    @property
+    def share(self) -> int:
+        return self.limit // self.processes
+
+    @contextlib.contextmanager
+    def hold(self, n: int) -> Iterator[None]:
+        if self.held and self.held + n > self.share:
+            raise ManifestsBusy(
+                f"{self.held} bytes of manifests in flight in this process (of "
+                f"{self.share}); try again later")
+        self.held += n
+        try:
+            yield
+        finally:
+            self.held -= n
+
+
+def manifest_length(scope: Scope, settings: Settings) -> int | None:
+    """The body's announced length (None: chunked), checked against the limit, and its
+    type, before anything is read."""
     mtype, length = content_type(scope["headers"])
     if mtype not in MANIFEST_TYPES:
         raise UnsupportedMediaType(f"send {' or '.join(MANIFEST_TYPES)}")
+    if length is None:
+        return None
+    return checked_length(length, settings.max_manifest_bytes, "manifest")
+
+
+CHARGE_STEP = 4 << 20  # a chunked body is charged to the rate limit as it arrives, this at a time
+
+
+async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
+                        charge: Callable[[int], None] = lambda n: None) -> bytes:
+    """The body, streamed: at most ``max_manifest_bytes`` bytes and ``max_manifest_lines``
+    lines. A Content-Length is not required (chunked bodies are taken). Each chunk must come
+    within ``body_timeout``, and the whole body within ``body_timeout`` plus one second per
+    MiB. ``charge`` is told the bytes to come before they are read: the announced length at
+    once, a chunked body `CHARGE_STEP` at a time (it raises to refuse them)."""
+    length = manifest_length(scope, settings)
     limit = settings.max_manifest_bytes
-    expected = checked_length(length, limit, "manifest") if length is not None else limit
+    expected = length if length is not None else limit
+    charged = 0
+    if length is not None:
+        charge(length)
+        charged = length
     deadline = time.monotonic() + settings.body_timeout + expected / RATE
     body = bytearray()
     lines = 0
@@ -65,6 +220,10 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings) -> b
         lines += chunk.count(b"\n")
         if lines > settings.max_manifest_lines:
             raise BodyTooLarge(f"manifest of more than {settings.max_manifest_lines} lines")
+        if len(body) + len(chunk) > charged:
+            step = max(CHARGE_STEP, len(body) + len(chunk) - charged)
+            charge(step)
+            charged += step
         body += chunk
         if not message.get("more_body", False):
             break
@@ -84,7 +243,24 @@ def manifest_request(body: bytes) -> ManifestRequest:
         raise BadManifest(str(e), e.bad, e.count) from None
 
 
+class Budgets:
+    """The limits on manifests of one HTTP process (built from the settings on its first
+    manifest)."""
+
+    rate: ByteRateLimit
+    in_flight: InFlight
+
+    def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
+        self.rate = ByteRateLimit(settings.run_dir / "manifest-bytes",
+                                  settings.manifest_bytes_per_client_hour,
+                                  settings.manifest_bytes_per_hour, clock)
+        self.in_flight = InFlight(settings.manifest_bytes_in_flight or (1 << 62),
+                                  settings.api_process_count)
+
+
 def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> None:
+    budgets: list[Budgets] = []  # one, once the first manifest comes
+
     @router.post("/v1/manifests")
     async def stamp_manifest(request: Request) -> Response:
         """A manifest (sha256sum/sha512sum output) signed with one signature: the server's
@@ -94,10 +270,24 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
                                        for k in ("format", "key")
                                        if k in request.query_params})
         key = choose_key(s.keys, fmt, fingerprint)
-        body = await read_manifest(request.scope, request.receive, s.settings)
-        req = await asyncio.to_thread(manifest_request, body)
-        del body
-        text = await s.stamper.stamp(req, key)
+        if not budgets:
+            budgets.append(Budgets(s.settings, s.clock))
+        limits = budgets[0]
+        length = manifest_length(request.scope, s.settings)
+        client = client_key(request.client.host if request.client else None)
+        try:
+            # The bytes in flight first: a request refused for them charges nothing.
+            with limits.in_flight.hold(s.settings.max_manifest_bytes if length is None
+                                       else length):
+                body = await read_manifest(request.scope, request.receive, s.settings,
+                                           lambda n: limits.rate.charge(client, n))
+                req = await asyncio.to_thread(manifest_request, body)
+                del body
+                text = await s.stamper.stamp(req, key)
+        except RateLimited as e:
+            s.stats.request("manifest", 429)
+            return problem_response(429, "Too Many Requests", e.message,
+                                    {"Retry-After": str(e.retry_after)})
         s.stats.request("manifest", 200)
         return PlainTextResponse(text)
 
@@ -107,7 +297,20 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
         s = services()
         if not (serial.isascii() and serial.isdigit() and len(serial) <= 18):
             raise BadRequest("a serial is a whole number")
-        text = await asyncio.to_thread(signed_manifest, s.engine, int(serial))
-        if text is None:
+        size = await asyncio.to_thread(manifest_size, s.engine, int(serial))
+        if size is None:
             raise NotFound(f"no signed manifest {serial}")
-        return PlainTextResponse(text)
+
+        async def pieces() -> AsyncIterator[bytes]:
+            # A piece at a time, each read when the last one is sent: a slow reader holds one
+            # piece, not the manifest (a signed row never changes).
+            offset = 0
+            while piece := await asyncio.to_thread(manifest_chunk, s.engine, int(serial),
+                                                   offset):
+                yield piece
+                offset += len(piece) if size >= 0 else MANIFEST_CHUNK
+                if 0 <= size <= offset:
+                    return
+
+        return StreamingResponse(pieces(), media_type="text/plain; charset=utf-8",
+                                 headers={"Content-Length": str(size)} if size >= 0 else None)

@@ -86,6 +86,8 @@ def _errors(media: str, codes: Sequence[int], **reasons: str) -> dict[str, Json]
         411: "no Content-Length (chunked bodies are not accepted)",
         413: "the body is larger than STAMPD_MAX_BODY bytes (1000 by default)",
         415: "a media type the operation does not take",
+        429: "over an hourly budget of this client or of the server; try again after "
+             "Retry-After seconds",
         503: "too many stamps waiting, no worker signed in time, or the database is "
              "unavailable; try again after Retry-After seconds",
     }
@@ -99,7 +101,7 @@ def _errors(media: str, codes: Sequence[int], **reasons: str) -> dict[str, Json]
         else:
             content = {"schema": {"type": "string"}}
         answer: Json = {"description": why[code], "content": {media: content}}
-        if code == 503:
+        if code in (429, 503):
             answer["headers"] = RETRY_AFTER
         out[str(code)] = answer
     return out
@@ -482,7 +484,7 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                 "responses": {
                     "200": {"description": "the signed manifest",
                             "content": {TEXT: {"schema": {"type": "string"}}}},
-                    **_errors(PROBLEM, [400, 408, 413, 415, 503],
+                    **_errors(PROBLEM, [400, 408, 413, 415, 429, 503],
                               s400="a body that is not checksum lines of one algorithm "
                                    "(`lines` names the first bad ones), a line longer than "
                                    f"{MAX_LINE} characters, an empty body, a body that is "
@@ -490,7 +492,15 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                               s408="the body did not arrive in time (STAMPD_BODY_TIMEOUT "
                                    "per chunk, plus a second per MiB in all)",
                               s413="more than STAMPD_MAX_MANIFEST_BYTES bytes or "
-                                   "STAMPD_MAX_MANIFEST_LINES lines"),
+                                   "STAMPD_MAX_MANIFEST_LINES lines",
+                              s429="over the hourly manifest bytes of this client "
+                                   "(STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR) or of the server "
+                                   "(STAMPD_MANIFEST_BYTES_PER_HOUR); Retry-After: when "
+                                   "the hour ends",
+                              s503="more manifest bytes in flight than "
+                                   "STAMPD_MANIFEST_BYTES_IN_FLIGHT, too many stamps "
+                                   "waiting, or no worker signed in time; try again after "
+                                   "Retry-After seconds"),
                 },
             }},
             "/v1/manifests/{serial}": {"get": {

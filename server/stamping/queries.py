@@ -7,21 +7,52 @@ stamped thousands of times must not hold up the event loop). They only read, thr
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from formats.manifests import bucket_of, packed_contains
 from server.db import reading
 from server.models import ManifestDigests, Stamp, StampState
 
+MANIFEST_CHUNK = 1 << 20  # bytes (SQLite) or characters (PostgreSQL) read at a time
 
-def signed_manifest(engine: Engine, serial: int) -> str | None:
-    """The signed manifest of serial ``serial``; None if there is no signed manifest of it."""
+
+def manifest_size(engine: Engine, serial: int) -> int | None:
+    """Whether there is a signed manifest of serial ``serial`` (None: not), and its length in
+    bytes where it costs nothing to know (SQLite; -1 on PostgreSQL), without reading it."""
     with reading(engine).connect() as conn:
-        return conn.execute(select(Stamp.receipt).where(
-            Stamp.id == serial, Stamp.kind == "manifest",
-            Stamp.state == StampState.SIGNED)).scalar_one_or_none()
+        found = conn.execute(select(Stamp.id).where(
+            Stamp.id == serial, Stamp.kind == "manifest", Stamp.state == StampState.SIGNED,
+            Stamp.receipt.is_not(None))).scalar_one_or_none()
+        if found is None:
+            return None
+        if conn.dialect.name != "sqlite":
+            return -1
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
+        with raw.blobopen("stamps", "receipt", serial, readonly=True) as blob:
+            return len(blob)
+
+
+def manifest_chunk(engine: Engine, serial: int, offset: int) -> bytes:
+    """A piece of the signed manifest of serial ``serial`` (whose `manifest_size` was
+    found), from ``offset`` on: on SQLite `MANIFEST_CHUNK` bytes from byte ``offset``, read
+    through incremental blob I/O (SQLite reads only those pages); on PostgreSQL
+    `MANIFEST_CHUNK` characters from character ``offset``, UTF-8 encoded (the receipt is
+    stored uncompressed: PostgreSQL reads the value up to the piece's end, in the server).
+    An empty piece: the end."""
+    with reading(engine).connect() as conn:
+        if conn.dialect.name == "sqlite":
+            raw = conn.connection.driver_connection
+            assert isinstance(raw, sqlite3.Connection)
+            with raw.blobopen("stamps", "receipt", serial, readonly=True) as blob:
+                blob.seek(offset)
+                return blob.read(MANIFEST_CHUNK)
+        text = conn.execute(select(func.substr(Stamp.receipt, offset + 1, MANIFEST_CHUNK))
+                            .where(Stamp.id == serial)).scalar_one_or_none()
+        return (text or "").encode("utf-8")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,123 @@
+"""The budgets of POST /v1/manifests against real servers (docs/manifests.md, "Budgets"): the
+host's hourly bytes hold across its HTTP processes, a refusal comes before the body is read
+and records nothing, and manifest bytes in flight beyond the budget are refused with 503."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import socket
+import sqlite3
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import Server, seed_data_dir, start_server, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def body(i: int, lines: int = 10) -> bytes:
+    return "".join(f"{hashlib.sha256(f'{i}/{n}'.encode()).hexdigest()} *f{n}\n"
+                   for n in range(lines)).encode()
+
+
+SIZE = len(body(0))
+
+
+def post(server: Server, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", "/v1/manifests", data,
+                     {"Content-Type": "text/plain", "Connection": "close"})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def manifests(server: Server) -> int:
+    db = sqlite3.connect(server.data_dir / "stampd.sqlite3")
+    try:
+        return int(db.execute("SELECT count(*) FROM stamps WHERE kind='manifest'").fetchone()[0])
+    finally:
+        db.close()
+
+
+def headers_only(server: Server, length: int) -> socket.socket:
+    """A manifest request whose body has not come yet (one byte of it sent)."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    s.sendall(b"POST /v1/manifests HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\n"
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % length)
+    return s
+
+
+def answer(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    s.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Two HTTP processes; the host takes 3 bodies an hour, a client any number."""
+    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("rate") / "data"), workers=1,
+                       api_processes=2,
+                       extra_env={"STAMPD_MANIFEST_BYTES_PER_HOUR": str(3 * SIZE),
+                                  "STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR": "0"})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_the_hosts_hourly_bytes_hold_across_its_http_processes(limited: Server) -> None:
+    statuses = []
+    for i in range(6):  # each on a new connection: either HTTP process may take it
+        status, headers, text = post(limited, body(i))
+        statuses.append(status)
+        if status == 429:
+            problem = json.loads(text)
+            assert headers["content-type"] == "application/problem+json"
+            assert problem["status"] == 429 and "manifest bytes this hour" in problem["detail"]
+            assert 1 <= int(headers["retry-after"]) <= 3600
+        else:
+            assert status == 200, text
+    assert statuses.count(200) == 3 and statuses[:3] == [200] * 3
+    assert manifests(limited) == 3  # nothing recorded of a refused one
+    # Refused on its headers, before a byte of its body is read.
+    s = headers_only(limited, SIZE)
+    assert answer(s).startswith(b"HTTP/1.1 429 ")
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One HTTP process with room for one small manifest in flight."""
+    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("flight") / "data"), workers=1,
+                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(SIZE + 10)})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_manifest_bytes_in_flight_beyond_the_budget_are_refused_with_503(
+        narrow: Server) -> None:
+    first = body(1)
+    held = headers_only(narrow, len(first))
+    held.sendall(first[:1])
+    seen: list[tuple[int, dict[str, str]]] = []
+
+    def refused() -> bool:
+        status, headers, _ = post(narrow, body(2))
+        seen.append((status, headers))
+        return status == 503
+
+    wait_for(refused, timeout=30, what="a 503 while a manifest is in flight")
+    assert seen[-1][1]["retry-after"] == "10"
+    held.sendall(first[1:])
+    assert answer(held).startswith(b"HTTP/1.1 200 ")  # the one in flight is signed
+    assert post(narrow, body(3))[0] == 200  # and its bytes are given back
