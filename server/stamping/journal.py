@@ -120,10 +120,15 @@ class Journal:
     async def record_row(self, row: dict[str, Any], buckets: Buckets | None = None) -> int:
         """Commit a stamp row (`stamp_row`) and, for a manifest, its digest buckets durably;
         return its stamp id. Raises `JournalError`."""
+        return await self.record_row_nowait(row, buckets)
+
+    def record_row_nowait(self, row: dict[str, Any], buckets: Buckets | None = None
+                          ) -> asyncio.Future[int]:
+        """`record_row` without waiting: the future of its stamp id (or `JournalError`)."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._inserts.append(_Pending(row, fut, buckets))
         self._wake.set()
-        return await fut
+        return fut
 
     def signed(self, stamp_id: int, worker: str | None, attempts: int, object_id: str | None,
                receipt: str | None = None) -> None:
@@ -137,11 +142,16 @@ class Journal:
     async def signed_durably(self, stamp_id: int, worker: str | None, attempts: int,
                              receipt: str) -> None:
         """Record the outcome and wait until it is committed (receipts can be fetched again)."""
+        await self.signed_durably_nowait(stamp_id, worker, attempts, receipt)
+
+    def signed_durably_nowait(self, stamp_id: int, worker: str | None, attempts: int,
+                              receipt: str) -> asyncio.Future[None]:
+        """`signed_durably` without waiting: the future of its commit."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._update_waiters.append(fut)
         self.signed(stamp_id, worker, attempts, None, receipt)
         self._wake.set()
-        await fut
+        return fut
 
     def failed(self, stamp_id: int, error: str) -> None:
         self._updates.append({"sid": stamp_id, "state": StampState.FAILED, "worker": None,
@@ -151,11 +161,15 @@ class Journal:
 
     async def failed_durably(self, stamp_id: int, error: str) -> None:
         """Record a failure and wait until it is committed (see `Stamper._failed`)."""
+        await self.failed_durably_nowait(stamp_id, error)
+
+    def failed_durably_nowait(self, stamp_id: int, error: str) -> asyncio.Future[None]:
+        """`failed_durably` without waiting: the future of its commit."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._update_waiters.append(fut)
         self.failed(stamp_id, error)
         self._wake.set()
-        await fut
+        return fut
 
     def _schedule_updates(self) -> None:
         """Outcomes ride along with the next insert; when none comes soon, flush them alone

@@ -171,7 +171,10 @@ class JournalHost:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            import uvloop  # the event loop of the HTTP processes too (uvicorn[standard])
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(self._main())
         except BaseException as e:  # the HTTP processes cannot journal: stop the server
             self._failed = e
             if self._ready.is_set():
@@ -208,49 +211,77 @@ class JournalHost:
         link = asyncio.current_task()
         assert link is not None
         self._links.add(link)
-        calls: set[asyncio.Task[None]] = set()
+        out = _Coalesced(writer)
+        waiting: set[asyncio.Future[Any]] = set()
         try:
             while (body := await _read_frame(reader)) is not None:
-                call = JournalCall.decode(body)
-                task = asyncio.create_task(self._answer(call, writer))
-                calls.add(task)
-                task.add_done_callback(calls.discard)
+                self._take(JournalCall.decode(body), out, waiting)
         except (ValueError, ConnectionError) as e:
             log.warning("journal host: dropping a connection: %s", e)
         except asyncio.CancelledError:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
-            if calls:  # what was asked is recorded before the connection goes
-                await asyncio.wait(calls, timeout=30)
+            if waiting:  # what was asked is recorded before the connection goes
+                await asyncio.wait(waiting, timeout=30)
+            out.flush()
             writer.close()
             self._links.discard(link)
 
-    async def _answer(self, call: JournalCall, writer: asyncio.StreamWriter) -> None:
+    def _take(self, call: JournalCall, out: _Coalesced, waiting: set[asyncio.Future[Any]]
+              ) -> None:
+        """Hand ``call`` to the journal; its reply goes out when its commit is done (no task
+        per call: at thousands of stamps a second this thread serves every HTTP process)."""
         assert self.journal is not None
-        f = call.fields
-        reply: JournalReply | None = None
-        try:
-            if call.op == "record":
-                reply = JournalReply(call.call_id, await self.journal.record_row(f, call.buckets))
-            elif call.op == "signed":
-                if call.call_id:
-                    await self.journal.signed_durably(f["sid"], f["worker"], f["attempts"],
-                                                      f["receipt"])
-                    reply = JournalReply(call.call_id)
-                else:
-                    self.journal.signed(f["sid"], f["worker"], f["attempts"], f["object_id"],
-                                        f["receipt"])
-            elif call.call_id:
-                await self.journal.failed_durably(f["sid"], f["error"])
-                reply = JournalReply(call.call_id)
+        f, cid = call.fields, call.call_id
+        fut: asyncio.Future[Any] | None = None
+        if call.op == "record":
+            fut = self.journal.record_row_nowait(f, call.buckets)
+        elif call.op == "signed":
+            if cid:
+                fut = self.journal.signed_durably_nowait(f["sid"], f["worker"], f["attempts"],
+                                                         f["receipt"])
             else:
-                self.journal.failed(f["sid"], f["error"])
-        except JournalError as e:
-            reply = JournalReply(call.call_id, error=e.message) if call.call_id else None
-        if reply is not None and not writer.is_closing():
-            writer.write(reply.encode())
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+                self.journal.signed(f["sid"], f["worker"], f["attempts"], f["object_id"],
+                                    f["receipt"])
+        elif cid:
+            fut = self.journal.failed_durably_nowait(f["sid"], f["error"])
+        else:
+            self.journal.failed(f["sid"], f["error"])
+        if fut is None:
+            return
+        waiting.add(fut)
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            waiting.discard(fut)
+            if fut.cancelled():
+                out.put(JournalReply(cid, error="journal unavailable: stopping").encode())
+            elif (e := fut.exception()) is not None:
+                message = e.message if isinstance(e, JournalError) else "journal unavailable"
+                out.put(JournalReply(cid, error=message).encode())
+            else:
+                result = fut.result()
+                out.put(JournalReply(cid, result if isinstance(result, int) else None).encode())
+
+        fut.add_done_callback(done)
+
+
+class _Coalesced:
+    """Frames for one stream, written together once per turn of the event loop: one send for
+    every reply a commit releases, or every call a process makes meanwhile."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.frames: list[bytes] = []
+
+    def put(self, frame: bytes) -> None:
+        if not self.frames:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.frames.append(frame)
+
+    def flush(self) -> None:
+        if self.frames and not self.writer.is_closing():
+            self.writer.write(b"".join(self.frames))
+        self.frames.clear()
 
 
 # -- the HTTP process's side ----------------------------------------------------------------------
@@ -265,6 +296,7 @@ class RemoteJournal:
     socket_path: Path
     stats: Stats = field(default_factory=Stats)
     _writer: asyncio.StreamWriter | None = None
+    _out: _Coalesced | None = None
     _reader_task: asyncio.Task[None] | None = None
     _calls: dict[int, asyncio.Future[JournalReply]] = field(default_factory=dict)
     _next_id: int = 1
@@ -292,6 +324,7 @@ class RemoteJournal:
         except OSError as e:
             raise JournalError(f"journal unavailable: {e.strerror or e}") from None
         self._writer = writer
+        self._out = _Coalesced(writer)
         self._reader_task = asyncio.create_task(self._read(reader, writer), name="journal-link")
         return writer
 
@@ -322,9 +355,15 @@ class RemoteJournal:
         if reply:
             call_id, self._next_id = self._next_id, self._next_id + 1
             fut = self._calls[call_id] = asyncio.get_running_loop().create_future()
-        writer.write(JournalCall(op, call_id, fields, buckets).encode())
-        if buckets:  # (a manifest's buckets are megabytes: let the socket take them)
+        frame = JournalCall(op, call_id, fields, buckets).encode()
+        if buckets:  # (a manifest's buckets are megabytes: straight to the socket)
+            assert self._out is not None
+            self._out.flush()
+            writer.write(frame)
             await writer.drain()
+        else:
+            assert self._out is not None
+            self._out.put(frame)
         if fut is None:
             return None
         answer = await fut
@@ -365,7 +404,8 @@ class RemoteJournal:
             log.warning("journal host unreachable: the %s outcome of stamp %s is not recorded",
                         op, fields["sid"])
             return
-        self._writer.write(JournalCall(op, 0, fields).encode())
+        assert self._out is not None
+        self._out.put(JournalCall(op, 0, fields).encode())
 
     async def stop(self) -> None:
         if self._writer is not None:
