@@ -88,7 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if unit in cost and unit != item.nodeid:
             guess = min(guess, 1.0)
         cost[unit] = cost.get(unit, 0.0) + last.get(item.nodeid, guess)
-    first = {}
+    first: dict[str, int] = {}
     for i, item in enumerate(items):
         first.setdefault(unit_of[item.nodeid], i)
     position = {item.nodeid: i for i, item in enumerate(items)}
@@ -130,16 +130,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    units_file = units_dir / "units.json"
+
     class UnitScheduling(LoadScopeScheduling):
         units: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
             if self.units is None:  # (read once every test process has collected)
                 try:
-                    self.units = json.loads((units_dir / "units.json").read_text())
+                    self.units = json.loads(units_file.read_text())
                 except (OSError, ValueError):
                     self.units = {}
-            return self.units.get(nodeid, nodeid)  # type: ignore[union-attr]
+            return self.units.get(nodeid, nodeid)
 
     config.option.loadscopereorder = False  # collection order: costliest first
     return UnitScheduling(config, log)
