@@ -8,11 +8,14 @@ that uses the local PostgreSQL (the ``pg_url`` fixture) is marked ``postgres``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,27 +34,132 @@ from tests.helpers import (
     start_server,
 )
 
-LONGEST_FIRST = ("system", "integration", "unit")
-
 # RFC 3161 (on by default) adds a key, a worker and an agent to every server and worker host:
 # the processes tests start run without it unless a test turns it on (tests/system/test_tsa*).
 os.environ.setdefault("STAMPD_TSA", "false")
 
+# Scheduling (``-n``, ``--dist worksteal``): tests are handed to the test processes one unit at a
+# time, the costliest units first, so that short tests fill the gaps at the end instead of a long
+# one starting last. A unit is one test, or every test of a module that uses a module- or
+# class-scoped fixture (a server shared by the module's tests): those run in one process, one
+# after another, so that the shared server starts once, not once for each process the module's
+# tests were spread over (worksteal splits modules, and a process that goes back to a module
+# starts its server again). A unit's cost is the sum of its tests' seconds in the last run (the
+# pytest cache), or a guess by kind where the cache has none.
+GUESSED_SECONDS = {"system": 8.0, "integration": 1.0, "unit": 0.05}
+DURATIONS_KEY = "stampd/durations"
+SHARED_SCOPES = ("module", "class", "package")
+UNITS_DIR = pytest.StashKey[Path]()
+DURATIONS: dict[str, float] = {}  # this run's seconds per test (the controller's reports)
+
+
+def shared_unit(item: pytest.Item) -> str | None:
+    """The module of a test that uses a fixture shared by several tests of its module (a
+    module-scoped server), else None."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        if defs and defs[-1].scope in SHARED_SCOPES:
+            return item.nodeid.split("::")[0]
+    return None
+
+
+def guessed_seconds(item: pytest.Item) -> float:
+    parts = Path(item.path).parts
+    return next((v for k, v in GUESSED_SECONDS.items() if k in parts), 1.0)
+
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the local PostgreSQL ``postgres``, and run the slowest kinds
-    of test first: with several test processes (``-n``), short tests then fill the gaps at the
-    end instead of a long one starting last. (Order within a module is kept.)"""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the local PostgreSQL ``postgres``; order the tests by unit,
+    costliest unit first (order within a shared unit is kept), and tell the scheduler the units
+    (a file the controller named, see ``pytest_configure_node``)."""
     for item in items:
         if "pg_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
 
-    def kind(item: pytest.Item) -> int:
-        parts = Path(item.path).parts
-        return next((i for i, k in enumerate(LONGEST_FIRST) if k in parts), len(LONGEST_FIRST))
+    cache = getattr(config, "cache", None)
+    last: dict[str, float] = (cache.get(DURATIONS_KEY, {}) if cache is not None else {}) or {}
+    unit_of = {item.nodeid: shared_unit(item) or item.nodeid for item in items}
+    cost: dict[str, float] = {}
+    for item in items:
+        unit = unit_of[item.nodeid]
+        # (a guess: a shared unit's server starts with its first test; the others are quick)
+        guess = guessed_seconds(item)
+        if unit in cost and unit != item.nodeid:
+            guess = min(guess, 1.0)
+        cost[unit] = cost.get(unit, 0.0) + last.get(item.nodeid, guess)
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(unit_of[item.nodeid], i)
+    position = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (-cost[unit_of[it.nodeid]], first[unit_of[it.nodeid]],
+                               position[it.nodeid]))
 
-    items.sort(key=kind)
+    units_file = getattr(config, "workerinput", {}).get("stampd_units_file")
+    if units_file:
+        shared = {nodeid: unit for nodeid, unit in unit_of.items() if unit != nodeid}
+        tmp = f"{units_file}.{os.getpid()}"
+        Path(tmp).write_text(json.dumps(shared))
+        os.replace(tmp, units_file)  # (every test process writes the same)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "worksteal":
+        config.stash[UNITS_DIR] = Path(tempfile.mkdtemp(prefix="stampd-units-"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    units_dir = config.stash.get(UNITS_DIR, None)
+    if units_dir is not None:
+        shutil.rmtree(units_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    units_dir = node.config.stash.get(UNITS_DIR, None)
+    if units_dir is not None:
+        node.workerinput["stampd_units_file"] = str(units_dir / "units.json")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """For ``--dist worksteal``: xdist's scope scheduler (a unit at a time to a process that is
+    nearly out of work, in collection order), with the units above."""
+    units_dir = config.stash.get(UNITS_DIR, None)
+    if units_dir is None:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    units_file = units_dir / "units.json"
+
+    class UnitScheduling(LoadScopeScheduling):
+        units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.units is None:  # (read once every test process has collected)
+                try:
+                    self.units = json.loads(units_file.read_text())
+                except (OSError, ValueError):
+                    self.units = {}
+            return self.units.get(nodeid, nodeid)
+
+    config.option.loadscopereorder = False  # collection order: costliest first
+    return UnitScheduling(config, log)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    DURATIONS[report.nodeid] = DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Keep each test's seconds (setup, call and teardown) for the next run's order."""
+    config = session.config
+    cache = getattr(config, "cache", None)
+    if hasattr(config, "workerinput") or cache is None or not DURATIONS:
+        return
+    merged = {**(cache.get(DURATIONS_KEY, {}) or {}),
+              **{k: round(v, 2) for k, v in DURATIONS.items()}}
+    cache.set(DURATIONS_KEY, merged)
 
 
 @pytest.fixture

@@ -40,23 +40,24 @@ def verify_all(results: list[Result], pubkey: Path, home: Path) -> None:
 
 
 ROUNDS = 3  # a kill that lands between two jobs hits none: the load and the kill are repeated
+PER_CLIENT = 3  # 600 stamps a round: the kill after 100 leaves 500 queued or in flight
 
 
 def _kill_under_load(server: Server, victim: str, tmp_path: Path) -> None:
-    """Kill one worker (or agent) while 200 clients stamp, until a kill lands on a job in
+    """Kill one worker (or agent) while 200 clients stamp (3 each), until a kill lands on a job in
     flight (at most `ROUNDS` rounds): every request of every round is answered with a valid
     stamp, and the hit job was signed again by another worker."""
     total = 0
     for round_ in range(ROUNDS):
-        load = Load(server.port, clients=CLIENTS, per_client=5)
+        load = Load(server.port, clients=CLIENTS, per_client=PER_CLIENT)
         pool = load.run()
         load.wait_done(100)
         pids = server.worker_pids() if victim == "worker" else server.agent_pids()
         assert len(pids) == 2, pids
         os.kill(pids[0], signal.SIGKILL)
         pool.shutdown(wait=True)
-        assert len(load.results) == CLIENTS * 5
-        total += CLIENTS * 5
+        assert len(load.results) == CLIENTS * PER_CLIENT
+        total += CLIENTS * PER_CLIENT
         verify_all(load.results, server.data_dir / "keys/pubkey.asc",
                    tmp_path / f"gnupg{round_}")
         server.wait_ready(workers=2)  # the supervisor replaced the worker
@@ -139,7 +140,8 @@ def test_kill_the_log_writing_http_process_under_load(
     """Of two HTTP processes, kill -9 the one that writes the log while clients stamp: the
     server restarts it, the other takes the log over, and every stamp that was answered is
     journalled and published. Requests on the killed process's connections get no answer
-    (as with a server killed) and nothing else fails."""
+    (as with a server killed) and nothing else fails. (600 stamps, the kill after 300: half
+    the load is still to come when the writer dies.)"""
     server = start_server(seeded_dir, workers=2, commit_interval=1, api_processes=2,
                           extra_env={"STAMPD_REQUEST_TIMEOUT": "2"})
     server_factory.append(server)
@@ -150,7 +152,7 @@ def test_kill_the_log_writing_http_process_under_load(
     writer = int(found.group(1))
     assert writer in server.http_pids()
 
-    load = Load(server.port, clients=20, per_client=60)
+    load = Load(server.port, clients=20, per_client=30)  # the kill after 300 of 600
     pool = load.run()
     load.wait_done(300)
     os.kill(writer, signal.SIGKILL)
