@@ -33,7 +33,8 @@ class Dispatchers:
 
     ``hello`` is the frame sent first on every new connection."""
 
-    RETRY = 0.5
+    RETRY = 0.2
+    CONNECT_DELAY = 0.1  # at most, between tries at start (the dispatchers listen within ~1 s)
     ALONE_FOR = 5.0
 
     def __init__(self, paths: tuple[Path, ...], hello: bytes, name: str) -> None:
@@ -62,7 +63,7 @@ class Dispatchers:
             if time.monotonic() > deadline:
                 raise error
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, self.CONNECT_DELAY)
 
     def _open(self, path: Path) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
