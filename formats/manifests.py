@@ -230,27 +230,67 @@ def splice(signed_without_lines: str, header: str, lines: str) -> str:
 
 
 # -- the index of a manifest's digests ------------------------------------------------------
-# A manifest's distinct digests are stored in buckets by their first 16 bits: one row per
-# (manifest, bucket) with the bucket's digests, sorted and packed (raw bytes). A million
-# digests make at most 65,536 rows instead of a million index entries, and a look-up reads one
-# small row per manifest that has digests in that bucket.
-BUCKET_HEX = 4
+# A manifest's distinct digests are stored in buckets by their leading bytes: one row per
+# (manifest, prefix) with the digests that start with the prefix, sorted and packed (raw
+# bytes). A bucket's prefix is the digests' first 2 bytes; a bucket that would hold more than
+# `BUCKET_DIGESTS` digests is not stored but split by one more byte, again and again, so that
+# no row holds more than `BUCKET_DIGESTS` digests (a row on the longest prefix, the whole
+# digest, holds one). A million random digests make about 65,536 rows of about 15 digests
+# instead of a million index entries; a million digests that share their first bytes (made to
+# poison a bucket) make as many rows, each of at most `BUCKET_DIGESTS`. A look-up reads, for
+# each manifest, the one row whose prefix the digest starts with (`lookup_prefixes`: a
+# digest's prefixes from 2 bytes to all of it; a manifest has a row on at most one of them).
+BUCKET_HEX = 4  # the shortest prefix: 16 bits
+BUCKET_DIGESTS = 256  # the most digests in one row (8 KiB of sha256, 16 KiB of sha512)
 
 
-def bucket_of(digest: str) -> int:
-    return int(digest[:BUCKET_HEX], 16)
+def bucket_key(prefix: bytes) -> int:
+    """A prefix as one integer (a manifest's index rows cross the journal host's wire as
+    (int, bytes) pairs): the prefix's bytes after a 0x01 byte, so that its length is kept."""
+    return int.from_bytes(b"\x01" + prefix, "big")
+
+
+def key_prefix(key: int) -> bytes:
+    """The prefix of a `bucket_key`."""
+    raw = key.to_bytes((key.bit_length() + 7) // 8, "big")
+    if not raw or raw[0] != 1:
+        raise ValueError(f"not a bucket key: {key}")
+    return raw[1:]
+
+
+def _split(prefix: str, group: list[str], rows: list[tuple[int, bytes]]) -> None:
+    """Append the rows of the sorted distinct hex digests ``group`` that start with
+    ``prefix``: one row if they are few enough (or ``prefix`` is whole digests), else the rows
+    of each one-byte-longer prefix."""
+    if len(group) <= BUCKET_DIGESTS or len(prefix) >= len(group[0]):
+        rows.append((bucket_key(bytes.fromhex(prefix)), bytes.fromhex("".join(group))))
+        return
+    n = len(prefix) + 2
+    sub: dict[str, list[str]] = {}
+    for d in group:  # (sorted: each sub-group stays sorted, and in order)
+        sub.setdefault(d[:n], []).append(d)
+    for p, g in sub.items():
+        _split(p, g, rows)
 
 
 def buckets(digests: list[str]) -> list[tuple[int, bytes]]:
-    """(bucket, packed sorted distinct digests) of hex ``digests``, by bucket."""
+    """The index rows of hex ``digests``: (`bucket_key` of the prefix, packed sorted distinct
+    digests that start with it), by prefix."""
     grouped: dict[str, list[str]] = {}
     for d in digests:
         grouped.setdefault(d[:BUCKET_HEX], []).append(d)
     # Duplicates are rare: one set of all tells whether 65,536 small ones are needed.
     distinct = len(set(digests)) == len(digests)
-    return [(int(prefix, 16),
-             bytes.fromhex("".join(sorted(group) if distinct else sorted(set(group)))))
-            for prefix, group in sorted(grouped.items())]
+    rows: list[tuple[int, bytes]] = []
+    for prefix, group in sorted(grouped.items()):
+        _split(prefix, sorted(group) if distinct else sorted(set(group)), rows)
+    return rows
+
+
+def lookup_prefixes(digest: str) -> list[bytes]:
+    """The prefixes whose rows may hold hex ``digest``: its first 2, 3, ... bytes, all of it."""
+    raw = bytes.fromhex(digest)
+    return [raw[:n] for n in range(BUCKET_HEX // 2, len(raw) + 1)]
 
 
 def packed_contains(packed: bytes, digest: str) -> bool:

@@ -205,16 +205,17 @@ class SigningKey(Base):
 
 
 class ManifestDigests(Base):
-    """The distinct digests of one manifest (a `Stamp` of kind ``manifest``) whose first 16 bits
-    are ``bucket``: sorted, packed as raw bytes (`formats.manifests.buckets`). Written
-    in the transaction that journals the manifest."""
+    """The distinct digests of one manifest (a `Stamp` of kind ``manifest``) that start with
+    ``prefix`` (2 bytes or more): sorted, packed as raw bytes, at most
+    `formats.manifests.BUCKET_DIGESTS` of them (`formats.manifests.buckets`). Written in the
+    transaction that journals the manifest."""
 
     __tablename__ = "manifest_digests"
 
     stamp_id: Mapped[int] = mapped_column(BigId, ForeignKey("stamps.id"), primary_key=True,
                                           autoincrement=False)
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    prefix: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
     algorithm: Mapped[str] = mapped_column(String(16))
     digests: Mapped[bytes] = mapped_column(LargeBinary)
 
-    __table_args__ = (Index("ix_manifest_digests_bucket", "algorithm", "bucket"),)
+    __table_args__ = (Index("ix_manifest_digests_prefix", "algorithm", "prefix"),)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 
-from formats.manifests import bucket_of, packed_contains
+from formats.manifests import lookup_prefixes, packed_contains
 from server.db import reading
 from server.models import ManifestDigests, Stamp, StampState
 
@@ -87,13 +87,14 @@ def digest_page(engine: Engine, algorithm: str, digest: str, after: int,
                 Stamp.id > after,
             ).order_by(Stamp.id).limit(limit + 1)
         ).all()
-        # Manifests that list the digest: the rows of its bucket, searched.
+        # Manifests that list the digest: the rows of its prefixes (each manifest has at most
+        # one, of at most BUCKET_DIGESTS digests), searched.
         covering = [
             CoveringManifest(sid, t, key_id) for sid, t, key_id, packed in conn.execute(
                 select(Stamp.id, Stamp.stamped_at, Stamp.key_id, ManifestDigests.digests)
                 .join(ManifestDigests, ManifestDigests.stamp_id == Stamp.id)
                 .where(ManifestDigests.algorithm == algorithm,
-                       ManifestDigests.bucket == bucket_of(digest),
+                       ManifestDigests.prefix.in_(lookup_prefixes(digest)),
                        Stamp.state == StampState.SIGNED, Stamp.id > after)
                 .order_by(Stamp.id))
             if packed_contains(packed, digest)][:limit + 1]

@@ -129,16 +129,23 @@ def seed_every_table(engine: Engine) -> None:
 
 def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
     with engine.connect() as conn:
-        return {t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1"))]
-                for t in ("log_commits", "stamps", "manifest_digests", "cross_stamps", "jobs")}
+        found = {t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY 1"))]
+                 for t in ("log_commits", "stamps", "cross_stamps", "jobs")}
+        # (the columns every revision has: 0011 keys the rows by prefix, not by bucket)
+        found["manifest_digests"] = [tuple(r) for r in conn.execute(text(
+            "SELECT stamp_id, algorithm, digests FROM manifest_digests ORDER BY 1"))]
+        return found
 
 
 def foreign_keys_enforced(engine: Engine) -> bool:
     """Does the database refuse a manifest digest of a stamp that is not there?"""
+    key = ("bucket" if "bucket" in {c["name"] for c in inspect(engine).get_columns(
+        "manifest_digests")} else "prefix")  # (0011 keys the rows by prefix)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO manifest_digests (stamp_id, bucket, algorithm, "
-                              "digests) VALUES (999, 0, 'sha256', :d)"), {"d": b""})
+            conn.execute(text(f"INSERT INTO manifest_digests (stamp_id, {key}, algorithm, "
+                              "digests) VALUES (999, :k, 'sha256', :d)"),
+                         {"k": 0 if key == "bucket" else b"\0\0", "d": b""})
     except IntegrityError:
         return True
     return False

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from formats.manifests import parse_body
+from formats.manifests import key_prefix, parse_body
 from server import db
 from server.errors import JournalError
 from server.models import ManifestDigests, Stamp, StampState
@@ -98,10 +98,10 @@ def test_a_manifests_buckets_reach_the_database(host) -> None:  # type: ignore[n
     sid = asyncio.run(scenario())
     engine = db.make_engine(url)
     with engine.connect() as conn:
-        got = conn.execute(select(ManifestDigests.bucket, ManifestDigests.digests)
+        got = conn.execute(select(ManifestDigests.prefix, ManifestDigests.digests)
                            .where(ManifestDigests.stamp_id == sid)).all()
     engine.dispose()
-    assert sorted(got) == sorted(req.digest_buckets() or [])
+    assert sorted(got) == sorted((key_prefix(k), p) for k, p in req.digest_buckets())
 
 
 def test_without_the_host_a_record_fails_and_nothing_waits(tmp_path: Path) -> None:
