@@ -34,7 +34,7 @@ def add_commands(sub: Any) -> None:
         "--chain TSA) or could not be checked (server key not obtainable, gpg missing, a token "
         "checked without --chain, unsupported), 2 malformed (not a "
         "receipt, token or stamp of a known format, or an unusable argument), 3 a valid RFC "
-        "3161 token whose imprint is not in the --log yet.")
+        "3161 token whose imprint is not in the --log yet (or the log has no commit yet).")
     verify.add_argument("target", help="a receipt or manifest file ('-' for stdin), an RFC "
                         "3161 response (.tsr) or token, or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
@@ -63,7 +63,8 @@ def add_commands(sub: Any) -> None:
         "audit", help="verify a log repository (a clone or its URL) and its peer stamps",
         description="Exit status: 0 all checks passed, 1 a check failed, 2 the audit could not "
         "run (the target is not a readable log repository, cannot be cloned or has no main "
-        "branch; gpg missing).")
+        "branch; gpg missing), 3 nothing to check yet (the log has no commit yet: a new "
+        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default).")
     audit.add_argument("target", help="path of a log clone, or its http(s) URL")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,

@@ -52,7 +52,7 @@ tests and the benchmarks use.
 from __future__ import annotations
 
 from client.audit.auditor import audit
-from client.audit.errors import AuditError, TargetError
+from client.audit.errors import AuditError, EmptyLog, TargetError
 from client.audit.report import FILES_CHECK, MAIN_CHECK, PEERS_CHECK, AuditReport, Failure
 from client.audit.repository import local_copy
 
@@ -62,6 +62,7 @@ __all__ = [
     "PEERS_CHECK",
     "AuditError",
     "AuditReport",
+    "EmptyLog",
     "Failure",
     "TargetError",
     "audit",

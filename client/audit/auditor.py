@@ -380,13 +380,14 @@ class _Auditor:
 def audit(repo_path: Path | str, peer_keys: Path | None = None, *,
           target: str | None = None, jobs: int | None = None) -> AuditReport:
     """Audit the log repository at ``repo_path`` (bare or not); raise `TargetError` if it is
-    not a readable git repository or has no main branch.
+    not a readable git repository or has no main branch, `EmptyLog` if it has no branch at all
+    (no log commit yet). Errors name ``target`` (the URL of a cloned log) if given.
 
     ``peer_keys``: a directory of ``<name>.asc`` files, the auditor's own copies of peer keys.
     For a peer, such a file takes precedence over the log's pin ``peers/<name>.asc`` (a
     different pin in the log is a failure); without either, the peer's branch fails."""
     repo = open_repository(repo_path)
-    refs = audited_refs(list(repo.references), upstream_remote(repo), str(repo_path))
+    refs = audited_refs(list(repo.references), upstream_remote(repo), target or str(repo_path))
     head = ref_commit(repo, refs.main)
     if head is None:
         raise TargetError(f"{repo_path}: {refs.main} does not point to a commit")

@@ -13,7 +13,7 @@ from client.audit.repository import local_copy
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``stampd audit TARGET [--json] [--peer-keys DIR]``: 0 ok, 1 failures; an unreadable
-    target raises an `AuditError` (exit status 2)."""
+    target raises an `AuditError` (exit status 2), a log with no commit yet `EmptyLog` (3)."""
     target = str(args.target)
     peer_keys = getattr(args, "peer_keys", None)
     with local_copy(target) as path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pygit2
 from pygit2.enums import RepositoryOpenFlag
 
-from client.audit.errors import TargetError
+from client.audit.errors import EmptyLog, TargetError
 
 MAIN = "main"
 PEER_SUFFIX = "-timestamps"
@@ -98,6 +98,8 @@ def audited_refs(names: Iterable[str], upstream: str | None,
     Without remote-tracking main (a bare or mirror clone, the server's own ``log.git``: there
     ``git fetch`` updates ``refs/heads/``), the local ``refs/heads/`` are audited."""
     names = sorted(set(names))
+    if not any(n.startswith(("refs/heads/", REMOTES_PREFIX)) for n in names):
+        raise EmptyLog(target)  # no branch at all: a log before its first commit
     tail = f"/{MAIN}"
     remotes = [n[len(REMOTES_PREFIX):-len(tail)] for n in names
                if n.startswith(REMOTES_PREFIX) and n.endswith(tail)

@@ -36,8 +36,13 @@ class Written:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all, with the mode of any new file (0666 less the umask:
+    0644 as a rule): a manifest is published beside the files, not kept private."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
     try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

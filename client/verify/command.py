@@ -22,7 +22,7 @@ from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged, Uns
 from client.verify.gitstamp import GitResult, verify_git
 from client.verify.inputs import iso, read_target
 from client.verify.manifest import MAX_MANIFEST, ManifestResult, is_manifest, verify_manifest
-from client.verify.receipt import ReceiptResult, receipt_text, verify_receipt
+from client.verify.receipt import ReceiptResult, receipt_text, server_error, verify_receipt
 from client.verify.token import (
     MAX_TOKEN,
     LogResult,
@@ -208,6 +208,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if token_only:
             raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
                             "to receipts")
+        said = server_error(data)
+        if said is not None:
+            raise Malformed(f"{args.target} holds {said} (saved by curl without --fail?)")
         res = verify_receipt(receipt_text(data), key_file=args.key, file=args.file,
                              digest=args.digest)
         if args.key is None:

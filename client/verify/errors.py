@@ -49,4 +49,4 @@ class NotLogged(VerifyError):
     a token younger than the log's last commit is expected to be missing; ask again later."""
 
     exit_code = 3
-    kind = "not in the log"
+    kind = "not in the log yet"

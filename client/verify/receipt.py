@@ -9,6 +9,7 @@ signature carries no time: the statement's time is the stamp's.)
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from client.verify.keys import (
 from formats.cleartext import canonical_text
 from formats.gpgstatus import ValidSig
 from formats.receipts import (
+    HEADER,
     RECEIPT_NAMESPACE,
     SSH_BEGIN,
     MalformedReceipt,
@@ -64,6 +66,38 @@ def receipt_text(data: bytes) -> str:
     if any(not (" " <= c <= "~") and c not in "\r\n" for c in text):
         raise Malformed("control characters in the receipt")
     return text
+
+
+MAX_ERROR_TEXT = 1024  # a plain-text error answer longer than this is not taken for one
+
+
+def server_error(data: bytes) -> str | None:
+    """What a server's error answer saved in place of a receipt is and says (``curl`` without
+    ``--fail`` writes it to the file): an RFC 9457 problem (JSON with ``status`` and ``title``
+    or ``detail``), or a short plain text with no signature in it; None for anything else.
+    A receipt is never taken for one: it has ``-----BEGIN``."""
+    text = data[:MAX_RECEIPT].decode("utf-8", errors="replace").strip()
+    if not text or "-----BEGIN" in text or text.startswith(HEADER):
+        return None
+    if text.startswith("{"):
+        try:
+            problem = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(problem, dict) or not isinstance(problem.get("status"), int):
+            return None
+        if not isinstance(problem.get("title"), str) and not isinstance(problem.get("detail"),
+                                                                        str):
+            return None
+        said = ": ".join(str(problem[k]) for k in ("title", "detail")
+                         if isinstance(problem.get(k), str) and problem[k])
+        return f"a server's error answer, not a receipt: HTTP {problem['status']} {said!r}"
+    if len(data) > MAX_ERROR_TEXT or len(text.splitlines()) > 3:
+        return None
+    if any(not c.isprintable() for c in text.replace("\n", " ")):
+        return None
+    quoted = " ".join(text.split())
+    return f"no receipt but a short text, likely a server's error answer: {quoted!r}"
 
 
 def parse_receipt(text: str) -> tuple[Statement, str, str]:

@@ -31,7 +31,7 @@ from asn1crypto import parser as asn1_parser
 from asn1crypto import pem as asn1_pem
 
 from client.audit.auditor import audit
-from client.audit.errors import AuditError, TargetError
+from client.audit.errors import COMMIT_SCHEDULE, AuditError, EmptyLog, TargetError
 from client.audit.report import MAIN_CHECK, PeerStamp
 from client.audit.repository import URL, local_copy, open_repository, read_blob
 from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged
@@ -512,6 +512,9 @@ def find_in_log(target: str, algorithm: str, digest: str) -> LogResult | None:
             repo = open_repository(path)
             index = next((i for i, e in enumerate(report.log)
                           if _digests_contain(repo, e.commit, line)), None)
+    except EmptyLog:
+        raise NotLogged(f"{algorithm} {digest}: the log {target} has no commit yet "
+                        f"({COMMIT_SCHEDULE}); fetch the log again after that") from None
     except TargetError as e:
         if URL.match(target):
             raise CannotCheck(f"the log: {e.message}") from None

@@ -42,7 +42,7 @@ from server.stamping.journal_host import RemoteJournal
 from server.stamping.stamper import Stamper
 from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
-from workers.keys.keyset import ServedKey, allowed_signers
+from workers.keys.keyset import ServedKey, allowed_signers, with_purposes
 
 
 def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, str]:
@@ -89,8 +89,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = db.make_engine(settings.db_url)
-        served = list(keys) if keys is not None else serving_keys(
-            settings.keys_dir, settings.extra_key_specs, settings.dispatch, engine)
+        served = with_purposes(keys if keys is not None else serving_keys(
+            settings.keys_dir, settings.extra_key_specs, settings.dispatch, engine),
+            None if settings.tsa_spec is None else settings.tsa_spec.id)
         stats = Stats()
         journal: JournalApi
         if settings.shared_journal:  # the serve process keeps the host's one journal

@@ -15,11 +15,13 @@ from workers.keys.keyset import SSH_NAMESPACES, allowed_signers
 def add_key_routes(router: APIRouter, services: Callable[[], Services]) -> None:
     @router.get("/v1/keys")
     async def keys() -> Response:
-        """Every signing key: id, format, fingerprint, algorithm, public key, and for SSH
-        keys the allowed-signers line (namespaces git and stampd)."""
+        """Every signing key: id, format, fingerprint, algorithm, purpose (``stamps``, or
+        ``rfc3161`` for the TSA key, which signs RFC 3161 tokens only), public key, and for
+        SSH keys the allowed-signers line (namespaces git and stampd)."""
         return JSONResponse({"keys": [
             {"id": k.id, "format": k.format, "fingerprint": k.fingerprint,
-             "algorithm": k.algorithm, "primary": k.primary, "public_key": k.public,
+             "algorithm": k.algorithm, "primary": k.primary, "purpose": k.purpose,
+             "public_key": k.public,
              "allowed_signers": k.allowed_signers(SSH_NAMESPACES)}
             for k in services().keys]})
 

@@ -32,7 +32,7 @@ from formats.manifests import MAX_LINE, line_regex
 from formats.receipts import ALGORITHMS
 from server.api.services import Services
 from server.api.stamps import PAGE_MAX
-from workers.keys.keyset import ServedKey
+from workers.keys.keyset import STAMPS, ServedKey
 
 Json = dict[str, Any]
 
@@ -109,7 +109,9 @@ def _errors(media: str, codes: Sequence[int], **reasons: str) -> dict[str, Json]
 
 def _key_choice(keys: Sequence[ServedKey]) -> tuple[dict[str, Json], Json]:
     """The properties ``format`` and ``key`` of a stamp request, and the constraint that
-    they agree when both are given (on a server with keys of more than one format)."""
+    they agree when both are given (on a server with keys of more than one format). Only keys
+    that sign stamps: the TSA key signs RFC 3161 tokens only, and naming it is refused."""
+    keys = [k for k in keys if k.purpose == STAMPS]
     by_format: dict[str, list[str]] = {}
     for k in keys:
         by_format.setdefault(k.format, []).append(k.fingerprint)
@@ -119,7 +121,8 @@ def _key_choice(keys: Sequence[ServedKey]) -> tuple[dict[str, Json], Json]:
                                   "(default: its primary key)"},
         "key": {"type": "string", "enum": [k.fingerprint for k in keys],
                 "description": "sign with the key of this fingerprint (OpenPGP fingerprints "
-                               "in any case); with `format`, the two must agree"},
+                               "in any case); with `format`, the two must agree; not the "
+                               "TSA key, which signs RFC 3161 tokens only"},
     }
     if len(by_format) < 2:
         return properties, {}
@@ -224,6 +227,10 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
                 "fingerprint": {"type": "string"},
                 "algorithm": {"type": "string"},
                 "primary": {"type": "boolean"},
+                "purpose": {"type": "string", "enum": ["stamps", "rfc3161"],
+                            "description": "what the key signs: stamps, or RFC 3161 "
+                                           "time-stamp tokens only (the TSA key, which "
+                                           "key= cannot choose)"},
                 "public_key": {"type": "string",
                                "description": "ASCII-armored OpenPGP key or OpenSSH public "
                                               "key line"},
@@ -231,7 +238,7 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
                                     "description": "SSH keys: the allowed-signers line "
                                                    "(namespaces git and stampd)"},
             },
-            "required": ["id", "format", "fingerprint", "algorithm", "primary",
+            "required": ["id", "format", "fingerprint", "algorithm", "primary", "purpose",
                          "public_key", "allowed_signers"],
             "additionalProperties": False,
         },

@@ -17,7 +17,7 @@ from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob
 from formats.manifests import Manifest, buckets
 from formats.receipts import Statement
 from server.errors import BadRequest, MalformedAnswer
-from workers.keys.keyset import ServedKey
+from workers.keys.keyset import STAMPS, ServedKey
 
 J = TypeVar("J", bound=Job)  # the job a request kind builds
 A_co = TypeVar("A_co", covariant=True)  # what its stamp answers
@@ -206,20 +206,25 @@ GitRequest = TagRequest | BranchRequest
 
 def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None) -> ServedKey:
     """The key a request asked for (``format=openpgp|ssh``, ``key=<fingerprint>``); the
-    primary key when it asked for none."""
+    primary key when it asked for none. Only keys that sign stamps are chosen: the TSA key
+    signs RFC 3161 tokens only, so naming it is refused like naming a key the server lacks, and
+    ``format=`` never picks it."""
     if fmt is not None and fmt not in ("openpgp", "ssh"):
         raise BadRequest("field 'format' must be 'openpgp' or 'ssh'")
     if fingerprint is not None:
         want = fingerprint if fingerprint.startswith("SHA256:") else fingerprint.upper()
         for key in keys:
             if key.fingerprint == want:
+                if key.purpose != STAMPS:
+                    raise BadRequest(f"key {fingerprint} is the server's RFC 3161 key: it signs "
+                                     "RFC 3161 time-stamp tokens only, not stamps")
                 if fmt is not None and key.format != fmt:
                     raise BadRequest(f"key {fingerprint} is not an {fmt} key")
                 return key
         raise BadRequest(f"this server has no key {fingerprint}")
     if fmt is not None:
         for key in keys:
-            if key.format == fmt:
+            if key.format == fmt and key.purpose == STAMPS:
                 return key
         raise BadRequest(f"this server has no {fmt} key")
     return keys[0]

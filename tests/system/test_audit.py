@@ -31,6 +31,7 @@ from client.audit import (
     MAIN_CHECK,
     PEERS_CHECK,
     AuditReport,
+    EmptyLog,
     TargetError,
     audit,
 )
@@ -628,13 +629,23 @@ def test_unreadable_targets_exit_2(net: Net, tmp_path: Path,
                    timeout=60)
     (work / "sub").mkdir()
     assert run_cmd(work / "sub") == 2
+    # A repository without any branch is a log before its first commit: nothing to check yet.
+    empty = tmp_path / "empty.git"
+    pygit2.init_repository(str(empty), bare=True, initial_head="main")
+    assert run_cmd(empty) == 3
+    with pytest.raises(EmptyLog, match="the log has no commit yet"):
+        audit(empty)
+    # One with branches but no main is no log.
     no_main = tmp_path / "no-main.git"
-    pygit2.init_repository(str(no_main), bare=True, initial_head="main")
+    repo = pygit2.init_repository(str(no_main), bare=True, initial_head="main")
+    who = pygit2.Signature("t", "t@example.invalid", 1, 0)
+    repo.create_commit("refs/heads/other", who, who, "x", repo.TreeBuilder().write(), [])
     assert run_cmd(no_main) == 2
     with pytest.raises(TargetError, match="no 'main' branch"):
         audit(no_main)
     err = capsys.readouterr().err
     assert "is not a readable git repository" in err and "has no 'main' branch" in err
+    assert f"stampd audit: {empty}: the log has no commit yet" in err
     assert run_cmd(f"http://127.0.0.1:{free_port()}/log.git") == 2
 
 

@@ -103,7 +103,10 @@ def test_document_lists_the_served_keys(server: Server, document: dict[str, Any]
     _, _, body = get(server, "/v1/keys")
     keys = json.loads(body)["keys"]
     props = document["components"]["schemas"]["StampSHA256"]["properties"]
-    assert props["key"]["enum"] == [k["fingerprint"] for k in keys]
+    # the keys that sign stamps; not the TSA key, which signs RFC 3161 tokens only
+    assert props["key"]["enum"] == [k["fingerprint"] for k in keys
+                                    if k["purpose"] == "stamps"]
+    assert any(k["purpose"] == "rfc3161" for k in keys)
     assert props["format"]["enum"] == ["openpgp", "ssh"]
     page = document["paths"]["/v1/stamps/sha256/{digest}"]["get"]["parameters"]
     assert next(p for p in page if p["name"] == "limit")["schema"]["maximum"] == PAGE_MAX

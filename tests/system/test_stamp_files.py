@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import time
 import urllib.error
@@ -58,6 +59,12 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def test_a_tree_of_10000_files(server: Server, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,6 +100,15 @@ def test_a_tree_of_10000_files(server: Server, tmp_path: Path,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr[-500:]
     assert check.stdout.count(": OK\n") == TREE_FILES
+    # a publishable file (0666 less the umask), and a check without warnings about the armor
+    # lines: gpg --decrypt verifies and writes the signed text, whose # lines are comments
+    assert stat.S_IMODE(asc.stat().st_mode) == 0o666 & ~umask()
+    plain = subprocess.run(["gpg", "--batch", "--decrypt", str(asc)], env=env,
+                           capture_output=True, check=True).stdout
+    check = subprocess.run(["sha256sum", "-c", "-"], cwd=tmp_path / "tree", input=plain,
+                           capture_output=True)
+    assert check.returncode == 0 and check.stderr == b"", check.stderr[-500:]
+    assert check.stdout.count(b": OK\n") == TREE_FILES
 
     # A changed file: exit 1, named; offline with --key.
     (tmp_path / "tree" / "d042" / "f04242.bin").write_bytes(b"changed")

@@ -8,11 +8,15 @@ TSA key: an RSA-3072 OpenPGP key, and an ECDSA P-256 key held by ssh-agent.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +211,77 @@ def test_http_errors_answer_a_timestamp_reply(tsa: Server, tmp_path: Path) -> No
     status, _ = post(tsa.url + "tsr", tmp_path / "big.tsq", tmp_path / "r2",
                      ctype="application/x-www-form-urlencoded")
     assert status == 415
+
+
+def _ask(url: str, body: bytes, ctype: str) -> tuple[int, str]:
+    """POST ``body``; (HTTP status, the answer as text)."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": ctype})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _stamp_rows(server: Server) -> int:
+    with sqlite3.connect(server.data_dir / "stampd.sqlite3") as db:
+        return int(db.execute("select count(*) from stamps").fetchone()[0])
+
+
+def _keys(server: Server) -> dict[str, dict[str, Any]]:
+    status, body = server.get_json("/v1/keys")
+    assert status == 200
+    return {k["id"]: k for k in body["keys"]}  # type: ignore[attr-defined]
+
+
+def test_the_tsa_key_signs_tokens_only(tsa: Server) -> None:
+    """Keys are separated by purpose: a stamp request naming the TSA key with key= is refused
+    with the usual answer for a key the server cannot use, and nothing is signed or recorded."""
+    keys = _keys(tsa)
+    tsa_key = keys["openpgp-nistp256"]
+    assert tsa_key["purpose"] == "rfc3161" and keys["primary"]["purpose"] == "stamps"
+    fpr = tsa_key["fingerprint"]
+    before = _stamp_rows(tsa)
+    form = "application/x-www-form-urlencoded"
+    answers = {
+        "zeitgitter tag": _ask(tsa.url, urllib.parse.urlencode({
+            "request": "stamp-tag-v1", "commit": "a" * 40, "tagname": "t", "key": fpr}).encode(),
+            form),
+        "v1 form": _ask(tsa.url + "v1/stamps", urllib.parse.urlencode(
+            {"sha256": "b" * 64, "key": fpr}).encode(), form),
+        "v1 json": _ask(tsa.url + "v1/stamps", json.dumps(
+            {"sha256": "c" * 64, "key": fpr}).encode(), "application/json"),
+        "manifest": _ask(f"{tsa.url}v1/manifests?key={fpr}",
+                         f"{'d' * 64}  f\n".encode(), "text/plain"),
+    }
+    for what, (status, text) in answers.items():
+        assert status == (406 if what == "zeitgitter tag" else 400), (what, status, text)
+        assert fpr in text and "RFC 3161 time-stamp tokens only" in text, (what, text)
+    assert _stamp_rows(tsa) == before
+    # the primary key still signs when named
+    status, text = _ask(tsa.url + "v1/stamps", urllib.parse.urlencode(
+        {"sha256": "e" * 64, "key": keys["primary"]["fingerprint"]}).encode(), form)
+    assert status == 200, text
+
+
+def test_an_ssh_tsa_key_is_no_ssh_stamping_key(tsa_other: tuple[str, Server]) -> None:
+    """With the TSA key in ssh-agent and no other SSH key, format=ssh finds no key to stamp with
+    and no allowed-signers file names the TSA key."""
+    key, server = tsa_other
+    if key != "ssh:ecdsa-p256":
+        pytest.skip("only the SSH TSA key")  # the other parameter is an OpenPGP key
+    keys = _keys(server)
+    assert keys["ssh-ecdsa-p256"]["purpose"] == "rfc3161"
+    assert keys["ssh-ecdsa-p256"]["allowed_signers"] is None
+    status, text = _ask(server.url + "v1/stamps", urllib.parse.urlencode(
+        {"sha256": "f" * 64, "format": "ssh"}).encode(), "application/x-www-form-urlencoded")
+    assert status == 400 and "has no ssh key" in text, text
+    assert _ask(server.url + "v1/stamps", json.dumps(
+        {"sha256": "f" * 64, "key": keys["ssh-ecdsa-p256"]["fingerprint"]}).encode(),
+        "application/json")[0] == 400
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(server.url + "v1/keys/allowed_signers", timeout=10)
+    assert caught.value.code == 404
 
 
 def test_imprints_reach_the_log_and_chain_is_published(tmp_path: Path) -> None:

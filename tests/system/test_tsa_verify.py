@@ -336,8 +336,8 @@ def test_the_log_names_the_commit_that_publishes_the_imprint(
     assert code == 3
     assert field(out, "valid token").startswith("sha256 ")
     assert error_line(err).startswith(
-        f"stampd verify: not in the log: sha256 {hashlib.sha256(fresh.read_bytes()).hexdigest()}"
-        f" is in no digests.log of {clone}")
+        "stampd verify: not in the log yet: sha256 "
+        f"{hashlib.sha256(fresh.read_bytes()).hexdigest()} is in no digests.log of {clone}")
     # a directory that is no log: malformed
     code, _, err = verify(capsys, tsr, "--chain", tsa_pem, "--log", tmp_path)
     assert code == 2 and "malformed: --log: " in error_line(err)
@@ -360,3 +360,45 @@ def test_the_stampd_command_exit_status(
     bad = stampd(tsr, "--data", data, "--chain", tsa_pem)
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.startswith("stampd verify: invalid: ")
+
+
+def test_the_first_hour_an_empty_log_is_not_in_the_log_yet(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new server's log has no commit until the first commit interval (3600 s by default)
+    ends: `stampd audit` says there is nothing to check yet (exit 3) and `stampd verify --log`
+    that the token is not in the log yet (exit 3), naming the log as given, not a temporary
+    clone, and when the log gets commits."""
+    server = start_server(seed_data_dir(tmp_path / "data"), workers=1,
+                          extra_env={"STAMPD_TSA": "true"})
+    try:
+        server.wait_ready()
+        chain = tmp_path / "tsa.pem"
+        run("curl", "-sS", "-f", "-o", str(chain), server.url + "tsa.pem", cwd=tmp_path)
+        data = tmp_path / "new.bin"
+        data.write_bytes(os.urandom(100))
+        tsr = stamp(server, data)
+        url = server.url + "log.git"
+        clone = tmp_path / "log"
+        run("git", "clone", "-q", url, str(clone), cwd=tmp_path)  # git: "an empty repository"
+        assert not log_commits(server.data_dir)
+
+        for log in (url, str(clone)):
+            code = cli.main(["audit", log])
+            err = capsys.readouterr().err
+            assert code == 3, err
+            (line,) = err.splitlines()
+            assert line.startswith(f"stampd audit: {log}: the log has no commit yet, so there "
+                                   "is nothing to check yet; ")
+            assert "STAMPD_COMMIT_INTERVAL seconds (3600 by default)" in line
+            assert "stampd-audit-clone" not in line
+
+            code, out, err = verify(capsys, tsr, "--data", data, "--chain", chain, "--log", log)
+            assert code == 3, err
+            assert field(out, "valid token").startswith("sha256 ")
+            line = error_line(err)
+            assert line.startswith(f"stampd verify: not in the log yet: sha256 "
+                                   f"{hashlib.sha256(data.read_bytes()).hexdigest()}: the log "
+                                   f"{log} has no commit yet (")
+            assert "STAMPD_COMMIT_INTERVAL" in line and "stampd-audit-clone" not in line
+    finally:
+        server.stop()

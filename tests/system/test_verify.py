@@ -240,6 +240,35 @@ def test_signature_time_must_be_the_statement_time(
     assert code == 1 and f"signature made at {t + 5}" in err
 
 
+def test_a_saved_server_error_is_named_and_quoted(
+        live_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """curl without --fail saves an error answer where the receipt should be: verify says it
+    holds a server's error and quotes it. The README's one-liner has --fail, so it saves none."""
+    assert " --fail " in readme_one_liner()
+    problem, plain = tmp_path / "problem.receipt.asc", tmp_path / "plain.receipt.asc"
+    for args, path in (
+            (["--data-urlencode", "sha256=xyz", f"{live_server.url}v1/stamps"], problem),
+            (["--data", "request=stamp-tag-v1&commit=xyz&tagname=t", live_server.url], plain)):
+        r = subprocess.run(["curl", "-sS", "-o", str(path), *args], capture_output=True,
+                           text=True, timeout=60, check=False)
+        assert r.returncode == 0 and path.stat().st_size > 0, r.stderr
+    code, _, err = verify(capsys, problem, "--key", TEST_PUBLIC_KEY)
+    assert code == 2, err
+    assert err.startswith(f"stampd verify: malformed: {problem} holds a server's error answer, "
+                          "not a receipt: HTTP 400 'Bad Request: "), err
+    assert "sha256" in err and len(err.splitlines()) == 1
+    code, _, err = verify(capsys, plain, "--key", TEST_PUBLIC_KEY)
+    assert code == 2, err
+    assert err.startswith(f"stampd verify: malformed: {plain} holds no receipt but a short "
+                          "text, likely a server's error answer: \"field 'commit' must be "), err
+    assert len(err.splitlines()) == 1
+    # with --fail, curl saves nothing and fails (exit 22)
+    r = subprocess.run(["curl", "-sS", "--fail", "-o", str(tmp_path / "none"),
+                        "--data-urlencode", "sha256=xyz", f"{live_server.url}v1/stamps"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 22 and not (tmp_path / "none").exists()
+
+
 def test_garbage_is_malformed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cases = {"empty": b"", "text": b"hello world\n", "binary": bytes(range(256)),
              "json": b'{"sha256": "00"}\n', "huge": b"A" * 100_000}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.audit.errors import TargetError
+from client.audit.errors import EmptyLog, TargetError
 from client.audit.logfiles import DIGEST_LINE, HASH_LINE, check_lines
 from client.audit.report import Failure
 from client.audit.repository import AuditedRefs, audited_refs
@@ -53,6 +53,10 @@ def test_a_bare_mirror_or_the_servers_log_is_audited_at_its_local_refs() -> None
         "refs/heads/main"
     with pytest.raises(TargetError, match="no 'main' branch"):
         audited_refs(["refs/heads/b-timestamps"], None)
+    # no branch at all: a log before its first commit (nothing to check yet, exit status 3)
+    with pytest.raises(EmptyLog, match=r"^http://x/log\.git: the log has no commit yet") as e:
+        audited_refs([], None, "http://x/log.git")
+    assert e.value.exit_code == 3
 
 
 def test_a_clone_is_audited_at_what_its_remote_published() -> None:

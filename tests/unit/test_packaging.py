@@ -111,6 +111,18 @@ def test_readme_is_a_front_page() -> None:
         f"README.md has {lines} lines (at most {README_MAX_LINES}): move the detail to docs/"
 
 
+def test_the_quick_start_uses_the_venvs_git_timestamp() -> None:
+    """`make serve` builds .venv from the test lock, which holds git-timestamp: the quick start
+    puts .venv/bin on PATH (where `git timestamp` finds git-timestamp) instead of a `pip
+    install` that PEP 668 refuses outside a venv."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("### Installing the client")]
+    assert "pip install git-timestamp" not in quick
+    assert 'export PATH="$PWD/.venv/bin:$PATH"' in quick and "`.venv/bin/stampd`" in quick
+    assert re.search(r"^git-timestamp==", (ROOT / "requirements/test.lock").read_text(),
+                     re.MULTILINE)
+
+
 def test_the_docs_index_lists_every_page() -> None:
     index = (ROOT / "docs/README.md").read_text()
     linked = set(re.findall(r"\]\(([^)#/]+\.md)(?:#[^)]*)?\)", index))

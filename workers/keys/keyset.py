@@ -16,7 +16,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from formats.sshsig import SshPublicKey, allowed_signers_line
@@ -34,6 +34,12 @@ SSH_TYPES = {
     "rsa4096": ["-t", "rsa", "-b", "4096"],
 }
 SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
+
+# What a served key signs: stamps (OpenPGP receipts, tags, branch commits, manifests), or
+# RFC 3161 time-stamp tokens only (the TSA key: STAMPD_TSA_KEY). Keys are separated by
+# purpose, so a request that names the TSA key with ``key=`` is refused.
+STAMPS = "stamps"
+RFC3161 = "rfc3161"
 
 
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
@@ -185,11 +191,13 @@ class ServedKey:
     public: str  # armored OpenPGP key or an OpenSSH public key line
     uid: str  # the user id written into stamps made with this key
     primary: bool = False
+    purpose: str = STAMPS  # STAMPS or RFC3161 (the TSA key: tokens only)
 
     def allowed_signers(self, namespaces: str | None = None) -> str | None:
         """The ``gpg.ssh.allowedSignersFile`` line for an SSH key (principal: the email of
-        the server's user id)."""
-        if self.format != "ssh":
+        the server's user id). None for an OpenPGP key, and for the TSA key, which signs RFC
+        3161 tokens only: no verifier should take an SSH signature of it as a stamp."""
+        if self.format != "ssh" or self.purpose != STAMPS:
             return None
         principal = self.uid.rsplit("<", 1)[-1].rstrip(">") or "stampd@localhost"
         return allowed_signers_line(principal, self.public.strip(), namespaces) + "\n"
@@ -198,6 +206,12 @@ class ServedKey:
     def log_name(self) -> str:
         """File name of this key in the log repository's ``keys/`` directory."""
         return f"{self.id}.{'asc' if self.format == 'openpgp' else 'pub'}"
+
+
+def with_purposes(keys: Sequence[ServedKey], tsa_key_id: str | None) -> list[ServedKey]:
+    """``keys`` with the TSA key (id ``tsa_key_id``; None: RFC 3161 is off) marked as signing
+    RFC 3161 tokens only. A key registry and key files know no purpose: the settings do."""
+    return [replace(k, purpose=RFC3161) if k.id == tsa_key_id else k for k in keys]
 
 
 def key_dir(keys_dir: Path, spec: KeySpec) -> Path:
