@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from server.errors import JournalError
+from server.errors import CommandFailed, JournalError
 from server.stamping.journal import Buckets, Journal, stamp_row
 from server.stamping.requests import Request
 from server.stats import Stats
@@ -158,7 +158,7 @@ class JournalHost:
         """Start serving; return once the socket listens (raise what kept it from it)."""
         self._thread.start()
         if not self._ready.wait(timeout) or self._failed is not None:
-            raise RuntimeError(f"the journal host did not start: {self._failed!r}")
+            raise CommandFailed(f"the journal writer did not start: {self._failed}")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, commit what is queued, close (after the HTTP processes stopped)."""

@@ -128,3 +128,13 @@ def test_the_host_going_away_fails_what_waits(host) -> None:  # type: ignore[no-
         await j.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_host_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """The server's start-up reports it as a command failure (one line), not a traceback."""
+    from server.errors import CommandFailed
+
+    h = JournalHost(tmp_path / "no-such-dir" / "journal.sock",
+                    lambda: db.make_engine(f"sqlite:///{tmp_path / 'j.sqlite3'}"))
+    with pytest.raises(CommandFailed, match="the journal writer did not start"):
+        h.start()
