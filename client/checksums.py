@@ -1,12 +1,14 @@
 """Checksum lines of local files, as ``sha256sum -b`` prints them: which files a list of paths
 names, what each is called in a manifest, and hashing them with a progress line on a terminal.
 
-Names (what ``stampd stamp FILE|DIR...`` puts in a manifest): a file inside a directory given is
-named by its path relative to that directory (``DIR/sub/a`` is ``sub/a``), a file given by its
-base name (``dist/a.tar.gz`` is ``a.tar.gz``), as ``sha256sum -b *`` prints them when run in
-that directory; ``/`` separates components. So ``cd DIR && sha256sum -c SHA256SUMS.asc`` and
-``stampd verify SHA256SUMS.asc --dir DIR`` find the files again. Entries are sorted by the
-bytes of their names (``LC_ALL=C sort``). Two files of one name are refused.
+Names (what ``stampd stamp FILE|DIR...`` puts in a manifest): each file is named by its path
+relative to the current directory, as given (``stampd stamp dist`` names ``dist/a.tar.gz`` and
+``dist/sub/b``; ``stampd stamp .`` names ``a.tar.gz``), as ``sha256sum -b`` prints them for those
+arguments; ``/`` separates components. So ``sha256sum -c SHA256SUMS.asc``, ``gpg --decrypt
+SHA256SUMS.asc | sha256sum -c -`` and ``stampd verify SHA256SUMS.asc --dir .`` find the files
+again from the same directory. A path outside the current directory (``../x``, an absolute path
+elsewhere) is refused: its name would lead outside the directory the check runs in. Entries are
+sorted by the bytes of their names (``LC_ALL=C sort``). A file given twice is refused.
 
 Inside a directory: a symlink to a regular file is hashed through the link (``sha256sum -c``
 reads through it too); a symlink to a directory is not followed, and a dangling symlink, a FIFO,
@@ -138,11 +140,24 @@ def _walk(top: Path, prefix: str, exclude: tuple[int, int] | None, files: list[E
             skipped.append(Skipped(path, "not a regular file (FIFO, socket or device)"))
 
 
+def _name_here(path: Path, cwd: str) -> str:
+    """The name of ``path`` relative to ``cwd`` ("" for ``cwd`` itself); `FilesError` for a
+    path outside it."""
+    rel = os.path.relpath(os.path.abspath(path), cwd)
+    if rel == os.curdir:
+        return ""
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        raise FilesError(f"{path} is outside the current directory (the manifest names files "
+                         f"relative to it): run stampd stamp from a directory above {path}")
+    return rel.replace(os.sep, "/")
+
+
 def collect(paths: Iterable[Path], exclude: Path | None = None
             ) -> tuple[list[Entry], list[Skipped]]:
-    """The regular files under ``paths`` with their manifest names, sorted by name, and what
-    was skipped. ``exclude`` (the manifest being written) is left out wherever it lies.
-    Raises `FilesError`."""
+    """The regular files under ``paths`` with their manifest names (relative to the current
+    directory), sorted by name, and what was skipped. ``exclude`` (the manifest being written)
+    is left out wherever it lies. Raises `FilesError`."""
+    here = os.getcwd()
     excluded = None
     if exclude is not None:
         try:
@@ -153,16 +168,17 @@ def collect(paths: Iterable[Path], exclude: Path | None = None
     files: list[Entry] = []
     skipped: list[Skipped] = []
     for path in paths:
+        name = _name_here(path, here)
         try:
             st = path.stat()
         except OSError as e:
             raise FilesError(f"cannot read {path}: {e.strerror}") from None
         if stat.S_ISDIR(st.st_mode):
-            _walk(path, "", excluded, files, skipped)
+            _walk(path, name + "/" if name else "", excluded, files, skipped)
         elif stat.S_ISREG(st.st_mode):
             if (st.st_dev, st.st_ino) == excluded:
                 raise FilesError(f"{path} is the manifest being written: give another -o")
-            files.append(Entry(Path(os.path.abspath(path)).name, path, st.st_size))
+            files.append(Entry(name, path, st.st_size))
         else:
             raise FilesError(f"{path} is neither a regular file nor a directory")
     bad = [(e.path, why) for e in files if (why := _nameable(e.name)) is not None]
@@ -173,8 +189,8 @@ def collect(paths: Iterable[Path], exclude: Path | None = None
     files.sort(key=lambda e: e.name.encode("utf-8"))
     dupes = [a.name for a, b in itertools.pairwise(files) if a.name == b.name]
     if dupes:
-        raise FilesError(f"two files would both be named {dupes[0]!r} in the manifest "
-                         f"({len(dupes)} such name(s)): give their directory instead")
+        raise FilesError(f"{dupes[0]!r} is given twice ({len(dupes)} such file(s)): give "
+                         "each file or directory once")
     if not files:
         raise FilesError("no regular files to stamp")
     return files, skipped

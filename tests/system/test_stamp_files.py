@@ -78,15 +78,15 @@ def test_a_tree_of_10000_files(server: Server, tmp_path: Path,
     asc = tmp_path / "SHA256SUMS.asc"
     text = asc.read_text()
     assert f"# lines: {TREE_FILES}\n" in text and f"# server: {server.url}\n" in text
-    assert "*d000/f00000.bin\n" in text and "*d099/f09999.bin\n" in text
+    assert "*tree/d000/f00000.bin\n" in text and "*tree/d099/f09999.bin\n" in text
 
     started = time.monotonic()
-    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", "tree")
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", ".")
     print(f"stampd verify --dir of {TREE_FILES} files: {time.monotonic() - started:.1f} s")
     assert code == 0, err
-    assert f"files:          {TREE_FILES} checked in tree: all match" in out
+    assert f"files:          {TREE_FILES} checked in .: all match" in out
 
-    # Stock tools: gpg --verify with the server's key, sha256sum -c in the tree.
+    # Stock tools: gpg --verify with the server's key, sha256sum -c where stamp ran.
     key = tmp_path / "server-key.asc"
     key.write_bytes(fetch(f"{server.url}?request=get-public-key-v1"))
     home = tmp_path / "gnupg"
@@ -96,8 +96,8 @@ def test_a_tree_of_10000_files(server: Server, tmp_path: Path,
                    capture_output=True)
     subprocess.run(["gpg", "--batch", "--verify", str(asc)], env=env, check=True,
                    capture_output=True)
-    check = subprocess.run(["sha256sum", "-c", str(asc)], cwd=tmp_path / "tree",
-                           capture_output=True, text=True)
+    check = subprocess.run(["sha256sum", "-c", str(asc)], cwd=tmp_path, capture_output=True,
+                           text=True)
     assert check.returncode == 0, check.stderr[-500:]
     assert check.stdout.count(": OK\n") == TREE_FILES
     # a publishable file (0666 less the umask), and a check without warnings about the armor
@@ -105,23 +105,23 @@ def test_a_tree_of_10000_files(server: Server, tmp_path: Path,
     assert stat.S_IMODE(asc.stat().st_mode) == 0o666 & ~umask()
     plain = subprocess.run(["gpg", "--batch", "--decrypt", str(asc)], env=env,
                            capture_output=True, check=True).stdout
-    check = subprocess.run(["sha256sum", "-c", "-"], cwd=tmp_path / "tree", input=plain,
+    check = subprocess.run(["sha256sum", "-c", "-"], cwd=tmp_path, input=plain,
                            capture_output=True)
     assert check.returncode == 0 and check.stderr == b"", check.stderr[-500:]
     assert check.stdout.count(b": OK\n") == TREE_FILES
 
     # A changed file: exit 1, named; offline with --key.
     (tmp_path / "tree" / "d042" / "f04242.bin").write_bytes(b"changed")
-    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", "tree", "--key",
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", ".", "--key",
                          str(key))
     assert code == 1
-    assert "CHANGED:        d042/f04242.bin" in out
+    assert "CHANGED:        tree/d042/f04242.bin" in out
     assert err.startswith("stampd verify: invalid: 1 of 10000 files do not match the "
-                          "manifest: d042/f04242.bin")
+                          "manifest: tree/d042/f04242.bin")
 
     # A tampered line: the signature no longer verifies (nor does gpg's).
     lines = text.split("\n")
-    i = next(n for n, line in enumerate(lines) if line.endswith("*d007/f00700.bin"))
+    i = next(n for n, line in enumerate(lines) if line.endswith("*tree/d007/f00700.bin"))
     lines[i] = ("0" if lines[i][0] != "0" else "1") + lines[i][1:]
     (tmp_path / "tampered.asc").write_text("\n".join(lines))
     code, _, err = run(capsys, "verify", "tampered.asc", "--key", str(key))
@@ -155,19 +155,20 @@ def test_ssh_sha512_round_trip_and_what_is_skipped(server: Server, tmp_path: Pat
 
     allowed = tmp_path / "allowed_signers"
     allowed.write_bytes(fetch(f"{server.url}v1/keys/allowed_signers"))
-    code, out, err = run(capsys, "verify", "SHA512SUMS.asc", "--dir", "release", "--key",
+    code, out, err = run(capsys, "verify", "SHA512SUMS.asc", "--dir", ".", "--key",
                          str(allowed))
     assert code == 0, err
-    assert "files:          4 checked in release: all match" in out
-    check = subprocess.run(["sha512sum", "-c", str(asc)], cwd=tree, capture_output=True,
+    assert "files:          4 checked in .: all match" in out
+    check = subprocess.run(["sha512sum", "-c", str(asc)], cwd=tmp_path, capture_output=True,
                            text=True)
     assert check.returncode == 0 and check.stdout.count(": OK\n") == 4, check.stderr
 
     (tree / "sub" / "new\nline").unlink()
-    code, out, err = run(capsys, "verify", "SHA512SUMS.asc", "--dir", "release", "--key",
+    code, out, err = run(capsys, "verify", "SHA512SUMS.asc", "--dir", ".", "--key",
                          str(allowed))
-    assert code == 1 and "MISSING:        sub/new\nline" in out, err
-    (tmp_path / "tampered.asc").write_text(text.replace("*a.tar.gz", "*a.tar.bz2"))
+    assert code == 1 and "MISSING:        release/sub/new\nline" in out, err
+    (tmp_path / "tampered.asc").write_text(text.replace("*release/a.tar.gz",
+                                                        "*release/a.tar.bz2"))
     code, _, err = run(capsys, "verify", "tampered.asc", "--key", str(allowed))
     assert code == 1 and "the SSH signature does not verify" in err, err
     # What stampd verify cannot check is "unsupported" (exit 1), not malformed.
@@ -176,6 +177,74 @@ def test_ssh_sha512_round_trip_and_what_is_skipped(server: Server, tmp_path: Pat
         (tmp_path / name).write_text(changed)
         code, _, err = run(capsys, "verify", name, "--key", str(allowed))
         assert code == 1 and err.startswith("stampd verify: unsupported: "), err
+
+
+def test_names_are_relative_to_where_stamp_ran(server: Server, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue: ``stampd stamp dist`` from the project root, then the everyday checks from
+    the same directory -- ``sha256sum -c`` and ``gpg --decrypt | sha256sum -c -`` -- and
+    ``stampd verify`` with and without ``--dir``; a path outside it is refused."""
+    project = tmp_path / "project"
+    (project / "dist" / "sub").mkdir(parents=True)
+    (project / "dist" / "a.tar.gz").write_bytes(os.urandom(2000))
+    (project / "dist" / "sub" / "b.txt").write_bytes(b"b\n")
+    (project / "README").write_bytes(b"readme\n")
+    monkeypatch.chdir(project)
+    code, out, err = run(capsys, "stamp", "dist", "README", "--server", server.url)
+    assert code == 0, err
+    asc = project / "SHA256SUMS.asc"
+    text = asc.read_text()
+    # the lines are what sha256sum -b prints here for those files
+    here = subprocess.run(["sha256sum", "-b", "README", "dist/a.tar.gz", "dist/sub/b.txt"],
+                          capture_output=True, text=True, check=True).stdout
+    assert text.split("# lines: 3\n")[1].startswith(here + "-----BEGIN PGP SIGNATURE-----\n")
+
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--import"], env=env, check=True, capture_output=True,
+                   input=fetch(f"{server.url}?request=get-public-key-v1"))
+
+    def everyday_checks() -> tuple[int, int]:
+        plain = subprocess.run(["gpg", "--batch", "--decrypt", "SHA256SUMS.asc"], env=env,
+                               capture_output=True, check=True).stdout
+        piped = subprocess.run(["sha256sum", "-c", "-"], input=plain, capture_output=True)
+        direct = subprocess.run(["sha256sum", "-c", "SHA256SUMS.asc"], capture_output=True)
+        return piped.returncode, direct.returncode
+
+    assert everyday_checks() == (0, 0)
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc")  # the signature alone
+    assert code == 0 and "files:" not in out, err
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", ".")
+    assert code == 0 and "files:          3 checked in .: all match" in out, err
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "verify", "project/SHA256SUMS.asc", "--dir", "project")
+    assert code == 0 and "files:          3 checked in project: all match" in out, err
+
+    monkeypatch.chdir(project)
+    (project / "dist" / "sub" / "b.txt").write_bytes(b"changed\n")
+    assert everyday_checks() == (1, 1)
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", ".")
+    assert code == 1 and "CHANGED:        dist/sub/b.txt" in out, err
+
+    # Outside the current directory: refused in one line, nothing written.
+    monkeypatch.chdir(project / "dist")
+    for outside in ("../README", str(project / "README"), ".."):
+        code, _, err = run(capsys, "stamp", outside, "--server", server.url)
+        assert code == 2 and err == (
+            f"stampd stamp: {outside} is outside the current directory (the manifest names "
+            f"files relative to it): run stampd stamp from a directory above {outside}\n")
+    assert not (project / "dist" / "SHA256SUMS.asc").exists()
+    # ... and from inside, names relative to it, as a manifest made before the change named
+    # them: stampd verify --dir finds them as before.
+    code, _, err = run(capsys, "stamp", str(project / "dist" / "sub"), "a.tar.gz", "--server",
+                       server.url)
+    assert code == 0, err
+    assert "*a.tar.gz\n" in (project / "dist" / "SHA256SUMS.asc").read_text()
+    monkeypatch.chdir(project)
+    code, out, err = run(capsys, "verify", "dist/SHA256SUMS.asc", "--dir", "dist")
+    assert code == 0 and "files:          2 checked in dist: all match" in out, err
 
 
 def test_unusable_paths_are_refused_before_anything_is_sent(
@@ -189,8 +258,8 @@ def test_unusable_paths_are_refused_before_anything_is_sent(
     (tmp_path / "e" / "x").mkdir(parents=True)
     (tmp_path / "e" / "a").write_bytes(b"1")
     (tmp_path / "e" / "x" / "a").write_bytes(b"2")
-    code, _, err = run(capsys, "stamp", "e/a", "e/x/a", "--server", server.url)
-    assert code == 2 and "two files would both be named 'a'" in err
+    code, _, err = run(capsys, "stamp", "e", "e/x/a", "--server", server.url)
+    assert code == 2 and "'e/x/a' is given twice" in err
     code, _, err = run(capsys, "stamp", "missing", "--server", server.url)
     assert code == 2 and "cannot read missing" in err
     assert not (tmp_path / "SHA256SUMS.asc").exists()
