@@ -144,6 +144,20 @@ def default_branch(server: str) -> str:
 
 
 def check_server_url(server: str) -> str:
+    """``server`` if it is an http:// or https:// URL, else `HookError` (exit 2). One without
+    a scheme is refused rather than guessed at (the hook would keep the guess in git config):
+    the refusal names the URL meant, ``http://`` for a bare ``host:port`` (a local server),
+    else ``https://``."""
+    if "://" not in server:
+        meant = urllib.parse.urlsplit("http://" + server)
+        try:
+            port = meant.port
+        except ValueError:
+            port = None
+        if meant.hostname and all("!" <= c <= "~" for c in server):
+            scheme = "http" if port is not None else "https"
+            raise HookError(f"--server needs a scheme: give {scheme}://{server}, not "
+                            f"{server!r}", 2)
     parts = urllib.parse.urlsplit(server)
     if parts.scheme not in ("http", "https") or not parts.hostname \
             or any(not ("!" <= c <= "~") for c in server):

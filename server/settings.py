@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,7 +23,19 @@ from workers.keys.keyset import KeySpec, parse_extra_keys
 # gpg-agent (openpgp:) or ssh-agent (ssh:, ECDSA only; its P-256 signatures are the cheapest).
 TSA_KEYS = ("openpgp:nistp256", "openpgp:nistp384", "openpgp:rsa3072", "openpgp:rsa4096",
             "ssh:ecdsa-p256", "ssh:ecdsa-p384")
-DEFAULT_UID = "stampd Timestamping Service <stampd@localhost>"
+DEFAULT_UID = "stampd Timestamping Service <stampd@{host}>"
+# A host name that may stand after the @ of the default user id (git compares a tag's tagger
+# with it, so it must stay a plain 'Name <email>'); anything else falls back to localhost.
+_UID_HOST = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*")
+
+
+def default_uid(own_url: str | None) -> str:
+    """The user id of a generated key: its e-mail's host is the host of ``own_url`` where set,
+    else this machine's host name, so that keys of different servers differ; localhost where
+    that host is not a plain DNS name (an IPv6 address, odd characters)."""
+    host = (urllib.parse.urlsplit(own_url).hostname if own_url else socket.gethostname()) or ""
+    host = host.lower().rstrip(".")
+    return DEFAULT_UID.format(host=host if _UID_HOST.fullmatch(host) else "localhost")
 # The default policy of RFC 3161 tokens: an OID under 2.25 (ITU-T X.667, a UUID as an
 # integer), minted for stampd's policy as docs/tsa.md describes it.
 TSA_POLICY = "2.25.178387009458913539541377305212843591845"
@@ -118,7 +132,10 @@ class Settings(BaseSettings):
     )
 
     # Signing key generated on first start.
-    key_uid: str = Field(default=DEFAULT_UID, description="user id of a generated key")
+    key_uid: str = Field(
+        default=DEFAULT_UID.format(host="localhost"),
+        description="user id of a generated key; default 'stampd Timestamping Service "
+        "<stampd@HOST>', HOST the host of own_url, else this machine's host name")
     key_algo: str = Field(default="ed25519", description="gpg --quick-gen-key algorithm")
     extra_keys: str = Field(
         default="", description="more signing keys: openpgp:<algo>,ssh:<type>,..."
@@ -248,6 +265,12 @@ class Settings(BaseSettings):
         if not re.fullmatch(r"[0-2](\.(0|[1-9][0-9]*))+", v):
             raise ValueError("tsa_policy must be a dotted object identifier such as 1.2.3.4")
         return v
+
+    @model_validator(mode="after")
+    def _uid_names_this_host(self) -> Settings:
+        if "key_uid" not in self.model_fields_set:
+            self.key_uid = default_uid(self.own_url)
+        return self
 
     @model_validator(mode="after")
     def _parse_lists(self) -> Settings:

@@ -77,11 +77,14 @@ class Dispatchers:
         # (only a manifest job may be that large)
         self.links[path] = (sock, FrameBuffer(MAX_MANIFEST_FRAME))
 
-    def drop(self, path: Path, why: str) -> None:
+    def drop(self, path: Path, why: str, expected: bool = False) -> None:
         sock, _ = self.links.pop(path)
         sock.close()
         self.lost[path] = time.monotonic() + self.RETRY
-        log.warning("worker %s: dispatcher %s %s", self.name, path.name, why)
+        if expected:
+            log.info("worker %s: dispatcher %s stopped (%s)", self.name, path.name, why)
+        else:
+            log.warning("worker %s: dispatcher %s %s", self.name, path.name, why)
 
     def _retry_lost(self) -> None:
         now = time.monotonic()
@@ -129,7 +132,10 @@ class Dispatchers:
                 self.drop(path, f"cannot be read from ({e.strerror})")
                 continue
             if not data:
-                self.drop(path, "closed the connection")
+                # A dispatcher that stops removes its socket first (a server stopping, or an
+                # HTTP process restarted on purpose): expected, so not a warning. One whose
+                # socket is still there hung up without stopping: its HTTP process died.
+                self.drop(path, "closed the connection", expected=not path.exists())
                 continue
             self.links[path][1].feed(data)
         return self._ready_frames()

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged, Unsupported
+from client.verify.errors import (
+    CannotCheck,
+    Invalid,
+    Malformed,
+    NotLogged,
+    Unsupported,
+    Usage,
+)
 from client.verify.gitstamp import GitResult, verify_git
 from client.verify.inputs import iso, read_target
 from client.verify.manifest import MAX_MANIFEST, ManifestResult, is_manifest, verify_manifest
@@ -228,8 +235,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
                             "to git stamps")
         if args.key is None:
-            raise Malformed("a git tag or commit stamp needs --key KEYFILE (the server's "
-                            "public key)")
+            raise Usage("a git stamp is checked against the server's key: give --key FILE")
         lines = report_git(verify_git(args.repo, args.target, args.key))
     print("\n".join(lines))
     return 0

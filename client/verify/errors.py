@@ -15,7 +15,7 @@ class VerifyError(CommandError):
     `Malformed`)."""
 
     exit_code = 1
-    kind = "invalid"
+    kind: str | None = "invalid"
 
 
 class Invalid(VerifyError):
@@ -40,6 +40,14 @@ class Malformed(VerifyError):
 
     exit_code = 2
     kind = "malformed"
+
+
+class Usage(VerifyError):
+    """The target cannot be checked with the arguments given (a git stamp without ``--key``):
+    exit status 2, the message alone says what to give."""
+
+    exit_code = 2
+    kind = None
 
 
 class NotLogged(VerifyError):

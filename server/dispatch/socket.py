@@ -102,6 +102,10 @@ class SocketDispatcher:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        # The socket goes before the workers are hung up on: a worker that finds it gone
+        # knows this dispatcher stopped (quiet), not that its HTTP process died (a warning).
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
         # Hang up on the workers; their handlers then finish on their own (no cancellation).
         for writer in list(self._writers):
             writer.transport.abort()
@@ -112,8 +116,6 @@ class SocketDispatcher:
                 _, _, job = queue.get_nowait()
                 if not job.future.done():
                     job.future.set_exception(Unavailable("server is shutting down"))
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
 
     @property
     def queue_depth(self) -> int:

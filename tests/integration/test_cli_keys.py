@@ -81,3 +81,28 @@ def test_a_host_with_only_public_keys_never_makes_a_key(
                    "the public key (an API host runs with --no-workers); restore the secret "
                    "key to sign here\n")
     assert {p: p.read_bytes() for p in (api / "keys").rglob("*") if p.is_file()} == before
+
+
+def test_a_generated_key_names_this_server_not_localhost(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default user id carries the host of STAMPD_OWN_URL (else the host name), so that
+    every server's key does not claim stampd@localhost; a key that exists keeps its user id."""
+    monkeypatch.delenv("STAMPD_KEY_UID", raising=False)
+    monkeypatch.delenv("STAMPD_EXTRA_KEYS", raising=False)
+    monkeypatch.setenv("STAMPD_OWN_URL", "https://Stamp.Example.org:8443/")
+    data = tmp_path / "data"
+    assert main(["keys", "generate", "--data-dir", str(data)]) == 0
+    uid = "stampd Timestamping Service <stampd@stamp.example.org>"
+    assert f"user id:     {uid}\n" in capsys.readouterr().out
+    monkeypatch.setenv("STAMPD_OWN_URL", "https://other.example.org/")
+    assert main(["keys", "show", "--data-dir", str(data)]) == 0
+    assert f"user id:     {uid}\n" in capsys.readouterr().out
+
+
+def test_the_default_user_id_falls_back_to_localhost() -> None:
+    from server.settings import default_uid
+
+    assert default_uid("http://[::1]:8080/") == "stampd Timestamping Service <stampd@localhost>"
+    assert default_uid("http://a_b.example/") == "stampd Timestamping Service <stampd@localhost>"
+    assert default_uid(None).startswith("stampd Timestamping Service <stampd@")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from server import db
@@ -63,3 +64,35 @@ def test_ready_when_every_key_has_a_worker(tmp_path: Path,
     ready, body = asyncio.run(readiness(s))
     assert ready, body
     assert {"database", "workers", "key:primary", "key:ssh-ed25519", "log"} <= set(body["checks"])
+
+
+def test_an_unsynchronised_clock_reads_as_such(tmp_path: Path,
+                                               openpgp_signer: OpenPgpSigner) -> None:
+    """The kernel's answer injected: an unsynchronised clock is never shown as plainly fine.
+    It fails readiness only where RFC 3161 requests are refused for it."""
+    class Both(InProcessDispatcher):
+        def keys_served(self) -> set[str]:
+            return {PRIMARY, EXTRA_KEY.id}
+
+    s = services(tmp_path, Both(openpgp_signer))
+    s = replace(s, settings=s.settings.model_copy(update={"tsa": True}))
+    ready, body = asyncio.run(readiness(s, clock=lambda: False))
+    assert body["checks"]["clock"]["ok"], body  # not required: tokens are still issued
+    assert body["checks"]["clock"] == {
+        "ok": True, "detail": "not synchronised (kernel, adjtimex); tokens are still issued: "
+        "STAMPD_TSA_REQUIRE_CLOCK_SYNC=false"}
+    required = replace(s, settings=s.settings.model_copy(
+        update={"tsa_require_clock_sync": True}))
+    ready, body = asyncio.run(readiness(required, clock=lambda: False))
+    assert not ready
+    assert body["checks"]["clock"] == {
+        "ok": False, "detail": "not synchronised (kernel, adjtimex): RFC 3161 requests are "
+        "refused (STAMPD_TSA_REQUIRE_CLOCK_SYNC=true)"}
+    ready, body = asyncio.run(readiness(required, clock=lambda: True))
+    assert body["checks"]["clock"] == {"ok": True, "detail": "synchronised (kernel, adjtimex)"}
+    off = replace(s, settings=s.settings.model_copy(update={"tsa": False}))
+    ready, body = asyncio.run(readiness(off, clock=lambda: False))
+    assert ready, body
+    assert body["checks"]["clock"]["detail"] == (
+        "not synchronised (kernel, adjtimex); RFC 3161 is off, stamps still carry this clock's "
+        "time")

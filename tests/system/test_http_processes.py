@@ -5,7 +5,9 @@ and /readyz add them up. (Faults: tests/system/test_faults.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -64,3 +66,27 @@ def test_two_http_processes_share_port_workers_journal_and_log(
     wait_for(lambda: set(commits) <= logged_hashes(seeded_dir), timeout=30,
              what="every stamp in the log")
     assert server.log().count("is now the log writer") == 1
+
+
+def test_a_clean_stop_with_two_http_processes_is_quiet(seeded_dir: Path) -> None:
+    """SIGTERM to a server with two HTTP processes: the dispatchers hanging up on the workers
+    is expected then, so nothing warns. An HTTP process that dies still makes its workers
+    warn."""
+    server = start_server(seeded_dir, workers=2, api_processes=2)
+    try:
+        stamp_tag(server, "a" * 40)
+        os.kill(server.http_pids()[0], signal.SIGKILL)
+        wait_for(lambda: server.log().count("closed the connection") >= 2, timeout=30,
+                 what="the workers warning of the killed HTTP process")
+        server.wait_ready()  # restarted, and reached by both workers again
+        before = len(server.log_path.read_text())
+        stamp_tag(server, "b" * 40)
+    finally:
+        code = server.stop()
+    log = server.log_path.read_text()
+    assert code == 0, log
+    killed = [line for line in log[:before].splitlines() if "closed the connection" in line]
+    assert killed and all(" WARNING " in line for line in killed), killed
+    loud = [line for line in log[before:].splitlines()
+            if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line)]
+    assert not loud, "\n".join(loud)

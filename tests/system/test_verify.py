@@ -371,3 +371,8 @@ def test_git_tag_and_commit_stamps(live_server: Server, other_server: Server, tm
         code, _, err = verify(capsys, *args, "--repo", repo)
         assert code == 2, f"{args}: {err}"
         assert len(err.splitlines()) == 1
+
+    # A real tag stamp without --key is not malformed: it says what is missing.
+    assert verify(capsys, "stamp-1", "--repo", repo) == (
+        2, "", "stampd verify: a git stamp is checked against the server's key: give --key "
+        "FILE\n")
