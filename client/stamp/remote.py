@@ -19,15 +19,20 @@ MANIFEST_SLACK = 64 * 1024  # bytes an answer may have beyond the lines sent (he
 
 def server_url(repo: Path, given: str | None) -> str:
     """``--server``, else ``$STAMPD_SERVER``, else ``git config timestamp.server`` (its first
-    entry, as ``git timestamp`` takes for one tag or branch); ``https://`` is added to a URL
-    without a scheme, as ``git timestamp`` does."""
+    entry, as ``git timestamp`` takes for one tag or branch); ``https://`` is added to a bare host
+    name, as ``git timestamp`` does; a bare ``host:port`` is refused, naming the URL meant (it
+    would become https and fail on TLS against a local http server)."""
     server = given or os.environ.get(SERVER_ENV) or git_config(repo, "timestamp.server")
     if not server:
         raise UsageError(f"no server: give --server URL, set {SERVER_ENV}, or git config "
                          "timestamp.server URL")
     server = server.split(",")[0].strip()
     if "://" not in server:
-        server = "https://" + server
+        host, sep, port = server.rpartition(":")
+        if sep and host and port.isdigit():  # a bare host:port: most likely a local http server
+            raise UsageError(f"the server needs a scheme: give http://{server} (or "
+                             f"https://{server}), not {server!r}")
+        server = "https://" + server  # a bare host name, as `git timestamp` takes it
     parts = urllib.parse.urlsplit(server)
     if parts.scheme not in ("http", "https") or not parts.hostname \
             or any(not ("!" <= c <= "~") for c in server):

@@ -84,3 +84,16 @@ def test_tampered_branch_stamps_are_refused(change, header, says) -> None:  # ty
 def test_pin_name_is_git_timestamps() -> None:
     assert pin_name("http://127.0.0.1:8080/") == "127-0-0-1-8080"
     assert pin_name("https://gitta.zeitgitter.net") == "gitta-zeitgitter-net"
+
+
+def test_the_server_url_of_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare host gets https:// (as `git timestamp` does); a bare host:port is refused in one
+    line naming the URL meant (it would become https and fail on TLS); a URL is taken as is."""
+    from client.stamp.errors import UsageError
+    from client.stamp.remote import server_url
+
+    monkeypatch.delenv("STAMPD_SERVER", raising=False)
+    assert server_url(tmp_path, "stamp.example") == "https://stamp.example"
+    assert server_url(tmp_path, "http://127.0.0.1:8080") == "http://127.0.0.1:8080"
+    with pytest.raises(UsageError, match=r"give http://localhost:8080 \(or https://"):
+        server_url(tmp_path, "localhost:8080")
