@@ -10,13 +10,11 @@ signature carries no time: the statement's time is the stamp's.)
 from __future__ import annotations
 
 import json
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from client.gpg import TempGpgHome
-from client.verify.errors import CannotCheck, Invalid, Malformed
+from client.verify.errors import Invalid, Malformed
 from client.verify.inputs import file_digest, normalise_digest, read_target
 from client.verify.keys import (
     KEYRING_PREFIX,
@@ -25,6 +23,7 @@ from client.verify.keys import (
     gpg_checks,
     load_keyring,
     only_signature,
+    ssh_keygen_verify,
     ssh_keys_from,
 )
 from formats.cleartext import canonical_text
@@ -125,20 +124,9 @@ def verify_ssh_receipt(statement: Statement, statement_text: str, signature: str
     key = next((k for k in ssh_keys_from(data) if k.fingerprint == statement.key), None)
     if key is None:
         raise Invalid(f"the receipt names key {statement.key}, which is not in the {origin}")
-    with tempfile.TemporaryDirectory(prefix="stampd-v") as tmp:
-        signers, sig = Path(tmp) / "allowed_signers", Path(tmp) / "receipt.sig"
-        signers.write_text(f'receipt@stampd namespaces="{RECEIPT_NAMESPACE}" '
-                           f"{key.to_line(comment=False)}\n")
-        sig.write_text(signature)
-        try:
-            r = subprocess.run(["ssh-keygen", "-Y", "verify", "-n", RECEIPT_NAMESPACE, "-f",
-                                str(signers), "-I", "receipt@stampd", "-s", str(sig)],
-                               input=statement_text.encode(), capture_output=True, timeout=60,
-                               check=False)
-        except FileNotFoundError:
-            raise CannotCheck("ssh-keygen is not installed (OpenSSH 8.2 or later)") from None
-    if r.returncode != 0:
-        raise Invalid(f"the SSH signature does not verify: {r.stderr.decode()[-200:].strip()}")
+    ok, detail = ssh_keygen_verify(key, RECEIPT_NAMESPACE, statement_text.encode(), signature)
+    if not ok:
+        raise Invalid(f"the SSH signature does not verify: {detail}")
     sig_info = ValidSig(fingerprint=key.fingerprint, created=statement.time, sig_class="ssh",
                         primary=key.fingerprint)
     return ReceiptResult(statement=statement, signature=sig_info, key_origin=origin,
