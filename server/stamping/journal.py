@@ -25,7 +25,6 @@ from server.errors import JournalError
 from server.models import ManifestDigests, Stamp, StampState
 from server.stamping.requests import Request
 from server.stats import Stats
-from server.writelock import WriteLock
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +86,6 @@ class Journal:
             self._writer = _SqliteWriter(str(engine.url.database))
         else:
             self._writer = _SqlAlchemyWriter(engine)
-        # The host-wide queue for SQLite's write lock; None for other databases.
-        self._lock = self._writer.lock if isinstance(self._writer, _SqliteWriter) else None
         self._task: asyncio.Task[None] | None = None
         self.commits = 0  # transactions written (for tests and metrics)
 
@@ -192,36 +189,6 @@ class Journal:
                 await asyncio.sleep(0.5)  # the database is down: do not spin
 
     async def _write_once(self) -> bool:
-        if not self._inserts and not self._updates:
-            return True
-        if self._lock is None:
-            return await self._write_group()
-        # SQLite: take the host's write lock first (`server.writelock`), then the group, so
-        # that what arrived while another HTTP process committed rides in this commit: one
-        # fsync for all of it rather than a commit of its own after another wait. A free lock
-        # is taken at once, here (one server process, or a quiet moment): no thread hop then.
-        if not self._lock.try_acquire():
-            await self._acquire(self._lock)
-        try:
-            return await self._write_group()
-        finally:
-            # (Cancelled while the thread still writes, the lock goes early: SQLite's own
-            # write lock still keeps the other processes out; this one only queues them.)
-            self._lock.release()
-
-    async def _acquire(self, lock: WriteLock) -> None:
-        """Wait for ``lock`` in the journal's thread. Cancelled meanwhile (the journal is
-        stopping), the lock is released once the thread has it, so that it is never left
-        taken."""
-        taken = asyncio.get_running_loop().run_in_executor(self._executor, lock.acquire)
-        try:
-            await asyncio.shield(taken)
-        except asyncio.CancelledError:
-            taken.add_done_callback(
-                lambda f: None if f.cancelled() or f.exception() else lock.release())
-            raise
-
-    async def _write_group(self) -> bool:
         inserts, self._inserts = self._inserts, []
         updates, self._updates = self._updates, []
         waiters, self._update_waiters = self._update_waiters, []
@@ -393,9 +360,6 @@ class _SqliteWriter(_Writer):
         self.path = path
         self.conn: sqlite3.Connection | None = None
         self._inserts: dict[int, str] = {}
-        # The HTTP processes of a host take turns at SQLite's write lock (`server.writelock`):
-        # the journal takes it around each group commit, before it takes the group.
-        self.lock = WriteLock(path)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=30,
@@ -444,10 +408,6 @@ class _SqliteWriter(_Writer):
             conn.execute("COMMIT")
             return ids
         except BaseException:
-            super().close()  # (the connection only: the lock file is kept for reuse)
+            self.close()
             raise
-
-    def close(self) -> None:
-        super().close()
-        self.lock.close()
 
