@@ -6,11 +6,14 @@ Bench.run_profile (bench.run). Not named profile.py, which would shadow the stan
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench.procs import BIN
+from bench.procs import BIN, kill_pids
 
 # The leaf frames of a thread waiting for work (an idle executor thread, the event loop in its
 # poll): in a profile taken with --idle they are no request's time.
@@ -63,3 +66,24 @@ def summarize_profile(raw: Path, top: int = 18, without_idle: bool = False) -> l
 def py_spy() -> str | None:
     exe = BIN / "py-spy"
     return str(exe) if exe.exists() else shutil.which("py-spy")
+
+
+@contextlib.contextmanager
+def recording(exe: str, targets: list[tuple[int, Path]], seconds: int, rate: int,
+              mode: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``py-spy record`` (raw, non-blocking; ``mode`` ``--gil`` or ``--idle``) of each (pid,
+    output file) for ``seconds`` while the body runs; afterwards each is waited for, and one
+    that hangs is killed by PID."""
+    spies = [subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate),
+         "--nonblocking", mode, "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for pid, out in targets]
+    try:
+        yield spies
+    finally:
+        for spy in spies:
+            try:
+                spy.wait(timeout=seconds + 30)
+            except subprocess.TimeoutExpired:
+                kill_pids([spy.pid], "py-spy")
+                spy.wait(timeout=10)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
@@ -53,14 +52,13 @@ from bench.procs import (
     ensure_tools,
     idle_load,
     keep_or_remove,
-    kill_pids,
     process_table,
     progress,
     run_then_stop,
     start_bench,
     sweep,
 )
-from bench.pyspy import py_spy, summarize_profile
+from bench.pyspy import py_spy, recording, summarize_profile
 from bench.report import Report
 from bench.servers import Server, Stampd, Zeitgitterd
 
@@ -149,22 +147,11 @@ class Bench(Measuring, Report):
         secs = self.args.duration
         progress(f"profiling stampd {key} tag c={SCALING_CONNS} for {secs}s with py-spy "
                  f"({', '.join(f'{n} pid {p}' for n, p in targets)})")
-        spies = []
-        for name, pid in targets:
-            out = self.root / f"profile-{name}.txt"
-            spies.append((name, out, subprocess.Popen(
-                [exe, "record", "--pid", str(pid), "--duration", str(secs), "--rate", "250",
-                 "--nonblocking", "--gil", "--format", "raw", "--output", str(out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-        try:
+        outs = [(name, self.root / f"profile-{name}.txt") for name, _ in targets]
+        with recording(exe, [(pid, out) for (_, pid), (_, out) in zip(targets, outs, strict=True)],
+                       secs, 250, "--gil") as running:
             res, _ = self.wrk(st, "tag", SCALING_CONNS, secs + 1, self.prefix(), None)
-        finally:
-            for _, _, spy in spies:
-                try:
-                    spy.wait(timeout=secs + 30)
-                except subprocess.TimeoutExpired:
-                    kill_pids([spy.pid], "py-spy")
-                    spy.wait(timeout=10)
+        spies = [(name, out, spy) for (name, out), spy in zip(outs, running, strict=True)]
         rate = int(res["requests"]) / (int(res["duration_us"]) / 1e6)  # type: ignore[call-overload]
         self.profile.append(f"profile: stampd {key} tag c={SCALING_CONNS}, {rate:.0f} stamps/s "
                             f"while sampled (py-spy --nonblocking --gil, 250 Hz)")

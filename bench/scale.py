@@ -33,7 +33,6 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,13 +47,12 @@ from bench.procs import (
     idle_load,
     int_list,
     keep_or_remove,
-    kill_pids,
     progress,
     run,
     run_then_stop,
     start_bench,
 )
-from bench.pyspy import py_spy, summarize_profile
+from bench.pyspy import py_spy, recording, summarize_profile
 from bench.servers import Server, Stampd, Zeitgitterd
 
 KEY = "ed25519"
@@ -265,24 +263,11 @@ class Scale(Measuring):
         conns, secs = max(self.args.conns), self.args.duration
         progress(f"profiling {row.label} c={conns} for {secs}s: py-spy --idle on HTTP "
                  f"processes {pids}")
-        spies = []
-        for pid in pids:
-            out = self.root / f"profile-{row.label}-{pid}.txt"
-            spies.append((out, subprocess.Popen(
-                [exe, "record", "--pid", str(pid), "--duration", str(secs), "--rate", "200",
-                 "--nonblocking", "--idle", "--format", "raw", "--output", str(out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-        try:
+        outs = [self.root / f"profile-{row.label}-{pid}.txt" for pid in pids]
+        with recording(exe, list(zip(pids, outs, strict=True)), secs, 200, "--idle"):
             res, _ = self.wrk(server, MODE, conns, secs + 1, self.prefix(), None)
-        finally:
-            for _, spy in spies:
-                try:
-                    spy.wait(timeout=secs + 30)
-                except subprocess.TimeoutExpired:
-                    kill_pids([spy.pid], "py-spy")
-                    spy.wait(timeout=10)
         merged = self.root / f"profile-{row.label}.txt"
-        merged.write_text("".join(out.read_text(errors="replace") for out, _ in spies
+        merged.write_text("".join(out.read_text(errors="replace") for out in outs
                                   if out.exists()))
         rate = int(res["requests"]) / (int(res["duration_us"]) / 1e6)  # type: ignore[call-overload]
         self.profiled = [f"profile: {row.label} c={conns}, {rate:.0f} stamps/s while sampled; "
