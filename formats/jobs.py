@@ -2,7 +2,8 @@
 
 A job is one object for a worker to build and sign: a git tag (`TagJob`), a git commit
 (`CommitJob`: branch stamps and log commits), a digest receipt (`ReceiptJob`), a manifest
-(`ManifestJob`) or an RFC 3161 time-stamp token (`TimestampJob`). The service
+(`ManifestJob`), an RFC 3161 time-stamp token (`TimestampJob`) or the signature of a
+transparency log's checkpoint note (`NoteJob`, the log key's only kind). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
 `Result`. A worker first introduces itself with a `Hello`. Each job class names its ``op`` (its
 type on the wire) and its ``kind``: what a worker builds of it, tag and commit jobs both git
@@ -302,11 +303,35 @@ class TimestampJob:
                    _int(d, "time"), _str(d, "policy"), accuracy, _opt_str(d, "nonce"), cert_req)
 
 
+@dataclass(frozen=True)
+class NoteJob:
+    """The Ed25519 signature of a signed note's ``text`` (C2SP signed-note, `formats.note`: a
+    transparency log's checkpoint), made with the log key only. The worker signs the UTF-8
+    bytes of ``text`` as they are (plain Ed25519, no SSHSIG around them) and answers with the
+    64-byte signature in base64; the caller makes the note's signature line of it
+    (`formats.note`). A text that is empty or does not end in a newline is `MalformedMessage`."""
+
+    op: ClassVar[str] = "note"
+    kind: ClassVar[str] = "note"  # what a worker builds: a note signature (the log key only)
+    text: str
+
+    def __post_init__(self) -> None:
+        if not self.text.endswith("\n"):
+            raise MalformedMessage("a note's text ends in a newline")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> NoteJob:
+        return cls(_str(d, "text"))
+
+
 GitJob = TagJob | CommitJob
-Job = TagJob | CommitJob | ReceiptJob | TimestampJob | ManifestJob
+Job = TagJob | CommitJob | ReceiptJob | TimestampJob | ManifestJob | NoteJob
 _JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob] | type[TimestampJob]
-                 | type[ManifestJob]] = {
-    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob, ManifestJob)}
+                 | type[ManifestJob] | type[NoteJob]] = {
+    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob, ManifestJob, NoteJob)}
 
 
 def job_from_dict(d: dict[str, Any]) -> Job:

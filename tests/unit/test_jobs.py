@@ -15,6 +15,7 @@ from formats.jobs import (
     Hello,
     MalformedMessage,
     ManifestJob,
+    NoteJob,
     ReceiptJob,
     Result,
     TagJob,
@@ -56,12 +57,15 @@ JOBS = [
     TimestampJob("sha256", "ab" * 32, 1, 1_700_000_000, "1.2.3.4"),
     TimestampJob("sha512", "0f" * 64, (1 << 160) - 1, 9, "2.25.1", accuracy=1,
                  nonce=str(1 << 159), cert_req=True),
+    NoteJob("example.com/log\n42\nqUWxPL3Ns2ChdvTs+jMm+GCSbNFWlfKoBl+GjvdaQwA=\n"),
+    NoteJob("\u00fcn\u00efc\u00f6d\u00e9 origin\n"),
 ]
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j.op}-{getattr(j, 'uid', None)}-"
                                                    f"{getattr(j, 'object_format', None)}")
-def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob) -> None:
+def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob | NoteJob
+                         ) -> None:
     assert decode_job(encode_job(job)) == job
     buf = FrameBuffer()
     data = job_frame(42, job)
@@ -87,6 +91,8 @@ def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob) ->
                   "message": "m", "object_format": "sha256", **bad})
       for bad in [{"tree": "e" * 40}, {"parents": ["a" * 64, "c" * 40]}, {"object_format": None}]),
     '{"op": "receipt", "time": 1}',
+    '{"op": "note"}', '{"op": "note", "text": 1}', '{"op": "note", "text": ""}',
+    '{"op": "note", "text": "no newline"}',
     *(json.dumps({"op": "timestamp", "hash_algorithm": "sha256", "digest": "ab" * 32,
                   "serial": 1, "time": 1, "policy": "1.2.3", "cert_req": False, **bad})
       for bad in [{"hash_algorithm": "md5"}, {"digest": "AB" * 32}, {"digest": "ab" * 31},
@@ -253,7 +259,7 @@ def test_a_worker_builds_every_kind_of_job() -> None:
     from workers.signer import OpenPgpSigner, Signer
 
     kinds = {cls.kind for cls in _JOB_TYPES.values()}
-    assert kinds == {"git", "receipt", "manifest", "timestamp"}
+    assert kinds == {"git", "receipt", "manifest", "timestamp", "note"}
     assert TagJob.kind == CommitJob.kind  # signed together in one batch
-    assert set(Signer().builders()) == kinds
+    assert set(Signer().builders()) == kinds - {NoteJob.kind}
     assert set(object.__new__(OpenPgpSigner).batch_builders()) == {"git", "timestamp"}
