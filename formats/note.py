@@ -248,7 +248,7 @@ class VerifierKey:
 
     @classmethod
     def parse(cls, vkey: str) -> VerifierKey:
-        parts = vkey.split("+")
+        parts = vkey.split("+", 2)  # (the base64 of the key may hold "+" itself)
         if len(parts) != 3 or not _HEX_ID.fullmatch(parts[1]):
             raise MalformedVerifierKey(f"not name+keyid+key: {vkey!r}")
         try:

@@ -204,6 +204,15 @@ def test_the_text_ends_at_the_last_blank_line() -> None:
     assert parse_note(msg) == Note(text, parse_note(msg).signatures)
 
 
+def test_a_key_whose_base64_holds_a_plus_parses() -> None:
+    """Only the first two "+" separate a vkey's fields (Go's note.NewVerifier chops them off
+    one by one): base64 of the key may hold more."""
+    key = VerifierKey("example.com/log", 0x01, bytes(range(224, 256)))
+    vkey = key.encode()
+    assert "+" in vkey.split("+", 2)[2]
+    assert VerifierKey.parse(vkey) == key
+
+
 def test_malformed_verifier_keys_are_refused() -> None:
     # golang.org/x/mod/sumdb/note TestNewVerifier: every substring and every byte changed.
     b = PETER_VKEY
