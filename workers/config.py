@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from workers.errors import WorkerError
-from workers.keys.keyset import PRIMARY, KeySpec, key_dir
+from workers.keys.keyset import PRIMARY, TLOG, KeySpec, key_dir
 
 DispatchMode = Literal["socket", "database"]
 KeyFormat = Literal["openpgp", "ssh"]
@@ -82,10 +82,14 @@ class WorkerConfig:
     # TSA certificate the start-up check makes when the key has none, and its validity (days).
     tsa_subject: str | None = None
     tsa_days: int = 3650
+    # The role of a key of one purpose of its own (`keyset.TLOG`: the log key, which signs
+    # checkpoint notes only); None for the primary and the extra keys.
+    role: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in ("openpgp", "ssh"):
             raise ConfigError("key format must be 'openpgp' or 'ssh'")
+        _check_role(self.role, self.format)
         _check_tsa_days(self.tsa_days)
         _check_log_level(self.log_level)
 
@@ -95,7 +99,7 @@ class WorkerConfig:
             "dispatch": self.dispatch.to_dict(), "key_id": self.key_id, "format": self.format,
             "passphrase": self.passphrase, "log_level": self.log_level,
             "supervisor": self.supervisor, "tsa_subject": self.tsa_subject,
-            "tsa_days": self.tsa_days,
+            "tsa_days": self.tsa_days, "role": self.role,
         })
 
     @classmethod
@@ -110,13 +114,15 @@ class WorkerConfig:
                    key_id=_str(d, "key_id"), format=cast(KeyFormat, fmt),
                    passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"),
                    supervisor=None if d.get("supervisor") is None else _int(d, "supervisor"),
-                   tsa_subject=_opt_str(d, "tsa_subject"), tsa_days=_int(d, "tsa_days"))
+                   tsa_subject=_opt_str(d, "tsa_subject"), tsa_days=_int(d, "tsa_days"),
+                   role=_opt_str(d, "role"))
 
 
 @dataclass(frozen=True)
 class PoolConfig:
     """Everything the supervisor needs: how many workers of which keys, where their homes go,
-    and what each worker is told (`worker_config`)."""
+    and what each worker is told (`worker_config`). ``extra_keys`` also holds the keys of a
+    role of their own (`keyset.TLOG_KEY`): their workers are started like an extra key's."""
 
     workers: int  # workers of the primary key
     keys_dir: Path  # the key store: the primary key, extra keys in subdirectories
@@ -139,6 +145,7 @@ class PoolConfig:
         for spec in self.extra_keys:
             if spec.format not in ("openpgp", "ssh"):
                 raise ConfigError("key format must be 'openpgp' or 'ssh'")
+            _check_role(spec.role, spec.format)
         if self.tsa_key is not None:
             if self.tsa_key not in self.extra_keys:
                 raise ConfigError("the TSA key must be one of the extra keys")
@@ -161,13 +168,14 @@ class PoolConfig:
                             passphrase=self.passphrase if key.format == "openpgp" else None,
                             log_level=self.log_level, supervisor=supervisor,
                             tsa_subject=self.tsa_subject if tsa else None,
-                            tsa_days=self.tsa_days)
+                            tsa_days=self.tsa_days, role=key.role)
 
     def to_json(self) -> str:
         return json.dumps({
             "workers": self.workers, "keys_dir": str(self.keys_dir),
             "runtime_dir": str(self.runtime_dir), "dispatch": self.dispatch.to_dict(),
-            "extra_keys": [{"format": k.format, "algo": k.algo} for k in self.extra_keys],
+            "extra_keys": [{"format": k.format, "algo": k.algo, "role": k.role}
+                           for k in self.extra_keys],
             "extra_key_workers": self.extra_key_workers, "passphrase": self.passphrase,
             "log_level": self.log_level,
             "tsa_key": None if self.tsa_key is None else {"format": self.tsa_key.format,
@@ -185,7 +193,8 @@ class PoolConfig:
         return cls(workers=_int(d, "workers"), keys_dir=Path(_str(d, "keys_dir")),
                    runtime_dir=Path(_str(d, "runtime_dir")),
                    dispatch=DispatchConfig.from_dict(_dict(d, "dispatch")),
-                   extra_keys=tuple(KeySpec(_str(k, "format"), _str(k, "algo")) for k in extra),
+                   extra_keys=tuple(KeySpec(_str(k, "format"), _str(k, "algo"),
+                                            _opt_str(k, "role")) for k in extra),
                    extra_key_workers=_int(d, "extra_key_workers"),
                    passphrase=_opt_str(d, "passphrase"), log_level=_str(d, "log_level"),
                    tsa_key=None if tsa is None else KeySpec(_str(tsa, "format"),
@@ -203,6 +212,12 @@ def _load(text: str | bytes) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ConfigError("the configuration must be a JSON object")
     return d
+
+
+def _check_role(role: str | None, fmt: str) -> None:
+    """The one role a key may have: the log key's (`TLOG`, an ssh-agent key)."""
+    if role is not None and (role != TLOG or fmt != "ssh"):
+        raise ConfigError("a key's role must be 'tlog' (an SSH key) or none")
 
 
 def _check_tsa_days(days: int) -> None:

@@ -3,9 +3,11 @@
 
 A signer builds the object of a job (`formats.jobs`): a git tag or commit, a digest receipt, a
 manifest or an RFC 3161 time-stamp token, and has its agent sign it; `Signer.build_many` signs
-the jobs of one batch in as few agent round trips as the agent allows. A job it cannot build
-is refused (`REFUSED`: the others of its batch are still signed); the agent's errors
-(`workers.errors.AgentError`) propagate: the worker exits and its jobs go to another worker.
+the jobs of one batch in as few agent round trips as the agent allows. The log key's signer
+(`NoteSigner`) signs checkpoint notes and nothing else, and no other signer signs them. A job
+it cannot build, or of a kind it does not sign, is refused (`REFUSED`: the others of its batch
+are still signed); the agent's errors (`workers.errors.AgentError`) propagate: the worker
+exits and its jobs go to another worker.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from formats.jobs import (
     Job,
     MalformedMessage,
     ManifestJob,
+    NoteJob,
     ReceiptJob,
     TagJob,
     TimestampJob,
 )
 from formats.receipts import RECEIPT_NAMESPACE
-from formats.sshsig import SshPublicKey
+from formats.sshsig import SshPublicKey, SshReader, SshSigError
 from workers.agents.gpg import AssuanConnection
-from workers.agents.ssh import SshAgentConnection
+from workers.agents.ssh import SshAgentConnection, SshAgentError
 
 if TYPE_CHECKING:
     from workers import tsa
@@ -131,9 +134,18 @@ class Signer:
         return [token if isinstance(token, Exception)
                 else base64.b64encode(token).decode("ascii") for token in built]
 
+    def refusal(self, kind: str) -> MalformedMessage:
+        """Why this signer refuses every job of ``kind``, which it has no builder for."""
+        if kind == NoteJob.kind:
+            return MalformedMessage(f"key {self.fingerprint} does not sign log checkpoints")
+        return MalformedMessage(f"key {self.fingerprint} does not sign {kind} jobs")
+
     def build(self, job: Job) -> str:
         """The signed object of ``job`` (ASCII text)."""
-        return self.builders()[job.kind](job)
+        builder = self.builders().get(job.kind)
+        if builder is None:
+            raise self.refusal(job.kind)
+        return builder(job)
 
     def build_many(self, jobs: Sequence[Job]) -> list[str | Exception]:
         """The signed object of each of ``jobs``, or the `REFUSED` error that made it
@@ -148,7 +160,13 @@ class Signer:
         for kind, places in by_kind.items():
             these = [jobs[i] for i in places]
             batch = batch_builders.get(kind)
-            built = batch(these) if batch is not None else one_by_one(builders[kind], these)
+            built: list[str | Exception]
+            if batch is not None:
+                built = batch(these)
+            elif kind in builders:
+                built = one_by_one(builders[kind], these)
+            else:
+                built = [self.refusal(kind) for _ in these]
             for i, b in zip(places, built, strict=True):
                 out[i] = b
         return out
@@ -260,3 +278,41 @@ class SshSigner(Signer):
         from workers import tsa
 
         return tsa.ssh_agent_key(self.key, self.conn)
+
+
+class NoteSigner(SshSigner):
+    """The log key's signer: plain Ed25519 signatures of checkpoint notes (`NoteJob`), through
+    ssh-agent, and nothing else. The agent signs the note's text as it is (an Ed25519 key's
+    SSH signature is RFC 8032 Ed25519 over the data given, so no SSHSIG around it)."""
+
+    def __init__(self, key: SshPublicKey, conn: SshAgentConnection) -> None:
+        if key.key_type != "ssh-ed25519":
+            raise MalformedMessage(f"the log key must be ssh-ed25519, not {key.key_type}")
+        super().__init__(key, conn)
+
+    def builders(self) -> dict[str, Callable[[Any], str]]:
+        return {NoteJob.kind: self.build_note}
+
+    def batch_builders(self) -> dict[str, Callable[[Sequence[Any]], list[str | Exception]]]:
+        return {}
+
+    def refusal(self, kind: str) -> MalformedMessage:
+        return MalformedMessage("the log key signs log checkpoints only")
+
+    def note_signature(self, text: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of ``text`` (one agent round trip)."""
+        blob = self.conn.sign(self.key.blob, text)
+        try:
+            reader = SshReader(blob, "signature")
+            algorithm = reader.text()
+            signature = reader.string()
+            reader.end()
+        except SshSigError as e:  # (the agent's fault, not the job's: the worker exits)
+            raise SshAgentError(f"the agent's signature is malformed: {e}") from None
+        if algorithm != "ssh-ed25519" or len(signature) != 64:
+            raise SshAgentError(f"the agent's signature is not Ed25519 ({algorithm})")
+        return signature
+
+    def build_note(self, job: NoteJob) -> str:
+        """The base64 of the Ed25519 signature of the note's text (UTF-8)."""
+        return base64.b64encode(self.note_signature(job.text.encode("utf-8"))).decode("ascii")

@@ -19,8 +19,9 @@ same (where that signal is not to be had) stops its agent and removes its home i
 else would until the next supervisor starts.
 
 `check_key` is the supervisor's start-up check of one key: the same start, then one test
-signature through the agent, verified against the key's public key file; for the TSA key, it
-then makes the key's self-signed TSA certificate if it has none (`workers.tsa`).
+signature through the agent, verified against the key's public key file (for the log key, a
+note signature, checked as plain Ed25519); for the TSA key, it then makes the key's
+self-signed TSA certificate if it has none (`workers.tsa`).
 
 This module starts the worker (its agent and key, `load_signer`, `run`, `main`); what signs is
 in `workers.signer`, the dispatchers' sockets in `workers.link`, the serve loops in
@@ -46,11 +47,18 @@ from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig
 from workers.errors import AgentError
-from workers.keys.keyset import KeyUnusable, SshKeyStore, TsaError, verify_openpgp
+from workers.keys.keyset import (
+    TLOG,
+    KeyUnusable,
+    SshKeyStore,
+    TsaError,
+    ed25519_public_key,
+    verify_openpgp,
+)
 from workers.keys.store import KeyStore, KeyStoreError
 from workers.link import Dispatchers
 from workers.loop import serve, serve_db
-from workers.signer import OpenPgpSigner, Signer, SshSigner
+from workers.signer import NoteSigner, OpenPgpSigner, Signer, SshSigner
 from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
@@ -80,7 +88,9 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
     `KeyUnusable` when the key file cannot be loaded while the agent runs, or holds another key
     than the public key file (no signature is made: the fingerprints are compared); the agent's
     errors when the agent itself failed. The TSA key (``config.tsa_subject``) also loads its
-    certificate chain, if it has one (`tsa.TsaError` when that is unreadable or another key's)."""
+    certificate chain, if it has one (`tsa.TsaError` when that is unreadable or another key's).
+    The log key (``config.role`` `TLOG`) gets a `NoteSigner`: it signs checkpoint notes only,
+    and must be an Ed25519 key."""
     secret, public = _key_files(config)
     signer: Signer
     try:
@@ -88,7 +98,14 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
             ssh_key = agent.add_key(secret)
             if ssh_key.blob != SshKeyStore(config.key_dir).public_key().blob:
                 raise KeyStoreError(f"it holds another key than {public}")
-            signer, fingerprint = SshSigner(ssh_key, agent.connect()), ssh_key.fingerprint
+            if config.role == TLOG:
+                if ssh_key.key_type != "ssh-ed25519":
+                    raise KeyStoreError(f"the log key must be ssh-ed25519, not "
+                                        f"{ssh_key.key_type}")
+                signer = NoteSigner(ssh_key, agent.connect())
+            else:
+                signer = SshSigner(ssh_key, agent.connect())
+            fingerprint = ssh_key.fingerprint
         else:
             key = agent.import_secret_key(secret)
             expected = KeyStore(config.key_dir).public_key().fingerprint
@@ -124,7 +141,8 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
     (``config.tsa_subject``), make its self-signed TSA certificate when it has none
     (`tsa.ensure_certificate`); stop the agent. The key's fingerprint; `KeyUnusable` (or the
     agent's errors) when it cannot sign, `tsa.TsaError` when it cannot be the TSA key or its
-    certificate chain is another key's."""
+    certificate chain is another key's. The log key's test signature is a note signature (plain
+    Ed25519 over the message, as `NoteSigner` makes them), checked with ``cryptography``."""
     agent: GpgAgent | SshAgent
     agent = SshAgent(config.home) if config.format == "ssh" else \
         GpgAgent(config.home, passphrase=config.passphrase)
@@ -135,14 +153,19 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
         t = int(clock())
         message = f"stampd key check: {config.key_id} {fingerprint} {t}\n".encode()
         try:
-            signature = signer.signature(message, t)
+            if isinstance(signer, NoteSigner):
+                note_signature = signer.note_signature(message)
+            else:
+                signature = signer.signature(message, t)
         except AgentError as e:
             if not agent.running:
                 raise
             raise KeyUnusable(config.key_id, secret, f"its agent cannot sign with it: {e}"
                               ) from None
         try:
-            if isinstance(signer, OpenPgpSigner):
+            if isinstance(signer, NoteSigner):
+                _verify_note_signature(public, message, note_signature)
+            elif isinstance(signer, OpenPgpSigner):
                 verify_openpgp(public, message, signature, fingerprint)
             else:
                 SshKeyStore(config.key_dir).verify(message, signature, "git")
@@ -159,6 +182,23 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
         return fingerprint
     finally:
         agent.stop()
+
+
+def _verify_note_signature(public: Path, message: bytes, signature: bytes) -> None:
+    """Check the log key's Ed25519 signature of ``message`` against its public key file
+    ``public`` (``id.pub``); `KeyStoreError` saying why it does not verify."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        key = ed25519_public_key(public.read_text())
+    except (OSError, ValueError) as e:
+        raise KeyStoreError(f"cannot read {public}: {e}") from None
+    try:
+        Ed25519PublicKey.from_public_bytes(key).verify(signature, message)
+    except InvalidSignature:
+        raise KeyStoreError(f"its signature does not verify with the public key {public}"
+                            ) from None
 
 
 def run(config: WorkerConfig, supervisor: int | None = None) -> int:

@@ -7,6 +7,10 @@ store (``keys/<format>-<algorithm>/``) and gets its own pool of workers, each wi
 (``format=ssh``); without either, the primary OpenPGP key signs, so Zeitgitter clients see no
 change. SSH keys carry no user id: stamps made with them use the primary key's user id as
 tagger/committer, and the object's time is the stamp (an SSH signature has no time of its own).
+
+Keys with a role of their own are not extra keys: the transparency log's key (`TLOG_KEY`,
+``STAMPD_TLOG``: an Ed25519 key in ``keys/tlog-ed25519/``, held by ssh-agent like the SSH extra
+keys) signs the log's checkpoint notes and nothing else (`tlog_vkey`: its C2SP verifier key).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from formats.sshsig import SshPublicKey, allowed_signers_line
+from formats import note
+from formats.sshsig import SshPublicKey, SshReader, SshSigError, allowed_signers_line
 from workers.errors import WorkerError
 from workers.keys.gnupg import GpgError, TempGnupgHome
 from workers.keys.store import KeyStore, KeyStoreError, ensure_files
@@ -35,11 +40,13 @@ SSH_TYPES = {
 }
 SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
 
-# What a served key signs: stamps (OpenPGP receipts, tags, branch commits, manifests), or
-# RFC 3161 time-stamp tokens only (the TSA key: STAMPD_TSA_KEY). Keys are separated by
-# purpose, so a request that names the TSA key with ``key=`` is refused.
+# What a served key signs: stamps (OpenPGP receipts, tags, branch commits, manifests), RFC
+# 3161 time-stamp tokens only (the TSA key: STAMPD_TSA_KEY), or the transparency log's
+# checkpoint notes only (the log key: STAMPD_TLOG). Keys are separated by purpose, so a
+# request that names the TSA key or the log key with ``key=`` is refused.
 STAMPS = "stamps"
 RFC3161 = "rfc3161"
+TLOG = "tlog"
 
 
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
@@ -66,6 +73,9 @@ class KeyUnusable(KeyStoreError):
         if key_id == PRIMARY:
             todo = ("restore the key files from a backup (a new key would not match the stamps "
                     "already issued)")
+        elif key_id == TLOG_KEY.id:
+            todo = ("restore the key files from a backup (a new key would not match the log's "
+                    "checkpoints already published), or set STAMPD_TLOG=off")
         else:
             fmt, _, algo = key_id.partition("-")
             todo = (f"restore the key files from a backup, or remove {fmt}:{algo} from "
@@ -78,10 +88,24 @@ class KeyUnusable(KeyStoreError):
 class KeySpec:
     format: str  # "openpgp" | "ssh"
     algo: str
+    role: str | None = None  # a key of one purpose of its own (`TLOG`); None: an extra key
 
     @property
     def id(self) -> str:
-        return f"{self.format}-{self.algo}"
+        """The key's name: its directory in the key store, its worker's and registry's id."""
+        return f"{self.role or self.format}-{self.algo}"
+
+
+# The transparency log's key: signs checkpoint notes only (`formats.jobs.NoteJob`).
+TLOG_KEY = KeySpec("ssh", "ed25519", role=TLOG)
+
+
+def spec_of(key_id: str) -> KeySpec:
+    """The spec of the key named ``key_id`` (not the primary key's)."""
+    if key_id == TLOG_KEY.id:
+        return TLOG_KEY
+    fmt, _, algo = key_id.partition("-")
+    return KeySpec(fmt, algo)
 
 
 def parse_extra_keys(spec: str) -> list[KeySpec]:
@@ -191,12 +215,14 @@ class ServedKey:
     public: str  # armored OpenPGP key or an OpenSSH public key line
     uid: str  # the user id written into stamps made with this key
     primary: bool = False
-    purpose: str = STAMPS  # STAMPS or RFC3161 (the TSA key: tokens only)
+    # STAMPS, RFC3161 (the TSA key: tokens only) or TLOG (the log key: checkpoint notes only)
+    purpose: str = STAMPS
 
     def allowed_signers(self, namespaces: str | None = None) -> str | None:
         """The ``gpg.ssh.allowedSignersFile`` line for an SSH key (principal: the email of
-        the server's user id). None for an OpenPGP key, and for the TSA key, which signs RFC
-        3161 tokens only: no verifier should take an SSH signature of it as a stamp."""
+        the server's user id). None for an OpenPGP key, for the TSA key, which signs RFC 3161
+        tokens only, and for the log key, which signs checkpoint notes only: no verifier should
+        take an SSH signature of either as a stamp."""
         if self.format != "ssh" or self.purpose != STAMPS:
             return None
         principal = self.uid.rsplit("<", 1)[-1].rstrip(">") or "stampd@localhost"
@@ -210,8 +236,30 @@ class ServedKey:
 
 def with_purposes(keys: Sequence[ServedKey], tsa_key_id: str | None) -> list[ServedKey]:
     """``keys`` with the TSA key (id ``tsa_key_id``; None: RFC 3161 is off) marked as signing
-    RFC 3161 tokens only. A key registry and key files know no purpose: the settings do."""
-    return [replace(k, purpose=RFC3161) if k.id == tsa_key_id else k for k in keys]
+    RFC 3161 tokens only, and the log key (id ``TLOG_KEY.id``, whatever the settings) as
+    signing checkpoint notes only. A key registry knows no purpose: the settings and the log
+    key's reserved id do."""
+    return [replace(k, purpose=RFC3161) if k.id == tsa_key_id
+            else replace(k, purpose=TLOG) if k.id == TLOG_KEY.id else k for k in keys]
+
+
+def tlog_vkey(origin: str, public_line: str) -> str:
+    """The C2SP signed-note verifier key of the log key: ``<origin>+<key id>+<base64(0x01 ||
+    Ed25519 public key)>``, ``public_line`` its OpenSSH public key line (``id.pub``,
+    `ServedKey.public`); ValueError when that is not an Ed25519 key or ``origin`` no valid key
+    name (`formats.note.MalformedVerifierKey`)."""
+    return note.VerifierKey(origin, note.ED25519, ed25519_public_key(public_line)).encode()
+
+
+def ed25519_public_key(public_line: str) -> bytes:
+    """The 32-byte Ed25519 public key of an OpenSSH public key line; ValueError for another
+    key type."""
+    key = SshPublicKey.from_line(public_line)
+    if key.key_type != "ssh-ed25519":
+        raise SshSigError(f"the log key must be ssh-ed25519, not {key.key_type}")
+    reader = SshReader(key.blob, "public key")
+    reader.text()
+    return reader.string()
 
 
 def key_dir(keys_dir: Path, spec: KeySpec) -> Path:
@@ -230,11 +278,11 @@ def ensure_extra_keys(keys_dir: Path, specs: list[KeySpec], uid: str,
 
 def stored_key_specs(keys_dir: Path) -> list[KeySpec]:
     """The extra keys a key directory holds (``<format>-<algorithm>/`` with a public key),
-    whether or not the settings name them."""
+    and the log key (``tlog-ed25519/``), whether or not the settings name them."""
     found: list[KeySpec] = []
     for sub in sorted(keys_dir.glob("*-*")):
-        fmt, _, algo = sub.name.partition("-")
-        spec = KeySpec(fmt, algo)
+        spec = spec_of(sub.name)
+        fmt, algo = spec.format, spec.algo
         ssh = fmt == "ssh" and algo in SSH_TYPES and SshKeyStore(sub).public_key_file.is_file()
         pgp = fmt == "openpgp" and KeyStore(sub).public_key_file.is_file()
         if ssh or pgp:
@@ -261,5 +309,6 @@ def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
         else:
             sk = SshKeyStore(key_dir(keys_dir, spec)).public_key()
             out.append(ServedKey(spec.id, "ssh", sk.fingerprint, sk.key_type,
-                                 sk.to_line(comment=False) + "\n", primary.uid))
+                                 sk.to_line(comment=False) + "\n", primary.uid,
+                                 purpose=TLOG if spec.role == TLOG else STAMPS))
     return out
