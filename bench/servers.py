@@ -178,8 +178,9 @@ class Stampd(Server):
                    STAMPD_EXTRA_KEYS=",".join(self.extra_keys),
                    STAMPD_EXTRA_KEY_WORKERS=str(self.extra_workers),
                    # RFC 3161 off: its key's workers would skew the rows (bench.tsa turns
-                   # it on for its own rows)
-                   STAMPD_TSA=os.environ.get("STAMPD_TSA", "false"))
+                   # it on for its own rows); the transparency log's key likewise
+                   STAMPD_TSA=os.environ.get("STAMPD_TSA", "false"),
+                   STAMPD_TLOG=os.environ.get("STAMPD_TLOG", "off"))
         self._spawn([str(BIN / "stampd"), "serve", "--host", "127.0.0.1",
                      "--port", str(self.port), "--data-dir", str(self.data_dir),
                      "--workers", str(self.workers), "--commit-interval", "3600",

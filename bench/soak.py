@@ -283,7 +283,8 @@ def soak(args: argparse.Namespace, root: Path) -> int:
         # the worker hosts' key stores hold only the test key.)
         env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": url,
                "STAMPD_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
-               "STAMPD_TSA": os.environ.get("STAMPD_TSA", "false")}
+               "STAMPD_TSA": os.environ.get("STAMPD_TSA", "false"),
+               "STAMPD_TLOG": os.environ.get("STAMPD_TLOG", "off")}
         total_workers = args.worker_hosts * args.workers
         progress(f"starting {args.worker_hosts} worker hosts x {args.workers} workers")
         hosts = [WorkerHost.start(f"w{i + 1}", root, env, args.workers)

@@ -487,9 +487,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
         store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
     elif args.keys_command == "import":
         store.import_key(args.file, settings.read_passphrase())
-    from workers.keys.keyset import allowed_signers, served_keys, stored_key_specs
+    from workers.keys.keyset import (
+        TLOG_KEY,
+        allowed_signers,
+        served_keys,
+        stored_key_specs,
+        tlog_vkey,
+    )
 
-    # The configured extra keys, and any other the data directory holds.
+    # The configured extra keys (and the log key), and any other the data directory holds.
     specs = settings.extra_key_specs
     specs += [s for s in stored_key_specs(settings.keys_dir) if s not in specs]
     keys = served_keys(settings.keys_dir, specs)
@@ -522,6 +528,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
     for extra in keys[1:]:
         print(f"\nkey {extra.id}:\n  format:      {extra.format}\n"
               f"  fingerprint: {extra.fingerprint}\n  algorithm:   {extra.algorithm}")
+    for extra in keys[1:]:
+        if extra.id == TLOG_KEY.id:  # what verifiers of the log's checkpoints are given
+            try:
+                vkey = tlog_vkey(settings.tlog_origin, extra.public)
+            except ValueError as e:
+                raise CommandFailed(f"the log key's verifier key: {e}", usage=True) from None
+            print(f"\nlog key (tlog): {vkey}")
     return 0
 
 

@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from workers.keys.keyset import KeySpec, parse_extra_keys
+from formats.note import valid_key_name
+from workers.keys.keyset import TLOG_KEY, KeySpec, parse_extra_keys
 
 # Keys a TSA key may be: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA), held by
 # gpg-agent (openpgp:) or ssh-agent (ssh:, ECDSA only; its P-256 signatures are the cheapest).
@@ -169,6 +170,19 @@ class Settings(BaseSettings):
         description="refuse RFC 3161 requests while the kernel reports the clock unsynchronised",
     )
 
+    # The C2SP transparency log (docs/transparency-formats.md) and its own signing key.
+    tlog: bool = Field(
+        default=True,
+        description="keep a C2SP transparency log; its Ed25519 key (keys/tlog-ed25519/, "
+        "generated on first start) signs its checkpoints and nothing else: on or off",
+    )
+    tlog_origin: str = Field(
+        default="",
+        description="the log's origin: the first line of its checkpoints and the name of its "
+        "verifier key (no white space, no '+'); default the public URL without its scheme, "
+        "then /tlog",
+    )
+
     # Public log.
     commit_interval: float = Field(default=3600.0, gt=0, description="seconds between log commits")
 
@@ -272,6 +286,30 @@ class Settings(BaseSettings):
             self.key_uid = default_uid(self.own_url)
         return self
 
+    @field_validator("tlog_origin")
+    @classmethod
+    def _origin_is_a_key_name(cls, v: str) -> str:
+        if v and not valid_key_name(v):
+            raise ValueError("tlog_origin must be a note key name: no white space, no '+', "
+                             "no control character")
+        return v
+
+    @model_validator(mode="after")
+    def _default_tlog_origin(self) -> Settings:
+        """The origin of the public URL, where none is set: ``127.0.0.1:8080/tlog`` for
+        ``http://127.0.0.1:8080/``."""
+        if not self.tlog_origin:
+            if "tlog_origin" in self.model_fields_set:
+                raise ValueError("STAMPD_TLOG_ORIGIN must not be empty")
+            origin = self.public_url.split("://", 1)[-1].rstrip("/") + "/tlog"
+            # (Of the listen address, it is checked when listening: a host with white space
+            # fails there first, with the message of a bad listen address.)
+            if self.tlog and self.own_url and not valid_key_name(origin):
+                raise ValueError(f"the log origin of the public URL, {origin!r}, is no note "
+                                 "key name (white space or '+'): set STAMPD_TLOG_ORIGIN")
+            self.tlog_origin = origin
+        return self
+
     @model_validator(mode="after")
     def _parse_lists(self) -> Settings:
         self._extra_key_specs = parse_extra_keys(self.extra_keys)
@@ -284,6 +322,8 @@ class Settings(BaseSettings):
             self._tsa_spec = spec
             if spec not in self._extra_key_specs:  # the TSA key is one more served key
                 self._extra_key_specs.append(spec)
+        if self.tlog:  # the log key: served, generated and given workers like an extra key
+            self._extra_key_specs.append(TLOG_KEY)
         return self
 
     @model_validator(mode="after")
@@ -304,6 +344,11 @@ class Settings(BaseSettings):
     def tsa_spec(self) -> KeySpec | None:
         """The key that signs RFC 3161 tokens; None when RFC 3161 is off."""
         return self._tsa_spec
+
+    @property
+    def tlog_spec(self) -> KeySpec | None:
+        """The log key (`TLOG_KEY`, one of `extra_key_specs`); None when the log is off."""
+        return TLOG_KEY if self.tlog else None
 
     @property
     def tsa_common_name(self) -> str:

@@ -31,6 +31,7 @@ from workers.keys.keyset import (
     SshKeyStore,
     key_dir,
     served_keys,
+    spec_of,
 )
 from workers.keys.store import KeyStore
 
@@ -53,7 +54,7 @@ def public_file(keys_dir: Path, key: ServedKey) -> Path:
     """The file of ``keys_dir`` that holds ``key``'s public half."""
     if key.id == PRIMARY:
         return KeyStore(keys_dir).public_key_file
-    return _spec_public_file(keys_dir, KeySpec(*key.id.split("-", 1)))
+    return _spec_public_file(keys_dir, spec_of(key.id))
 
 
 def local_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
@@ -158,8 +159,10 @@ def serving_keys(keys_dir: Path, specs: list[KeySpec], dispatch: str,
     ids = {k.id for k in theirs}
     for spec in specs:
         if spec.id not in ids:
-            raise KeyRegistryError(f"STAMPD_EXTRA_KEYS names {spec.format}:{spec.algo}, but no "
-                                   "host that signs has registered that key in the database")
+            named = ("STAMPD_TLOG=on needs the log key" if spec.role is not None
+                     else f"STAMPD_EXTRA_KEYS names {spec.format}:{spec.algo}")
+            raise KeyRegistryError(f"{named}, but no host that signs has registered that key "
+                                   "in the database")
     return theirs
 
 

@@ -37,6 +37,9 @@ from tests.helpers import (
 # RFC 3161 (on by default) adds a key, a worker and an agent to every server and worker host:
 # the processes tests start run without it unless a test turns it on (tests/system/test_tsa*).
 os.environ.setdefault("STAMPD_TSA", "false")
+# The transparency log (on by default) likewise adds its key, a worker and an agent: off
+# unless a test turns it on (STAMPD_TLOG=on).
+os.environ.setdefault("STAMPD_TLOG", "off")
 
 # Scheduling (``-n``, ``--dist worksteal``): tests are handed to the test processes one unit at a
 # time, the costliest units first, so that short tests fill the gaps at the end instead of a long

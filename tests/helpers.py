@@ -305,6 +305,8 @@ def start_server(
         # RFC 3161 (on by default) adds a key, a worker and an agent to a server: the servers
         # of tests and benchmarks run without it unless they turn it on (tests/system/test_tsa).
         "STAMPD_TSA": os.environ.get("STAMPD_TSA", "false"),
+        # The transparency log's key likewise (on by default; off unless a test turns it on).
+        "STAMPD_TLOG": os.environ.get("STAMPD_TLOG", "off"),
     })
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "stampd", "serve", "--port", str(port),

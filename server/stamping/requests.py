@@ -207,14 +207,19 @@ GitRequest = TagRequest | BranchRequest
 def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | None) -> ServedKey:
     """The key a request asked for (``format=openpgp|ssh``, ``key=<fingerprint>``); the
     primary key when it asked for none. Only keys that sign stamps are chosen: the TSA key
-    signs RFC 3161 tokens only, so naming it is refused like naming a key the server lacks, and
-    ``format=`` never picks it."""
+    signs RFC 3161 tokens only and the log key checkpoint notes only, so naming either is
+    refused like naming a key the server lacks, and ``format=`` never picks them."""
+    from workers.keys.keyset import TLOG
+
     if fmt is not None and fmt not in ("openpgp", "ssh"):
         raise BadRequest("field 'format' must be 'openpgp' or 'ssh'")
     if fingerprint is not None:
         want = fingerprint if fingerprint.startswith("SHA256:") else fingerprint.upper()
         for key in keys:
             if key.fingerprint == want:
+                if key.purpose == TLOG:
+                    raise BadRequest(f"key {fingerprint} is the server's transparency log key: "
+                                     "it signs log checkpoints only, not stamps")
                 if key.purpose != STAMPS:
                     raise BadRequest(f"key {fingerprint} is the server's RFC 3161 key: it signs "
                                      "RFC 3161 time-stamp tokens only, not stamps")

@@ -8,7 +8,13 @@ import pytest
 
 from stampd.cli import main
 from tests.helpers import TEST_FPR, free_port, seed_data_dir
-from workers.keys.keyset import SshKeyStore, stored_key_specs
+from workers.keys.keyset import (
+    TLOG_KEY,
+    SshKeyStore,
+    ensure_extra_keys,
+    stored_key_specs,
+    tlog_vkey,
+)
 
 
 def test_keys_show_finds_ssh_keys_of_the_data_dir(
@@ -28,6 +34,30 @@ def test_keys_show_finds_ssh_keys_of_the_data_dir(
     assert main(["keys", "show", "--data-dir", str(data)]) == 0
     out = capsys.readouterr().out
     assert TEST_FPR in out and "key ssh-ed25519:" in out
+
+
+def test_keys_show_prints_the_log_key_and_its_verifier_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log key (STAMPD_TLOG=on) is shown with its C2SP verifier key under the log's
+    origin; it is no allowed signer of stamps; a data directory that holds it shows it with
+    the log off too."""
+    monkeypatch.delenv("STAMPD_EXTRA_KEYS", raising=False)
+    monkeypatch.setenv("STAMPD_TLOG", "on")
+    data = seed_data_dir(tmp_path / "data")
+    ensure_extra_keys(data / "keys", [TLOG_KEY], "stampd test", None)
+    line = SshKeyStore(data / "keys" / "tlog-ed25519").public_key_file.read_text()
+    assert [s.id for s in stored_key_specs(data / "keys")] == ["tlog-ed25519"]
+    for tlog, origin in (("on", "127.0.0.1:8080/tlog"), ("off", "example.org/log")):
+        monkeypatch.setenv("STAMPD_TLOG", tlog)
+        monkeypatch.setenv("STAMPD_TLOG_ORIGIN", origin)
+        assert main(["keys", "show", "--data-dir", str(data)]) == 0
+        out = capsys.readouterr().out
+        assert "key tlog-ed25519:" in out
+        assert f"\nlog key (tlog): {tlog_vkey(origin, line)}\n" in out
+    monkeypatch.delenv("STAMPD_TLOG_ORIGIN")
+    assert main(["keys", "show", "--ssh", "--data-dir", str(data)]) == 1
+    assert "no SSH key in" in capsys.readouterr().err
 
 
 def test_export_public_gives_an_api_host_its_keys_and_no_secret(

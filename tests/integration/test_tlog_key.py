@@ -85,7 +85,7 @@ def test_the_verifier_key(tmp_path: Path) -> None:
     store = _tlog_key(tmp_path / "keys")
     assert store.dir.name == "tlog-ed25519"
     vkey = tlog_vkey(ORIGIN, store.public_key_file.read_text())
-    name, key_id, b64 = vkey.split("+")
+    name, key_id, b64 = vkey.split("+", 2)
     assert name == ORIGIN and len(key_id) == 8
     raw = base64.b64decode(b64)
     assert raw[0] == 0x01 and raw[1:] == ed25519_public_key(store.public_key_file.read_text())
@@ -193,3 +193,39 @@ def test_workers_refuse_each_others_jobs_and_go_on(tmp_path: Path, home: Path) -
         for proc in workers:
             terminate(proc)
         shutil.rmtree(run, ignore_errors=True)
+
+
+def test_a_first_start_makes_and_registers_the_log_key(tmp_path: Path) -> None:
+    """With the log on, start-up (`server.commands._prepare`) generates the log key beside
+    the others, registers it and serves it: marked as signing checkpoints only, no allowed
+    signer; the pool starts its workers like an extra key's, with its role."""
+    from server import db
+    from server.commands import _prepare
+    from server.settings import Settings
+    from server.signing_keys import registered
+    from server.supervisor import pool_config
+    from workers.keys.keyset import allowed_signers, with_purposes
+
+    data = seed_data_dir(tmp_path / "d")
+    settings = Settings(data_dir=data, tlog=True, tsa=False, extra_keys="")
+    keys = _prepare(settings)
+    store = SshKeyStore(data / "keys" / "tlog-ed25519")
+    assert store.public_key_file.is_file() and store.private_key_file.stat().st_mode & 0o077 == 0
+    log = next(k for k in keys if k.id == TLOG_KEY.id)
+    assert (log.format, log.purpose, log.fingerprint) == ("ssh", TLOG,
+                                                          store.public_key().fingerprint)
+    assert allowed_signers(keys) == ""
+    engine = db.make_engine(settings.db_url)
+    try:
+        theirs = {k.id: k for k in with_purposes(registered(engine), None)}
+    finally:
+        engine.dispose()
+    assert theirs[TLOG_KEY.id].purpose == TLOG
+    assert theirs[TLOG_KEY.id].fingerprint == log.fingerprint
+    assert tlog_vkey(settings.tlog_origin, log.public).startswith("127.0.0.1:8080/tlog+")
+    pool = pool_config(settings)
+    assert TLOG_KEY in pool.extra_keys
+    assert pool.worker_config("w", tmp_path / "h", TLOG_KEY).role == TLOG
+    # A second start keeps the key.
+    _prepare(settings)
+    assert store.public_key().fingerprint == log.fingerprint

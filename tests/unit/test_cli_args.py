@@ -86,6 +86,25 @@ def test_a_bad_variable_is_named_as_a_variable(
     assert tree(clean_env) == []
 
 
+def test_bad_log_settings_are_one_line(
+        clean_env: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    data = clean_env / "d"
+    monkeypatch.setenv("STAMPD_TLOG_ORIGIN", "my log")
+    assert run(["serve", "--data-dir", str(data)], capsys) == (
+        EXIT_USAGE, "stampd serve: invalid setting: STAMPD_TLOG_ORIGIN: tlog_origin must be a "
+        "note key name: no white space, no '+', no control character\n")
+    monkeypatch.delenv("STAMPD_TLOG_ORIGIN")
+    monkeypatch.setenv("STAMPD_TLOG", "maybe")
+    code, err = run(["worker", "--data-dir", str(data)], capsys)
+    assert code == EXIT_USAGE and err.count("\n") == 1
+    assert err.startswith("stampd worker: invalid setting: STAMPD_TLOG: ")
+    monkeypatch.delenv("STAMPD_TLOG")
+    code, err = run(["serve", "--data-dir", str(data), "--own-url", "http://x/a+b"], capsys)
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "set STAMPD_TLOG_ORIGIN" in err
+    assert not data.exists()
+
+
 def test_a_failed_start_leaves_the_data_dir_as_it_was(
         clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing is made before every check passed: an absent data directory stays absent, an
