@@ -43,6 +43,13 @@ class NotFound(StampError):
     """What was asked for does not exist (no receipt for a digest, no SSH key)."""
 
 
+class NotInLogYet(NotFound):
+    """A stamp the transparency log does not cover yet (no entry, or no checkpoint of a size
+    that includes it): ask again after `retry_after` seconds."""
+
+    retry_after = 1
+
+
 class LengthRequired(StampError):
     """A request body came without a length."""
 

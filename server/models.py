@@ -71,10 +71,18 @@ class Stamp(Base):
     error: Mapped[str | None] = mapped_column(Text)
     receipt: Mapped[str | None] = mapped_column(Text)  # the signed receipt or manifest
     log_commit_id: Mapped[int | None] = mapped_column(ForeignKey("log_commits.id"), index=True)
+    # Its entry's index in the transparency log (`TlogEntry`), set when it is sequenced.
+    tlog_index: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         Index("ix_stamps_commit", "commit"),
         Index("ix_stamps_digest", "algorithm", "digest"),
+        Index("ix_stamps_object_id", "object_id"),
+        Index("ix_stamps_tlog_index", "tlog_index", unique=True),
+        # The stamps not yet in the transparency log, in journal order: what the sequencer
+        # reads (a partial index: sequenced stamps leave it).
+        Index("ix_stamps_untlogged", "id", sqlite_where=text("tlog_index IS NULL"),
+              postgresql_where=text("tlog_index IS NULL")),
         state_check("stamps", StampState),
     )
 
@@ -219,3 +227,27 @@ class ManifestDigests(Base):
     digests: Mapped[bytes] = mapped_column(LargeBinary)
 
     __table_args__ = (Index("ix_manifest_digests_prefix", "algorithm", "prefix"),)
+
+
+class TlogEntry(Base):
+    """One entry of the transparency log (`formats.tlog.entry`): written, with its stamp's
+    ``tlog_index``, in the transaction that sequences it, never changed. The tiles on disk are
+    made from these rows (`server.tlog`)."""
+
+    __tablename__ = "tlog_entries"
+
+    idx: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    stamp_id: Mapped[int] = mapped_column(BigId, ForeignKey("stamps.id"), unique=True)
+    entry: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class TlogCheckpoint(Base):
+    """The newest signed checkpoint of the transparency log: one row (``id`` 1), replaced by
+    the sequencer with each new one; every host publishes it once its tiles reach its size."""
+
+    __tablename__ = "tlog_checkpoint"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    size: Mapped[int] = mapped_column(BigInteger)
+    note: Mapped[str] = mapped_column(Text)
+    signed_at: Mapped[int] = mapped_column(BigInteger)

@@ -26,11 +26,13 @@ from server.api.publish import add_log_routes
 from server.api.services import Services
 from server.api.siblings import Siblings
 from server.api.timestamps import add_timestamp_routes
+from server.api.tlog import add_tlog_routes
 from server.api.v1 import add_v1_routes
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
+from server.errors import KeyRegistryError
 from server.log.committer import LogCommitter
 from server.log.leader import AdvisoryLeader, FileLeader
 from server.log.peers import CrossStamper
@@ -42,7 +44,9 @@ from server.stamping.journal_host import RemoteJournal
 from server.stamping.stamper import Stamper
 from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
-from workers.keys.keyset import ServedKey, allowed_signers, with_purposes
+from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, fingerprints_of
+from server.tlog.store import TileReader, checkpoint_file
+from workers.keys.keyset import TLOG_KEY, ServedKey, allowed_signers, tlog_vkey, with_purposes
 
 
 def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, str]:
@@ -67,6 +71,38 @@ def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats,
     return SocketDispatcher(settings.dispatch_socket_of(process), max_queue=settings.max_queue,
                             sign_timeout=settings.sign_timeout,
                             max_attempts=settings.max_attempts, stats=stats)
+
+
+def _transparency_log(
+    settings: Settings, engine: db.Engine, dispatcher: Dispatcher, served: Sequence[ServedKey],
+    leader: AdvisoryLeader | FileLeader, clock: Callable[[], float],
+) -> tuple[LogKey | None, TileReader | None, Tlog | None]:
+    """The transparency log's key, reader and writer (None, None, None when it is off). The
+    tiles of a host are written by the process holding the log lock when the host's processes
+    share one log (socket dispatch), else by the holder of ``run/tlog.lock``; among hosts on
+    one PostgreSQL, the holder of the tlog advisory lock sequences."""
+    if not settings.tlog:
+        return None, None, None
+    public = next((k.public for k in served if k.id == TLOG_KEY.id), None)
+    if public is None:
+        raise KeyRegistryError("the transparency log is on (STAMPD_TLOG) but no host registered "
+                               "its key: start `stampd serve` or a `stampd worker` host with it")
+    key = LogKey(tlog_vkey(settings.tlog_origin, public))
+    root = settings.data_dir / "tlog"
+    host_lock: AdvisoryLeader | FileLeader
+    sequencer: Callable[[], bool]
+    closers: list[Callable[[], None]] = []
+    if settings.dispatch == "socket":
+        host_lock, sequencer = leader, (lambda: True)
+    else:
+        host_lock = FileLeader(settings.run_dir / "tlog.lock")
+        advisory = AdvisoryLeader(psycopg_dsn(engine), lock=TLOG_LOCK)
+        sequencer = advisory
+        closers += [advisory.close, host_lock.close]
+    tlog = Tlog(engine, root, key, dispatcher, fingerprints_of(served), host_lock, sequencer,
+                key_id=TLOG_KEY.id, request_timeout=settings.request_timeout, clock=clock,
+                on_stop=closers)
+    return key, TileReader(root), tlog
 
 
 def create_app(
@@ -120,12 +156,15 @@ def create_app(
             allow_sha1=settings.tsa_allow_sha1,
             require_clock_sync=settings.tsa_require_clock_sync)
         tsa = None if tsa_source is None else tsa_source.get()
+        log_key, tlog_reader, tlog = _transparency_log(settings, engine, dispatcher, served,
+                                                       leader, clock)
         committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
                                  served[0].public, settings.commit_interval, clock,
                                  on_commit=on_commit, peer_keys=cross.pinned_keys,
                                  key_files=log_key_files(served, tsa), leader=leader,
                                  shared_repo=settings.dispatch == "socket",
-                                 request_timeout=settings.request_timeout)
+                                 request_timeout=settings.request_timeout,
+                                 extra_files=lambda: checkpoint_file(tlog_reader))
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count
@@ -134,11 +173,14 @@ def create_app(
         await dispatcher.start()
         journal.start()
         committer.start()
+        if tlog is not None:
+            tlog.start()
         cross.start()
         if siblings is not None:
             siblings.start()
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
-                             stats, served, clock, tsa_source, siblings))
+                             stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
+                             tlog))
         app.state.services = cell[0]
         try:
             yield
@@ -148,6 +190,8 @@ def create_app(
             if siblings is not None:
                 await siblings.stop()
             await cross.stop()
+            if tlog is not None:
+                await tlog.stop()
             await committer.stop()
             await dispatcher.stop()
             await journal.stop()
@@ -164,4 +208,5 @@ def create_app(
     add_metrics_route(app, services)
     add_docs_routes(app, services)
     add_timestamp_routes(app, services)
+    add_tlog_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -74,7 +74,8 @@ def reason(exc: StampError) -> str:
 
 
 def _retry_after(exc: StampError) -> dict[str, str]:
-    return {"Retry-After": str(exc.retry_after)} if isinstance(exc, Unavailable) else {}
+    retry_after = getattr(exc, "retry_after", None)
+    return {"Retry-After": str(retry_after)} if retry_after is not None else {}
 
 
 async def send_plain(scope: Scope, send: Send, exc: StampError) -> int:

@@ -74,6 +74,14 @@ RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying aga
                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
 
 
+PROOF_HEADERS = {
+    "X-Stampd-Serial": {"description": "the stamp's serial", "schema": {"type": "string"}},
+    "X-Stampd-Log-Index": {"description": "its entry's index", "schema": {"type": "string"}},
+}
+PROOF_404 = ("no such stamp, a stamp that failed, or one not yet covered by a checkpoint "
+             "(then with Retry-After)")
+
+
 def _errors(media: str, codes: Sequence[int], **reasons: str) -> dict[str, Json]:
     """The error answers ``codes`` of one front end: problem+json (``/v1``) or plain text
     (the Zeitgitter protocol, whose clients show the reason as it is). ``reasons`` replace
@@ -227,10 +235,11 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
                 "fingerprint": {"type": "string"},
                 "algorithm": {"type": "string"},
                 "primary": {"type": "boolean"},
-                "purpose": {"type": "string", "enum": ["stamps", "rfc3161"],
-                            "description": "what the key signs: stamps, or RFC 3161 "
-                                           "time-stamp tokens only (the TSA key, which "
-                                           "key= cannot choose)"},
+                "purpose": {"type": "string", "enum": ["stamps", "rfc3161", "tlog"],
+                            "description": "what the key signs: stamps; RFC 3161 "
+                                           "time-stamp tokens only (the TSA key); or the "
+                                           "transparency log's checkpoints only (the log "
+                                           "key). key= chooses neither of the last two"},
                 "public_key": {"type": "string",
                                "description": "ASCII-armored OpenPGP key or OpenSSH public "
                                               "key line"},
@@ -411,6 +420,8 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                                                "are application/problem+json"},
             {"name": "keys", "description": "the signing keys"},
             {"name": "rfc3161", "description": "RFC 3161 time-stamping (docs/tsa.md)"},
+            {"name": "tlog", "description": "the transparency log: C2SP tlog-tiles, "
+                                            "checkpoints and proofs (docs/transparency.md)"},
             {"name": "operations", "description": "health and metrics"},
         ],
         "paths": {
@@ -530,6 +541,74 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                 "responses": {"200": {"description": "the keys, the primary key first",
                                       "content": {"application/json":
                                                   {"schema": _ref("Keys")}}}},
+            }},
+            "/v1/proofs/{serial}": {"get": {
+                "tags": ["tlog"],
+                "operationId": "getProof",
+                "summary": "A stamp's proof of inclusion in the transparency log",
+                "description": "The `c2sp.org/tlog-proof@v1` of the stamp with this serial "
+                               "(a receipt, a manifest or an RFC 3161 token): its entry on "
+                               "the `extra` line, its index, the inclusion proof and the "
+                               "signed checkpoint.",
+                "parameters": [
+                    {"name": "serial", "in": "path", "required": True,
+                     "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
+                    {"name": "wait", "in": "query", "required": False,
+                     "description": "seconds (0 to 60) to wait until a checkpoint covers it",
+                     "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {**_text("the proof"), "headers": PROOF_HEADERS},
+                    **_errors(PROBLEM, [400], s400="a serial or wait that is malformed"),
+                    "404": {**_errors(PROBLEM, [404], s404=PROOF_404)["404"],
+                            "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"],
+                                                        "required": False}}},
+                },
+            }},
+            "/v1/proofs/git/{object_id}": {"get": {
+                "tags": ["tlog"],
+                "operationId": "getGitProof",
+                "summary": "A git stamp's proof of inclusion in the transparency log",
+                "description": "By the id of the signed tag or commit the server answered, "
+                               "or by the commit stamped (its first stamp in the log).",
+                "parameters": [
+                    {"name": "object_id", "in": "path", "required": True,
+                     "schema": {"type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$"}},
+                    {"name": "wait", "in": "query", "required": False,
+                     "description": "seconds (0 to 60) to wait until a checkpoint covers it",
+                     "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {**_text("the proof"), "headers": PROOF_HEADERS},
+                    **_errors(PROBLEM, [400], s400="an object id or wait that is malformed"),
+                    "404": {**_errors(PROBLEM, [404], s404=PROOF_404)["404"],
+                            "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"],
+                                                        "required": False}}},
+                },
+            }},
+            "/tlog/checkpoint": {"get": {
+                "tags": ["tlog"], "operationId": "getCheckpoint",
+                "summary": "The newest signed checkpoint (C2SP tlog-checkpoint)",
+                "responses": {"200": _text("the signed note"),
+                              "404": _text("no checkpoint yet, or no transparency log")},
+            }},
+            "/tlog/vkey": {"get": {
+                "tags": ["tlog"], "operationId": "getLogVerifierKey",
+                "summary": "The log's signed-note verifier key, one line",
+                "responses": {"200": _text("<origin>+<key ID>+<base64 key>"),
+                              "404": _text("no transparency log")},
+            }},
+            "/tlog/tile/{path}": {"get": {
+                "tags": ["tlog"], "operationId": "getTile",
+                "summary": "A tile or an entry bundle (C2SP tlog-tiles)",
+                "description": "`<L>/<N>[.p/<W>]` (hashes) or `entries/<N>[.p/<W>]` "
+                               "(entries); immutable.",
+                "parameters": [{"name": "path", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "the tile's bytes",
+                            "content": {"application/octet-stream":
+                                        {"schema": {"type": "string", "format": "binary"}}}},
+                    "404": _text("not a tile path, or no such tile"),
+                },
             }},
             "/v1/keys/allowed_signers": {"get": {
                 "tags": ["keys"],

@@ -16,6 +16,8 @@ from server.stamping.journal import JournalApi
 from server.stamping.stamper import Stamper
 from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
+from server.tlog.sequencer import LogKey, Tlog
+from server.tlog.store import TileReader
 from workers.keys.keyset import ServedKey
 
 
@@ -33,6 +35,11 @@ class Services:
     clock: Callable[[], float]
     tsa_source: TsaSource | None = None  # RFC 3161; None when off
     siblings: Siblings | None = None  # the other HTTP processes of `stampd serve`, if any
+    # The transparency log (None when STAMPD_TLOG=off): its public key, the tiles every
+    # process reads, and its writer (running in one process of the host at a time).
+    log_key: LogKey | None = None
+    tlog_reader: TileReader | None = None
+    tlog: Tlog | None = None
 
     def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""

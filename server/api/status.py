@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from server.api.services import Services
 from server.log.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
+from server.tlog.store import checkpoint_size
 
 MINUTES = 60
 
@@ -130,6 +131,25 @@ def extra_keys(s: Services) -> str:
             f'<th>algorithm</th></tr>{rows}</table>')
 
 
+def tlog_section(s: Services) -> str:
+    """The transparency log: its verifier key, its size, how to get a proof (empty when it
+    is off)."""
+    if s.log_key is None or s.tlog_reader is None:
+        return ""
+    e = html.escape
+    note = s.tlog_reader.checkpoint()
+    size = "no checkpoint yet" if note is None else f"{checkpoint_size(note)} entries"
+    url = s.settings.public_url
+    return f"""<h2>Transparency log</h2>
+<p>Every stamp is an entry of a Merkle tree published as C2SP tiles under
+<a href="/tlog/checkpoint">/tlog</a> ({e(size)}); its checkpoints are signed by the log key,
+whose verifier key is:</p>
+<pre id="tlog-vkey">{e(s.log_key.vkey)}</pre>
+<p>The proof of a stamp, checkable offline (<code>stampd verify</code> checks it):</p>
+<pre>curl -sS '{e(url)}v1/proofs/SERIAL?wait=5' &gt; FILE.receipt.asc.tlog-proof</pre>
+"""
+
+
 def tsa_section(s: Services) -> str:
     """RFC 3161: the certificate and a recipe to copy (empty when RFC 3161 is off)."""
     tsa = s.tsa
@@ -203,6 +223,7 @@ gpg --verify FILE.receipt.asc</pre>
 <p>Clone and audit the log:</p>
 <pre>git clone {e(url)}log.git
 stampd audit {e(url)}log.git</pre>
+{tlog_section(s)}
 {tsa_section(s)}
 <h2>Throughput, last hour</h2>
 <p><span id="total">{snap.total_hour}</span> stamps in the last hour.</p>

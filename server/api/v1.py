@@ -4,6 +4,7 @@ error as ``application/problem+json`` (`server.api.errors.problem_route`):
     /v1/stamps, /v1/stamps/<algorithm>/<hex>    `server.api.stamps`     digest receipts
     /v1/manifests, /v1/manifests/<serial>       `server.api.manifests`  signed manifests
     /v1/keys, /v1/keys/allowed_signers          `server.api.keys`       the signing keys
+    /v1/proofs/<serial>, /v1/proofs/git/<id>    `server.api.tlog`       transparency-log proofs
 
 The queries behind them are `server.stamping.queries`.
 """
@@ -20,6 +21,7 @@ from server.api.keys import add_key_routes
 from server.api.manifests import add_manifest_routes
 from server.api.services import Services
 from server.api.stamps import add_stamp_routes
+from server.api.tlog import add_proof_routes
 
 
 def add_v1_routes(app: FastAPI, services: Callable[[], Services]) -> None:
@@ -30,5 +32,6 @@ def add_v1_routes(app: FastAPI, services: Callable[[], Services]) -> None:
     add_stamp_routes(router, services)
     add_manifest_routes(router, services)
     add_key_routes(router, services)
+    add_proof_routes(router, services)
     app.include_router(router)
     app.add_exception_handler(HTTPException, routing_problem)

@@ -98,6 +98,7 @@ class LogCommitter:
         shared_repo: bool = False,
         request_timeout: float = MAX_REQUEST_TIMEOUT,
         settle: float = SETTLE,
+        extra_files: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.engine = engine
         # Its reads take no lock on SQLite: reading a period's stamps must not hold up the
@@ -111,6 +112,8 @@ class LogCommitter:
         self.on_commit = on_commit  # called in a thread with each new head
         self.peer_keys = peer_keys or dict
         self.key_files = key_files or {}  # the server's further public keys, by log path
+        # Files read at each commit, by log path: the transparency log's checkpoint.
+        self.extra_files = extra_files or dict
         # Several API hosts: only the holder of the log lock commits (see server.log.leader).
         self.leader = leader
         # The HTTP processes of one host share the repository: a new writer finds every
@@ -306,9 +309,10 @@ class LogCommitter:
             return head
         t = int(self.clock())
         peer_keys = await asyncio.to_thread(self.peer_keys)
+        others = {**self.key_files, **await asyncio.to_thread(self.extra_files)}
         tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests, peer_keys,
-                                       self.key_files)
-        files = {"pubkey.asc": self.pubkey, **self.key_files,
+                                       others)
+        files = {"pubkey.asc": self.pubkey, **others,
                  **{f"peers/{n}.asc": k for n, k in peer_keys.items()}}
         try:
             async with asyncio.timeout(SIGN_TIMEOUT):

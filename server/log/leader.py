@@ -29,8 +29,9 @@ LOG_LOCK = 0x7374616D  # "stam"
 
 
 class AdvisoryLeader:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, lock: int = LOG_LOCK) -> None:
         self.dsn = dsn
+        self.lock = lock
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
         self.holding = False
         self._mutex = threading.Lock()
@@ -61,7 +62,7 @@ class AdvisoryLeader:
         if self.holding:
             self.conn.execute("SELECT 1")  # the lock lives as long as this connection
         else:
-            row = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (LOG_LOCK,)).fetchone()
+            row = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lock,)).fetchone()
             self.holding = bool(row and row[0])
             if self.holding:
                 log.info("this process is now the log writer")

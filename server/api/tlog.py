@@ -1,0 +1,189 @@
+"""The transparency log over HTTP (docs/transparency.md):
+
+    /tlog/checkpoint, /tlog/tile/<L>/<N>[.p/<W>], /tlog/tile/entries/<N>[.p/<W>], /tlog/vkey
+        C2SP tlog-tiles: the files of ``<data dir>/tlog`` (`server.tlog.store`), as any
+        static web server would serve them
+    /v1/proofs/<serial>, /v1/proofs/git/<object id>      (on the /v1 router: problem+json)
+        a stamp's c2sp.org/tlog-proof@v1, ``?wait=SECONDS`` until a checkpoint covers it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import PlainTextResponse, Response
+from sqlalchemy import Engine, select
+
+from formats.tlog.errors import TlogError
+from formats.tlog.merkle import inclusion_proof
+from formats.tlog.proof import TlogProof
+from formats.tlog.tiles import parse_entries_path, parse_tile_path
+from server.api.services import Services
+from server.db import reading
+from server.errors import BadRequest, NotFound, NotInLogYet
+from server.models import Stamp, StampState
+from server.tlog.store import TileReader, checkpoint_size
+
+MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
+POLL = 0.1  # seconds between looks while it waits
+IMMUTABLE = "public, max-age=31536000, immutable"
+_GIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+PROOF_TYPE = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class _Located:
+    serial: int
+    index: int | None  # None: not sequenced yet
+
+
+def _off() -> NotFound:
+    return NotFound("this server keeps no transparency log (STAMPD_TLOG=off)")
+
+
+def add_tlog_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    """The ``/tlog`` files (plain answers: they are what a static web server would give)."""
+
+    def reader() -> TileReader | None:
+        return services().tlog_reader
+
+    @app.get("/tlog/checkpoint")
+    async def checkpoint() -> Response:
+        r = reader()
+        note = None if r is None else await asyncio.to_thread(r.checkpoint)
+        if note is None:
+            return PlainTextResponse("no checkpoint yet\n", status_code=404,
+                                     headers={"Cache-Control": "no-store"})
+        return Response(note, media_type="text/plain; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/tlog/vkey")
+    async def vkey() -> Response:
+        key = services().log_key
+        if key is None:
+            return PlainTextResponse("this server keeps no transparency log\n", status_code=404)
+        return PlainTextResponse(key.vkey + "\n")
+
+    @app.get("/tlog/tile/{path:path}")
+    async def tile(path: str) -> Response:
+        r = reader()
+        rel = f"tile/{path}"
+        try:
+            if path.startswith("entries/"):
+                t = parse_entries_path(rel)
+                read = r.bundle_bytes if r is not None else None
+            else:
+                t = parse_tile_path(rel)
+                read = r.tile_bytes if r is not None else None
+        except TlogError:
+            return PlainTextResponse("not a tile path\n", status_code=404)
+        if read is None:
+            return PlainTextResponse("this server keeps no transparency log\n", status_code=404)
+        try:
+            data = await asyncio.to_thread(read, t)
+        except (OSError, TlogError):
+            return PlainTextResponse("no such tile\n", status_code=404)
+        return Response(data, media_type="application/octet-stream",
+                        headers={"Cache-Control": IMMUTABLE})
+
+
+def _wait_of(value: str | None) -> float:
+    if value is None:
+        return 0.0
+    try:
+        wait = float(value)
+    except ValueError:
+        raise BadRequest("wait must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT:  # (also NaN)
+        raise BadRequest(f"wait must be 0 to {MAX_WAIT:g} seconds")
+    return wait
+
+
+def _locate(engine: Engine, serial: int | None, object_id: str | None) -> _Located:
+    with reading(engine).connect() as conn:
+        if serial is not None:
+            row = conn.execute(select(Stamp.id, Stamp.state, Stamp.tlog_index)
+                               .where(Stamp.id == serial)).first()
+            what = f"stamp {serial}"
+        else:
+            row = conn.execute(select(Stamp.id, Stamp.state, Stamp.tlog_index)
+                               .where(Stamp.object_id == object_id)
+                               .order_by(Stamp.id).limit(1)).first()
+            if row is None:  # the commit stamped: its first stamp in the log
+                row = conn.execute(
+                    select(Stamp.id, Stamp.state, Stamp.tlog_index)
+                    .where(Stamp.commit == object_id, Stamp.tlog_index.is_not(None))
+                    .order_by(Stamp.tlog_index).limit(1)).first()
+            what = f"git object {object_id}"
+    if row is None:
+        raise NotFound(f"no stamp {what} on this server")
+    if row.tlog_index is None and row.state in (StampState.FAILED, StampState.FAILED_UNLOGGED):
+        raise NotFound(f"{what} failed (the client got an error): it is not in the log")
+    return _Located(row.id, row.tlog_index)
+
+
+def _proof(r: TileReader, index: int) -> bytes | None:
+    note = r.checkpoint()
+    if note is None:
+        return None
+    size = checkpoint_size(note)
+    if index >= size:
+        return None
+    hashes = inclusion_proof(index, size, r.node_reader(size))
+    return TlogProof(index, tuple(hashes), note, extra=r.entry(index, size)).encode()
+
+
+def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> None:
+    async def answer(serial: int | None, object_id: str | None, wait: str | None) -> Response:
+        s = services()
+        r = s.tlog_reader
+        if r is None:
+            raise _off()
+        deadline = time.monotonic() + _wait_of(wait)
+        located: _Located | None = None
+        while True:
+            if located is None or located.index is None:
+                try:
+                    located = await asyncio.to_thread(_locate, s.engine, serial, object_id)
+                except NotFound:
+                    # A git stamp's object id is journalled just after its answer: wait for it.
+                    if object_id is None or time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(POLL)
+                    continue
+            if located.index is not None:
+                proof = await asyncio.to_thread(_proof, r, located.index)
+                if proof is not None:
+                    return Response(proof, media_type=PROOF_TYPE,
+                                    headers={"X-Stampd-Serial": str(located.serial),
+                                             "X-Stampd-Log-Index": str(located.index)})
+            if time.monotonic() >= deadline:
+                state = ("has no entry in the log yet" if located.index is None else
+                         f"is entry {located.index}, not covered by a checkpoint yet")
+                raise NotInLogYet(f"stamp {located.serial} {state}; ask again in a second "
+                                  "(or with ?wait=SECONDS)")
+            await asyncio.sleep(POLL)
+
+    @router.get("/v1/proofs/{serial}")
+    async def proof(serial: str, wait: str | None = None) -> Response:
+        """The ``c2sp.org/tlog-proof@v1`` of stamp ``serial`` (the serial of a receipt, a
+        manifest or an RFC 3161 token): its entry (the ``extra`` line), its index, its inclusion
+        proof and the signed checkpoint. 404 while the stamp is unknown or not yet covered (with
+        ``Retry-After``); ``?wait=SECONDS`` (at most 60) waits until it is."""
+        if not serial.isascii() or not serial.isdigit() or len(serial) > 18:
+            raise BadRequest("serial must be a decimal number")
+        return await answer(int(serial), None, wait)
+
+    @router.get("/v1/proofs/git/{object_id}")
+    async def git_proof(object_id: str, wait: str | None = None) -> Response:
+        """The proof of a git stamp, by the id of the signed tag or commit the server answered
+        (``git rev-parse <tag>``); or by the id of the commit stamped, the first of its
+        stamps in the log."""
+        if not _GIT_ID.fullmatch(object_id):
+            raise BadRequest("object id must be 40 or 64 lowercase hex digits")
+        return await answer(None, object_id, wait)

@@ -1,0 +1,285 @@
+"""The transparency log's writer: sequencing stamps into entries, tiles, signed checkpoints.
+
+Every ``interval`` seconds, in the one HTTP process of a host that holds the host's tlog lock
+(``run/tlog.lock``, or the log lock itself where the host's processes share one log):
+
+1. its tiles catch up with the database's entries (after a restart, or on a host that does
+   not sequence);
+2. if it is the sequencer (the only one among hosts sharing a PostgreSQL database: an
+   advisory lock of its own), the stamps not yet in the log are sequenced, in journal (id)
+   order, in one transaction that writes their entries (`server.models.TlogEntry`) and their
+   ``tlog_index``, and their tiles are written;
+3. the sequencer has the tree's new head signed by the log key (a `formats.jobs.NoteJob` for
+   a worker: the key stays in its agent), stores the checkpoint in the database and publishes
+   it; another host publishes the database's checkpoint once its own tiles reach its size.
+
+Which stamps: those the public git log lists (`server.log.committer`): signed ones, and
+pending ones older than the request timeout plus `OUTCOME_GRACE` (their process died; their
+signature may have gone out). Failed stamps never get an entry. The database fixes the tree:
+an entry, once committed, never changes, and the tiles are made from the entries, so after
+any crash the log goes on with the same tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, or_, select, update
+
+from formats.jobs import NoteJob
+from formats.note import VerifierKey, ed25519_signer, sign_note
+from formats.tlog.checkpoint import Checkpoint
+from formats.tlog.entry import Entry
+from server import db
+from server.db import reading
+from server.dispatch import Dispatcher
+from server.log.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
+from server.models import Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.tlog.store import TilesMismatch, TileWriter, checkpoint_size
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 0.25  # seconds between steps: a stamp's proof waits about this long for its step
+BATCH = 20_000  # stamps sequenced in one transaction (a step runs several while there are more)
+CATCH_UP = 20_000  # entries read at a time when the tiles catch up with the database
+SIGN_TIMEOUT = 30.0
+TLOG_LOCK = 0x746C6F67  # "tlog": the sequencer's advisory lock among hosts on PostgreSQL
+
+
+@dataclass(frozen=True)
+class LogKey:
+    """The log's public key: its note key name (the origin) and Ed25519 key."""
+
+    vkey: str
+
+    @property
+    def verifier(self) -> VerifierKey:
+        return VerifierKey.parse(self.vkey)
+
+    @property
+    def origin(self) -> str:
+        return self.verifier.name
+
+
+def entry_of(row: Any, fingerprints: dict[str | None, str], signed_sha256: str | None) -> Entry:
+    """The log entry of a stamp row (``id, kind, commit, object_id, algorithm, digest,
+    stamped_at, key_id``)."""
+    key = fingerprints.get(row.key_id) or fingerprints[None]
+    if row.kind in ("tag", "branch"):
+        return Entry(row.id, row.kind, row.stamped_at, key, commit=row.commit,
+                     object_id=row.object_id)
+    if row.kind == "manifest":
+        return Entry(row.id, row.kind, row.stamped_at, key, signed=signed_sha256)
+    return Entry(row.id, row.kind, row.stamped_at, key, algorithm=row.algorithm,
+                 digest=row.digest)
+
+
+class Tlog:
+    """The transparency log's writer loop (see the module docstring). ``host_lock`` says
+    whether this process writes the tiles of its host; ``sequencer`` (called only while it
+    does) whether it also sequences and signs. ``fingerprints`` maps a stamp's ``key_id`` (None:
+    the primary key) to its key's fingerprint."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        root: Path,
+        key: LogKey,
+        dispatcher: Dispatcher,
+        fingerprints: dict[str | None, str],
+        host_lock: Callable[[], bool],
+        sequencer: Callable[[], bool],
+        *,
+        key_id: str = "tlog-ed25519",
+        interval: float = INTERVAL,
+        request_timeout: float = MAX_REQUEST_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+        on_stop: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        self.engine = engine
+        self.on_stop = on_stop  # (closes the locks of its own)
+        self.reader = reading(engine)
+        self.writer = TileWriter(root)
+        self.key = key
+        self.dispatcher = dispatcher
+        self.fingerprints = fingerprints
+        self.host_lock = host_lock
+        self.sequencer = sequencer
+        self.key_id = key_id
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self.clock = clock
+        self._opened = False
+        self._published: int | None = None  # size of the checkpoint this host publishes
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.last_error: str | None = None
+        self.last_checkpoint_at: float | None = None
+        self.sequenced = 0  # entries this process sequenced (metrics)
+
+    # -- running ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="tlog")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for close in self.on_stop:
+            close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.step()
+                self.last_error = None
+            except Exception as e:
+                if self.last_error != f"{type(e).__name__}: {e}":
+                    log.exception("transparency log step failed; retrying")
+                self.last_error = f"{type(e).__name__}: {e}"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
+
+    async def step(self) -> int | None:
+        """One round (see the module docstring); the size published after it (None when this
+        process does not write its host's tiles)."""
+        if not await asyncio.to_thread(self.host_lock):
+            return None
+        if not self._opened:
+            await asyncio.to_thread(self._open)
+        await asyncio.to_thread(self._catch_up)
+        if await asyncio.to_thread(self.sequencer):
+            while await asyncio.to_thread(self._sequence) == BATCH:
+                pass
+            if self._published != self.writer.size:
+                await self._checkpoint()
+        else:
+            await asyncio.to_thread(self._follow)
+        return self._published
+
+    # -- steps (in a thread) ----------------------------------------------------------------
+    def _open(self) -> None:
+        try:
+            self.writer.open()
+        except TilesMismatch as e:
+            log.warning("transparency log: %s; rebuilding the tiles from the database", e)
+            self.writer.reset()
+        note = self.writer.read_checkpoint()
+        self._published = None if note is None else checkpoint_size(note)
+        self._opened = True
+
+    def _catch_up(self) -> None:
+        """Write the tiles of the database's entries this host has not written yet."""
+        while True:
+            with self.reader.connect() as conn:
+                rows = conn.execute(
+                    select(TlogEntry.idx, TlogEntry.entry).where(TlogEntry.idx >= self.writer.size)
+                    .order_by(TlogEntry.idx).limit(CATCH_UP)).all()
+            if not rows:
+                return
+            if rows[0][0] != self.writer.size or rows[-1][0] != self.writer.size + len(rows) - 1:
+                raise RuntimeError(f"the log's entries from {self.writer.size} have gaps")
+            self.writer.append(self.writer.size, [bytes(r[1]) for r in rows])
+            if len(rows) < CATCH_UP:
+                return
+
+    def _orphan_cutoff(self) -> int:
+        return math.ceil(self.clock() - self.request_timeout - OUTCOME_GRACE)
+
+    def _sequence(self) -> int:
+        """Sequence up to `BATCH` stamps; how many."""
+        first, entries = db.run_transaction(self.engine, self._sequence_in,
+                                            what="sequence the transparency log")
+        if entries:
+            self.writer.append(first, entries)
+            self.sequenced += len(entries)
+        return len(entries)
+
+    def _sequence_in(self, conn: Connection) -> tuple[int, list[bytes]]:
+        first = conn.execute(select(func.coalesce(func.max(TlogEntry.idx) + 1, 0))).scalar_one()
+        if first != self.writer.size:  # another process sequenced meanwhile: catch up first
+            raise RuntimeError(f"the log has {first} entries, the tiles {self.writer.size}")
+        due = and_(Stamp.tlog_index.is_(None),
+                   or_(Stamp.state == StampState.SIGNED,
+                       and_(Stamp.state == StampState.PENDING,
+                            Stamp.stamped_at < self._orphan_cutoff())))
+        rows = conn.execute(
+            select(Stamp.id, Stamp.kind, Stamp.commit, Stamp.object_id, Stamp.algorithm,
+                   Stamp.digest, Stamp.stamped_at, Stamp.key_id)
+            .where(due).order_by(Stamp.id).limit(BATCH).with_for_update()).all()
+        if not rows:
+            return first, []
+        entries: list[bytes] = []
+        for row in rows:
+            signed = None
+            if row.kind == "manifest":
+                text = conn.execute(select(Stamp.receipt).where(Stamp.id == row.id)).scalar()
+                signed = None if text is None else hashlib.sha256(text.encode()).hexdigest()
+            entries.append(entry_of(row, self.fingerprints, signed).encode())
+        conn.execute(insert(TlogEntry), [
+            {"idx": first + i, "stamp_id": row.id, "entry": e}
+            for i, (row, e) in enumerate(zip(rows, entries, strict=True))])
+        conn.execute(update(Stamp).where(Stamp.id == bindparam("sid"))
+                     .values(tlog_index=bindparam("ix")).execution_options(synchronize_session=False),
+                     [{"sid": row.id, "ix": first + i} for i, row in enumerate(rows)])
+        return first, entries
+
+    async def _checkpoint(self) -> None:
+        """Sign the head of the tiles, store the checkpoint and publish it."""
+        size, root = self.writer.size, self.writer.root_hash()
+        text = Checkpoint(self.key.origin, size, root, ()).body()
+        async with asyncio.timeout(SIGN_TIMEOUT):
+            signed = await self.dispatcher.sign(NoteJob(text), key=self.key_id)
+        signature = base64.b64decode(signed.text, validate=True)
+        vk = self.key.verifier
+        signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)
+        note = sign_note(text, [signer]).encode()
+        t = int(self.clock())
+        await asyncio.to_thread(self._store_checkpoint, size, note, t)
+        await asyncio.to_thread(self.writer.publish, note)
+        self._published = size
+        self.last_checkpoint_at = self.clock()
+
+    def _store_checkpoint(self, size: int, note: bytes, t: int) -> None:
+        def work(conn: Connection) -> None:
+            values = {"size": size, "note": note.decode("utf-8"), "signed_at": t}
+            if conn.execute(update(TlogCheckpoint).where(TlogCheckpoint.id == 1)
+                            .values(**values)).rowcount == 0:
+                conn.execute(insert(TlogCheckpoint).values(id=1, **values))
+
+        db.run_transaction(self.engine, work, what="store the log's checkpoint",
+                           idempotent=True)
+
+    def _follow(self) -> None:
+        """Publish the database's checkpoint once this host's tiles reach its size."""
+        with self.reader.connect() as conn:
+            row = conn.execute(select(TlogCheckpoint.size, TlogCheckpoint.note)
+                               .where(TlogCheckpoint.id == 1)).first()
+        if row is None or row.size == self._published or row.size > self.writer.size:
+            return
+        if self._published is not None and row.size < self._published:
+            return  # (never back)
+        self.writer.publish(row.note.encode("utf-8"))
+        self._published = row.size
+
+
+def fingerprints_of(keys: Sequence[Any]) -> dict[str | None, str]:
+    """``key_id`` → fingerprint of the served keys (None and ``primary``: the primary key)."""
+    out: dict[str | None, str] = {k.id: k.fingerprint for k in keys}
+    out[None] = keys[0].fingerprint
+    return out

@@ -1,0 +1,210 @@
+"""The transparency log's writer (`server.tlog.sequencer.Tlog`) in-process, with an injected
+clock: stamps in a migrated SQLite file become entries in journal order, tiles on disk and
+checkpoints signed by the real log key in a real ssh-agent (`workers.signer.NoteSigner`,
+through `InProcessDispatcher`). Proofs are checked with `cryptography` (the signatures) and
+pymerkle (the roots), which are not stampd's code; the tree survives restarts and lost tiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pymerkle import InmemoryTree
+from sqlalchemy import Engine, insert, select
+
+from formats.note import Ed25519Verifier, open_note, parse_note
+from formats.tlog.checkpoint import Checkpoint
+from formats.tlog.entry import Entry
+from formats.tlog.proof import TlogProof, verify_proof
+from server import db
+from server.api.tlog import _proof
+from server.log.committer import OUTCOME_GRACE
+from server.models import Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.tlog.sequencer import LogKey, Tlog
+from server.tlog.store import TileReader
+from tests.helpers import InProcessDispatcher, agent_home
+from workers.agents.ssh import SshAgent
+from workers.keys.keyset import (
+    TLOG_KEY,
+    SshKeyStore,
+    ensure_extra_keys,
+    key_dir,
+    tlog_vkey,
+)
+from workers.signer import NoteSigner
+
+T0 = 1_795_400_000
+ORIGIN = "stampd.test/tlog"
+FPR = "0123456789ABCDEF0123456789ABCDEF01234567"
+SSH_FPR = "SHA256:" + "B" * 43
+REQUEST_TIMEOUT = 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = float(T0)
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    eng = db.make_engine(f"sqlite:///{tmp_path / 'stampd.sqlite3'}")
+    db.upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture(scope="module")
+def log_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LogKey, NoteSigner]]:
+    keys = tmp_path_factory.mktemp("keys")
+    ensure_extra_keys(keys, [TLOG_KEY], "stampd test <t@stampd.invalid>", None)
+    store = SshKeyStore(key_dir(keys, TLOG_KEY))
+    with agent_home("ts") as home:
+        agent = SshAgent(home)
+        agent.start()
+        try:
+            signer = NoteSigner(agent.add_key(store.private_key_file), agent.connect())
+            yield LogKey(tlog_vkey(ORIGIN, store.public_key_file.read_text())), signer
+        finally:
+            agent.stop()
+
+
+def make_tlog(engine: Engine, root: Path, log_key: tuple[LogKey, NoteSigner], clock: Clock,
+              sequencer: bool = True) -> Tlog:
+    key, signer = log_key
+    dispatcher = InProcessDispatcher(signer, key=TLOG_KEY.id)  # type: ignore[arg-type]
+    return Tlog(engine, root, key, dispatcher, {None: FPR, "primary": FPR, "ssh-ed25519": SSH_FPR},
+                lambda: True, lambda: sequencer, key_id=TLOG_KEY.id,
+                request_timeout=REQUEST_TIMEOUT, clock=clock)
+
+
+def add(engine: Engine, *rows: dict[str, object]) -> list[int]:
+    ids = []
+    with engine.begin() as conn:
+        for row in rows:
+            values = {"stamped_at": T0, "state": StampState.SIGNED, **row}
+            ids.append(conn.execute(insert(Stamp).values(**values).returning(Stamp.id))
+                       .scalar_one())
+    return ids
+
+
+def digest_row(n: int, **kw: object) -> dict[str, object]:
+    return {"kind": "digest", "algorithm": "sha256",
+            "digest": hashlib.sha256(b"%d" % n).hexdigest(), **kw}
+
+
+def checked_proof(reader: TileReader, index: int, key: LogKey) -> tuple[Entry, int]:
+    """The proof of entry ``index``, verified by stampd's code and by code that is not ours:
+    the checkpoint's Ed25519 signature with cryptography, the root with pymerkle."""
+    proof = _proof(reader, index)
+    assert proof is not None
+    parsed = TlogProof.parse(proof)
+    assert parsed.extra is not None
+    got = verify_proof(proof, parsed.extra, origin=ORIGIN,
+                       log_keys=[Ed25519Verifier.from_vkey(key.vkey)])
+    note = parse_note(parsed.checkpoint)
+    (sig,) = note.signatures
+    Ed25519PublicKey.from_public_bytes(key.verifier.public_key).verify(
+        sig.signature, note.text.encode())
+    cp = Checkpoint.parse(note.text)
+    theirs = InmemoryTree(algorithm="sha256")
+    for i in range(cp.size):
+        theirs.append_entry(reader.entry(i, cp.size))
+    assert theirs.get_root(cp.size) == cp.root
+    return Entry.parse(parsed.extra), got.tree_size
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_stamps_become_entries_in_journal_order(engine: Engine, tmp_path: Path,
+                                                log_key: tuple[LogKey, NoteSigner]) -> None:
+    clock = Clock()
+    ids = add(engine,
+              digest_row(1),
+              {"kind": "tag", "commit": "a" * 40, "object_id": "b" * 40},
+              {"kind": "branch", "commit": "c" * 64, "object_id": "d" * 64,
+               "key_id": "ssh-ed25519"},
+              {"kind": "manifest", "algorithm": "sha256", "receipt": "signed manifest\n"},
+              {"kind": "tsa", "algorithm": "sha512", "digest": "e" * 128},
+              digest_row(2, state=StampState.FAILED),
+              digest_row(3, state=StampState.PENDING))
+    tlog = make_tlog(engine, tmp_path / "tlog", log_key, clock)
+    assert run(tlog.step()) == 5
+    reader = TileReader(tmp_path / "tlog")
+    entries = [checked_proof(reader, i, log_key[0]) for i in range(5)]
+    assert [e.serial for e, _ in entries] == ids[:5]
+    assert all(size == 5 for _, size in entries)
+    tag, branch, manifest = entries[1][0], entries[2][0], entries[3][0]
+    assert (tag.kind, tag.commit, tag.object_id, tag.key) == ("tag", "a" * 40, "b" * 40, FPR)
+    assert branch.key == SSH_FPR and branch.object_id == "d" * 64
+    assert manifest.signed == hashlib.sha256(b"signed manifest\n").hexdigest()
+    assert entries[4][0].digest == "e" * 128
+    with engine.connect() as conn:
+        index = dict(conn.execute(select(Stamp.id, Stamp.tlog_index)).all())
+        assert [index[i] for i in ids] == [0, 1, 2, 3, 4, None, None]
+        assert conn.execute(select(TlogCheckpoint.size)).scalar_one() == 5
+    # the pending stamp gets its entry once no live request can be behind it (no object)
+    clock.t += REQUEST_TIMEOUT + OUTCOME_GRACE + 2
+    assert run(tlog.step()) == 6
+    entry, size = checked_proof(reader, 5, log_key[0])
+    assert entry.serial == ids[6] and size == 6
+
+
+def test_a_checkpoint_for_the_empty_log_and_none_while_idle(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
+    tlog = make_tlog(engine, tmp_path / "tlog", log_key, Clock())
+    assert run(tlog.step()) == 0
+    note = (tmp_path / "tlog" / "checkpoint").read_bytes()
+    opened = open_note(note, [Ed25519Verifier.from_vkey(log_key[0].vkey)])
+    assert Checkpoint.parse(opened.text).size == 0
+    assert run(tlog.step()) == 0
+    assert (tmp_path / "tlog" / "checkpoint").read_bytes() == note  # not signed again
+
+
+def test_restart_and_lost_tiles_continue_the_same_tree(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
+    clock = Clock()
+    root = tmp_path / "tlog"
+    add(engine, *(digest_row(n) for n in range(300)))
+    run(make_tlog(engine, root, log_key, clock).step())
+    first = Checkpoint.parse(parse_note((root / "checkpoint").read_bytes()).text)
+    add(engine, *(digest_row(n) for n in range(300, 310)))
+    again = make_tlog(engine, root, log_key, clock)  # a restart
+    assert run(again.step()) == 310
+    # the tiles lost (a wiped disk): rebuilt from the database, the same tree
+    for f in sorted(root.rglob("*"), reverse=True):
+        if f.is_file() and f.name != "checkpoint":
+            f.unlink()
+    add(engine, digest_row(999))
+    rebuilt = make_tlog(engine, root, log_key, clock)
+    assert run(rebuilt.step()) == 311
+    reader = TileReader(root)
+    _entry, size = checked_proof(reader, 310, log_key[0])
+    assert size == 311
+    theirs = InmemoryTree(algorithm="sha256")
+    with engine.connect() as conn:
+        for (e,) in conn.execute(select(TlogEntry.entry).order_by(TlogEntry.idx)):
+            theirs.append_entry(bytes(e))
+    assert theirs.get_root(first.size) == first.root  # extends what was published first
+
+
+def test_another_host_publishes_the_checkpoint_once_its_tiles_reach_it(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
+    clock = Clock()
+    add(engine, *(digest_row(n) for n in range(40)))
+    leader = make_tlog(engine, tmp_path / "a", log_key, clock)
+    follower = make_tlog(engine, tmp_path / "b", log_key, clock, sequencer=False)
+    assert run(follower.step()) is None  # nothing sequenced, nothing to publish
+    assert run(leader.step()) == 40
+    assert run(follower.step()) == 40
+    assert (tmp_path / "a/checkpoint").read_bytes() == (tmp_path / "b/checkpoint").read_bytes()
+    checked_proof(TileReader(tmp_path / "b"), 39, log_key[0])
