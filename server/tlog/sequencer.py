@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, or_, select, update
 
 from formats.jobs import NoteJob
-from formats.note import VerifierKey, ed25519_signer, sign_note
+from formats.note import VerifierKey, ed25519_signer, parse_note, sign_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from server import db
@@ -54,6 +54,10 @@ BATCH = 20_000  # stamps sequenced in one transaction (a step runs several while
 CATCH_UP = 20_000  # entries read at a time when the tiles catch up with the database
 SIGN_TIMEOUT = 30.0
 TLOG_LOCK = 0x746C6F67  # "tlog": the sequencer's advisory lock among hosts on PostgreSQL
+
+
+class OriginMismatch(Exception):
+    """This host's log origin is not the one of the log's stored checkpoints."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class Tlog:
         self.request_timeout = request_timeout
         self.clock = clock
         self._opened = False
+        self._origin_checked = False  # (the sequencer's origin against the stored checkpoint)
         self._published: int | None = None  # size of the checkpoint this host publishes
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -164,6 +169,9 @@ class Tlog:
             await asyncio.to_thread(self._open)
         await asyncio.to_thread(self._catch_up)
         if await asyncio.to_thread(self.sequencer):
+            if not self._origin_checked:
+                await asyncio.to_thread(self._stored_checkpoint)
+                self._origin_checked = True
             while await asyncio.to_thread(self._sequence) == BATCH:
                 pass
             if self._published != self.writer.size:
@@ -265,11 +273,24 @@ class Tlog:
         db.run_transaction(self.engine, work, what="store the log's checkpoint",
                            idempotent=True)
 
-    def _follow(self) -> None:
-        """Publish the database's checkpoint once this host's tiles reach its size."""
+    def _stored_checkpoint(self) -> Any:
+        """The database's checkpoint row (size, note), or None; `OriginMismatch` when it is of
+        another origin than this host's (hosts of one log must agree on STAMPD_TLOG_ORIGIN)."""
         with self.reader.connect() as conn:
             row = conn.execute(select(TlogCheckpoint.size, TlogCheckpoint.note)
                                .where(TlogCheckpoint.id == 1)).first()
+        if row is not None:
+            origin = Checkpoint.parse(parse_note(row.note.encode("utf-8")).text).origin
+            if origin != self.key.origin:
+                raise OriginMismatch(
+                    f"the log's checkpoints are of origin {origin!r}, this host's "
+                    f"STAMPD_TLOG_ORIGIN is {self.key.origin!r}: every host of one log needs "
+                    "the same origin")
+        return row
+
+    def _follow(self) -> None:
+        """Publish the database's checkpoint once this host's tiles reach its size."""
+        row = self._stored_checkpoint()
         if row is None or row.size == self._published or row.size > self.writer.size:
             return
         if self._published is not None and row.size < self._published:

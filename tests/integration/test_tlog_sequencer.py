@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pymerkle import InmemoryTree
 from sqlalchemy import Engine, insert, select
 
-from formats.note import Ed25519Verifier, open_note, parse_note
+from formats.note import Ed25519Verifier, VerifierKey, open_note, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
@@ -25,7 +25,7 @@ from server import db
 from server.api.tlog import _proof
 from server.log.committer import OUTCOME_GRACE
 from server.models import Stamp, StampState, TlogCheckpoint, TlogEntry
-from server.tlog.sequencer import LogKey, Tlog
+from server.tlog.sequencer import LogKey, OriginMismatch, Tlog
 from server.tlog.store import TileReader
 from tests.helpers import InProcessDispatcher, agent_home
 from workers.agents.ssh import SshAgent
@@ -208,3 +208,21 @@ def test_another_host_publishes_the_checkpoint_once_its_tiles_reach_it(
     assert run(follower.step()) == 40
     assert (tmp_path / "a/checkpoint").read_bytes() == (tmp_path / "b/checkpoint").read_bytes()
     checked_proof(TileReader(tmp_path / "b"), 39, log_key[0])
+
+
+def test_a_host_of_another_origin_neither_sequences_nor_publishes(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
+    clock = Clock()
+    add(engine, digest_row(1))
+    assert run(make_tlog(engine, tmp_path / "a", log_key, clock).step()) == 1
+    key, signer = log_key
+    other = VerifierKey("elsewhere.test/tlog", key.verifier.sig_type, key.verifier.public_key)
+    for sequencer in (True, False):
+        tlog = make_tlog(engine, tmp_path / f"b{sequencer}", (LogKey(other.encode()), signer),
+                         clock, sequencer=sequencer)
+        add(engine, digest_row(2))
+        with pytest.raises(OriginMismatch, match="STAMPD_TLOG_ORIGIN"):
+            run(tlog.step())
+        assert not (tmp_path / f"b{sequencer}" / "checkpoint").exists()
+    with engine.connect() as conn:
+        assert conn.execute(select(TlogEntry.idx)).scalars().all() == [0]

@@ -233,3 +233,49 @@ def test_reaper_deletes_finished_jobs_after_their_requests(pg_url: str) -> None:
                             {"new": new}).all()
     engine.dispose()
     assert [tuple(r) for r in rows] == [("done", True), ("queued", False), ("claimed", False)]
+
+
+def test_transparency_log_across_hosts(tmp_path: Path, pg_url: str,
+                                       server_factory: list[Server]) -> None:
+    """Two API hosts and a worker host on one PostgreSQL, the transparency log on: exactly one
+    host sequences; the other writes its own tiles from the database and serves the same
+    checkpoint and proofs of the stamps made through the first."""
+    from formats.note import Ed25519Verifier
+    from formats.tlog.proof import TlogProof, verify_proof
+    from tests.system.test_tlog import get, post_digest
+    from workers.keys.keyset import TLOG_KEY, ensure_extra_keys, key_dir
+
+    env = {"STAMPD_DISPATCH": "database", "STAMPD_HEARTBEAT_TIMEOUT": "3", "STAMPD_TLOG": "on",
+           "STAMPD_TLOG_ORIGIN": "stamps.test/tlog"}  # (one origin for the hosts of one log)
+    base = {**os.environ, **env, "STAMPD_DATABASE_URL": pg_url, "STAMPD_LOG_LEVEL": "INFO"}
+    dirs = [seed_data_dir(tmp_path / f"h{i}" / "data") for i in range(3)]
+    # one log key for every host, as an operator copies the keys (docs/transparency.md)
+    ensure_extra_keys(dirs[0] / "keys", [TLOG_KEY], "stampd test", None)
+    for d in dirs[1:]:
+        shutil.copytree(key_dir(dirs[0] / "keys", TLOG_KEY), key_dir(d / "keys", TLOG_KEY))
+    host = WorkerHost(dirs[2], base, workers=1)
+    try:
+        apis = [start_server(dirs[i], workers=0, commit_interval=3600, database_url=pg_url,
+                             extra_env=env, wait=False, args=("--no-workers",))
+                for i in range(2)]
+        server_factory.extend(apis)
+        for api in apis:
+            api.wait_ready(workers=2)
+        serials = [post_digest(apis[0], f"{n:064x}") for n in range(5)]
+        proofs = []
+        for api in apis:
+            vkey = get(api, "/tlog/vkey")[2].decode().strip()
+            for serial in serials:
+                status, _, proof = get(api, f"/v1/proofs/{serial}?wait=30")
+                assert status == 200, proof
+                parsed = TlogProof.parse(proof)
+                assert parsed.extra is not None
+                verify_proof(proof, parsed.extra, origin=vkey.split("+")[0],
+                             log_keys=[Ed25519Verifier.from_vkey(vkey)])
+                proofs.append(parsed.index)
+        assert sorted(set(proofs)) == list(range(5))  # one tree, the same on both hosts
+        # each host wrote its own tiles, in its own data directory
+        for d in dirs[:2]:
+            assert (d / "tlog" / "tile" / "entries").is_dir()
+    finally:
+        host.stop()
