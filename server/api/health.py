@@ -26,7 +26,8 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
     """(ready, the JSON body of /readyz). Ready means: the database answers, every served key
     (the primary one too) has a live worker holding it, so each can sign now, RFC 3161 (where
     on) has its certificate chain, the clock is synchronised (where RFC 3161 requires it), the
-    log is not overdue, and no peer is stale. ``clock`` asks the kernel whether the clock is
+    log is not overdue, the transparency log's last step in this process (if it writes) had
+    no error, and no peer is stale. ``clock`` asks the kernel whether the clock is
     synchronised (tests inject its answer)."""
     workers = sorted(s.dispatcher.workers)
     checks: dict[str, dict[str, Any]] = {}
@@ -51,6 +52,9 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
     overdue = s.committer.overdue()
     checks["log"] = {"ok": not overdue,
                      "detail": s.committer.last_error or ("overdue" if overdue else "ok")}
+    if s.tlog is not None:  # (its writer's errors: reported by the process that writes)
+        checks["tlog"] = {"ok": s.tlog.last_error is None,
+                          "detail": s.tlog.last_error or "ok"}
     try:
         stale = await asyncio.to_thread(s.cross.stale_peers, s.settings.peer_stale_after)
     except Exception:

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from server.api.services import Services
 from server.stats import Histogram
+from server.tlog.store import checkpoint_size
 
 
 def _histogram(name: str, doc: str, labels: list[str],
@@ -78,6 +79,12 @@ class StampdCollector(Collector):
             fails.add_metric([p.name], p.failures)
         yield age
         yield fails
+        if s.tlog_reader is not None:
+            note = s.tlog_reader.checkpoint()
+            yield GaugeMetricFamily("stampd_tlog_checkpoint_size",
+                                    "Entries of the transparency log's published checkpoint "
+                                    "(-1: none yet)",
+                                    value=-1 if note is None else checkpoint_size(note))
         yield GaugeMetricFamily(
             "stampd_http_processes", "HTTP processes serving (their counters are added up above)",
             value=1 + sum(o.serving for o in total.others))

@@ -212,3 +212,14 @@ def test_the_status_page_shows_the_verifier_key(server: Server) -> None:
     status, _, page = get(server, "/", accept="text/html")
     assert status == 200
     assert f'<pre id="tlog-vkey">{vkey(server)}</pre>'.encode() in page
+
+
+def test_readiness_and_metrics_show_the_log(server: Server) -> None:
+    status, _, body = get(server, "/readyz")
+    checks = json.loads(body)["checks"]
+    assert status == 200 and checks["tlog"] == {"ok": True, "detail": "ok"}
+    assert checks["key:tlog-ed25519"]["ok"]
+    size = Checkpoint.parse(parse_note(get(server, "/tlog/checkpoint")[2]).text).size
+    metrics = get(server, "/metrics")[2].decode()
+    line = next(x for x in metrics.splitlines() if x.startswith("stampd_tlog_checkpoint_size "))
+    assert float(line.split()[1]) >= size
