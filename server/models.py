@@ -78,7 +78,9 @@ class Stamp(Base):
         Index("ix_stamps_commit", "commit"),
         Index("ix_stamps_digest", "algorithm", "digest"),
         Index("ix_stamps_object_id", "object_id"),
-        Index("ix_stamps_tlog_index", "tlog_index", unique=True),
+        Index("ix_stamps_tlog_index", "tlog_index", unique=True,
+              sqlite_where=text("tlog_index IS NOT NULL"),
+              postgresql_where=text("tlog_index IS NOT NULL")),
         # The stamps not yet in the transparency log, in journal order: what the sequencer
         # reads (a partial index: sequenced stamps leave it).
         Index("ix_stamps_untlogged", "id", sqlite_where=text("tlog_index IS NULL"),
@@ -231,13 +233,13 @@ class ManifestDigests(Base):
 
 class TlogEntry(Base):
     """One entry of the transparency log (`formats.tlog.entry`): written, with its stamp's
-    ``tlog_index``, in the transaction that sequences it, never changed. The tiles on disk are
+    ``tlog_index`` (which leads from the stamp to its entry and back), in the transaction that
+    sequences it, never changed. The tiles on disk are
     made from these rows (`server.tlog`)."""
 
     __tablename__ = "tlog_entries"
 
     idx: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
-    stamp_id: Mapped[int] = mapped_column(BigId, ForeignKey("stamps.id"), unique=True)
     entry: Mapped[bytes] = mapped_column(LargeBinary)
 
 

@@ -14,10 +14,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import PlainTextResponse, Response
-from sqlalchemy import Engine, select
+from sqlalchemy import ColumnElement, Engine, and_, select
 
 from formats.tlog.errors import TlogError
 from formats.tlog.merkle import inclusion_proof
@@ -26,8 +27,8 @@ from formats.tlog.tiles import parse_entries_path, parse_tile_path
 from server.api.services import Services
 from server.db import reading
 from server.errors import BadRequest, NotFound, NotInLogYet
-from server.models import Stamp, StampState
-from server.tlog.store import TileReader, checkpoint_size
+from server.models import Stamp, StampState, TlogEntry
+from server.tlog.store import TileReader
 
 MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
 POLL = 0.1  # seconds between looks while it waits
@@ -40,6 +41,7 @@ PROOF_TYPE = "text/plain; charset=utf-8"
 class _Located:
     serial: int
     index: int | None  # None: not sequenced yet
+    entry: bytes | None = None
 
 
 def _off() -> NotFound:
@@ -105,37 +107,51 @@ def _wait_of(value: str | None) -> float:
 
 
 def _locate(engine: Engine, serial: int | None, object_id: str | None) -> _Located:
+    """The stamp asked for: its serial, and its index and entry once it is sequenced."""
+    columns = (Stamp.id, Stamp.state, Stamp.tlog_index, TlogEntry.entry)
     with reading(engine).connect() as conn:
+        def first(where: ColumnElement[bool], order: Any) -> Any:
+            return conn.execute(select(*columns).outerjoin(TlogEntry,
+                                                           TlogEntry.idx == Stamp.tlog_index)
+                                .where(where).order_by(order).limit(1)).first()
+
         if serial is not None:
-            row = conn.execute(select(Stamp.id, Stamp.state, Stamp.tlog_index)
-                               .where(Stamp.id == serial)).first()
+            row = first(Stamp.id == serial, Stamp.id)
             what = f"stamp {serial}"
         else:
-            row = conn.execute(select(Stamp.id, Stamp.state, Stamp.tlog_index)
-                               .where(Stamp.object_id == object_id)
-                               .order_by(Stamp.id).limit(1)).first()
+            row = first(Stamp.object_id == object_id, Stamp.id)
             if row is None:  # the commit stamped: its first stamp in the log
-                row = conn.execute(
-                    select(Stamp.id, Stamp.state, Stamp.tlog_index)
-                    .where(Stamp.commit == object_id, Stamp.tlog_index.is_not(None))
-                    .order_by(Stamp.tlog_index).limit(1)).first()
+                row = first(and_(Stamp.commit == object_id, Stamp.tlog_index.is_not(None)),
+                            Stamp.tlog_index)
             what = f"git object {object_id}"
     if row is None:
         raise NotFound(f"no stamp {what} on this server")
     if row.tlog_index is None and row.state in (StampState.FAILED, StampState.FAILED_UNLOGGED):
         raise NotFound(f"{what} failed (the client got an error): it is not in the log")
-    return _Located(row.id, row.tlog_index)
+    return _Located(row.id, row.tlog_index, None if row.entry is None else bytes(row.entry))
 
 
-def _proof(r: TileReader, index: int) -> bytes | None:
-    note = r.checkpoint()
-    if note is None:
+def _proof(r: TileReader, index: int, entry: bytes | None = None) -> bytes | None:
+    """The proof of entry ``index`` (``entry``: its bytes, else read from its bundle) at the
+    published checkpoint; None while no checkpoint covers it."""
+    published = r.published()
+    if published is None or index >= published[1]:
         return None
-    size = checkpoint_size(note)
-    if index >= size:
-        return None
+    note, size = published
     hashes = inclusion_proof(index, size, r.node_reader(size))
-    return TlogProof(index, tuple(hashes), note, extra=r.entry(index, size)).encode()
+    if entry is None:
+        entry = r.entry(index, size)
+    return TlogProof(index, tuple(hashes), note, extra=entry).encode()
+
+
+def _locate_and_prove(engine: Engine, r: TileReader, serial: int | None, object_id: str | None,
+                      located: _Located | None) -> tuple[_Located, bytes | None]:
+    """(the stamp, its proof or None): one thread hop for both."""
+    if located is None or located.index is None:
+        located = _locate(engine, serial, object_id)
+    if located.index is None:
+        return located, None
+    return located, _proof(r, located.index, located.entry)
 
 
 def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> None:
@@ -147,25 +163,24 @@ def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> Non
         deadline = time.monotonic() + _wait_of(wait)
         located: _Located | None = None
         while True:
-            if located is None or located.index is None:
-                try:
-                    located = await asyncio.to_thread(_locate, s.engine, serial, object_id)
-                except NotFound:
-                    # A git stamp's object id is journalled just after its answer: wait for it.
-                    if object_id is None or time.monotonic() >= deadline:
-                        raise
-                    await asyncio.sleep(POLL)
-                    continue
-            if located.index is not None:
-                proof = await asyncio.to_thread(_proof, r, located.index)
-                if proof is not None:
-                    return Response(proof, media_type=PROOF_TYPE,
-                                    headers={"X-Stampd-Serial": str(located.serial),
-                                             "X-Stampd-Log-Index": str(located.index)})
+            try:
+                found, proof = await asyncio.to_thread(_locate_and_prove, s.engine, r,
+                                                       serial, object_id, located)
+            except NotFound:
+                # A git stamp's object id is journalled just after its answer: wait for it.
+                if object_id is None or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(POLL)
+                continue
+            located = found
+            if proof is not None:
+                return Response(proof, media_type=PROOF_TYPE,
+                                headers={"X-Stampd-Serial": str(found.serial),
+                                         "X-Stampd-Log-Index": str(found.index)})
             if time.monotonic() >= deadline:
-                state = ("has no entry in the log yet" if located.index is None else
-                         f"is entry {located.index}, not covered by a checkpoint yet")
-                raise NotInLogYet(f"stamp {located.serial} {state}; ask again in a second "
+                state = ("has no entry in the log yet" if found.index is None else
+                         f"is entry {found.index}, not covered by a checkpoint yet")
+                raise NotInLogYet(f"stamp {found.serial} {state}; ask again in a second "
                                   "(or with ?wait=SECONDS)")
             await asyncio.sleep(POLL)
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from formats.jobs import NoteJob
 from formats.note import VerifierKey, ed25519_signer, parse_note, sign_note
 from formats.tlog.checkpoint import Checkpoint
-from formats.tlog.entry import Entry
+from formats.tlog.entry import encode_entry
 from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
@@ -75,17 +75,16 @@ class LogKey:
         return self.verifier.name
 
 
-def entry_of(row: Any, fingerprints: dict[str | None, str], signed_sha256: str | None) -> Entry:
-    """The log entry of a stamp row (``id, kind, commit, object_id, algorithm, digest,
-    stamped_at, key_id``)."""
-    key = fingerprints.get(row.key_id) or fingerprints[None]
-    if row.kind in ("tag", "branch"):
-        return Entry(row.id, row.kind, row.stamped_at, key, commit=row.commit,
-                     object_id=row.object_id)
-    if row.kind == "manifest":
-        return Entry(row.id, row.kind, row.stamped_at, key, signed=signed_sha256)
-    return Entry(row.id, row.kind, row.stamped_at, key, algorithm=row.algorithm,
-                 digest=row.digest)
+def entry_of(row: Any, fingerprints: dict[str | None, str], signed_sha256: str | None) -> bytes:
+    """The log entry of a stamp row ``(id, kind, commit, object_id, algorithm, digest,
+    stamped_at, key_id)``."""
+    sid, kind, commit, object_id, algorithm, digest, t, key_id = row
+    key = fingerprints.get(key_id) or fingerprints[None]
+    if kind in ("tag", "branch"):
+        return encode_entry(sid, kind, t, key, commit=commit, object_id=object_id)
+    if kind == "manifest":
+        return encode_entry(sid, kind, t, key, signed=signed_sha256)
+    return encode_entry(sid, kind, t, key, algorithm=algorithm, digest=digest)
 
 
 class Tlog:
@@ -222,29 +221,28 @@ class Tlog:
         first = conn.execute(select(func.coalesce(func.max(TlogEntry.idx) + 1, 0))).scalar_one()
         if first != self.writer.size:  # another process sequenced meanwhile: catch up first
             raise RuntimeError(f"the log has {first} entries, the tiles {self.writer.size}")
-        due = and_(Stamp.tlog_index.is_(None),
-                   or_(Stamp.state == StampState.SIGNED,
-                       and_(Stamp.state == StampState.PENDING,
-                            Stamp.stamped_at < self._orphan_cutoff())))
-        rows = conn.execute(
-            select(Stamp.id, Stamp.kind, Stamp.commit, Stamp.object_id, Stamp.algorithm,
-                   Stamp.digest, Stamp.stamped_at, Stamp.key_id)
-            .where(due).order_by(Stamp.id).limit(BATCH).with_for_update()).all()
+        # (SQL written out, rows read by the driver: at tens of thousands of rows a step,
+        # SQLAlchemy's parameter and row handling would cost more than the statements)
+        p = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""
+        rows = conn.exec_driver_sql(
+            'SELECT id, kind, "commit", object_id, algorithm, digest, stamped_at, key_id '
+            f"FROM stamps WHERE tlog_index IS NULL AND (state = '{StampState.SIGNED}' OR "
+            f"(state = '{StampState.PENDING}' AND stamped_at < {p})) ORDER BY id LIMIT {p}"
+            f"{lock}", (self._orphan_cutoff(), BATCH)).fetchall()
         if not rows:
             return first, []
         entries: list[bytes] = []
         for row in rows:
             signed = None
-            if row.kind == "manifest":
-                text = conn.execute(select(Stamp.receipt).where(Stamp.id == row.id)).scalar()
+            if row[1] == "manifest":
+                text = conn.execute(select(Stamp.receipt).where(Stamp.id == row[0])).scalar()
                 signed = None if text is None else hashlib.sha256(text.encode()).hexdigest()
-            entries.append(entry_of(row, self.fingerprints, signed).encode())
-        conn.execute(insert(TlogEntry), [
-            {"idx": first + i, "stamp_id": row.id, "entry": e}
-            for i, (row, e) in enumerate(zip(rows, entries, strict=True))])
-        conn.execute(update(Stamp).where(Stamp.id == bindparam("sid"))
-                     .values(tlog_index=bindparam("ix")).execution_options(synchronize_session=False),
-                     [{"sid": row.id, "ix": first + i} for i, row in enumerate(rows)])
+            entries.append(entry_of(row, self.fingerprints, signed))
+        conn.exec_driver_sql(f"INSERT INTO tlog_entries (idx, entry) VALUES ({p}, {p})",
+                             [(first + i, e) for i, e in enumerate(entries)])
+        conn.exec_driver_sql(f"UPDATE stamps SET tlog_index = {p} WHERE id = {p}",
+                             [(first + i, row[0]) for i, row in enumerate(rows)])
         return first, entries
 
     async def _checkpoint(self) -> None:

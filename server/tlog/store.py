@@ -20,6 +20,7 @@ One process per host writes (`TileWriter`); every HTTP process reads (`TileReade
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -28,13 +29,14 @@ from pathlib import Path
 
 from formats.note import parse_note
 from formats.tlog.checkpoint import Checkpoint
-from formats.tlog.merkle import EMPTY_ROOT, HASH_SIZE, NodeReader, leaf_hash, node_hash
+from formats.tlog.merkle import EMPTY_ROOT, HASH_SIZE, NodeReader, node_hash
 from formats.tlog.tiles import (
     TILE_HEIGHT,
     TILE_WIDTH,
     Tile,
     entry_bundle,
     parse_entry_bundle,
+    tile_for_node,
     tile_hashes,
     tile_node_reader,
 )
@@ -64,9 +66,23 @@ def _write_file(path: Path, data: bytes, *, sync: bool = True) -> None:
 
 def _perfect_root(hashes: Sequence[bytes]) -> bytes:
     layer = list(hashes)
+    sha256 = hashlib.sha256
     while len(layer) > 1:
-        layer = [node_hash(layer[i], layer[i + 1]) for i in range(0, len(layer), 2)]
+        layer = [sha256(b"\x01" + layer[i] + layer[i + 1]).digest()
+                 for i in range(0, len(layer), 2)]
     return layer[0]
+
+
+def _tile_levels(hashes: list[bytes]) -> list[list[bytes]]:
+    """The inner levels of a full tile: ``levels[s][i]`` is the root of its hashes
+    ``[i * 2^s, (i + 1) * 2^s)``."""
+    levels = [hashes]
+    sha256 = hashlib.sha256
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        levels.append([sha256(b"\x01" + below[i] + below[i + 1]).digest()
+                       for i in range(0, len(below), 2)])
+    return levels
 
 
 def checkpoint_size(note: bytes) -> int:
@@ -137,16 +153,25 @@ class TileWriter:
             raise ValueError(f"entries from {first} appended to tiles of size {self.size}")
         if not entries:
             return
-        touched: set[int] = set()
-        for entry in entries:
-            self.edge_entries.append(entry)
-            self._push(0, leaf_hash(entry), touched)
-            if len(self.edge_entries) == TILE_WIDTH:
-                n = self.size // TILE_WIDTH
+        touched: set[int] = {0}
+        sha256 = hashlib.sha256
+        pos = 0
+        while pos < len(entries):  # a level 0 tile at a time
+            take = min(len(entries) - pos, TILE_WIDTH - len(self.edge_entries))
+            chunk = entries[pos:pos + take]
+            pos += take
+            self.edge_entries += chunk
+            self.edge[0] += [sha256(b"\x00" + e).digest() for e in chunk]
+            self.size += take
+            if len(self.edge_entries) == TILE_WIDTH:  # full: written once, its root goes up
+                n = self.size // TILE_WIDTH - 1
                 self._write(Tile(0, n).entries_path(), entry_bundle(self.edge_entries))
                 self._drop_partials(Tile(0, n).entries_path())
-                self.edge_entries = []
-            self.size += 1
+                self._write(Tile(0, n).path(), b"".join(self.edge[0]))
+                self._drop_partials(Tile(0, n).path())
+                root = _perfect_root(self.edge[0])
+                self.edge_entries, self.edge[0] = [], []
+                self._push(1, root, touched)
         for level in sorted(touched):
             hashes = self.edge[level]
             if hashes:
@@ -158,6 +183,7 @@ class TileWriter:
             self._write(tile.entries_path(), entry_bundle(self.edge_entries))
 
     def _push(self, level: int, h: bytes, touched: set[int]) -> None:
+        """Add the root of a full tile of ``level - 1`` (``size`` counts its entries)."""
         while True:
             if level == len(self.edge):
                 self.edge.append([])
@@ -167,7 +193,7 @@ class TileWriter:
             if len(row) < TILE_WIDTH:
                 return
             # A full tile: written once; its root goes one tile level up.
-            tile = Tile(level, ((self.size + 1) >> (TILE_HEIGHT * level)) // TILE_WIDTH - 1)
+            tile = Tile(level, (self.size >> (TILE_HEIGHT * level)) // TILE_WIDTH - 1)
             self._write(tile.path(), b"".join(row))
             self._drop_partials(tile.path())
             h = _perfect_root(row)
@@ -231,22 +257,30 @@ class TileReader:
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cache_size = cache
         self._lock = threading.Lock()
-        self._checkpoint: tuple[tuple[int, int, int], bytes] | None = None
+        self._checkpoint: tuple[tuple[int, int, int], bytes, int] | None = None
+        self._tree_cache: OrderedDict[str, list[list[bytes]]] = OrderedDict()
 
     def checkpoint(self) -> bytes | None:
         """The published checkpoint's bytes (None before the first)."""
+        published = self.published()
+        return None if published is None else published[0]
+
+    def published(self) -> tuple[bytes, int] | None:
+        """The published checkpoint's bytes and tree size (None before the first); read again
+        only when the file changed."""
         path = self.root / CHECKPOINT
         try:
             st = path.stat()
             key = (st.st_ino, st.st_mtime_ns, st.st_size)
             cached = self._checkpoint
             if cached is not None and cached[0] == key:
-                return cached[1]
+                return cached[1], cached[2]
             data = path.read_bytes()
         except FileNotFoundError:
             return None
-        self._checkpoint = (key, data)
-        return data
+        size = checkpoint_size(data)
+        self._checkpoint = (key, data, size)
+        return data, size
 
     def _full(self, rel: str) -> bytes:
         with self._lock:
@@ -281,8 +315,33 @@ class TileReader:
         return self._read(tile, tile.entries_path(), Tile(0, tile.index).entries_path(), 0)
 
     def node_reader(self, size: int) -> NodeReader:
-        """The tree of ``size`` entries (at most the published checkpoint's) as a node reader."""
-        return tile_node_reader(size, self.tile_bytes)
+        """The tree of ``size`` entries (at most the published checkpoint's) as a node reader.
+        A full tile's seven inner levels are hashed once and kept with it (a proof reads a
+        node of each of them); a partial tile's are hashed for each node asked."""
+        partial = tile_node_reader(size, self.tile_bytes)
+
+        def node(level: int, index: int) -> bytes:
+            tile, start, _stop = tile_for_node(level, index, size)
+            if not tile.full:
+                return partial(level, index)
+            sub = level % TILE_HEIGHT
+            return self._levels(tile)[sub][start >> sub]
+
+        return node
+
+    def _levels(self, tile: Tile) -> list[list[bytes]]:
+        key = "levels:" + tile.path()
+        with self._lock:
+            levels = self._tree_cache.get(key)
+            if levels is not None:
+                self._tree_cache.move_to_end(key)
+                return levels
+        levels = _tile_levels(tile_hashes(tile, self.tile_bytes(tile)))
+        with self._lock:
+            self._tree_cache[key] = levels
+            while len(self._tree_cache) > self._cache_size:
+                self._tree_cache.popitem(last=False)
+        return levels
 
     def entry(self, index: int, size: int) -> bytes:
         """Entry ``index`` of the tree of ``size`` entries, from its bundle."""
