@@ -38,6 +38,9 @@ _NUMBER = re.compile(r"0|[1-9][0-9]{0,18}")
 _FINGERPRINT = re.compile(r"[0-9A-F]{40}|[0-9A-F]{64}|SHA256:[A-Za-z0-9+/]{43}")
 
 
+_KEYS_SEEN: set[str] = set()  # fingerprints already found well-formed
+
+
 class MalformedEntry(TlogError):
     """Bytes that are not a stampd log entry."""
 
@@ -64,8 +67,11 @@ def _check(serial: int, kind: str, time: int, key: str, commit: str | None,
     for name, n in (("serial", serial), ("time", time)):
         if not 0 <= n < 2**63:
             raise MalformedEntry(f"{name} out of range")
-    if not _FINGERPRINT.fullmatch(key):
-        raise MalformedEntry("key must be a fingerprint (40 or 64 hex digits, or SHA256:...)")
+    if key not in _KEYS_SEEN:
+        if not _FINGERPRINT.fullmatch(key):
+            raise MalformedEntry("key must be a fingerprint (40 or 64 hex digits, or SHA256:...)")
+        if len(_KEYS_SEEN) < 64:  # (a server has a handful of keys: each is checked once)
+            _KEYS_SEEN.add(key)
     if kind in GIT_KINDS:
         if commit is None:
             raise MalformedEntry(f"a {kind} entry names its commit")

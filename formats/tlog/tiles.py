@@ -260,12 +260,10 @@ def entry_bundle(entries: Sequence[bytes]) -> bytes:
     """The entry bundle of 1 to 256 entries: each a big-endian uint16 length and its bytes."""
     if not 1 <= len(entries) <= TILE_WIDTH:
         raise MalformedTile(f"an entry bundle holds 1 to {TILE_WIDTH} entries, not {len(entries)}")
-    out = bytearray()
-    for entry in entries:
-        if len(entry) > MAX_ENTRY_SIZE:
-            raise MalformedTile(f"entry of {len(entry)} bytes, more than {MAX_ENTRY_SIZE}")
-        out += struct.pack(">H", len(entry)) + entry
-    return bytes(out)
+    longest = max(map(len, entries))
+    if longest > MAX_ENTRY_SIZE:
+        raise MalformedTile(f"entry of {longest} bytes, more than {MAX_ENTRY_SIZE}")
+    return b"".join([len(entry).to_bytes(2, "big") + entry for entry in entries])
 
 
 def parse_entry_bundle(data: bytes, width: int | None = None) -> list[bytes]:
