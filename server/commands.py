@@ -436,6 +436,11 @@ def cmd_db(args: argparse.Namespace) -> int:
     from server import db
 
     settings = build_settings(args)
+    if args.db_command in ("upgrade", "downgrade"):
+        known = db.revisions()  # (checked before anything is made: a typo creates nothing)
+        if args.revision not in (*known, "head", "base"):
+            raise CommandFailed(f"unknown revision {args.revision!r}: this release knows "
+                                f"{known[0]} to {known[-1]}, head and base", usage=True)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = db.make_engine(settings.db_url)
     try:

@@ -125,6 +125,12 @@ def current_revision(engine: Engine) -> str | None:
         return None if value is None else str(value)
 
 
+def revisions() -> list[str]:
+    """The schema revisions this release knows, oldest first (``migrations/versions/NNNN_*``)."""
+    found = (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")
+    return sorted(p.name[:4] for p in found)
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     if revision == "head" and current_revision(engine) == SCHEMA_HEAD:
         return

@@ -129,3 +129,29 @@ def test_upgrade_h2c_is_answered_as_http1_without_a_warning(server: Server) -> N
     stamp_tag(server, COMMIT, "after")  # (its log lines are written by now)
     added = server.log_path.read_text()[len(before):]
     assert [line for line in added.splitlines() if "WARNING" in line] == []
+
+
+def test_a_typo_in_a_revision_creates_no_database(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    r = subprocess.run([sys.executable, "-m", "stampd", "db", "upgrade", "BADREV",
+                        "--data-dir", str(data)], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "unknown revision 'BADREV'" in r.stderr
+    assert not data.exists()
+
+
+@pytest.mark.parametrize("content", [None, b"not a key\n"])
+def test_keys_import_of_no_key_says_so_in_one_line_and_writes_nothing(
+        tmp_path: Path, content: bytes | None) -> None:
+    source = tmp_path / "key.asc"
+    if content is not None:
+        source.write_bytes(content)
+    data = tmp_path / "data"
+    r = subprocess.run([sys.executable, "-m", "stampd", "keys", "import", str(source),
+                        "--data-dir", str(data)], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT, check=False)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1 and "\\n" not in r.stderr, r.stderr
+    assert ("No such file" if content is None else "no valid OpenPGP data") in r.stderr
+    assert not (data / "keys").exists()

@@ -130,15 +130,25 @@ class KeyStore:
         log.info("generated a new %s signing key for %s in %s", algo, uid, self.dir)
 
     def import_key(self, key_file: Path, passphrase: str | None = None) -> None:
-        """Take a secret key from ``key_file`` (armored or binary) into the store."""
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Take a secret key from ``key_file`` (armored or binary) into the store. Nothing is
+        written unless gpg takes the key: a file that cannot be read or holds no key is a
+        `KeyStoreError` of one line."""
+        try:
+            with open(key_file, "rb"):
+                pass
+        except OSError as e:
+            raise KeyStoreError(f"cannot read {key_file}: {e.strerror}") from None
         with TempGnupgHome("stampd-g", autostart=True) as home:
             if passphrase is None:
                 r = _gpg(home, "--import", str(key_file))
             else:
                 r = self._with_passphrase(home, passphrase, "--import", str(key_file))
             if r.returncode != 0:
-                raise KeyStoreError(f"gpg could not import {key_file}: {r.stderr.decode()!r}")
+                why = [line.removeprefix("gpg: ") for line in r.stderr.decode(errors="replace")
+                       .splitlines() if "keybox" not in line and "Total number" not in line]
+                raise KeyStoreError(f"gpg could not import {key_file}: "
+                                    f"{'; '.join(why) or f'exit {r.returncode}'}")
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._export(home, passphrase)
 
     def _with_passphrase(self, home: GnupgHome, passphrase: str, *args: str
