@@ -5,6 +5,7 @@ layout over HTTP; bad input to every new endpoint is a 4xx; the git log pins the
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -223,3 +224,42 @@ def test_readiness_and_metrics_show_the_log(server: Server) -> None:
     metrics = get(server, "/metrics")[2].decode()
     line = next(x for x in metrics.splitlines() if x.startswith("stampd_tlog_checkpoint_size "))
     assert float(line.split()[1]) >= size
+
+
+def test_a_tampered_proof_is_refused(server: Server) -> None:
+    """A real proof with its entry, one proof line, the root, the size or the signature
+    changed: each is refused (the signature by `cryptography`, through formats.note)."""
+    from formats.note import NoteError
+    from formats.tlog.errors import TlogError
+
+    serial = post_digest(server, hashlib.sha256(b"tamper").hexdigest())
+    for n in range(3):  # (a tree of a few entries more: the proof has lines to change)
+        post_digest(server, hashlib.sha256(b"tamper %d" % n).hexdigest())
+    status, _, proof = get(server, f"/v1/proofs/{serial}?wait=20")
+    assert status == 200
+    key = vkey(server)
+    origin = VerifierKey.parse(key).name
+    parsed = TlogProof.parse(proof)
+    assert parsed.extra is not None and parsed.hashes
+    note = parse_note(parsed.checkpoint)
+    cp = Checkpoint.parse(note.text)
+
+    def refused(proof_bytes: bytes, entry: bytes) -> None:
+        with pytest.raises((TlogError, NoteError)):
+            verify_proof(proof_bytes, entry, origin=origin,
+                         log_keys=[Ed25519Verifier.from_vkey(key)])
+
+    verify_proof(proof, parsed.extra, origin=origin, log_keys=[Ed25519Verifier.from_vkey(key)])
+    refused(proof, parsed.extra.replace(b"kind digest", b"kind tsa"))  # the entry
+    line = base64.b64encode(parsed.hashes[0]).decode()
+    flipped = base64.b64encode(bytes([parsed.hashes[0][0] ^ 1]) + parsed.hashes[0][1:]).decode()
+    refused(proof.replace(line.encode(), flipped.encode(), 1), parsed.extra)  # a proof line
+    root = base64.b64encode(cp.root).decode()
+    other = base64.b64encode(bytes(32)).decode()
+    refused(proof.replace(root.encode(), other.encode()), parsed.extra)  # the root
+    refused(proof.replace(f"\n{cp.size}\n".encode(), f"\n{cp.size + 1}\n".encode()),
+            parsed.extra)  # the size
+    sig = note.signatures[0]
+    line_b64 = base64.b64encode(sig.key_id.to_bytes(4, "big") + sig.signature).decode()
+    bad = base64.b64encode(sig.key_id.to_bytes(4, "big") + bytes(64)).decode()
+    refused(proof.replace(line_b64.encode(), bad.encode()), parsed.extra)  # the signature
