@@ -233,3 +233,84 @@ def test_proof_text_is_the_c2sp_one() -> None:
     text = proof(7).decode()
     assert text.startswith("c2sp.org/tlog-proof@v1\nextra ")
     assert base64.b64decode(text.split("\n")[1][6:]) == RECEIPT.encode()
+
+
+class _Log:
+    """A local HTTP server answering /tlog/vkey and /v1/proofs/<serial> (or 404s)."""
+
+    def __init__(self, routes: dict[str, tuple[int, bytes, dict[str, str]]]) -> None:
+        import http.server
+        import threading
+
+        table = routes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body, headers = table.get(self.path.split("?")[0], (404, b"", {}))
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_stamp_keeps_the_proof_and_pins_the_log_key(tmp_path: Path) -> None:
+    from client.stamp.proofs import obtain_proof
+
+    repo = _repo(tmp_path)
+    manifest = tmp_path / "SHA256SUMS.asc"
+    manifest.write_bytes(MANIFEST)
+    held = held_manifest(44, 1_764_170_001, KEY_FPR, MANIFEST)
+    log = _Log({"/tlog/vkey": (200, VKEY.encode() + b"\n", {}),
+                "/v1/proofs/44": (200, proof(20), {}),
+                "/v1/proofs/42": (404, b"{}", {"Retry-After": "1"})})
+    try:
+        out = obtain_proof(repo, log.url, held, 2, in_repository=True, serial=44, file=manifest)
+        assert out.note is None and out.line is not None
+        assert "in the log at index 20, checkpoint of size 40" in out.line
+        assert (tmp_path / "SHA256SUMS.asc.tlog-proof").read_bytes() == proof(20)
+        assert pinned_log_keys(repo, log.url) == [VKEY]
+        # not ready in time: a note, not an error
+        out = obtain_proof(repo, log.url, HELD_RECEIPT, 1, in_repository=True, serial=42,
+                           file=tmp_path / "r.asc")
+        assert out.line is None and out.note is not None and "not ready" in out.note
+        # a proof of another stamp is refused and not kept
+        other = tmp_path / "other.asc"
+        out = obtain_proof(repo, log.url, held_manifest(44, 1_764_170_001, KEY_FPR, b"x"), 1,
+                           in_repository=True, serial=44, file=other)
+        assert out.note is not None and "refused" in out.note
+        assert not (tmp_path / "other.asc.tlog-proof").exists()
+        # the pinned key differs from the server's now: no proof kept
+        subprocess.run(["git", "-C", str(repo), "config", "--replace-all",
+                        f"timestamper.127-0-0-1-{log.url.rsplit(':', 1)[1]}.tlogkey",
+                        OTHER_VKEY], check=True)
+        out = obtain_proof(repo, log.url, held, 1, in_repository=True, serial=44, file=other)
+        assert out.note is not None and "not the pinned" in out.note
+    finally:
+        log.close()
+
+
+def test_stamp_with_a_server_without_log_says_so(tmp_path: Path) -> None:
+    from client.stamp.proofs import obtain_proof
+
+    log = _Log({})
+    try:
+        out = obtain_proof(tmp_path, log.url, HELD_RECEIPT, 2, in_repository=False, serial=42,
+                           file=tmp_path / "r.asc")
+    finally:
+        log.close()
+    assert out.line is None
+    assert out.note is not None and "keeps no transparency log" in out.note
