@@ -34,7 +34,10 @@ def add_commands(sub: Any) -> None:
         "--chain TSA) or could not be checked (server key not obtainable, gpg missing, a token "
         "checked without --chain, unsupported), 2 malformed (not a "
         "receipt, token or stamp of a known format, or an unusable argument), 3 a valid RFC "
-        "3161 token whose imprint is not in the --log yet (or the log has no commit yet).")
+        "3161 token whose imprint is not in the --log yet (or the log has no commit yet). "
+        "A transparency-log proof (--proof, <target>.tlog-proof, a git note, --fetch-proof) "
+        "that fails is invalid (1); one that cannot be checked for want of a log key is "
+        "'cannot check' (1); no proof at all is not checked (0).")
     verify.add_argument("target", help="a receipt or manifest file ('-' for stdin), an RFC "
                         "3161 response (.tsr) or token, or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
@@ -57,6 +60,18 @@ def add_commands(sub: Any) -> None:
                         help="RFC 3161 token: a clone of the server's log (path or http(s) "
                         "URL, as for `stampd audit`): name the log commit publishing the "
                         "imprint")
+    verify.add_argument("--proof", type=Path, default=None, metavar="FILE",
+                        help="the stamp's transparency-log proof (default: <target>.tlog-proof "
+                        "beside a receipt or manifest; a git stamp's note in "
+                        "refs/notes/stampd-tlog)")
+    verify.add_argument("--log-key", default=None, metavar="VKEY_OR_FILE",
+                        help="the log's verifier key (GET /tlog/vkey), or a file holding it "
+                        "(default: the one pinned by `stampd stamp` or `stampd hook install`, "
+                        "else fetched from the server the receipt or manifest names)")
+    verify.add_argument("--fetch-proof", action="store_true",
+                        help="when no proof is stored: fetch it from the server (the receipt's "
+                        "or manifest's; for a git stamp stampd.server or timestamp.server), "
+                        "check it and store it beside the target or as the stamp's note")
     verify.set_defaults(func=_lazy("client.verify.command", "cmd_verify"))
 
     audit = sub.add_parser(
@@ -87,7 +102,8 @@ def add_commands(sub: Any) -> None:
         "branch stamps already, an unreadable file or one whose name a manifest cannot hold); "
         "3 the server's answer was refused (not the object or the lines asked for, a time off "
         "by 30 s or more, a signature that does not verify with the trusted key): "
-        "nothing was stored.")
+        "nothing was stored. A transparency-log proof not obtained (no log, not ready in "
+        "--proof-wait, refused) is one line on stderr, not a failure.")
     which = stampp.add_mutually_exclusive_group()
     which.add_argument("--tag", metavar="NAME", help="make the stamp the tag refs/tags/NAME")
     which.add_argument("--branch", metavar="NAME",
@@ -115,6 +131,10 @@ def add_commands(sub: Any) -> None:
     stampp.add_argument("--repo", type=Path, default=Path("."),
                         help="the git repository (default: .); for files, where keys are "
                         "pinned and timestamp.server is read")
+    stampp.add_argument("--proof-wait", type=int, default=5, metavar="SECONDS",
+                        help="wait up to SECONDS (at most 60) for the stamp's transparency-log "
+                        "proof and store it (<output>.tlog-proof; a git stamp's note in "
+                        "refs/notes/stampd-tlog); 0: do not fetch it (default: 5)")
     stampp.set_defaults(func=_lazy("client.stamp.command", "cmd_stamp"))
 
     hook = sub.add_parser("hook", help="the post-commit hook that stamps every commit")
@@ -140,6 +160,10 @@ def add_commands(sub: Any) -> None:
     install.add_argument("--key", default=None,
                          help="with --format ssh: the server's SSH key to use, SHA256:... "
                          "(default: its first SSH key)")
+    install.add_argument("--proof-wait", type=int, default=3, metavar="SECONDS",
+                         help="after each stamp the hook waits up to SECONDS (at most 60) "
+                         "for its transparency-log proof and keeps it as a note in "
+                         "refs/notes/stampd-tlog; 0: never (default: 3)")
     install.set_defaults(func=_lazy("client.hook", "cmd_install"))
     uninstall = hooksub.add_parser(
         "uninstall", help="remove stampd's post-commit hook",

@@ -18,11 +18,12 @@ class FetchError(Exception):
     status line); ``str()``: the underlying error as urllib words it."""
 
     def __init__(self, url: str, detail: str, *, status: int | None = None,
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, retry_after: str | None = None) -> None:
         super().__init__(detail)
         self.url = url
         self.status = status
         self.reason = detail if reason is None else reason
+        self.retry_after = retry_after  # the answer's Retry-After header, if any
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -57,6 +58,8 @@ def http_request(url: str, *, form: Mapping[str, str] | None = None, data: bytes
             answer: bytes = r.read(limit + 1)
             return answer
     except urllib.error.HTTPError as e:
-        raise FetchError(url, str(e), status=e.code, reason=str(e.reason)) from None
+        raise FetchError(url, str(e), status=e.code, reason=str(e.reason),
+                         retry_after=e.headers.get("Retry-After") if e.headers else None
+                         ) from None
     except (urllib.error.URLError, OSError) as e:
         raise FetchError(url, str(e), reason=str(getattr(e, "reason", e))) from None

@@ -7,6 +7,11 @@ gpg. Installing it pins the server's key (trust on first use): the key is fetche
 the repository's git config (``stampd.server``, ``stampd.branch``, ``stampd.fingerprint``,
 ``stampd.uid``), which the hook reads.
 
+The server's transparency-log key (``GET /tlog/vkey``) is pinned as ``stampd.tlogkey`` (none
+for a server without a log), and ``stampd.proofwait`` (``--proof-wait``, default 3 s) says how
+long the hook waits after each stamp for its proof, which it keeps unchecked as a note on the
+stamp under ``refs/notes/stampd-tlog`` (``stampd verify`` checks it).
+
 With ``--format ssh`` the stamps are SSH-signed: the server's SSH key (``--key``, or its first)
 is pinned as one allowed-signers line in ``<git common dir>/stampd/allowed_signers``
 (``stampd.format``, ``stampd.key``), and the hook checks stamps with ``ssh-keygen``.
@@ -34,13 +39,14 @@ from pathlib import Path
 
 from client.errors import CommandError
 from client.gpg import GpgError, GpgHome, TempGpgHome
-from client.verify.errors import VerifyError
+from client.verify.errors import CannotCheck, Malformed, VerifyError
 from client.verify.keys import (
     KEYRING_PREFIX,
     fetch_allowed_signers,
     fetch_public_key,
     ssh_keys_from,
 )
+from client.verify.tlog import MAX_WAIT, NOTES_REF, ProofUnavailable, fetch_vkey
 
 HOOK = "post-commit"
 MARKER = "# stampd-post-commit-hook v1"
@@ -238,8 +244,29 @@ def _config(repo: Path, name: str) -> str | None:
         return None
 
 
+def pin_log_key(repo: Path, server: str, proof_wait: int) -> list[str]:
+    """Pin the server's transparency-log key (``GET /tlog/vkey``) as ``stampd.tlogkey`` and
+    the hook's wait for a proof as ``stampd.proofwait``; a server without a log (404) unpins
+    it. Return the report lines."""
+    _git(repo, "config", "--local", "stampd.proofwait", str(proof_wait))
+    try:
+        vkey = fetch_vkey(server)
+    except ProofUnavailable as e:
+        if e.no_log:
+            with contextlib.suppress(HookError):
+                _git(repo, "config", "--local", "--unset", "stampd.tlogkey")
+            return ["log:     none (the server keeps no transparency log)"]
+        return [f"log:     {e.message}"]
+    except (CannotCheck, Malformed) as e:
+        return [f"log:     no log key pinned: {e.message}"]
+    _git(repo, "config", "--local", "stampd.tlogkey", vkey)
+    what = f"proofs kept as notes in {NOTES_REF}, waiting up to {proof_wait} s" \
+        if proof_wait else "proofs not fetched (--proof-wait 0)"
+    return [f"log key: {vkey} (pinned as stampd.tlogkey); {what}"]
+
+
 def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str = "openpgp",
-            ssh_key: str | None = None) -> list[str]:
+            ssh_key: str | None = None, proof_wait: int = 3) -> list[str]:
     """Install the hook and pin the server key; return lines describing what was done."""
     server = check_server_url(server)
     branch = branch or default_branch(server)
@@ -262,6 +289,8 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
         raise HookError(f"--format must be openpgp or ssh, not {fmt!r}", 2)
     if ssh_key is not None and fmt != "ssh":
         raise HookError("--key goes with --format ssh", 2)
+    if not 0 <= proof_wait <= MAX_WAIT:
+        raise HookError(f"--proof-wait must be 0 to {MAX_WAIT} seconds, not {proof_wait}", 2)
     script = hook_script()
     key = pin_key(server)
     ssh = pin_ssh_key(server, ssh_key) if fmt == "ssh" else None
@@ -282,6 +311,7 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
     else:
         with contextlib.suppress(HookError):
             _git(repo, "config", "--local", "--unset", "stampd.key")
+    lines += pin_log_key(repo, server, proof_wait)
     paths.hooks.mkdir(parents=True, exist_ok=True)
     if foreign:
         hook.rename(paths.user_hook)
@@ -321,7 +351,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     """``stampd hook install [--server URL] [--branch NAME] [--repo DIR] [--force]``: 0 when
     installed; otherwise raise a `HookError`."""
     print("\n".join(install(args.repo, args.server, args.branch, args.force, args.format,
-                             args.key)))
+                             args.key, getattr(args, "proof_wait", 3))))
     return 0
 
 

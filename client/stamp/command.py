@@ -10,6 +10,8 @@ from pathlib import Path
 from client.stamp.errors import UsageError
 from client.stamp.gitstamp import report, stamp
 from client.stamp.manifest import report_written, stamp_files
+from client.stamp.proofs import ProofOutcome, obtain_proof
+from client.verify.tlog import DEFAULT_WAIT, MAX_WAIT, held_git, held_manifest
 
 
 def cmd_stamp(args: argparse.Namespace) -> int:
@@ -18,6 +20,7 @@ def cmd_stamp(args: argparse.Namespace) -> int:
     [--key FILE|SHA256:...] [--repo DIR]``: 0 when stored; otherwise raise a `StampFailed`
     (exit status 1, 2 or 3)."""
     positional: list[str] = list(getattr(args, "paths", None) or [])
+    wait = _wait(args)
     if args.tag is None and args.branch is None:
         if not positional:
             raise UsageError("give FILE|DIR... to stamp files, or --tag NAME / --branch NAME "
@@ -28,9 +31,14 @@ def cmd_stamp(args: argparse.Namespace) -> int:
                           fmt=args.format, key=args.key, repo=args.repo)
         for item in res.skipped:
             print(f"stampd stamp: skipped {item.path}: {item.why}", file=sys.stderr)
+        h = res.header
+        outcome = obtain_proof(
+            args.repo, res.url, held_manifest(h.serial, h.time, h.key, res.answer, res.signer),
+            wait, in_repository=res.in_repository, serial=h.serial, file=res.path)
         print("\n".join(report_written(res)))
         if res.skipped:
             print(f"skipped:       {len(res.skipped)} (not regular files; named on stderr)")
+        _report_proof(outcome)
         return 0
     if getattr(args, "output", None) is not None or getattr(args, "algorithm", None):
         raise UsageError("-o and --algorithm are for stamping files, not git stamps")
@@ -39,5 +47,25 @@ def cmd_stamp(args: argparse.Namespace) -> int:
     res_git = stamp(args.repo, server=args.server, tag=args.tag, branch=args.branch,
                     commit=positional[0] if positional else "HEAD", fmt=args.format,
                     key=args.key)
+    outcome = obtain_proof(
+        args.repo, res_git.server,
+        held_git(res_git.kind, res_git.oid, res_git.commit, res_git.time, [res_git.signer]),
+        wait, in_repository=True, object_id=res_git.oid)
     print("\n".join(report(res_git)))
+    _report_proof(outcome)
     return 0
+
+
+def _wait(args: argparse.Namespace) -> int:
+    wait = getattr(args, "proof_wait", DEFAULT_WAIT)
+    wait = DEFAULT_WAIT if wait is None else int(wait)
+    if not 0 <= wait <= MAX_WAIT:
+        raise UsageError(f"--proof-wait must be 0 to {MAX_WAIT} seconds, not {wait}")
+    return wait
+
+
+def _report_proof(outcome: ProofOutcome) -> None:
+    if outcome.line is not None:
+        print(outcome.line)
+    if outcome.note is not None:
+        print(f"stampd stamp: {outcome.note}", file=sys.stderr)

@@ -32,6 +32,8 @@ class Written:
     signer: str
     origin: str
     url: str
+    answer: bytes  # the signed manifest as answered and written
+    in_repository: bool
 
 
 
@@ -111,13 +113,15 @@ def stamp_files(paths: list[Path], *, server: str | None, output: Path | None = 
                           ) from None
     # Trust on first use, as for git stamps: the key is pinned in the repository's config (a
     # pin in any git config scope is honoured); outside a repository nothing is pinned.
-    if pins and _in_repository(repo):
+    in_repository = _in_repository(repo)
+    if pins and in_repository:
         for variable, value in pins:
             git(repo, "config", "--local", variable, value)
     elif pins:
         origin = (origin.split(", now pinned")[0] + " (not pinned: no git repository here; "
                   "give --key to trust a key you hold)")
-    return Written(output, len(files), skipped, manifest.header, signer, origin, url)
+    return Written(output, len(files), skipped, manifest.header, signer, origin, url, answer,
+                   in_repository)
 
 
 def report_written(res: Written) -> list[str]:

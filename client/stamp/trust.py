@@ -15,7 +15,6 @@ first (which is then pinned); its allowed-signers line comes from ``GET
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from client.verify.keys import (
     KEYRING_PREFIX,
     fetch_allowed_signers,
     fetch_public_key,
+    pin_name,
     ssh_keygen_verify,
 )
 from client.verify.keys import ssh_keys_from as _ssh_keys_from
@@ -51,13 +51,6 @@ class SshTrust:
     key: SshPublicKey
     origin: str
     pins: tuple[tuple[str, str], ...] = ()
-
-
-def pin_name(server: str) -> str:
-    """The git config subsection ``git timestamp`` pins a server's key under: the URL without
-    scheme and trailing slashes, every character other than 0-9 and a-z as ``-``."""
-    name = re.sub(r"^https?://", "", server).rstrip("/")
-    return "".join(c if c.isdigit() or "a" <= c <= "z" else "-" for c in name)
 
 
 def describe_openpgp(armored: bytes, origin: str) -> OpenPgpTrust:

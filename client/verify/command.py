@@ -13,8 +13,10 @@ valid token whose imprint is not in the ``--log`` (yet).
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -30,6 +32,25 @@ from client.verify.gitstamp import GitResult, verify_git
 from client.verify.inputs import iso, read_target
 from client.verify.manifest import MAX_MANIFEST, ManifestResult, is_manifest, verify_manifest
 from client.verify.receipt import ReceiptResult, receipt_text, server_error, verify_receipt
+from client.verify.tlog import (
+    DEFAULT_WAIT,
+    Held,
+    ProofUnavailable,
+    check_proof,
+    fetch_proof,
+    fetch_vkey,
+    held_git,
+    held_manifest,
+    held_receipt,
+    load_proof_file,
+    load_proof_note,
+    pinned_log_keys,
+    proof_path,
+    read_log_key,
+    report_line,
+    store_proof_file,
+    store_proof_note,
+)
 from client.verify.token import (
     MAX_TOKEN,
     LogResult,
@@ -39,6 +60,97 @@ from client.verify.token import (
     name_text,
     verify_token,
 )
+
+
+@dataclass(frozen=True)
+class LogCheck:
+    """Where a stamp's log proof is and comes from: ``file`` beside a receipt or manifest (None
+    for standard input), or the git ``object_id``'s note in ``repo``; ``server`` to fetch it
+    and the log key from (None: not known)."""
+
+    held: Held
+    server: str | None
+    file: Path | None = None
+    repo: Path | None = None
+    object_id: str | None = None
+    serial: int | None = None
+
+
+def _log_keys(args: argparse.Namespace, check: LogCheck, repo: Path) -> tuple[list[str], str]:
+    """(the log keys to check with, where they came from); `CannotCheck` if there are none."""
+    given: str | None = getattr(args, "log_key", None)
+    if given is not None:
+        vkey, origin = read_log_key(given)
+        return [vkey], origin
+    pinned = pinned_log_keys(repo, check.server)
+    if pinned:
+        return pinned, "pinned log key"
+    if check.server is None:
+        raise CannotCheck("cannot check the log proof: no log key (give --log-key "
+                          "VKEY_OR_FILE: the server's GET /tlog/vkey)")
+    try:
+        vkey = fetch_vkey(check.server)
+    except CannotCheck as e:
+        raise CannotCheck(f"cannot check the log proof: no log key pinned and {e.message}; "
+                          "give --log-key VKEY_OR_FILE") from None
+    print(f"note: the log key was fetched from {check.server.rstrip('/')}/tlog/vkey (trusting "
+          "that server); use --log-key VKEY_OR_FILE to check against a key you hold",
+          file=sys.stderr)
+    return [vkey], "log key fetched from the server"
+
+
+def _load_or_fetch(args: argparse.Namespace, check: LogCheck
+                   ) -> tuple[bytes, str, bool] | None:
+    """(proof, where it is, whether it was fetched now) or None when there is none."""
+    given: Path | None = getattr(args, "proof", None)
+    if given is not None:
+        return load_proof_file(given), str(given), False
+    if check.file is not None and proof_path(check.file).is_file():
+        path = proof_path(check.file)
+        return load_proof_file(path), str(path), False
+    if check.object_id is not None and check.repo is not None:
+        note = load_proof_note(check.repo, check.object_id)
+        if note is not None:
+            return note, f"note {check.object_id[:12]} (refs/notes/stampd-tlog)", False
+    if not getattr(args, "fetch_proof", False):
+        return None
+    if check.server is None:
+        raise Usage("--fetch-proof: no server to fetch it from (a git stamp: set git config "
+                    "stampd.server or timestamp.server)")
+    if check.file is None and check.object_id is None:
+        raise Usage("--fetch-proof stores the proof beside the receipt: give a file, not -")
+    try:
+        proof = fetch_proof(check.server, serial=check.serial, object_id=check.object_id,
+                            wait=DEFAULT_WAIT)
+    except ProofUnavailable as e:
+        raise CannotCheck(f"no log proof fetched: {e.message}") from None
+    where = str(proof_path(check.file)) if check.file is not None else \
+        f"note {(check.object_id or '')[:12]} (refs/notes/stampd-tlog)"
+    return proof, where, True
+
+
+def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str]:
+    """The report line of the stamp's log proof (none: no proof and no --fetch-proof). Raise
+    `Invalid` for a proof that fails, `CannotCheck` when there is no log key."""
+    found = _load_or_fetch(args, check)
+    if found is None:
+        return []
+    proof, where, fetched = found
+    keys, key_origin = _log_keys(args, check, repo)
+    proven = check_proof(proof, check.held, keys, source=where)
+    stored = ""
+    if fetched:
+        if check.file is not None:
+            try:
+                store_proof_file(proof_path(check.file), proof)
+            except OSError as e:
+                raise CannotCheck(f"cannot store the log proof {where}: {e.strerror}") from None
+        elif check.repo is not None and check.object_id is not None:
+            store_proof_note(check.repo, check.object_id, proof)
+        stored = f"; fetched, stored as {where}"
+    else:
+        stored = f"; proof {where}"
+    return [f"log:           {report_line(proven, key_origin)}{stored}"]
 
 
 def report_manifest(res: ManifestResult) -> Iterator[str]:
@@ -72,7 +184,11 @@ def verify_manifest_command(args: argparse.Namespace, data: bytes) -> int:
     if args.key is None:
         print(f"note: the server key was {res.key_origin} (trusting that server); "
               "use --key KEYFILE to check against a key you hold", file=sys.stderr)
-    print("\n".join(report_manifest(res)))
+    h = res.manifest.header
+    held = held_manifest(h.serial, h.time, h.key, data, res.signer)
+    target = None if args.target == "-" else Path(args.target)
+    logged = check_log(args, LogCheck(held, h.server, file=target, serial=h.serial), args.repo)
+    print("\n".join([*report_manifest(res), *logged]))
     f = res.files
     if f is not None and (f.changed or f.missing):
         names = [*f.changed, *f.missing]
@@ -167,6 +283,13 @@ def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
     if args.key is not None:
         raise Malformed("--key is for receipts and git stamps; give a token's TSA certificate "
                         "chain with --chain FILE")
+    log_only = [o for o, v in (("--proof", getattr(args, "proof", None)),
+                               ("--log-key", getattr(args, "log_key", None)),
+                               ("--fetch-proof", getattr(args, "fetch_proof", None) or None))
+                if v is not None]
+    if log_only:
+        raise Malformed(f"{', '.join(log_only)}: log proofs of RFC 3161 tokens are not checked "
+                        "yet (receipts, manifests and git stamps only)")
     res = verify_token(data, chain_file=chain_file, file=args.file, digest=args.digest)
     logged: LogResult | None = None
     pending: NotLogged | None = None
@@ -187,6 +310,20 @@ def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
     if pending is not None:
         raise pending
     return 0
+
+
+def git_server(repo: Path) -> str | None:
+    """The server a repository's git stamps come from: the hook's ``stampd.server``, else
+    ``timestamp.server`` (its first)."""
+    for name in ("stampd.server", "timestamp.server"):
+        try:
+            r = subprocess.run(["git", "-C", str(repo), "config", "--get", name],
+                               capture_output=True, text=True, timeout=60, check=False)
+        except FileNotFoundError:
+            return None
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().split(",")[0].strip()
+    return None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -223,7 +360,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.key is None:
             print(f"note: the server key was {res.key_origin} (trusting that server); "
                   "use --key KEYFILE to check against a key you hold", file=sys.stderr)
-        lines = report_receipt(res)
+        st = res.statement
+        held = held_receipt(st.serial, st.time, st.key, st.algorithm, st.digest,
+                            res.signature.primary)
+        target = None if args.target == "-" else Path(args.target)
+        logged = check_log(args, LogCheck(held, st.server, file=target, serial=st.serial),
+                           args.repo)
+        lines = [*report_receipt(res), *logged]
     else:
         if _looks_like_a_file(args.target):
             raise Malformed(f"no such file: {args.target}")
@@ -236,6 +379,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
                             "to git stamps")
         if args.key is None:
             raise Usage("a git stamp is checked against the server's key: give --key FILE")
-        lines = report_git(verify_git(args.repo, args.target, args.key))
+        git_res = verify_git(args.repo, args.target, args.key)
+        held = held_git(git_res.kind, git_res.oid, git_res.stamped, git_res.time,
+                        [git_res.signature.primary, git_res.signature.fingerprint])
+        logged = check_log(args, LogCheck(held, git_server(args.repo), repo=args.repo,
+                                          object_id=git_res.oid), args.repo)
+        lines = [*report_git(git_res), *logged]
     print("\n".join(lines))
     return 0

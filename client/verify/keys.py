@@ -11,6 +11,7 @@ Without ``--key`` the server's key is fetched from the server the receipt or man
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import tempfile
 import urllib.parse
@@ -56,6 +57,13 @@ def only_signature(status: SignatureStatus, ok: bool) -> ValidSig:
             reason += " (signed by a key that is not the expected one?)"
         raise Invalid(f"signature does not verify: {reason}")
     return status.valid_sigs[0]
+
+
+def pin_name(server: str) -> str:
+    """The git config subsection ``git timestamp`` pins a server's key under: the URL without
+    scheme and trailing slashes, every character other than 0-9 and a-z as ``-``."""
+    name = re.sub(r"^https?://", "", server).rstrip("/")
+    return "".join(c if c.isdigit() or "a" <= c <= "z" else "-" for c in name)
 
 
 def public_key_url(server: str) -> str:
