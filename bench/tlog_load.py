@@ -65,6 +65,7 @@ class Probe:
     proof: Latencies = field(default_factory=Latencies)  # answer -> proof available
     polls: int = 0
     max_lag: float = 0.0  # the most a send was late on its schedule
+    connections: int = 0  # keep-alive connections the sender opened
     verified: int = 0
     client_cores: float = 0.0  # CPU of this client (sender and prober) / wall time
     machine_cores: float = 0.0  # CPU of the whole machine / wall time
@@ -108,6 +109,7 @@ async def open_loop(port: int, rate: float, seconds: float, probes: int) -> tupl
         else:
             conn = Conn(port, timeout=30)
             conns.append(conn)
+            out.connections = len(conns)
         digest = secrets.token_hex(32)
         t = time.perf_counter()
         try:
@@ -252,7 +254,8 @@ class LoadBench(Measuring):
                          f"for {self.args.load_seconds:.0f} s against the log-on server")
             lines.append(f"  stamps: {p.sent} sent, {p.answered} answered in {p.seconds:.1f} s"
                          f" = {p.answered / p.seconds if p.seconds else 0:.0f}/s; answer "
-                         f"{p.stamp.summary()}; sends at most {p.max_lag * 1000:.0f} ms late")
+                         f"{p.stamp.summary()}; sends at most {p.max_lag * 1000:.0f} ms late, "
+                         f"{p.connections} connections")
             lines.append(f"  answer -> proof: {p.proof.summary()}  (target p99 <= 1500 ms); "
                          f"{p.polls} polls; {p.verified} proofs verified")
             lines.append(f"  CPU: this client {p.client_cores:.2f} cores, the whole machine "
