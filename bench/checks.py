@@ -2,7 +2,8 @@
 what each request asks for), throw-away GnuPG homes holding only a server's published key, and the
 checks of each sampled response body the way the real `git timestamp` client checks a stamp: shape
 and header lines (split_object), object time and `gpg --verify` (verify_sample), or `ssh-keygen -Y
-verify -n git` against the key's allowed-signers line (verify_ssh).
+verify -n git` against the key's allowed-signers line (verify_ssh); a digest receipt's statement
+and its cleartext signature (verify_receipt).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procs import BenchError, run
+from formats.receipts import parse_statement, split_receipt
 
 MAX_OBJECT = 8000
 CLOCK_SKEW = 30
@@ -135,6 +137,8 @@ def split_object(text: str, mode: str, prefix: str, uid: str,
 
 def verify_sample(path: Path, mode: str, prefix: str, key: ServerKey) -> str | None:
     """None when the sampled response at `path` is a valid stamp, else the reason."""
+    if mode == "digest":
+        return verify_receipt(path, prefix, key)
     try:
         text = path.read_bytes().decode("ascii")
         payload, sig, t_obj = split_object(text, mode, prefix, key.uid, key.armor)
@@ -166,6 +170,31 @@ def verify_sample(path: Path, mode: str, prefix: str, key: ServerKey) -> str | N
         return f"{path.name}: hash algorithm {v[9]} is weaker than SHA-256"
     if abs(int(v[4]) - t_recv) > CLOCK_SKEW:
         return f"{path.name}: signature time {v[4]} is {int(v[4]) - t_recv:+.0f}s from receipt"
+    return None
+
+
+def verify_receipt(path: Path, prefix: str, key: ServerKey) -> str | None:
+    """A digest receipt (POST /v1/stamps, an OpenPGP key): its statement names a digest of this
+    run (`prefix`), the key and a time near the receipt's; `gpg --verify` of the cleartext-signed
+    message finds one valid signature by the key, of class 01 (canonical text)."""
+    try:
+        statement = parse_statement(split_receipt(path.read_bytes().decode("ascii"))[0])
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"{path.name}: {e}"
+    t_recv = path.stat().st_mtime
+    if not statement.digest.startswith(prefix) or statement.key.upper() != key.fingerprint.upper():
+        return f"{path.name}: digest {statement.digest} or key {statement.key} is not ours"
+    if abs(statement.time - t_recv) > CLOCK_SKEW:
+        return f"{path.name}: receipt time {statement.time} is {statement.time - t_recv:+.0f}s off"
+    p = run(["gpg", "--homedir", str(key.home), "--batch", "--status-fd", "1",
+             "--trust-model", "always", "--verify", str(path)],
+            timeout=30, env=gpg_env(key.home), check=False)
+    valid = [ln.split() for ln in p.stdout.decode(errors="replace").splitlines()
+             if ln.startswith("[GNUPG:] VALIDSIG ")]
+    if p.returncode != 0 or len(valid) != 1 or valid[0][11].upper() != key.fingerprint.upper():
+        return f"{path.name}: gpg --verify failed: {p.stderr.decode(errors='replace')[-300:]}"
+    if valid[0][10] != "01":
+        return f"{path.name}: signature class {valid[0][10]}, not a canonical text signature"
     return None
 
 

@@ -162,10 +162,20 @@ class Stampd(Server):
         self.extra_workers = extra_workers  # for each extra key
         self.keys: dict[str, ServerKey] = {}  # by /v1/keys id, after fetch_keys()
         self.serve_args: list[str] = []  # more options of `stampd serve`
+        # The transparency log: on or off; None: STAMPD_TLOG of this environment, else off.
+        self.tlog: bool | None = None
+
+    @property
+    def tlog_on(self) -> bool:
+        if self.tlog is not None:
+            return self.tlog
+        return os.environ.get("STAMPD_TLOG", "off").lower() in ("on", "true", "1", "yes")
 
     @property
     def all_workers(self) -> int:
-        return self.workers + len(self.extra_keys) * self.extra_workers
+        # the log key has workers like an extra key (STAMPD_EXTRA_KEY_WORKERS)
+        keys = len(self.extra_keys) + (1 if self.tlog_on else 0)
+        return self.workers + keys * self.extra_workers
 
     def start(self) -> None:
         rt = self.dir / "rt"
@@ -180,7 +190,7 @@ class Stampd(Server):
                    # RFC 3161 off: its key's workers would skew the rows (bench.tsa turns
                    # it on for its own rows); the transparency log's key likewise
                    STAMPD_TSA=os.environ.get("STAMPD_TSA", "false"),
-                   STAMPD_TLOG=os.environ.get("STAMPD_TLOG", "off"))
+                   STAMPD_TLOG="on" if self.tlog_on else "off")
         self._spawn([str(BIN / "stampd"), "serve", "--host", "127.0.0.1",
                      "--port", str(self.port), "--data-dir", str(self.data_dir),
                      "--workers", str(self.workers), "--commit-interval", "3600",

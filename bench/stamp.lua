@@ -4,7 +4,8 @@
 --   wrk -t1 -c16 -d5s -s bench/stamp.lua http://127.0.0.1:PORT/ -- MODE PREFIX [SAMPLES/|-]
 --       [ARMOR [FIELDS]]
 --
--- MODE    "tag" (stamp-tag-v1) or "branch" (stamp-branch-v1)
+-- MODE    "tag" (stamp-tag-v1), "branch" (stamp-branch-v1) or "digest" (POST /v1/stamps of a
+--         sha256: the commit id and 24 more hex digits; the answer is a receipt)
 -- PREFIX  22 hex digits unique to this wrk run; the commit id of request n of thread t is
 --         PREFIX .. 2 hex digits of t .. 16 hex digits of n (40 in all), so ids never repeat
 --         within or across runs.
@@ -42,8 +43,10 @@ function init(args)
    elseif mode == "branch" then
       expect = "tree "
       tree = string.rep("e", 40)
+   elseif mode == "digest" then
+      expect = "-----BEGIN PGP SIGNED MESSAGE-----"
    else
-      error("mode must be tag or branch")
+      error("mode must be tag, branch or digest")
    end
 end
 
@@ -51,7 +54,10 @@ function request()
    counter = counter + 1
    local commit = prefix .. common.hex16(counter)
    local body
-   if mode == "tag" then
+   if mode == "digest" then
+      return wrk.format("POST", "/v1/stamps", headers,
+                        "sha256=" .. commit .. string.rep("d", 24) .. extra)
+   elseif mode == "tag" then
       body = "request=stamp-tag-v1&commit=" .. commit .. "&tagname=bench-" .. counter
    else
       body = "request=stamp-branch-v1&commit=" .. commit .. "&tree=" .. tree
