@@ -101,7 +101,7 @@ def _transparency_log(
         closers += [advisory.close, host_lock.close]
     tlog = Tlog(engine, root, key, dispatcher, fingerprints_of(served), host_lock, sequencer,
                 key_id=TLOG_KEY.id, request_timeout=settings.request_timeout, clock=clock,
-                on_stop=closers)
+                on_stop=closers, shared=settings.dispatch == "database")
     return key, TileReader(root), tlog
 
 

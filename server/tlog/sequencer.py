@@ -49,7 +49,7 @@ from server.tlog.store import TilesMismatch, TileWriter, checkpoint_size
 
 log = logging.getLogger(__name__)
 
-INTERVAL = 0.25  # seconds between steps: a stamp's proof waits about this long for its step
+INTERVAL = 0.5  # seconds between steps: a stamp's proof waits about this long for its step
 BATCH = 20_000  # stamps sequenced in one transaction (a step runs several while there are more)
 CATCH_UP = 20_000  # entries read at a time when the tiles catch up with the database
 SIGN_TIMEOUT = 30.0
@@ -108,9 +108,13 @@ class Tlog:
         request_timeout: float = MAX_REQUEST_TIMEOUT,
         clock: Callable[[], float] = time.time,
         on_stop: Sequence[Callable[[], None]] = (),
+        shared: bool = False,
     ) -> None:
         self.engine = engine
         self.on_stop = on_stop  # (closes the locks of its own)
+        # Several hosts (database dispatch): the checkpoint goes through the database to the
+        # hosts that do not sequence. One host keeps it in its file only (a commit less).
+        self.shared = shared
         self.reader = reading(engine)
         self.writer = TileWriter(root)
         self.key = key
@@ -188,7 +192,19 @@ class Tlog:
             self.writer.reset()
         note = self.writer.read_checkpoint()
         self._published = None if note is None else checkpoint_size(note)
+        if note is not None:
+            self._check_origin(note)
         self._opened = True
+
+    def _check_origin(self, note: bytes) -> None:
+        """`OriginMismatch` when ``note`` (a checkpoint of this log) is of another origin than
+        this host's: the hosts of one log, and one host over time, keep one origin."""
+        origin = Checkpoint.parse(parse_note(note).text).origin
+        if origin != self.key.origin:
+            raise OriginMismatch(
+                f"the log's checkpoints are of origin {origin!r}, this host's "
+                f"STAMPD_TLOG_ORIGIN is {self.key.origin!r}: a log keeps one origin (every "
+                "host of it too)")
 
     def _catch_up(self) -> None:
         """Write the tiles of the database's entries this host has not written yet."""
@@ -256,7 +272,8 @@ class Tlog:
         signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)
         note = sign_note(text, [signer]).encode()
         t = int(self.clock())
-        await asyncio.to_thread(self._store_checkpoint, size, note, t)
+        if self.shared:
+            await asyncio.to_thread(self._store_checkpoint, size, note, t)
         await asyncio.to_thread(self.writer.publish, note)
         self._published = size
         self.last_checkpoint_at = self.clock()
@@ -278,12 +295,7 @@ class Tlog:
             row = conn.execute(select(TlogCheckpoint.size, TlogCheckpoint.note)
                                .where(TlogCheckpoint.id == 1)).first()
         if row is not None:
-            origin = Checkpoint.parse(parse_note(row.note.encode("utf-8")).text).origin
-            if origin != self.key.origin:
-                raise OriginMismatch(
-                    f"the log's checkpoints are of origin {origin!r}, this host's "
-                    f"STAMPD_TLOG_ORIGIN is {self.key.origin!r}: every host of one log needs "
-                    "the same origin")
+            self._check_origin(row.note.encode("utf-8"))
         return row
 
     def _follow(self) -> None:

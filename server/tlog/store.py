@@ -8,8 +8,11 @@
 
 The tiles are made from the database's entries (`server.models.TlogEntry`), which fix the
 tree: they are a cache of it, rebuilt from the database when they do not match it. Each file
-is written whole (a temporary file, fsync, rename), and the checkpoint last, after the tiles
-of its size: whatever a crash interrupts, the tiles of the published checkpoint are on disk.
+is written whole (a temporary file, then a rename), and the checkpoint last, after the tiles of
+its size have been flushed to disk in one go (`flush`: one ``syncfs`` of the filesystem where
+Linux has it, else an fsync of each file): whatever a crash interrupts, the tiles of the
+published checkpoint are on disk. (One flush per checkpoint rather than an fsync per file: a
+file's fsync is a journal commit of the filesystem, and the database's commits wait on those.)
 A full tile is written once and never changes; the partial tiles of a tile are deleted once
 it is full (a client that asked for one then reads the full tile's first hashes, as the spec
 allows).
@@ -20,11 +23,12 @@ One process per host writes (`TileWriter`); every HTTP process reads (`TileReade
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from formats.note import parse_note
@@ -48,8 +52,48 @@ class TilesMismatch(Exception):
     """The tiles on disk do not hold the tree of the published checkpoint: rebuild them."""
 
 
-def _write_file(path: Path, data: bytes, *, sync: bool = True) -> None:
-    """``data`` at ``path``, whole or not at all (a reader never sees part of it)."""
+def _syncfs_function() -> Callable[[int], int] | None:
+    """libc's ``syncfs`` (Linux), or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function: Callable[[int], int] = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+_SYNCFS = _syncfs_function()
+
+
+def _flush(directory: Path, paths: Sequence[Path]) -> None:
+    """Make the files ``paths`` (renamed into place under ``directory``) durable."""
+    if _SYNCFS is not None:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _SYNCFS(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    dirs = set()
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):  # (a partial tile dropped since)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        dirs.add(path.parent)
+    for d in dirs:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_file(path: Path, data: bytes, *, sync: bool = False) -> None:
+    """``data`` at ``path``, whole or not at all (a reader never sees part of it); durable
+    only with ``sync`` (else see `_flush`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -104,7 +148,8 @@ class TileWriter:
 
     def __init__(self, root: Path, *, sync: bool = True) -> None:
         self.root = root
-        self.sync = sync  # fsync each file (off only in benchmarks of the hashing itself)
+        self.sync = sync  # flush before publishing (off only in benchmarks of the hashing)
+        self._written: list[Path] = []  # files written since the last flush
         self.size = 0
         # For each tile level, the hashes of its tile not yet full; and the entries of the
         # level 0 tile not yet full.
@@ -201,7 +246,10 @@ class TileWriter:
             level += 1
 
     def _write(self, rel: str, data: bytes) -> None:
-        _write_file(self.root / rel, data, sync=self.sync)
+        path = self.root / rel
+        _write_file(path, data)
+        if self.sync:
+            self._written.append(path)
 
     def _drop_partials(self, full_path: str) -> None:
         """Delete the partial versions of a tile that is now full."""
@@ -244,7 +292,16 @@ class TileWriter:
         size = checkpoint_size(note)
         if size > self.size:
             raise ValueError(f"checkpoint of size {size} ahead of the tiles ({self.size})")
-        _write_file(self.root / CHECKPOINT, note, sync=True)
+        self.flush()
+        # (not flushed itself: lost in a crash, the one before is back, whose tiles are on
+        # disk, and the next checkpoint is of the database's size, not smaller)
+        _write_file(self.root / CHECKPOINT, note)
+
+    def flush(self) -> None:
+        """Make every tile written so far durable (before a checkpoint points at them)."""
+        if self._written:
+            _flush(self.root, self._written)
+            self._written = []
 
 
 class TileReader:

@@ -77,12 +77,12 @@ def log_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LogKey, 
 
 
 def make_tlog(engine: Engine, root: Path, log_key: tuple[LogKey, NoteSigner], clock: Clock,
-              sequencer: bool = True) -> Tlog:
+              sequencer: bool = True, shared: bool = True) -> Tlog:
     key, signer = log_key
     dispatcher = InProcessDispatcher(signer, key=TLOG_KEY.id)  # type: ignore[arg-type]
     return Tlog(engine, root, key, dispatcher, {None: FPR, "primary": FPR, "ssh-ed25519": SSH_FPR},
                 lambda: True, lambda: sequencer, key_id=TLOG_KEY.id,
-                request_timeout=REQUEST_TIMEOUT, clock=clock)
+                request_timeout=REQUEST_TIMEOUT, clock=clock, shared=shared)
 
 
 def add(engine: Engine, *rows: dict[str, object]) -> list[int]:
@@ -226,3 +226,22 @@ def test_a_host_of_another_origin_neither_sequences_nor_publishes(
         assert not (tmp_path / f"b{sequencer}" / "checkpoint").exists()
     with engine.connect() as conn:
         assert conn.execute(select(TlogEntry.idx)).scalars().all() == [0]
+
+
+def test_one_host_keeps_its_origin(engine: Engine, tmp_path: Path,
+                                   log_key: tuple[LogKey, NoteSigner]) -> None:
+    """One host (no checkpoint in the database): a restart with another origin over the same
+    tiles neither sequences nor publishes."""
+    clock = Clock()
+    add(engine, digest_row(1))
+    assert run(make_tlog(engine, tmp_path / "a", log_key, clock, shared=False).step()) == 1
+    with engine.connect() as conn:
+        assert conn.execute(select(TlogCheckpoint.size)).first() is None  # (the file only)
+    key, signer = log_key
+    other = VerifierKey("elsewhere.test/tlog", key.verifier.sig_type, key.verifier.public_key)
+    add(engine, digest_row(2))
+    before = (tmp_path / "a" / "checkpoint").read_bytes()
+    with pytest.raises(OriginMismatch, match="one origin"):
+        run(make_tlog(engine, tmp_path / "a", (LogKey(other.encode()), signer), clock,
+                      shared=False).step())
+    assert (tmp_path / "a" / "checkpoint").read_bytes() == before

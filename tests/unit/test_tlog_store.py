@@ -5,6 +5,7 @@ refuses tiles that do not hash to it."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -135,3 +136,27 @@ def test_empty_tree(tmp_path: Path) -> None:
     again = TileWriter(tmp_path, sync=False)
     again.open()
     assert again.size == 0 and again.root_hash() == w.root_hash()
+
+
+@pytest.mark.parametrize("syncfs", [True, False])
+def test_tiles_are_flushed_before_a_checkpoint_is_published(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncfs: bool) -> None:
+    """One flush per checkpoint: syncfs where libc has it, else an fsync of each file (and of
+    its directory); a partial tile dropped meanwhile is no error."""
+    from server.tlog import store
+
+    if not syncfs:
+        monkeypatch.setattr(store, "_SYNCFS", None)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(store.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    w = TileWriter(tmp_path)
+    w.append(0, ENTRIES[:10])
+    w.append(10, ENTRIES[10:300])  # (drops the partial tiles of the first append)
+    assert w._written
+    w.publish(signed_checkpoint(w))
+    assert w._written == []
+    assert bool(synced) != syncfs or store._SYNCFS is None
+    again = TileWriter(tmp_path)
+    again.open()
+    assert again.size == 300
