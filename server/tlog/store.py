@@ -84,11 +84,12 @@ def _flush(directory: Path, paths: Sequence[Path]) -> None:
                 os.close(fd)
         dirs.add(path.parent)
     for d in dirs:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):  # (a partial tile's directory, dropped)
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _write_file(path: Path, data: bytes, *, sync: bool = False) -> None:
