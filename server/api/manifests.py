@@ -189,12 +189,13 @@ CHARGE_STEP = 4 << 20  # a chunked body is charged to the rate limit as it arriv
 
 
 async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
-                        charge: Callable[[int], None] = lambda n: None) -> bytes:
+                        charge: Callable[[int], None] = lambda n: None) -> bytearray:
     """The body, streamed: at most ``max_manifest_bytes`` bytes and ``max_manifest_lines``
     lines. A Content-Length is not required (chunked bodies are taken). Each chunk must come
     within ``body_timeout``, and the whole body within ``body_timeout`` plus one second per
     MiB. ``charge`` is told the bytes to come before they are read: the announced length at
-    once, a chunked body `CHARGE_STEP` at a time (it raises to refuse them)."""
+    once, a chunked body `CHARGE_STEP` at a time (it raises to refuse them). The buffer it was
+    read into is returned as it is (a ``bytes`` of it would be a second copy of the body)."""
     length = manifest_length(scope, settings)
     limit = settings.max_manifest_bytes
     expected = length if length is not None else limit
@@ -229,18 +230,26 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
             break
     if lines == settings.max_manifest_lines and not body.endswith(b"\n"):
         raise BodyTooLarge(f"manifest of more than {settings.max_manifest_lines} lines")
-    return bytes(body)
+    return body
 
 
-def manifest_request(body: bytes) -> ManifestRequest:
+def manifest_request(body: bytearray) -> ManifestRequest:
     """The checked manifest (run in a thread: a million lines take a while);
-    `BadManifest` names the bad lines."""
+    `BadManifest` names the bad lines. It takes ``body`` (`read_manifest`'s buffer), so that
+    the process holds as few copies of the manifest as it can: a last line's missing newline
+    is added to it in place (not to a copy of its text), and it is emptied once its text is
+    read, before the digest buckets are built."""
     try:
-        return ManifestRequest(parse_body(body))
+        if body and not body.endswith(b"\n"):
+            body += b"\n"
+        manifest = parse_body(body)
     except MalformedManifest as e:
         if not e.count:  # no line to name (an empty body)
             raise BadRequest(str(e)) from None
         raise BadManifest(str(e), e.bad, e.count) from None
+    finally:
+        body.clear()
+    return ManifestRequest(manifest)
 
 
 class Budgets:

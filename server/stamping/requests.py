@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
@@ -167,7 +167,9 @@ class DigestRequest:
 class ManifestRequest:
     """``POST /v1/manifests``: checksum lines of one algorithm, signed once. Its journal row
     is one stamp; its digests go, in buckets, into ``manifest_digests`` in the same
-    transaction (built here, before the journal's thread sees them)."""
+    transaction (built here, before the journal's thread sees them). The buckets hold the
+    digests from then on: the manifest it keeps has none of its own (``digests`` empty), so
+    that a request in flight holds its digests once."""
 
     kind: ClassVar[str] = "manifest"
     noun: ClassVar[str] = "manifest"
@@ -185,7 +187,9 @@ class ManifestRequest:
         return self._buckets
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_buckets", buckets(self.manifest.digests))
+        m = self.manifest
+        object.__setattr__(self, "_buckets", buckets(m.digests, m.width))
+        object.__setattr__(self, "manifest", replace(m, digests=b""))
 
     def job(self, ctx: StampContext) -> ManifestJob:
         return ManifestJob(self.manifest.algorithm, ctx.time, ctx.url, ctx.serial,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from formats.manifests import BUCKET_DIGESTS, buckets, key_prefix
+from formats.manifests import BUCKET_DIGESTS, buckets, key_prefix, pack
 from server import db
 from server.stamping import queries
 from server.stamping.journal import Journal
@@ -42,7 +42,8 @@ def journal_manifests(engine: Engine, manifests: list[list[str]]) -> list[int]:
         ids = [await journal.record_row(
             {"kind": "manifest", "commit": None, "tagname": None, "tree": None,
              "parent": None, "algorithm": "sha256", "digest": None,
-             "stamped_at": 1700000000 + n, "key_id": None}, buckets(digests))
+             "stamped_at": 1700000000 + n, "key_id": None},
+             buckets(pack(digests), len(digests[0]) // 2))
             for n, digests in enumerate(manifests)]
         await journal.stop()
         return ids
@@ -108,8 +109,9 @@ def test_migration_expands_buckets_and_merges_them_back(engine: Engine) -> None:
 
     db.upgrade(engine)
     db.check(engine)
-    expected = sorted([(1, key_prefix(k), "sha256", p) for k, p in buckets(poisoned + clean)]
-                      + [(2, key_prefix(k), "sha512", p) for k, p in buckets(sha512)])
+    expected = sorted([(1, key_prefix(k), "sha256", p)
+                       for k, p in buckets(pack(poisoned + clean), 32)]
+                      + [(2, key_prefix(k), "sha512", p) for k, p in buckets(pack(sha512), 64)])
     assert rows(engine, "prefix") == expected
     for alg, d, sid in (("sha256", poisoned[5], 1), ("sha256", clean[5], 1),
                         ("sha512", sha512[5], 2)):

@@ -12,10 +12,12 @@ import pytest
 
 from formats.manifests import (
     BUCKET_DIGESTS,
+    SORT_DIGESTS,
     bucket_key,
     buckets,
     key_prefix,
     lookup_prefixes,
+    pack,
     packed_contains,
     unpack,
 )
@@ -29,7 +31,7 @@ def check_rows(digests: list[str]) -> list[tuple[bytes, bytes]]:
     """The rows of ``digests``, checked: bounded, sorted, disjoint, and every digest found
     through its own prefixes."""
     width = len(digests[0]) // 2
-    rows = [(key_prefix(k), packed) for k, packed in buckets(digests)]
+    rows = [(key_prefix(k), packed) for k, packed in buckets(pack(digests), width)]
     assert all(len(p) <= BUCKET_DIGESTS * width for _, p in rows)
     prefixes = [p for p, _ in rows]
     assert prefixes == sorted(set(prefixes))
@@ -75,3 +77,39 @@ def test_bucket_keys_keep_the_prefix(prefix: bytes) -> None:
     assert key_prefix(bucket_key(prefix)) == prefix
     with pytest.raises(ValueError):
         key_prefix(int.from_bytes(prefix, "big"))
+
+
+def reference_rows(digests: list[str]) -> list[tuple[bytes, bytes]]:
+    """The rule (migration 0011 states it too), one hex string per digest."""
+    rows: list[tuple[bytes, bytes]] = []
+
+    def split(prefix: str, group: list[str]) -> None:
+        if len(group) <= BUCKET_DIGESTS or len(prefix) >= len(group[0]):
+            rows.append((bytes.fromhex(prefix), bytes.fromhex("".join(group))))
+            return
+        sub: dict[str, list[str]] = {}
+        for d in group:
+            sub.setdefault(d[:len(prefix) + 2], []).append(d)
+        for p, g in sub.items():
+            split(p, g)
+
+    grouped: dict[str, set[str]] = {}
+    for d in digests:
+        grouped.setdefault(d[:4], set()).add(d)
+    for prefix, group in sorted(grouped.items()):
+        split(prefix, sorted(group))
+    return rows
+
+
+@pytest.mark.parametrize("digests", [
+    [sha(1)] * (SORT_DIGESTS * 2 + 5),  # one digest, in every run
+    ["abcd" + sha(i % 3000)[4:] for i in range(SORT_DIGESTS * 3)],  # copies across runs
+    ["ab" * 30 + f"{i % 70000:04x}"[-4:] for i in range(SORT_DIGESTS * 5)],  # a deep split
+    [sha(i) for i in range(SORT_DIGESTS)] + ["abcd" + sha(i)[4:] for i in range(SORT_DIGESTS + 1)],
+], ids=["one-digest", "copies", "deep", "mixed"])
+def test_groups_larger_than_one_sort_are_merged(digests: list[str]) -> None:
+    """A 16-bit group of more than `SORT_DIGESTS` digests is sorted in runs and merged: its
+    rows are those of the rule, byte for byte."""
+    rows = [(key_prefix(k), p) for k, p in buckets(pack(digests), 32)]
+    assert rows == reference_rows(digests)
+    check_rows(digests)

@@ -18,6 +18,7 @@ from formats.manifests import (
     check_lines,
     check_structure,
     key_prefix,
+    pack,
     packed_contains,
     parse_body,
     parse_header,
@@ -52,7 +53,8 @@ def refused(body: bytes) -> MalformedManifest:
 ])
 def test_lines_taken(body: str, algorithm: str, digests: list[str]) -> None:
     m = parse_body(body.encode())
-    assert (m.algorithm, m.digests, m.lines) == (algorithm, digests, len(digests))
+    assert (m.algorithm, unpack(m.digests, m.width), m.lines) == (algorithm, digests,
+                                                                len(digests))
     assert m.text == body if body.endswith("\n") else body + "\n"
     assert re.fullmatch(MANIFEST_PATTERN, body)  # the OpenAPI description takes it too
     assert check_structure(m.text, algorithm) == m.lines  # and the worker's check
@@ -116,7 +118,7 @@ def test_a_line_longer_than_max_line() -> None:
 
 
 def test_check_lines_holds_the_algorithm_given() -> None:
-    assert check_lines(f"{H256}  a\n", "sha256").digests == [H256]
+    assert check_lines(f"{H256}  a\n", "sha256").digests == bytes.fromhex(H256)
     with pytest.raises(MalformedManifest):
         check_lines(f"{H256}  a\n", "sha512")
     with pytest.raises(MalformedManifest):
@@ -143,7 +145,7 @@ def test_header_round_trip_and_splice() -> None:
 
 def test_buckets_hold_each_digest_once_sorted() -> None:
     digests = [hashlib.sha256(i.to_bytes(4, "big")).hexdigest() for i in range(5000)]
-    rows = buckets(digests + digests[:100])
+    rows = buckets(pack(digests + digests[:100]), 32)
     # (random digests: about 76 in each 16-bit bucket, none split)
     assert [key_prefix(b) for b, _ in rows] == sorted({bytes.fromhex(d[:4]) for d in digests})
     assert sum(len(p) for _, p in rows) == 32 * len(digests)
@@ -170,3 +172,35 @@ def test_worker_check_survives_cpython_possessive_group_bug() -> None:
             "3a273a19b98260c325f2ef43495 *\x84ĊM\x9a/Ã\nSHA256 (\U000fd02eĒA\U000f05f8) = f08dfbf"
             "34b0db30fb2c788daed25285b01b1699208d998178cfe188801aa7d95\n")
     assert check_structure(parse_body(body.encode()).text, "sha256") == 3
+
+
+def test_not_utf8_without_a_final_newline_names_every_bad_line() -> None:
+    body = (b"\xff\n" * 25) + f"{H256}  a\n".encode() + b"\xfe"
+    e = refused(body)
+    assert (e.bad, e.count) == (list(range(1, 21)), 26)
+    assert str(e) == "26 line(s) are not UTF-8: line " + ", ".join(map(str, range(1, 21)))
+    assert refused(b"\n\xff").bad == [2]  # (an empty first line, a bad last one)
+
+
+def test_a_body_in_a_buffer_without_its_last_newline() -> None:
+    m = parse_body(bytearray(f"{H256}  a\n{H512[:64]} *b".encode()))
+    assert (m.text, m.lines, m.width) == (f"{H256}  a\n{H512[:64]} *b\n", 2, 32)
+    assert m.digests == bytes.fromhex(H256 + H512[:64])
+
+
+def test_the_service_takes_the_body_it_checks() -> None:
+    """`manifest_request` adds the missing newline to the body itself, empties it once its
+    text is read, and keeps each digest once (in the buckets, not in the manifest too)."""
+    from server.api.manifests import manifest_request
+    from server.errors import BadManifest
+
+    body = bytearray(f"{H256}  a\n{H256}  b".encode())
+    req = manifest_request(body)
+    assert body == b"" and req.manifest.text == f"{H256}  a\n{H256}  b\n"
+    assert req.manifest.lines == 2 and req.manifest.digests == b""
+    assert [(key_prefix(k), p) for k, p in req.digest_buckets()] == [
+        (bytes.fromhex(H256[:4]), bytes.fromhex(H256))]
+    body = bytearray(b"x\n")
+    with pytest.raises(BadManifest):
+        manifest_request(body)
+    assert body == b""
