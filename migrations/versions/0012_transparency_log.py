@@ -6,7 +6,8 @@ Create Date: 2026-11-28 10:00:00
 
 Every stamp becomes an entry of the transparency log (`formats.tlog.entry`,
 docs/transparency.md): ``stamps.tlog_index`` (unique where set; a partial index lists the
-stamps not yet sequenced, in id order, and is the one the sequencer's query can use), ``tlog_entries`` (index, entry bytes; its stamp is the one whose ``tlog_index`` it is) and
+stamps not yet sequenced, in id order, and is the one the sequencer's query can use),
+``tlog_entries`` (index, entry bytes; its stamp is the one whose ``tlog_index`` it is) and
 ``tlog_checkpoint`` (the newest signed checkpoint, one row). ``stamps.object_id`` gets an
 index: a git stamp's proof is found by the id of the signed object. Stamps journalled before
 this revision have no index yet: the sequencer gives them one, in id order, when it starts.
