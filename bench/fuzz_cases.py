@@ -9,6 +9,8 @@ so that a seed gives the same requests every time.
   body, missing, twice, not a number; chunked bodies with good and bad chunk sizes; Content-Type
   twice; duplicate, huge and malformed headers; odd request lines, HTTP/1.0 and HTTP/0.9;
 - ``methods``: every endpoint with every method (and some that are no methods at all);
+- ``tlog``: ``/v1/proofs/<serial>``, ``/v1/proofs/git/<id>`` (waits of at most a second, or
+  malformed) and ``/tlog/...`` tile paths, valid or not (the server runs its transparency log);
 - ``paths``: odd paths, on ``/log.git`` above all (``..``, ``%2e%2e``, NULs, very long);
 - ``pipeline``: several requests in one write, in order, sometimes ending in garbage;
 - ``slow``: headers that never end, bodies that never come, bytes sent in slow pieces.
@@ -92,13 +94,14 @@ def multipart(fields: Fields, boundary: str) -> bytes:
     return b"".join(out)
 
 
-# Values that are no valid 40-digit object id, each with a word for the report.
+# Values that are no valid object id (40 hex digits, or 64: a SHA-256 repository's ids are
+# stamped too, so 64 is no mutation), each with a word for the report.
 def _bad_ids(rng: random.Random, good: str) -> list[tuple[str, str]]:
     return [
         ("upper", good.upper() if good.upper() != good else "A" + good[1:]),
         ("39", good[:-1]), ("41", good + "0"), ("nonhex", good[:-1] + "g"),
         ("nl", good + "\n"), ("space", " " + good), ("nul", good[:-1] + "\x00"),
-        ("empty", ""), ("fullwidth", good[:-1] + "\uff10"), ("sha256", good + "0" * 24),
+        ("empty", ""), ("fullwidth", good[:-1] + "\uff10"), ("63", good + "0" * 23),
         ("crlf", good[:20] + "\r\n" + good[20:38]), ("long", good * 30),
         ("dash", good[:-1] + "-"), ("x", "0x" + good[2:]),
     ]
@@ -144,6 +147,7 @@ class RawGenerator:
             ("framing", 22, self.framing),
             ("methods", 14, self.methods),
             ("paths", 8, self.paths),
+            ("tlog", 8, self.tlog),
             ("pipeline", 6, self.pipeline),
             ("slow", 2, self.slow),
         ]
@@ -791,6 +795,53 @@ class RawGenerator:
         target = urllib.parse.quote(path, safe="/%?=&;:\\.").encode("ascii")
         wire = request_bytes(method, target, self.headers())
         return Case("paths", path[:60], [wire], [Req(method.decode(), path)])
+
+    # -- the transparency log ---------------------------------------------------------------
+    def tlog(self) -> Case:
+        """``/v1/proofs/...`` and ``/tlog/...``: serials, object ids, waits (at most 1 s, or
+        malformed) and tile paths, valid or not. A malformed serial, id or wait must be
+        refused (4xx); a well-formed one may be found (200) or not (404), never a 5xx."""
+        rng = self.rng
+        expect: str | None = None
+        r = rng.random()
+        if r < 0.4:
+            serial, bad = rng.choice([
+                (str(rng.randrange(1, 50)), False), (str(rng.randrange(10**17)), False),
+                ("0", False), ("-1", True), ("1e3", True), ("abc", True), ("9" * 19, True),
+                ("01", False), ("%00", True), ("1.0", True), ("\u0661", True), ("", True),
+                (" 1", True), ("0x10", True)])
+            wait = rng.choice([None, None, "0", "0.5", "1", "-1", "61", "nan", "inf", "1e400",
+                               "x", "%00", "0.000001", "1&wait=1"])
+            path = f"/v1/proofs/{serial}"
+            if wait is not None:
+                path += "?wait=" + wait
+            if bad or wait in ("-1", "61", "nan", "inf", "1e400", "x", "%00", "1&wait=1"):
+                expect = EXPECT_REJECT
+            if serial == "":
+                expect = None  # (/v1/proofs/ is no route: 404)
+        elif r < 0.6:
+            oid = rng.choice([self.m.hex(40), self.m.hex(64), self.m.hex(40).upper(),
+                              self.m.hex(39), self.m.hex(65), "g" * 40, "../" * 10])
+            path = f"/v1/proofs/git/{oid}"
+            if rng.random() < 0.3:
+                path += "?wait=" + rng.choice(["0", "0.2", "-5", "abc"])
+            well = (len(oid) in (40, 64) and oid == oid.lower()
+                    and all(c in "0123456789abcdef" for c in oid))
+            if not well or path.endswith(("=-5", "=abc")):
+                expect = EXPECT_REJECT
+        else:
+            n = rng.choice(["000", "001", "x001/000", "5", "x000/005", "999", "000.p/1",
+                            "000.p/256", "000.p/07", "000.p/0", "x999/x999/x999/999",
+                            "x" * 300, "%2e%2e/%2e%2e/keys", "../../stampd.sqlite3", "000/"])
+            level = rng.choice(["0", "1", "2", "63", "64", "00", "-1", "a", "entries"])
+            path = rng.choice([f"/tlog/tile/{level}/{n}", f"/tlog/tile/entries/{n}",
+                               "/tlog/checkpoint", "/tlog/vkey", "/tlog/", "/tlog/tile/",
+                               "/tlog/checkpoint/..", "/tlog/../keys/secret-key.asc",
+                               f"/tlog/tile/0/{n}?x=1"])
+        method = rng.choice([b"GET", b"GET", b"GET", b"HEAD"])
+        target = urllib.parse.quote(path, safe="/%?=&").encode("ascii")
+        wire = request_bytes(method, target, self.headers())
+        return Case("tlog", path[:60], [wire], [Req(method.decode(), path, (), expect)])
 
     # -- pipelines and slow clients ---------------------------------------------------------
     def one_request(self) -> tuple[bytes, Req]:

@@ -67,7 +67,8 @@ class UnderTest:
         self.workdir = workdir
         self.data = seed_data_dir(workdir / "data")
         env = {"STAMPD_BODY_TIMEOUT": str(BODY_TIMEOUT),
-               "STAMPD_KEEPALIVE_TIMEOUT": str(KEEPALIVE_TIMEOUT)}
+               "STAMPD_KEEPALIVE_TIMEOUT": str(KEEPALIVE_TIMEOUT),
+               "STAMPD_TLOG": "on"}  # (/v1/proofs and /tlog are fuzzed too)
         if ssh_key:  # a second key, so that format=ssh and key=SHA256:... can be accepted
             env.update(STAMPD_EXTRA_KEYS="ssh:ed25519", STAMPD_EXTRA_KEY_WORKERS="1")
         self.db_url = database_url or f"sqlite:///{self.data / 'stampd.sqlite3'}"
@@ -76,7 +77,7 @@ class UnderTest:
                                            database_url=database_url, extra_env=env,
                                            runtime_dir=workdir / "rt")
         try:
-            self.server.wait_ready(workers + (1 if ssh_key else 0))
+            self.server.wait_ready(workers + (1 if ssh_key else 0) + 1)  # (+ the log key's)
         except BaseException:
             self.stop()
             raise
