@@ -75,15 +75,28 @@ def add_commands(sub: Any) -> None:
     verify.set_defaults(func=_lazy("client.verify.command", "cmd_verify"))
 
     audit = sub.add_parser(
-        "audit", help="verify a log repository (a clone or its URL) and its peer stamps",
-        description="Exit status: 0 all checks passed, 1 a check failed, 2 the audit could not "
+        "audit", help="verify a log repository (a clone or its URL) and its peer stamps, and "
+        "the server's transparency log",
+        description="Exit status: 0 all checks passed, 1 a check failed (the transparency "
+        "log's included), 2 the audit could not "
         "run (the target is not a readable log repository, cannot be cloned or has no main "
-        "branch; gpg missing), 3 nothing to check yet (the log has no commit yet: a new "
-        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default).")
+        "branch; gpg missing; the state file is unreadable), 3 nothing to check yet (the log "
+        "has no commit yet: a new "
+        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default). "
+        "A server without a transparency log (404 on /tlog/vkey) is no failure.")
     audit.add_argument("target", help="path of a log clone, or its http(s) URL")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")
+    audit.add_argument("--server", metavar="URL",
+                       help="the server whose transparency log (URL/tlog/) is checked (default: "
+                       "the target's URL less 'log.git'; for a clone, its audited remote's)")
+    audit.add_argument("--state", metavar="FILE",
+                       help="where the checkpoints seen are kept (default: "
+                       "$XDG_STATE_HOME/stampd/tlog-checkpoints.json, "
+                       "~/.local/state/stampd/tlog-checkpoints.json)")
+    audit.add_argument("--no-tlog", action="store_true",
+                       help="do not check the transparency log")
     audit.set_defaults(func=_lazy("client.audit.command", "cmd_audit"))
 
     stampp = sub.add_parser(

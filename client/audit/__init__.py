@@ -33,7 +33,12 @@ failure names the commit it concerns and the rule it breaks (``[<check>/<rule>] 
    passes (``--peer-keys``) wins over the log's. With no key at all, stamps of the main head
    await the key's publication (not verified, covering nothing, not a failure); stamps of
    earlier main commits fail.
-4. **coverage** (a report, never a failure): for each main commit, the earliest valid peer stamp
+4. **tlog** (`client.audit.tlog`, with `--server`, or the target's URL less ``log.git``): the
+   server's transparency log: its signed checkpoint, the tree rebuilt from its entry bundles
+   and its hash tiles, both logs listing the same stamps, the git log's ``tlog-checkpoint``
+   files and the checkpoints seen by earlier audits (`client.audit.state`) prefixes of today's
+   tree.
+5. **coverage** (a report, never a failure): for each main commit, the earliest valid peer stamp
    of it or of a later main commit, and the window ``stamp time - log commit time`` in which the
    server could have backdated it.
 
@@ -44,7 +49,8 @@ cannot choose the verifying program: ``gpg.program`` is forced on the command li
 The modules, one concern each: `errors` (what stops an audit), `repository` (opening or cloning
 the log, the refs audited, reading its objects), `logfiles` (the line checks of ``hashes.log``
 and ``digests.log``), `signatures` (the single-key keyrings and ``git verify-commit``),
-`report` (failures and the report, as text or JSON), `auditor` (the checks and `audit`),
+`report` (failures and the report, as text or JSON), `tlog` (the transparency-log check),
+`state` (the checkpoints seen, kept between runs), `auditor` (the checks and `audit`),
 `command` (`cmd_audit`). This package gives the API that the client's other commands, the
 tests and the benchmarks use.
 """
@@ -53,13 +59,21 @@ from __future__ import annotations
 
 from client.audit.auditor import audit
 from client.audit.errors import AuditError, EmptyLog, TargetError
-from client.audit.report import FILES_CHECK, MAIN_CHECK, PEERS_CHECK, AuditReport, Failure
+from client.audit.report import (
+    FILES_CHECK,
+    MAIN_CHECK,
+    PEERS_CHECK,
+    TLOG_CHECK,
+    AuditReport,
+    Failure,
+)
 from client.audit.repository import local_copy
 
 __all__ = [
     "FILES_CHECK",
     "MAIN_CHECK",
     "PEERS_CHECK",
+    "TLOG_CHECK",
     "AuditError",
     "AuditReport",
     "EmptyLog",

@@ -20,13 +20,16 @@ from client.audit.report import (
     FILES_CHECK,
     MAIN_CHECK,
     PEERS_CHECK,
+    TLOG_CHECK,
     AuditReport,
     Failure,
     LogEntry,
     PeerStamp,
     PeerSummary,
+    TlogSummary,
 )
 from client.audit.repository import (
+    REMOTE,
     SIG_BEGIN,
     AuditedRefs,
     audited_refs,
@@ -38,6 +41,15 @@ from client.audit.repository import (
     upstream_remote,
 )
 from client.audit.signatures import Keyring, Keyrings, SignatureCheck, verify_commit
+from client.audit.state import SeenCheckpoints
+from client.audit.tlog import (
+    HttpSource,
+    LogCommitStamps,
+    TlogOptions,
+    base_url,
+    check_tlog,
+    server_of,
+)
 
 PEER_NAME = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9._]{0,99}")
 LOG_NUMBER = re.compile(r"stampd log commit (\d+)\n")
@@ -45,8 +57,9 @@ LOG_NUMBER = re.compile(r"stampd log commit (\d+)\n")
 
 class _Auditor:
     def __init__(self, repo: pygit2.Repository, target: str, peer_keys: Path | None,
-                 keyrings: Keyrings, jobs: int) -> None:
+                 keyrings: Keyrings, jobs: int, tlog: TlogOptions | None = None) -> None:
         self.repo = repo
+        self.tlog = tlog
         self.git_dir = Path(repo.path)
         self.target = target
         self.peer_keys = peer_keys
@@ -362,6 +375,46 @@ class _Auditor:
                 earliest = here
             entries[i].stamp = earliest
 
+    # -- 5: the transparency log -------------------------------------------------------------
+    def log_stamps(self, chain: Sequence[pygit2.Commit]) -> list[LogCommitStamps]:
+        """What each log commit lists (lines that are not ids or digests are left out: the
+        files check reports them)."""
+        out = []
+        for c in chain:
+            hashes = read_blob(self.repo, c.tree, "hashes.log") or b""
+            digests = read_blob(self.repo, c.tree, "digests.log") or b""
+            out.append(LogCommitStamps(
+                str(c.id), c.commit_time,
+                frozenset(x for x in hashes.decode("ascii", "replace").split("\n")
+                          if HASH_LINE.fullmatch(x)),
+                frozenset(x for x in digests.decode("ascii", "replace").split("\n")
+                          if DIGEST_LINE.fullmatch(x)),
+                read_blob(self.repo, c.tree, "tlog-checkpoint")))
+        return out
+
+    def check_tlog(self, chain: Sequence[pygit2.Commit], refs: AuditedRefs,
+                   options: TlogOptions) -> TlogSummary:
+        server = options.server
+        if server is None:
+            server = server_of(self.target)
+        if server is None:
+            remote = refs.remote or REMOTE
+            with contextlib.suppress(KeyError, ValueError, pygit2.GitError):
+                server = server_of(self.repo.remotes[remote].url or "")
+        if server is None:
+            return TlogSummary(warnings=["no server: the target is no http(s) URL of a "
+                                         "log.git, nor its remote's; give --server URL"])
+        state = SeenCheckpoints.load(options.state) if options.state is not None else None
+
+        def fail(rule: str, message: str, commit: str = "", path: str | None = None) -> None:
+            self.fail(TLOG_CHECK, rule, message, commit, path)
+
+        summary = check_tlog(HttpSource(base_url(server)), self.log_stamps(chain), state,
+                             fail, jobs=self.jobs, slack=options.slack)
+        if state is not None and summary.size is not None:
+            state.save()
+        return summary
+
     def run(self, head: str, refs: AuditedRefs) -> AuditReport:
         chain = self.main_chain(head)
         fingerprint, entries = self.check_main(chain)
@@ -373,19 +426,25 @@ class _Auditor:
             report.peers.append(summary)
             stamps.extend(valid)
         self.cover(entries, stamps, main_index)
+        if self.tlog is not None:
+            report.tlog = self.check_tlog(chain, refs, self.tlog)
         report.failures = self.failures
         return report
 
 
 def audit(repo_path: Path | str, peer_keys: Path | None = None, *,
-          target: str | None = None, jobs: int | None = None) -> AuditReport:
+          target: str | None = None, jobs: int | None = None,
+          tlog: TlogOptions | None = None) -> AuditReport:
     """Audit the log repository at ``repo_path`` (bare or not); raise `TargetError` if it is
     not a readable git repository or has no main branch, `EmptyLog` if it has no branch at all
     (no log commit yet). Errors name ``target`` (the URL of a cloned log) if given.
 
     ``peer_keys``: a directory of ``<name>.asc`` files, the auditor's own copies of peer keys.
     For a peer, such a file takes precedence over the log's pin ``peers/<name>.asc`` (a
-    different pin in the log is a failure); without either, the peer's branch fails."""
+    different pin in the log is a failure); without either, the peer's branch fails.
+
+    ``tlog``: check the server's transparency log too (`client.audit.tlog`); None: not
+    checked."""
     repo = open_repository(repo_path)
     refs = audited_refs(list(repo.references), upstream_remote(repo), target or str(repo_path))
     head = ref_commit(repo, refs.main)
@@ -393,6 +452,6 @@ def audit(repo_path: Path | str, peer_keys: Path | None = None, *,
         raise TargetError(f"{repo_path}: {refs.main} does not point to a commit")
     with Keyrings() as keyrings:
         auditor = _Auditor(repo, target or str(repo_path), peer_keys, keyrings,
-                           jobs or min(8, os.cpu_count() or 1))
+                           jobs or min(8, os.cpu_count() or 1), tlog)
         return auditor.run(head, refs)
 

@@ -1,5 +1,5 @@
-"""``stampd audit TARGET [--json] [--peer-keys DIR]``: audit a log clone or URL and print the
-report."""
+"""``stampd audit TARGET [--json] [--peer-keys DIR] [--server URL] [--state FILE] [--no-tlog]``:
+audit a log clone or URL, and the server's transparency log, and print the report."""
 
 from __future__ import annotations
 
@@ -9,15 +9,25 @@ from pathlib import Path
 
 from client.audit.auditor import audit
 from client.audit.repository import local_copy
+from client.audit.state import default_state_file
+from client.audit.tlog import TlogOptions
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    """``stampd audit TARGET [--json] [--peer-keys DIR]``: 0 ok, 1 failures; an unreadable
-    target raises an `AuditError` (exit status 2), a log with no commit yet `EmptyLog` (3)."""
+    """``stampd audit TARGET [--json] [--peer-keys DIR] [--server URL] [--state FILE]
+    [--no-tlog]``: 0 ok, 1 failures; an unreadable target or state file raises an
+    `AuditError` (exit status 2), a log with no commit yet `EmptyLog` (3)."""
     target = str(args.target)
     peer_keys = getattr(args, "peer_keys", None)
+    tlog = None
+    if not getattr(args, "no_tlog", False):
+        state = getattr(args, "state", None)
+        tlog = TlogOptions(server=getattr(args, "server", None),
+                           state=Path(state) if state else default_state_file())
     with local_copy(target) as path:
-        report = audit(path, Path(peer_keys) if peer_keys else None, target=target)
+        report = audit(path, Path(peer_keys) if peer_keys else None, target=target, tlog=tlog)
+    if tlog is None:
+        report.tlog.warnings.append("--no-tlog")
     if getattr(args, "json", False):
         print(json.dumps(report.to_dict(), indent=2))
     else:

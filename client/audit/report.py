@@ -14,7 +14,8 @@ from client.audit.repository import MAIN
 MAIN_CHECK = "main"
 FILES_CHECK = "files"
 PEERS_CHECK = "peers"
-CHECKS = (MAIN_CHECK, FILES_CHECK, PEERS_CHECK)
+TLOG_CHECK = "tlog"
+CHECKS = (MAIN_CHECK, FILES_CHECK, PEERS_CHECK, TLOG_CHECK)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,36 @@ class Failure:
     def __str__(self) -> str:
         where = " ".join(x for x in (self.commit, self.ref, self.path) if x)
         return f"[{self.check}/{self.rule}] {where}: {self.message}"
+
+
+# What the transparency-log check found (`TlogSummary.status`).
+TLOG_CHECKED = "checked"
+TLOG_NOT_CHECKED = "not checked"  # no server known, or --no-tlog
+TLOG_NONE = "no transparency log"  # the server answers 404 to /tlog/vkey
+TLOG_NO_CHECKPOINT = "no checkpoint yet"
+TLOG_FAILED = "failed"  # it could not be fetched or checked far enough to rebuild the tree
+
+
+@dataclass
+class TlogSummary:
+    """What the transparency-log check (`client.audit.tlog`) found; its failures are in the
+    report's ``failures`` (check ``tlog``), its warnings (not failures) in ``warnings``."""
+
+    status: str = TLOG_NOT_CHECKED
+    server: str | None = None
+    origin: str | None = None
+    vkey: str | None = None
+    size: int | None = None
+    root: str | None = None  # base64
+    entries: dict[str, int] = field(default_factory=dict)  # per kind
+    tiles: int = 0  # hash tiles compared with the rebuilt tree
+    git_checkpoints: int = 0  # tlog-checkpoint files of log commits found consistent
+    seen: int = 0  # checkpoints of earlier audits found consistent
+    state: str | None = None  # the state file
+    not_in_git_log: int = 0  # entries newer than the newest log commit (warning)
+    not_in_tlog: int = 0  # stamps of the newest log commits not sequenced yet (warning)
+    manifests: int = 0  # manifest entries (not matched against digests.log, see docs)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,6 +118,7 @@ class AuditReport:
     peers: list[PeerSummary] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     main_ref: str = f"refs/heads/{MAIN}"
+    tlog: TlogSummary = field(default_factory=TlogSummary)
 
     @property
     def ok(self) -> bool:
@@ -109,6 +141,7 @@ class AuditReport:
             "log": [{**asdict(e), "window": e.window} for e in self.log],
             "uncovered": self.uncovered,
             "peers": [asdict(p) for p in self.peers],
+            "tlog": asdict(self.tlog),
             "failures": [asdict(f) for f in self.failures],
         }
 
@@ -140,6 +173,7 @@ class AuditReport:
         rest = [f for f in peer_failures if f.ref not in {p.ref for p in self.peers}]
         if rest:
             out.append(_status_line("peers", rest))
+        out.extend(_tlog_lines(self.tlog, self.failures_of(TLOG_CHECK)))
         covered = len(self.log) - len(self.uncovered)
         out.append(f"coverage: {covered} of {len(self.log)} log commits stamped by a peer"
                    + (f", {len(self.uncovered)} uncovered" if self.uncovered else ""))
@@ -157,11 +191,38 @@ class AuditReport:
         if self.failures:
             out.append("")
             out.append(f"FAILED: {len(self.failures)} problem(s)")
-            out.extend(f"  {f}" for f in self.failures)
+            out.extend("  " + str(f).replace("\n", "\n    ") for f in self.failures)
         else:
             out.append("")
             out.append("OK: no problems found")
         return "\n".join(out)
+
+
+def _tlog_lines(t: TlogSummary, failures: Sequence[Failure]) -> list[str]:
+    if t.status == TLOG_NOT_CHECKED:
+        why = "; ".join(t.warnings) or "not asked for"
+        return [_status_line(f"tlog: not checked ({why})", failures)]
+    if t.status in (TLOG_NONE, TLOG_NO_CHECKPOINT):
+        return [_status_line(f"tlog: {t.server}: {t.status}", failures)]
+    if t.status == TLOG_FAILED:
+        head = f"tlog: {t.server}" + (f" ({t.origin})" if t.origin else "")
+        return [_status_line(f"{head}: could not be checked", failures)]
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(t.entries.items())) or "no entries"
+    out = [_status_line(
+        f"tlog: {t.origin} at size {t.size}: signed checkpoint, tree rebuilt from the entry "
+        f"bundles ({kinds}), {t.tiles} hash tiles match, {t.git_checkpoints} git-log "
+        f"checkpoints and {t.seen} seen before consistent", failures)]
+    out.append(f"tlog: stamps matched between the git log and the transparency log "
+               f"({t.manifests} manifest entries cannot be)"
+               + (f"; seen checkpoints kept in {t.state}" if t.state else ""))
+    if t.not_in_git_log:
+        out.append(f"tlog: {t.not_in_git_log} entries newer than the newest log commit: not in "
+                   "the git log yet")
+    if t.not_in_tlog:
+        out.append(f"tlog: {t.not_in_tlog} stamps of the newest log commit(s) not in the "
+                   "transparency log yet")
+    out.extend(f"tlog: warning: {w}" for w in t.warnings)
+    return out
 
 
 def _status_line(what: str, failures: Sequence[Failure]) -> str:
