@@ -11,7 +11,11 @@ so that a seed gives the same requests every time.
 - ``methods``: every endpoint with every method (and some that are no methods at all);
 - ``paths``: odd paths, on ``/log.git`` above all (``..``, ``%2e%2e``, NULs, very long);
 - ``pipeline``: several requests in one write, in order, sometimes ending in garbage;
-- ``slow``: headers that never end, bodies that never come, bytes sent in slow pieces.
+- ``slow``: headers that never end, bodies that never come, bytes sent in slow pieces;
+- ``tlog``: the transparency log's reads (``GET /v1/proofs/<serial>``, ``/v1/proofs/git/<id>``
+  with and without ``?wait=``, ``/tlog/checkpoint``, ``/tlog/vkey``, hash tiles and entry
+  bundles), valid and malformed; a wait is at most 1 s or malformed, so that no request may
+  legitimately outlast the hang bound.
 
 Every stamp request carries markers: commit/tree/parent ids and digests that no other request
 of the run uses, so that the journal and the log can be searched for what was refused. A
@@ -46,6 +50,12 @@ class Target:
     port: int
     primary_fpr: str  # OpenPGP, 40 uppercase hex
     ssh_fprs: tuple[str, ...] = ()  # SHA256:... of the SSH keys it serves
+    # The transparency log, when it keeps one: serials and git object ids of stamps whose
+    # proofs are ready, and the size of the tree when the cases were made (the tiles and
+    # entry bundles up to it exist).
+    serials: tuple[int, ...] = ()
+    git_ids: tuple[str, ...] = ()
+    tree_size: int = 0
 
     @property
     def hostport(self) -> bytes:
@@ -131,6 +141,16 @@ def good_tagname(rng: random.Random) -> str:
     return name
 
 
+def _tile_index(n: int) -> str:
+    """A tile index as tlog-tiles writes it: groups of 3 digits, each but the last with x."""
+    groups = [f"{n % 1000:03d}"]
+    n //= 1000
+    while n:
+        groups.insert(0, f"x{n % 1000:03d}")
+        n //= 1000
+    return "/".join(groups)
+
+
 class RawGenerator:
     """Raw cases for one server. `cases(n)` returns cases holding exactly ``n`` requests."""
 
@@ -147,6 +167,8 @@ class RawGenerator:
             ("pipeline", 6, self.pipeline),
             ("slow", 2, self.slow),
         ]
+        if target.tree_size:
+            self.weights.append(("tlog", 10, self.tlog))
 
     # -- plumbing ---------------------------------------------------------------------------
     def cases(self, n: int) -> list[Case]:
@@ -730,7 +752,8 @@ class RawGenerator:
                 f"/v1/stamps/sha1/{d[:40]}", "/v1/keys", "/v1/keys/allowed_signers",
                 "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/log.git/HEAD",
                 "/log.git/info/refs", "/log.git/objects/info/packs", "/v1", "/v1/",
-                "/favicon.ico"]
+                "/favicon.ico", "/v1/proofs/1", f"/v1/proofs/git/{d[:40]}", "/tlog/checkpoint",
+                "/tlog/vkey", "/tlog/tile/0/000.p/1", "/tlog/tile/entries/000.p/1"]
 
     def methods(self) -> Case:
         rng = self.rng
@@ -789,11 +812,126 @@ class RawGenerator:
             "/v1/stamps/sha256/..%2f..%2fkeys", "/v1/stamps/%2e%2e/keys", "/healthz/../metrics",
             "/docs/../openapi.json", "/?request=get-public-key-v1%00", "/" + "x" * 60_000,
             "/keys/secret-key.asc", "/var/keys/secret-key.asc", "/stampd.sqlite3",
+            "/tlog/../keys/secret-key.asc", "/tlog/tile/../../stampd.sqlite3",
+            "/tlog/tile/entries/../../../keys/tlog-ed25519/key", "/tlog/%2e%2e/stampd.sqlite3",
+            "/tlog//checkpoint", "/tlog/checkpoint/", "/tlog/", "/tlog",
+            "/v1/proofs/git/..%2f..%2fkeys", "/v1/proofs/%2e%2e",
         ])
         method = rng.choice([b"GET", b"GET", b"HEAD"])
         target = urllib.parse.quote(path, safe="/%?=&;:\\.").encode("ascii")
         wire = request_bytes(method, target, self.headers())
         return Case("paths", path[:60], [wire], [Req(method.decode(), path)])
+
+    # -- the transparency log ----------------------------------------------------------------
+    def tlog(self) -> Case:
+        """A GET of the log's files or of a proof: valid (what the rules decide: 200) or
+        malformed (4xx), never a wait above 1 s."""
+        rng = self.rng
+        what = rng.choice(["proof", "proof", "git-proof", "git-proof", "checkpoint", "vkey",
+                           "tile", "tile", "entries", "entries", "bad-tile", "bad-tile"])
+        path, expect = "/tlog/checkpoint", EXPECT_OK
+        if what in ("proof", "git-proof"):
+            path, expect = self._proof_target(what == "git-proof")
+        elif what == "vkey":
+            path = "/tlog/vkey"
+        elif what in ("tile", "entries"):
+            path, expect = self._tile_target(what == "entries")
+        elif what == "bad-tile":
+            path, expect = self._bad_tile_target(), EXPECT_REJECT
+        method = b"HEAD" if rng.random() < 0.1 else b"GET"
+        if method == b"HEAD" and expect == EXPECT_OK:
+            expect = None  # (405 or 200: the rules do not say)
+        target = urllib.parse.quote(path, safe="/%?=&;:.~+-_").encode("ascii")
+        return Case("tlog", f"{what} {path[:60]}", [request_bytes(method, target, self.headers())],
+                    [Req(method.decode(), path, (), expect)])
+
+    def _wait(self) -> tuple[str, bool | None]:
+        """('?wait=...' or '', whether it is a valid wait; None: no wait)."""
+        rng = self.rng
+        r = rng.random()
+        if r < 0.4:
+            return "", None
+        if r < 0.75:
+            value = rng.choice(["0", "0.1", "0.5", "1", "1.0", "0e0", "+1", "0.05", ".5", " 1",
+                                "1 ", "\u0661"])  # (float() takes an Arabic-Indic one)
+            return "?wait=" + urllib.parse.quote(value, safe="+"), True
+        bad = rng.choice(["-1", "61", "60.0001", "1e9", "nan", "NaN", "inf", "-inf", "", "abc",
+                          "1s", "0x1", "%00", "%ff", "1e999", "-0.1", "9" * 400, "1,5"])
+        return "?wait=" + urllib.parse.quote(bad), False
+
+    def _proof_target(self, git: bool) -> tuple[str, str | None]:
+        rng = self.rng
+        t = self.t
+        wait, wait_ok = self._wait()
+        if wait_ok is False:
+            expect: str | None = EXPECT_REJECT
+        else:
+            expect = None
+        if git:
+            r = rng.random()
+            if r < 0.4 and t.git_ids:
+                value = rng.choice(t.git_ids)
+                return f"/v1/proofs/git/{value}{wait}", expect or EXPECT_OK
+            if r < 0.6:  # unknown, well-formed: 404 (a wait makes it wait for it)
+                value = self.m.hex(rng.choice([40, 64]))
+                return f"/v1/proofs/git/{value}{wait}", EXPECT_REJECT
+            good = t.git_ids[0] if t.git_ids else self.m.hex(40)
+            _, bad = rng.choice(_bad_ids(rng, good))
+            return f"/v1/proofs/git/{bad}{wait}", EXPECT_REJECT if bad else None
+        r = rng.random()
+        if r < 0.4 and t.serials:
+            return f"/v1/proofs/{rng.choice(t.serials)}{wait}", expect or EXPECT_OK
+        if r < 0.6:
+            value = rng.choice(["0", "1", "2", "3", str(rng.randrange(1, 20_000)),
+                                "999999999999999999", "9223372036854775807"])
+            return f"/v1/proofs/{value}{wait}", expect  # known or not: 200 or 404
+        bad = rng.choice(["-1", "+1", "1.0", "1e3", "0x10", "abc", "", "1 ", " 1", "%00",
+                          "1%00", "\u0661", "\uff11", "9" * 19, "9" * 1000, "1/2", "..",
+                          "01", "00000000000000001", "1;x"])
+        # (leading zeros name a serial too; an empty one is the collection's path)
+        known = bad in ("01", "00000000000000001", "")
+        return f"/v1/proofs/{bad}{wait}", None if known else EXPECT_REJECT
+
+    def _tile_target(self, entries: bool) -> tuple[str, str | None]:
+        """A tile or bundle of the tree of ``tree_size``: a full one or a partial view of it
+        (as tlog-tiles allows), or the partial one of that size (all must be served); or
+        another width of that partial one (only served if the sequencer wrote that width)."""
+        rng = self.rng
+        size = self.t.tree_size
+        full, rest = divmod(size, 256)
+        expect: str | None = EXPECT_OK
+        if full and (not rest or rng.random() < 0.5):
+            n = rng.randrange(full)
+            width = rng.choice([None, None, rng.randrange(1, 256)])
+        elif rng.random() < 0.7:
+            n, width = full, rest
+        else:
+            n, width, expect = full, rng.randrange(1, rest + 1), None
+        suffix = "" if width is None else f".p/{width}"
+        level = "entries" if entries else "0"
+        return f"/tlog/tile/{level}/{_tile_index(n)}{suffix}", expect
+
+    def _bad_tile_target(self) -> str:
+        rng = self.rng
+        huge = rng.choice(["x999/x999/x999/x999/x999/x999/999", "x001/" * 7 + "000",
+                           "x000/000", "x001/x000/000", "9" * 30, "999"])
+        return rng.choice([
+            "/tlog/tile/0/5", "/tlog/tile/0/05", "/tlog/tile/0/0000", f"/tlog/tile/0/{huge}",
+            f"/tlog/tile/entries/{huge}", "/tlog/tile/64/000", "/tlog/tile/63/000",
+            "/tlog/tile/99/000", "/tlog/tile/-1/000", "/tlog/tile/00/000", "/tlog/tile/1/999",
+            "/tlog/tile/0/000.p/0", "/tlog/tile/0/000.p/256", "/tlog/tile/0/000.p/257",
+            "/tlog/tile/0/000.p/-1", "/tlog/tile/0/000.p/01", "/tlog/tile/0/000.p/",
+            "/tlog/tile/0/000.p", "/tlog/tile/0/000.p/1/x", "/tlog/tile/entries/000.p/0",
+            "/tlog/tile/entries/000.p/256", "/tlog/tile/entries/000.p/99999999999999999999",
+            "/tlog/tile/entries/", "/tlog/tile/entries", "/tlog/tile/", "/tlog/tile",
+            "/tlog/tile/1/entries/000", "/tlog/tile/entries/x000", "/tlog/tile/0/x000/",
+            "/tlog/tile/0/000%00", "/tlog/tile/0/000\\",
+            "/tlog/tile/0/\uff10\uff10\uff10", "/tlog/tile/0/..%2f..%2fcheckpoint",
+            "/tlog/tile/../checkpoint", "/tlog/tile/0/../../checkpoint",
+            "/tlog/tile/0/%2e%2e/%2e%2e/stampd.sqlite3", "/tlog/tile/0/" + "x000/" * 2000 + "000",
+            "/tlog/tile/entries/000.p/" + "9" * 5000, "/tlog/tile/0/000.P/1",
+            "/tlog/tile/0/000.p/1.0", "/tlog/tile/0/000.p/+1"
+        ])
 
     # -- pipelines and slow clients ---------------------------------------------------------
     def one_request(self) -> tuple[bytes, Req]:
