@@ -368,7 +368,8 @@ async def main_async(args: argparse.Namespace) -> int:
                         tlog_rows.append(
                             f"{db:8} {p.fault:11} proofs checked {p.proofs.checked:6}  "
                             f"verified {p.proofs.verified:6}  entry without object "
-                            f"{p.proofs.without_object:4}  problems {len(p.proofs.problems)}")
+                            f"{p.proofs.without_object:4}  found by commit {p.proofs.by_commit:4}  "
+                            f"problems {len(p.proofs.problems)}")
             for p in phases:
                 rows.append(p.row(db, audit))
                 for what, items in (("lost 200", p.lost_200), ("phantom", p.phantoms)):
