@@ -13,7 +13,13 @@ during at least ``--requests`` requests:
   them while the others go on writing the journal; ``stampd serve`` starts another;
 - ``worker``: SIGKILL one worker process; the supervisor starts another;
 - ``agent``: SIGKILL one worker's gpg-agent (a direct child of the worker); the worker exits and
-  the supervisor starts another.
+  the supervisor starts another;
+- ``tlog-worker``, ``tlog-agent``: the same for the transparency log key's worker (key id
+  ``tlog-ed25519``) and its ssh-agent (``--tlog on``, the default).
+
+Each kill comes at a random moment (``--seed``): after between a fifth and three fifths of the
+phase's requests; the HTTP process killed is the log writer (the holder of ``run/log.lock``,
+which sequences the transparency log) where one holds it.
 
 Afterwards it waits until the log has settled (every signed stamp, and every pending stamp
 whose process died, in a committed log commit) and checks, per fault:
@@ -23,7 +29,11 @@ whose process died, in a committed log commit) and checks, per fault:
 - **phantom**: a stamp answered with a failure (503...) that is in the log although the journal
   does not say it was signed: must be 0 (a stamp whose answer was lost in transit, a connection
   error, may be in the log; a stamp that failed may not);
-- every 200 is the stamp asked for; ``stampd audit`` of the log (cloned over HTTP) passes.
+- every 200 is the stamp asked for; ``stampd audit`` of the log (cloned over HTTP) passes;
+- the transparency log (`bench.crash_tlog`): every checkpoint ``/tlog/checkpoint`` answered
+  during the run is signed by the log key and consistent with the final tree (rebuilt from the
+  served entry bundles by pymerkle), and every stamp answered 200 has a proof that verifies and
+  whose entry is that stamp.
 
 Exit status 1 if a promise was broken, 2 if the proof could not run.
 """
@@ -34,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import sys
@@ -44,10 +55,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.crash_tlog import (
+    CheckpointWatch,
+    ProofCheck,
+    TreeReport,
+    check_proofs,
+    check_tree,
+    final_checkpoint,
+    proof_path,
+    tlog_settled,
+)
 from bench.proof_http import Conn, HttpError, StampRequest, raise_nofile
-from bench.proof_server import ProofError, ProofServer, database, progress
+from bench.proof_server import TLOG_KEY_ID, ProofError, ProofServer, database, progress
 
-FAULTS = ("api", "http", "worker", "agent")
+FAULTS = ("api", "http", "worker", "agent", "tlog-worker", "tlog-agent")
+TLOG_FAULTS = ("tlog-worker", "tlog-agent")
 # After the API process is killed, its stamps left pending are published once no live request
 # can be behind them: STAMPD_REQUEST_TIMEOUT + the committer's OUTCOME_GRACE (10 s) after
 # their time.
@@ -62,6 +84,7 @@ class Outcome:
     identity: str
     status: int | None  # None: the request went out and no answer came (lost in transit)
     right: bool = True  # a 200 that is the stamp asked for
+    proof: str | None = None  # a 200's proof path (/v1/proofs/...), with the transparency log
 
 
 @dataclass
@@ -76,6 +99,8 @@ class Phase:
     lost_200: list[str] = field(default_factory=list)
     phantoms: list[str] = field(default_factory=list)
     in_log_after_error: int = 0
+    note: str = ""  # what the victim was (the log writer...)
+    proofs: ProofCheck | None = None
 
     def row(self, db: str, audit: str) -> str:
         ok = sum(1 for o in self.outcomes if o.status == 200)
@@ -98,9 +123,10 @@ HEADER = (f"{'db':8} {'fault':7} {'requests':>8} {'200':>7} {'other':>9} {'conn-
 class Load:
     """``concurrency`` clients stamping until stopped, tag and digest stamps in turn."""
 
-    def __init__(self, port: int, concurrency: int) -> None:
+    def __init__(self, port: int, concurrency: int, tlog: bool = False) -> None:
         self.port = port
         self.concurrency = concurrency
+        self.tlog = tlog
         self.phase: Phase | None = None
         self.stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -142,7 +168,10 @@ class Load:
                     await asyncio.sleep(0.1)
                     continue
                 right = answer.status != 200 or req.answered_right(answer)
-                phase.outcomes.append(Outcome(req.kind, req.identity, answer.status, right))
+                proof = (proof_path(req.kind, answer) if self.tlog and answer.status == 200
+                         and right else None)
+                phase.outcomes.append(Outcome(req.kind, req.identity, answer.status, right,
+                                              proof))
         finally:
             conn.close()
 
@@ -159,14 +188,14 @@ def _wait_replaced(ps: ProofServer, processes: Callable[[], list[int]], count: i
     deadline = time.monotonic() + 60
     while True:
         now = processes()
-        if len(now) == count and victim not in now and ps.ready_workers() >= ps.workers:
+        if len(now) == count and victim not in now and ps.ready_workers() >= ps.all_workers:
             return
         if time.monotonic() > deadline:
             raise ProofError(f"{what} {victim} was not replaced within 60 s")
         time.sleep(0.05)
 
 
-def inflict(ps: ProofServer, phase: Phase) -> None:
+def inflict(ps: ProofServer, phase: Phase, rng: random.Random) -> None:
     """Kill the victim and bring back what must come back (blocking: run in a thread)."""
     t0 = time.monotonic()
     if phase.fault == "api":
@@ -180,48 +209,71 @@ def inflict(ps: ProofServer, phase: Phase) -> None:
         if len(https) != ps.api_processes or len(https) < 2:
             raise ProofError(f"expected {ps.api_processes} HTTP processes (at least 2), found "
                              f"{https}")
-        phase.victim = https[0]
+        writer = ps.log_lock_holder()
+        phase.victim = writer if writer in https else rng.choice(https)
+        phase.note = "the log writer" if writer == phase.victim else "not the log writer"
         os.kill(phase.victim, signal.SIGKILL)
         _wait_replaced(ps, ps.http_pids, ps.api_processes, phase.victim, "HTTP process")
         phase.recovery_s = time.monotonic() - t0
         return
     before = _requeued(ps)
-    pids = ps.worker_pids() if phase.fault == "worker" else ps.agent_pids()
-    if len(pids) != ps.workers:
-        raise ProofError(f"expected {ps.workers} {phase.fault} processes, found {pids}")
-    phase.victim = pids[0]
+    key = TLOG_KEY_ID if phase.fault in TLOG_FAULTS else None
+    count = 1 if key else ps.workers
+
+    def victims() -> list[int]:
+        workers = ps.key_worker_pids(key)
+        return workers if phase.fault.endswith("worker") else ps.agents_of(workers)
+
+    pids = victims()
+    if len(pids) != count:
+        raise ProofError(f"expected {count} {phase.fault} processes, found {pids}")
+    phase.victim = rng.choice(pids)
     os.kill(phase.victim, signal.SIGKILL)
-    _wait_replaced(ps, ps.worker_pids if phase.fault == "worker" else ps.agent_pids,
-                   ps.workers, phase.victim, phase.fault)
+    _wait_replaced(ps, victims, count, phase.victim, phase.fault)
     phase.recovery_s = time.monotonic() - t0
     phase.requeued = _requeued(ps) - before
 
 
-async def run_db(db: str, args: argparse.Namespace, workdir: Path) -> tuple[list[Phase], str,
-                                                                            list[str]]:
+@dataclass
+class DbRun:
+    phases: list[Phase]
+    audit: str
+    problems: list[str]
+    tree: TreeReport | None = None
+    watch: CheckpointWatch | None = None
+
+
+async def run_db(db: str, args: argparse.Namespace, workdir: Path) -> DbRun:
     problems: list[str] = []
+    rng = random.Random(f"{args.seed}-{db}")
+    tree: TreeReport | None = None
+    watch: CheckpointWatch | None = None
     with database(db) as url:
         ps = ProofServer(db, workdir / db, url, workers=args.workers, commit_interval=2.0,
-                         api_processes=args.api_processes,
-                         env={"STAMPD_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT),
+                         api_processes=args.api_processes, tlog=args.tlog,
+                         env={"STAMPD_REQUEST_TIMEOUT": f"{args.request_timeout:g}",
                               "STAMPD_MAX_QUEUE": str(args.max_queue),
                               "STAMPD_LOG_LEVEL": "WARNING"})
         phases = [Phase(f) for f in args.faults]
         try:
             await asyncio.to_thread(ps.start)
-            load = Load(ps.port, args.concurrency)
+            if args.tlog:
+                watch = CheckpointWatch(ps.port)
+                watch.start()
+            load = Load(ps.port, args.concurrency, tlog=args.tlog)
             for phase in phases:
                 progress(f"{db}: {phase.fault} fault under c={args.concurrency}")
                 load.start(phase)
                 try:
-                    await load.wait_count(args.requests // 3, timeout=300)
-                    await asyncio.to_thread(inflict, ps, phase)
+                    kill_at = rng.randint(max(1, args.requests // 5), args.requests * 3 // 5)
+                    await load.wait_count(kill_at, timeout=300)
+                    await asyncio.to_thread(inflict, ps, phase, rng)
                     await load.wait_count(args.requests, timeout=300)
                 finally:
                     await load.finish()
                 progress(f"{db}: {phase.fault}: {len(phase.outcomes)} requests, victim "
-                         f"{phase.victim}, back in {phase.recovery_s:.1f} s")
-            wait = REQUEST_TIMEOUT + OUTCOME_GRACE + 30
+                         f"{phase.victim} {phase.note}, back in {phase.recovery_s:.1f} s")
+            wait = args.request_timeout + OUTCOME_GRACE + 30
             progress(f"{db}: waiting for the log to settle (at most {wait} s)")
             ledger = await asyncio.to_thread(ps.ledger, wait)
             if not ledger.settled:
@@ -249,23 +301,75 @@ async def run_db(db: str, args: argparse.Namespace, workdir: Path) -> tuple[list
             if not ok:
                 problems.append(f"{db}: stampd audit failed: {audit}")
             audit = ("PASS " if ok else "FAIL ") + audit
+            if watch is not None:
+                tree = await check_tlog(db, ps, watch, phases, wait, problems)
         except BaseException:
             print(ps.log_tail(), file=sys.stderr)
             raise
         finally:
+            if watch is not None:
+                await watch.stop()
             await asyncio.to_thread(ps.stop)
-    return phases, audit, problems
+    return DbRun(phases, audit, problems, tree, watch)
+
+
+async def check_tlog(db: str, ps: ProofServer, watch: CheckpointWatch, phases: list[Phase],
+                     wait: float, problems: list[str]) -> TreeReport:
+    """The transparency log after the faults: every checkpoint seen consistent with the final
+    tree, every stamp answered 200 proven (`bench.crash_tlog`)."""
+    progress(f"{db}: waiting for every stamp's entry in the transparency log")
+    if not await asyncio.to_thread(tlog_settled, ps.db_url, wait):
+        problems.append(f"{db}: not every signed or pending stamp had its entry in {wait} s")
+    conn = Conn(ps.port, timeout=30)
+    try:
+        final = await final_checkpoint(conn, watch, timeout=60)
+        await watch.stop()
+        tree = await check_tree(conn, watch, final)
+    finally:
+        conn.close()
+    problems += [f"{db}: tlog: {p}" for p in tree.problems]
+    for phase in phases:
+        stamps = [(o.kind, o.identity, o.proof) for o in phase.outcomes if o.proof is not None]
+        unproven = [o for o in phase.outcomes if o.status == 200 and o.right and o.proof is None]
+        problems += [f"{db} {phase.fault}: a 200 with no serial: {o.kind} {o.identity}"
+                     for o in unproven[:5]]
+        phase.proofs = await check_proofs(ps.port, stamps, wait=5.0)
+        problems += [f"{db} {phase.fault}: proof: {p}" for p in phase.proofs.problems[:10]]
+        if phase.proofs.without_object and phase.fault not in ("api", "http"):
+            problems.append(f"{db} {phase.fault}: {phase.proofs.without_object} tag stamp(s) "
+                            "answered 200 have an entry without object, though no HTTP process "
+                            "died")
+    progress(f"{db}: tlog: {tree.checkpoints} checkpoints seen, final size {tree.final_size}, "
+             f"{sum(p.proofs.checked for p in phases if p.proofs)} proofs checked")
+    return tree
 
 
 async def main_async(args: argparse.Namespace) -> int:
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     rows: list[str] = []
+    tlog_rows: list[str] = []
     problems: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="cr", dir="/tmp"))
     try:
         for db in dbs:
-            phases, audit, probs = await run_db(db, args, tmp)
-            problems += probs
+            run = await run_db(db, args, tmp)
+            phases, audit = run.phases, run.audit
+            problems += run.problems
+            if run.tree is not None and run.watch is not None:
+                t = run.tree
+                tlog_rows.append(
+                    f"{db:8} checkpoints seen {t.checkpoints} (polls {run.watch.polls}, "
+                    f"unanswered {run.watch.failed}); final tree {t.final_size} entries "
+                    f"({', '.join(f'{k} {n}' for k, n in sorted(t.kinds.items()))}; git "
+                    f"without object {t.git_without_object}); consistency "
+                    + ("ok" if not t.problems else f"{len(t.problems)} PROBLEMS"))
+                for p in phases:
+                    if p.proofs is not None:
+                        tlog_rows.append(
+                            f"{db:8} {p.fault:11} proofs checked {p.proofs.checked:6}  "
+                            f"verified {p.proofs.verified:6}  entry without object "
+                            f"{p.proofs.without_object:4}  found by commit {p.proofs.by_commit:4}  "
+                            f"problems {len(p.proofs.problems)}")
             for p in phases:
                 rows.append(p.row(db, audit))
                 for what, items in (("lost 200", p.lost_200), ("phantom", p.phantoms)):
@@ -281,10 +385,15 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"crash consistency: kill -9 under c={args.concurrency} (tag and digest stamps in "
           f"turn), >= {args.requests} requests per fault, {args.workers} workers, "
           f"{args.api_processes} HTTP processes, "
-          f"STAMPD_MAX_QUEUE={args.max_queue}")
+          f"STAMPD_MAX_QUEUE={args.max_queue}, STAMPD_REQUEST_TIMEOUT={args.request_timeout:g}, "
+          f"transparency log {'on' if args.tlog else 'off'}, seed {args.seed}")
     print(HEADER)
     for r in rows:
         print(r)
+    if tlog_rows:
+        print("transparency log:")
+        for r in tlog_rows:
+            print(f"  {r}")
     print("conn-err: request sent, no answer (lost in transit; may be in the log: err-in-log); "
           "refused: connection not opened (nothing sent)")
     if problems:
@@ -293,7 +402,9 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"  {p}")
         return 1
     print("PASS: no stamp answered 200 is missing from the log, no failed stamp is in it, "
-          "stampd audit passes")
+          "stampd audit passes"
+          + ("; every checkpoint seen is signed and consistent with the final tree, every "
+             "stamp answered 200 has a proof of its own entry" if args.tlog else ""))
     return 0
 
 
@@ -310,11 +421,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="STAMPD_MAX_QUEUE (12): below the concurrency, so that some stamps "
                          "fail with 503 (QueueFull) at every fault and the phantom check has "
                          "failures to look at")
-    ap.add_argument("--faults", type=lambda s: s.split(","), default=list(FAULTS),
-                    help="comma-separated, of api,http,worker,agent (all)")
+    ap.add_argument("--faults", type=lambda s: s.split(","), default=None,
+                    help="comma-separated, of " + ",".join(FAULTS) + " (all; without the "
+                         "tlog ones with --tlog off)")
+    ap.add_argument("--tlog", choices=("on", "off"), default="on",
+                    help="the transparency log (on): its key's worker and agent are killed "
+                         "too, its checkpoints and proofs checked")
+    ap.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT,
+                    help="STAMPD_REQUEST_TIMEOUT (20): a stamp left pending by a killed "
+                         "process is published this + 10 s after its time")
+    ap.add_argument("--seed", type=int, default=1, help="the kills' moments and victims (1)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the data directories and server logs (kept anyway on failure)")
     args = ap.parse_args(argv)
+    args.tlog = args.tlog == "on"
+    if args.faults is None:
+        args.faults = [f for f in FAULTS if args.tlog or f not in TLOG_FAULTS]
+    if not args.tlog and any(f in TLOG_FAULTS for f in args.faults):
+        ap.error("--faults: the tlog faults need --tlog on")
     if any(f not in FAULTS for f in args.faults):
         ap.error(f"--faults: choose from {','.join(FAULTS)}")
     raise_nofile(4096)

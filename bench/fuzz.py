@@ -242,6 +242,11 @@ def summary(r: DbResult, opts: Options) -> str:
            "status histogram: " + _hist(t.statuses)]
     for gen in sorted(t.by_generator):
         out.append(f"  {gen:9} " + _hist(t.by_generator[gen]))
+    out.append("requests per endpoint (status histogram):")
+    for ep in sorted(t.by_endpoint, key=lambda e: (not e.startswith(("/tlog", "/v1/proofs")), e)):
+        c = t.by_endpoint[ep]
+        fives = sum(n for k, n in c.items() if k.isdigit() and int(k) >= 500)
+        out.append(f"  {ep:26} {sum(c.values()):6}  5xx {fives}  " + _hist(c))
     closes = sum(t.allowed_closes.values())
     out.append(f"closed without an answer where the protocol allows it: {closes}")
     for why, n in t.allowed_closes.most_common():

@@ -9,11 +9,13 @@ so that a seed gives the same requests every time.
   body, missing, twice, not a number; chunked bodies with good and bad chunk sizes; Content-Type
   twice; duplicate, huge and malformed headers; odd request lines, HTTP/1.0 and HTTP/0.9;
 - ``methods``: every endpoint with every method (and some that are no methods at all);
-- ``tlog``: ``/v1/proofs/<serial>``, ``/v1/proofs/git/<id>`` (waits of at most a second, or
-  malformed) and ``/tlog/...`` tile paths, valid or not (the server runs its transparency log);
 - ``paths``: odd paths, on ``/log.git`` above all (``..``, ``%2e%2e``, NULs, very long);
 - ``pipeline``: several requests in one write, in order, sometimes ending in garbage;
-- ``slow``: headers that never end, bodies that never come, bytes sent in slow pieces.
+- ``slow``: headers that never end, bodies that never come, bytes sent in slow pieces;
+- ``tlog``: the transparency log's reads (``GET /v1/proofs/<serial>``, ``/v1/proofs/git/<id>``
+  with and without ``?wait=``, ``/tlog/checkpoint``, ``/tlog/vkey``, hash tiles and entry
+  bundles), valid and malformed; a wait is at most 1 s or malformed, so that no request may
+  legitimately outlast the hang bound.
 
 Every stamp request carries markers: commit/tree/parent ids and digests that no other request
 of the run uses, so that the journal and the log can be searched for what was refused. A
@@ -48,6 +50,12 @@ class Target:
     port: int
     primary_fpr: str  # OpenPGP, 40 uppercase hex
     ssh_fprs: tuple[str, ...] = ()  # SHA256:... of the SSH keys it serves
+    # The transparency log, when it keeps one: serials and git object ids of stamps whose
+    # proofs are ready, and the size of the tree when the cases were made (the tiles and
+    # entry bundles up to it exist).
+    serials: tuple[int, ...] = ()
+    git_ids: tuple[str, ...] = ()
+    tree_size: int = 0
 
     @property
     def hostport(self) -> bytes:
@@ -94,14 +102,13 @@ def multipart(fields: Fields, boundary: str) -> bytes:
     return b"".join(out)
 
 
-# Values that are no valid object id (40 hex digits, or 64: a SHA-256 repository's ids are
-# stamped too, so 64 is no mutation), each with a word for the report.
+# Values that are no valid 40-digit object id, each with a word for the report.
 def _bad_ids(rng: random.Random, good: str) -> list[tuple[str, str]]:
     return [
         ("upper", good.upper() if good.upper() != good else "A" + good[1:]),
         ("39", good[:-1]), ("41", good + "0"), ("nonhex", good[:-1] + "g"),
         ("nl", good + "\n"), ("space", " " + good), ("nul", good[:-1] + "\x00"),
-        ("empty", ""), ("fullwidth", good[:-1] + "\uff10"), ("63", good + "0" * 23),
+        ("empty", ""), ("fullwidth", good[:-1] + "\uff10"), ("sha256", good + "0" * 24),
         ("crlf", good[:20] + "\r\n" + good[20:38]), ("long", good * 30),
         ("dash", good[:-1] + "-"), ("x", "0x" + good[2:]),
     ]
@@ -134,6 +141,16 @@ def good_tagname(rng: random.Random) -> str:
     return name
 
 
+def _tile_index(n: int) -> str:
+    """A tile index as tlog-tiles writes it: groups of 3 digits, each but the last with x."""
+    groups = [f"{n % 1000:03d}"]
+    n //= 1000
+    while n:
+        groups.insert(0, f"x{n % 1000:03d}")
+        n //= 1000
+    return "/".join(groups)
+
+
 class RawGenerator:
     """Raw cases for one server. `cases(n)` returns cases holding exactly ``n`` requests."""
 
@@ -147,10 +164,11 @@ class RawGenerator:
             ("framing", 22, self.framing),
             ("methods", 14, self.methods),
             ("paths", 8, self.paths),
-            ("tlog", 8, self.tlog),
             ("pipeline", 6, self.pipeline),
             ("slow", 2, self.slow),
         ]
+        if target.tree_size:
+            self.weights.append(("tlog", 10, self.tlog))
 
     # -- plumbing ---------------------------------------------------------------------------
     def cases(self, n: int) -> list[Case]:
@@ -260,7 +278,10 @@ class RawGenerator:
         if what == "bad-id":
             name = rng.choice(ids)
             good = dict(f)[name]
-            word, bad = rng.choice(_bad_ids(rng, good))
+            # A tag stamp's lone commit id of 64 digits is a SHA-256 repository's: valid
+            # (docs/protocol.md); beside 40-digit ids (a branch stamp) it is not.
+            word, bad = rng.choice([b for b in _bad_ids(rng, good)
+                                    if kind != "tag" or b[0] != "sha256"])
             return [(n, bad if n == name else v) for n, v in f], EXPECT_REJECT, \
                 f"{name} {word}"
         if what == "bad-tagname":
@@ -731,7 +752,8 @@ class RawGenerator:
                 f"/v1/stamps/sha1/{d[:40]}", "/v1/keys", "/v1/keys/allowed_signers",
                 "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/log.git/HEAD",
                 "/log.git/info/refs", "/log.git/objects/info/packs", "/v1", "/v1/",
-                "/favicon.ico"]
+                "/favicon.ico", "/v1/proofs/1", f"/v1/proofs/git/{d[:40]}", "/tlog/checkpoint",
+                "/tlog/vkey", "/tlog/tile/0/000.p/1", "/tlog/tile/entries/000.p/1"]
 
     def methods(self) -> Case:
         rng = self.rng
@@ -790,58 +812,128 @@ class RawGenerator:
             "/v1/stamps/sha256/..%2f..%2fkeys", "/v1/stamps/%2e%2e/keys", "/healthz/../metrics",
             "/docs/../openapi.json", "/?request=get-public-key-v1%00", "/" + "x" * 60_000,
             "/keys/secret-key.asc", "/var/keys/secret-key.asc", "/stampd.sqlite3",
+            "/tlog/../keys/secret-key.asc", "/tlog/tile/../../stampd.sqlite3",
+            "/tlog/tile/entries/../../../keys/tlog-ed25519/key", "/tlog/%2e%2e/stampd.sqlite3",
+            "/tlog//checkpoint", "/tlog/checkpoint/", "/tlog/", "/tlog",
+            "/v1/proofs/git/..%2f..%2fkeys", "/v1/proofs/%2e%2e",
         ])
         method = rng.choice([b"GET", b"GET", b"HEAD"])
         target = urllib.parse.quote(path, safe="/%?=&;:\\.").encode("ascii")
         wire = request_bytes(method, target, self.headers())
         return Case("paths", path[:60], [wire], [Req(method.decode(), path)])
 
-    # -- the transparency log ---------------------------------------------------------------
+    # -- the transparency log ----------------------------------------------------------------
     def tlog(self) -> Case:
-        """``/v1/proofs/...`` and ``/tlog/...``: serials, object ids, waits (at most 1 s, or
-        malformed) and tile paths, valid or not. A malformed serial, id or wait must be
-        refused (4xx); a well-formed one may be found (200) or not (404), never a 5xx."""
+        """A GET of the log's files or of a proof: valid (what the rules decide: 200) or
+        malformed (4xx), never a wait above 1 s."""
         rng = self.rng
-        expect: str | None = None
+        what = rng.choice(["proof", "proof", "git-proof", "git-proof", "checkpoint", "vkey",
+                           "tile", "tile", "entries", "entries", "bad-tile", "bad-tile"])
+        path, expect = "/tlog/checkpoint", EXPECT_OK
+        if what in ("proof", "git-proof"):
+            path, expect = self._proof_target(what == "git-proof")
+        elif what == "vkey":
+            path = "/tlog/vkey"
+        elif what in ("tile", "entries"):
+            path, expect = self._tile_target(what == "entries")
+        elif what == "bad-tile":
+            path = self._bad_tile_target()
+            # (/tlog/tile is redirected to /tlog/tile/, as every path of a slash's difference)
+            expect = None if path == "/tlog/tile" else EXPECT_REJECT
+        method = b"HEAD" if rng.random() < 0.1 else b"GET"
+        if method == b"HEAD" and expect == EXPECT_OK:
+            expect = None  # (405 or 200: the rules do not say)
+        target = urllib.parse.quote(path, safe="/%?=&;:.~+-_").encode("ascii")
+        return Case("tlog", f"{what} {path[:60]}", [request_bytes(method, target, self.headers())],
+                    [Req(method.decode(), path, (), expect)])
+
+    def _wait(self) -> tuple[str, bool | None]:
+        """('?wait=...' or '', whether it is a valid wait; None: no wait)."""
+        rng = self.rng
         r = rng.random()
         if r < 0.4:
-            serial, bad = rng.choice([
-                (str(rng.randrange(1, 50)), False), (str(rng.randrange(10**17)), False),
-                ("0", False), ("-1", True), ("1e3", True), ("abc", True), ("9" * 19, True),
-                ("01", False), ("%00", True), ("1.0", True), ("\u0661", True), ("", True),
-                (" 1", True), ("0x10", True)])
-            wait = rng.choice([None, None, "0", "0.5", "1", "-1", "61", "nan", "inf", "1e400",
-                               "x", "%00", "0.000001", "1&wait=1"])
-            path = f"/v1/proofs/{serial}"
-            if wait is not None:
-                path += "?wait=" + wait
-            if bad or wait in ("-1", "61", "nan", "inf", "1e400", "x", "%00", "1&wait=1"):
-                expect = EXPECT_REJECT
-            if serial == "":
-                expect = None  # (/v1/proofs/ is no route: 404)
-        elif r < 0.6:
-            oid = rng.choice([self.m.hex(40), self.m.hex(64), self.m.hex(40).upper(),
-                              self.m.hex(39), self.m.hex(65), "g" * 40, "../" * 10])
-            path = f"/v1/proofs/git/{oid}"
-            if rng.random() < 0.3:
-                path += "?wait=" + rng.choice(["0", "0.2", "-5", "abc"])
-            well = (len(oid) in (40, 64) and oid == oid.lower()
-                    and all(c in "0123456789abcdef" for c in oid))
-            if not well or path.endswith(("=-5", "=abc")):
-                expect = EXPECT_REJECT
+            return "", None
+        if r < 0.75:
+            value = rng.choice(["0", "0.1", "0.5", "1", "1.0", "0e0", "+1", "0.05", ".5", " 1",
+                                "1 ", "\u0661"])  # (float() takes an Arabic-Indic one)
+            return "?wait=" + urllib.parse.quote(value, safe="+"), True
+        bad = rng.choice(["-1", "61", "60.0001", "1e9", "nan", "NaN", "inf", "-inf", "", "abc",
+                          "1s", "0x1", "%00", "%ff", "1e999", "-0.1", "9" * 400, "1,5"])
+        return "?wait=" + urllib.parse.quote(bad), False
+
+    def _proof_target(self, git: bool) -> tuple[str, str | None]:
+        rng = self.rng
+        t = self.t
+        wait, wait_ok = self._wait()
+        if wait_ok is False:
+            expect: str | None = EXPECT_REJECT
         else:
-            n = rng.choice(["000", "001", "x001/000", "5", "x000/005", "999", "000.p/1",
-                            "000.p/256", "000.p/07", "000.p/0", "x999/x999/x999/999",
-                            "x" * 300, "%2e%2e/%2e%2e/keys", "../../stampd.sqlite3", "000/"])
-            level = rng.choice(["0", "1", "2", "63", "64", "00", "-1", "a", "entries"])
-            path = rng.choice([f"/tlog/tile/{level}/{n}", f"/tlog/tile/entries/{n}",
-                               "/tlog/checkpoint", "/tlog/vkey", "/tlog/", "/tlog/tile/",
-                               "/tlog/checkpoint/..", "/tlog/../keys/secret-key.asc",
-                               f"/tlog/tile/0/{n}?x=1"])
-        method = rng.choice([b"GET", b"GET", b"GET", b"HEAD"])
-        target = urllib.parse.quote(path, safe="/%?=&").encode("ascii")
-        wire = request_bytes(method, target, self.headers())
-        return Case("tlog", path[:60], [wire], [Req(method.decode(), path, (), expect)])
+            expect = None
+        if git:
+            r = rng.random()
+            if r < 0.4 and t.git_ids:
+                value = rng.choice(t.git_ids)
+                return f"/v1/proofs/git/{value}{wait}", expect or EXPECT_OK
+            if r < 0.6:  # unknown, well-formed: 404 (a wait makes it wait for it)
+                value = self.m.hex(rng.choice([40, 64]))
+                return f"/v1/proofs/git/{value}{wait}", EXPECT_REJECT
+            good = t.git_ids[0] if t.git_ids else self.m.hex(40)
+            _, bad = rng.choice(_bad_ids(rng, good))
+            return f"/v1/proofs/git/{bad}{wait}", EXPECT_REJECT if bad else None
+        r = rng.random()
+        if r < 0.4 and t.serials:
+            return f"/v1/proofs/{rng.choice(t.serials)}{wait}", expect or EXPECT_OK
+        if r < 0.6:
+            value = rng.choice(["0", "1", "2", "3", str(rng.randrange(1, 20_000)),
+                                "999999999999999999", "9223372036854775807"])
+            return f"/v1/proofs/{value}{wait}", expect  # known or not: 200 or 404
+        bad = rng.choice(["-1", "+1", "1.0", "1e3", "0x10", "abc", "", "1 ", " 1", "%00",
+                          "1%00", "\u0661", "\uff11", "9" * 19, "9" * 1000, "1/2", "..",
+                          "01", "00000000000000001", "1;x"])
+        # (leading zeros name a serial too; an empty one is the collection's path)
+        known = bad in ("01", "00000000000000001", "")
+        return f"/v1/proofs/{bad}{wait}", None if known else EXPECT_REJECT
+
+    def _tile_target(self, entries: bool) -> tuple[str, str | None]:
+        """A tile or bundle of the tree of ``tree_size``: a full one or a partial view of it
+        (as tlog-tiles allows), or the partial one of that size (all must be served); or
+        another width of that partial one (only served if the sequencer wrote that width)."""
+        rng = self.rng
+        size = self.t.tree_size
+        full, rest = divmod(size, 256)
+        expect: str | None = EXPECT_OK
+        if full and (not rest or rng.random() < 0.5):
+            n = rng.randrange(full)
+            width = rng.choice([None, None, rng.randrange(1, 256)])
+        elif rng.random() < 0.7:
+            n, width = full, rest
+        else:
+            n, width, expect = full, rng.randrange(1, rest + 1), None
+        suffix = "" if width is None else f".p/{width}"
+        level = "entries" if entries else "0"
+        return f"/tlog/tile/{level}/{_tile_index(n)}{suffix}", expect
+
+    def _bad_tile_target(self) -> str:
+        rng = self.rng
+        huge = rng.choice(["x999/x999/x999/x999/x999/x999/999", "x001/" * 7 + "000",
+                           "x000/000", "x001/x000/000", "9" * 30, "999"])
+        return rng.choice([
+            "/tlog/tile/0/5", "/tlog/tile/0/05", "/tlog/tile/0/0000", f"/tlog/tile/0/{huge}",
+            f"/tlog/tile/entries/{huge}", "/tlog/tile/64/000", "/tlog/tile/63/000",
+            "/tlog/tile/99/000", "/tlog/tile/-1/000", "/tlog/tile/00/000", "/tlog/tile/1/999",
+            "/tlog/tile/0/000.p/0", "/tlog/tile/0/000.p/256", "/tlog/tile/0/000.p/257",
+            "/tlog/tile/0/000.p/-1", "/tlog/tile/0/000.p/01", "/tlog/tile/0/000.p/",
+            "/tlog/tile/0/000.p", "/tlog/tile/0/000.p/1/x", "/tlog/tile/entries/000.p/0",
+            "/tlog/tile/entries/000.p/256", "/tlog/tile/entries/000.p/99999999999999999999",
+            "/tlog/tile/entries/", "/tlog/tile/entries", "/tlog/tile/", "/tlog/tile",
+            "/tlog/tile/1/entries/000", "/tlog/tile/entries/x000", "/tlog/tile/0/x000/",
+            "/tlog/tile/0/000%00", "/tlog/tile/0/000\\",
+            "/tlog/tile/0/\uff10\uff10\uff10", "/tlog/tile/0/..%2f..%2fcheckpoint",
+            "/tlog/tile/../checkpoint", "/tlog/tile/0/../../checkpoint",
+            "/tlog/tile/0/%2e%2e/%2e%2e/stampd.sqlite3", "/tlog/tile/0/" + "x000/" * 2000 + "000",
+            "/tlog/tile/entries/000.p/" + "9" * 5000, "/tlog/tile/0/000.P/1",
+            "/tlog/tile/0/000.p/1.0", "/tlog/tile/0/000.p/+1"
+        ])
 
     # -- pipelines and slow clients ---------------------------------------------------------
     def one_request(self) -> tuple[bytes, Req]:

@@ -65,6 +65,32 @@ def _raw(kwargs: dict[str, Any], hostport: str) -> tuple[str, str, bytes] | None
     return method, target, b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+MAX_WAIT = 1.0  # seconds: the most a fuzzed proof request may wait (the server allows 60)
+
+
+def cap_wait(kwargs: dict[str, Any]) -> bool:
+    """Lower a drawn ``wait`` above ``MAX_WAIT`` (that the server would honour, up to 60 s) to
+    ``MAX_WAIT``, so that a request the server rightly keeps waiting is no hang; True if it
+    did. Malformed waits are left as drawn."""
+    params = kwargs.get("params")
+    if not isinstance(params, dict) or "wait" not in params:
+        return False
+    values = params["wait"] if isinstance(params["wait"], list) else [params["wait"]]
+    capped = False
+    out = []
+    for v in values:
+        try:
+            seconds = float(v)
+        except (TypeError, ValueError):
+            out.append(v)
+            continue
+        if MAX_WAIT < seconds <= 60:
+            v, capped = str(MAX_WAIT), True
+        out.append(v)
+    params["wait"] = out if isinstance(params["wait"], list) else out[0]
+    return capped
+
+
 def _draw(strategy: Any, n: int, seed: int) -> list[Any]:
     """Up to ``n`` examples of ``strategy``, the same ones for the same seed."""
     from hypothesis import HealthCheck, Phase, given, settings
@@ -111,6 +137,7 @@ def schema_cases(base_url: str, n: int, seed: int, hostport: str) -> tuple[list[
               enumerate((op, m) for op in ops for m in modes)]
     pools: dict[int, list[Case]] = {a[0]: [] for a in active}
     skipped = 0
+    capped = 0
     unsatisfiable: list[str] = []
     for attempt in range(4):
         have = sum(len(p) for p in pools.values())
@@ -126,7 +153,9 @@ def schema_cases(base_url: str, n: int, seed: int, hostport: str) -> tuple[list[
                 unsatisfiable.append(f"{gen} {op.method.upper()} {op.path} ({type(e).__name__})")
                 continue
             for case in drawn:
-                raw = _raw(case.as_transport_kwargs(base_url=base_url.rstrip("/")), hostport)
+                kwargs = case.as_transport_kwargs(base_url=base_url.rstrip("/"))
+                capped += cap_wait(kwargs)
+                raw = _raw(kwargs, hostport)
                 if raw is None:
                     skipped += 1
                     continue
@@ -146,6 +175,7 @@ def schema_cases(base_url: str, n: int, seed: int, hostport: str) -> tuple[list[
         i += 1
     note = (f"{len(ops)} operations from {url}, {len(out)} cases"
             + (f" ({skipped} drawn cases not sendable by requests, left out)" if skipped else "")
+            + (f" ({capped} drawn waits above {MAX_WAIT:g} s lowered to it)" if capped else "")
             + (f"; nothing to draw for {len(unsatisfiable)}: {', '.join(unsatisfiable)}"
                if unsatisfiable else ""))
     return out, note

@@ -13,6 +13,8 @@ import json
 import re
 import shutil
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,13 +64,15 @@ class UnderTest:
     """One server on one database."""
 
     def __init__(self, db: str, workdir: Path, database_url: str | None, workers: int,
-                 ssh_key: bool = True) -> None:
+                 ssh_key: bool = True, tlog: bool = True) -> None:
         self.db = db
         self.workdir = workdir
         self.data = seed_data_dir(workdir / "data")
+        self.tlog = tlog
+        # The transparency log on (its key adds a worker): its reads are fuzzed too.
         env = {"STAMPD_BODY_TIMEOUT": str(BODY_TIMEOUT),
                "STAMPD_KEEPALIVE_TIMEOUT": str(KEEPALIVE_TIMEOUT),
-               "STAMPD_TLOG": "on"}  # (/v1/proofs and /tlog are fuzzed too)
+               "STAMPD_TLOG": "on" if tlog else "off"}
         if ssh_key:  # a second key, so that format=ssh and key=SHA256:... can be accepted
             env.update(STAMPD_EXTRA_KEYS="ssh:ed25519", STAMPD_EXTRA_KEY_WORKERS="1")
         self.db_url = database_url or f"sqlite:///{self.data / 'stampd.sqlite3'}"
@@ -77,7 +81,7 @@ class UnderTest:
                                            database_url=database_url, extra_env=env,
                                            runtime_dir=workdir / "rt")
         try:
-            self.server.wait_ready(workers + (1 if ssh_key else 0) + 1)  # (+ the log key's)
+            self.server.wait_ready(workers + (1 if ssh_key else 0) + (1 if tlog else 0))
         except BaseException:
             self.stop()
             raise
@@ -103,8 +107,53 @@ class UnderTest:
         primary = next(k["fingerprint"] for k in keys if k["primary"])
         if primary != TEST_FPR:
             raise ProofError(f"the primary key is {primary}, not the test key")
-        ssh = tuple(k["fingerprint"] for k in keys if k["format"] == "ssh")
-        return Target("127.0.0.1", self.server.port, primary, ssh)
+        ssh = tuple(k["fingerprint"] for k in keys if k["format"] == "ssh"
+                    and k.get("purpose", "stamps") == "stamps")
+        if not self.tlog:
+            return Target("127.0.0.1", self.server.port, primary, ssh)
+        serials, git_ids, size = self.seed_tlog()
+        return Target("127.0.0.1", self.server.port, primary, ssh, serials, git_ids, size)
+
+    def post(self, path: str, fields: dict[str, str]) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.url + path.lstrip("/"),
+                                     data=urllib.parse.urlencode(fields).encode(),
+                                     headers={"Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def seed_tlog(self) -> tuple[tuple[int, ...], tuple[str, ...], int]:
+        """A few stamps whose proofs are ready before the fuzzing starts, so that the
+        generators can ask for proofs that exist: (their serials, their tags' object ids,
+        the tree size then)."""
+        serials: list[int] = []
+        git_ids: list[str] = []
+        for i in range(3):
+            digest = hashlib.sha256(b"fuzz tlog seed %d %s" % (i, self.data.name.encode())
+                                    ).hexdigest()
+            status, body = self.post("/v1/stamps", {"sha256": digest})
+            if status != 200:
+                raise ProofError(f"seed digest stamp answered {status}: {body[:200]!r}")
+            serials.append(int(json.loads(body)["serial"]))
+            commit = hashlib.sha1(b"fuzz tlog seed %d %s" % (i, self.data.name.encode())
+                                  ).hexdigest()
+            status, tag = self.post("/", {"request": "stamp-tag-v1", "commit": commit,
+                                          "tagname": f"seed{i}"})
+            if status != 200:
+                raise ProofError(f"seed tag stamp answered {status}: {tag[:200]!r}")
+            git_ids.append(hashlib.sha1(b"tag %d\0" % len(tag) + tag).hexdigest())
+        for path in [f"/v1/proofs/{s}?wait=30" for s in serials] + [
+                f"/v1/proofs/git/{g}?wait=30" for g in git_ids]:
+            status, body = self.get(path)
+            if status != 200:
+                raise ProofError(f"GET {path} answered {status}: {body[:200]!r}")
+        status, note = self.get("/tlog/checkpoint")
+        if status != 200:
+            raise ProofError(f"GET /tlog/checkpoint answered {status}")
+        size = int(note.split(b"\n")[1])
+        return tuple(serials), tuple(git_ids), size
 
     def metric_restarts(self) -> float | None:
         status, body = self.get("/metrics")

@@ -41,6 +41,28 @@ from bench.fuzz_http import (
 LEAKS = (b"PRIVATE KEY", b"repositoryformatversion", b"root:x:0:0", b"Traceback (most recent",
          b"sqlalchemy.exc", b"SQLite format 3")
 
+def endpoint_of(target: str) -> str:
+    """The endpoint a request target is for, for the report: the transparency log's apart
+    (a proof with and without ``?wait=``), everything else by its first path segment."""
+    path, _, query = target.partition("?")
+    waits = "?wait" if "wait=" in query else ""
+    if path.startswith("/v1/proofs/git/"):
+        return "/v1/proofs/git/<id>" + waits
+    if path.startswith("/v1/proofs/"):
+        return "/v1/proofs/<serial>" + waits
+    if path in ("/tlog/checkpoint", "/tlog/vkey"):
+        return path
+    if path.startswith("/tlog/tile/entries/"):
+        return "/tlog/tile/entries/..."
+    if path.startswith("/tlog/tile/"):
+        return "/tlog/tile/<L>/..."
+    if path.startswith("/tlog"):
+        return "/tlog (other)"
+    if not path.startswith("/"):
+        return "(no path)"
+    return "/" + path[1:].split("/", 1)[0][:20]
+
+
 FAILURE_KINDS = ("5xx", "hang", "closed without answer", "garbled answer", "no connection",
                  "answered out of order", "oracle mismatch", "leak")
 
@@ -50,6 +72,7 @@ class Tally:
     requests: Counter[str] = field(default_factory=Counter)  # by generator
     statuses: Counter[str] = field(default_factory=Counter)  # "200", "closed", ...
     by_generator: dict[str, Counter[str]] = field(default_factory=dict)
+    by_endpoint: dict[str, Counter[str]] = field(default_factory=dict)  # `endpoint_of`
     allowed_closes: Counter[str] = field(default_factory=Counter)  # by the case's reason
     failures: Counter[str] = field(default_factory=Counter)  # by FAILURE_KINDS
     examples: dict[str, list[str]] = field(default_factory=dict)  # the first of each kind
@@ -87,6 +110,7 @@ class Tally:
             key = str(out.status) if out.kind == ANSWERED else out.kind
             self.statuses[key] += 1
             gen[key] += 1
+            self.by_endpoint.setdefault(endpoint_of(req.target), Counter())[key] += 1
             self.slowest = max(self.slowest, out.seconds)
             # A marker cut off by a mutation (a truncated body) was not sent: it says nothing.
             markers = {m for m in req.markers if m.encode() in wire}

@@ -39,6 +39,7 @@ from tests.helpers import (
 )
 
 BIN = Path(sys.executable).parent
+TLOG_KEY_ID = "tlog-ed25519"  # the log key's id: its worker is started with --key-id this
 
 
 def progress(msg: str) -> None:
@@ -140,7 +141,7 @@ class ProofServer:
 
     def __init__(self, db: str, workdir: Path, database_url: str | None, *, workers: int = 2,
                  commit_interval: float = 2.0, env: dict[str, str] | None = None,
-                 api_processes: int = 1) -> None:
+                 api_processes: int = 1, tlog: bool = False) -> None:
         self.db = db
         self.workdir = workdir
         self.data = seed_data_dir(workdir / "data")
@@ -150,6 +151,9 @@ class ProofServer:
         self.api_processes = api_processes
         self.commit_interval = commit_interval
         self.env = dict(env or {})
+        # The transparency log: its key has a worker (and an agent) of its own.
+        self.tlog = tlog
+        self.env["STAMPD_TLOG"] = "on" if tlog else "off"
         self.port = free_port()
         self.runtime = short_tmpdir("pr")
         self.server: Server | None = None
@@ -166,6 +170,17 @@ class ProofServer:
                                    database_url=self.database_url, extra_env=self.env,
                                    port=self.port, runtime_dir=self.runtime,
                                    api_processes=self.api_processes)
+        if self.tlog:
+            try:
+                self.server.wait_ready(self.all_workers)
+            except BaseException:
+                self.server.stop()
+                raise
+
+    @property
+    def all_workers(self) -> int:
+        """Every signing worker: the stamping key's and the log key's."""
+        return self.workers + (1 if self.tlog else 0)
 
     @property
     def api_pid(self) -> int:
@@ -186,8 +201,39 @@ class ProofServer:
                 if b"workers.worker" in cmdline(w)]
 
     def agent_pids(self) -> list[int]:
-        return [a for w in self.worker_pids() for a in children(w)
+        return self.agents_of(self.worker_pids())
+
+    @staticmethod
+    def agents_of(workers: list[int]) -> list[int]:
+        return [a for w in workers for a in children(w)
                 if os.path.basename(cmdline(a).split(b"\0")[0]) in (b"gpg-agent", b"ssh-agent")]
+
+    def key_worker_pids(self, key_id: str | None) -> list[int]:
+        """The workers of the key ``key_id`` (``--key-id`` on their command line); None: of
+        every key but the log key's (``tlog-ed25519``)."""
+        out = []
+        for w in self.worker_pids():
+            argv = cmdline(w).split(b"\0")
+            kid = argv[argv.index(b"--key-id") + 1].decode() if b"--key-id" in argv else ""
+            if kid == key_id or (key_id is None and kid != TLOG_KEY_ID):
+                out.append(w)
+        return out
+
+    def log_lock_holder(self) -> int | None:
+        """The process holding ``run/log.lock`` (the one that makes the git log's commits and
+        sequences the transparency log), from /proc/locks; None if none holds it."""
+        try:
+            inode = os.stat(self.data / "run" / "log.lock").st_ino
+            locks = Path("/proc/locks").read_text()
+        except OSError:
+            return None
+        for line in locks.splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (or POSIX); "->" lines wait
+            if len(fields) >= 6 and fields[1] != "->" and fields[5].rsplit(":", 1)[-1] == str(
+                    inode):
+                return int(fields[4])
+        return None
 
     def ready_workers(self) -> int:
         try:
@@ -208,7 +254,7 @@ class ProofServer:
         """Seconds until /readyz lists every worker again."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if self.ready_workers() >= self.workers:
+            if self.ready_workers() >= self.all_workers:
                 return time.monotonic() - t0
             time.sleep(0.1)
         raise ProofError(f"the pool did not recover within {timeout} s")

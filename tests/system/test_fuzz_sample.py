@@ -1,7 +1,8 @@
 """A sample of `make fuzz` (bench/fuzz.py, bench/README.md): ~300 generated and mutated
 requests through the same code, against one real server on SQLite, with the same promises: no
 answer ≥ 500, no hang, no worker restart, no traceback, nothing refused in the journal or the
-log, `stampd audit` passes. The full runs (10,000 requests, SQLite and PostgreSQL) are
+log, `stampd audit` passes; the server keeps its transparency log, whose proofs and tiles are
+fuzzed too. The full runs (10,000 requests, SQLite and PostgreSQL) are
 `make fuzz`.
 
 The checks themselves are checked against a tiny server that misbehaves on purpose (a 500, a
@@ -39,7 +40,11 @@ def test_fuzz_sample_keeps_every_promise() -> None:
     # Not vacuous: every generator ran, requests were stamped and refused, the log was read.
     assert t.total == SAMPLE.requests, report
     assert {"schema+", "schema-", "form", "digest", "framing", "methods", "paths",
-            "pipeline"} <= set(t.requests), report
+            "pipeline", "tlog"} <= set(t.requests), report
+    # The transparency log's reads (the server keeps one): proofs and tiles asked for, some
+    # served (they exist), none a 5xx (the judge counts those as failures above).
+    for endpoint in ("/v1/proofs/<serial>", "/v1/proofs/git/<id>", "/tlog/tile/entries/..."):
+        assert t.by_endpoint[endpoint]["200"] >= 1, report
     assert t.statuses["200"] > 20 and t.accepted and len(t.refused_markers) > 50, report
     assert result.ledger is not None and result.ledger.log_commits >= 1, report
     assert t.accepted <= result.ledger.values, report
