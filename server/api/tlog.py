@@ -133,6 +133,10 @@ def _locate(engine: Engine, serial: int | None, object_id: str | None) -> _Locat
             row = first("object", object_id) or first("commit", object_id)
             what = f"git object {object_id}"
     if row is None:
+        if object_id is not None:
+            raise NotFound(f"no stamp with the git object {object_id} (a signed tag or commit "
+                           "this server answered, or a commit it stamped); a stamp whose "
+                           "answer was never journalled is found by the commit it stamped")
         raise NotFound(f"no stamp {what} on this server")
     sid, state, index, entry = row
     if index is None and state in (StampState.FAILED, StampState.FAILED_UNLOGGED):
