@@ -30,13 +30,22 @@ $(STAMP): pyproject.toml $(LOCK)
 serve: $(STAMP)
 	$(BIN)/stampd serve
 
-## Run the whole test suite (lint, import contracts and types first). Four test processes
+## Run the whole test suite, and beside it lint, import contracts and types. Four test processes
 ## on two cores: most tests wait on servers, agents and git; slow kinds of test start first.
 ## Bytecode caches are written (into gitignored __pycache__ folders) even where the caller's
 ## environment sets PYTHONDONTWRITEBYTECODE: each of the ~150 servers the tests start would
 ## otherwise compile stampd again, and pytest rewrite every test module in each process.
-test: sysdeps lint lock-check client-only
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal
+## The checks (lint, lock-check, client-only) run beside pytest, not before it: they are a
+## few seconds of mostly waiting (mypy's first run ~20 s) that the test processes' waits absorb.
+## Their output comes after pytest's; make test fails when either failed.
+test: sysdeps $(STAMP)
+	@tmp=$$(mktemp -d) || exit 1; trap 'rm -rf "$$tmp"' EXIT; \
+	{ $(MAKE) --no-print-directory -k -j3 --output-sync=target lint lock-check client-only \
+		>"$$tmp/checks.log" 2>&1; echo $$? >"$$tmp/checks.rc"; } & \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal; tests=$$?; \
+	wait; cat "$$tmp/checks.log"; checks=$$(cat "$$tmp/checks.rc"); \
+	[ "$$checks" = 0 ] || echo "make test: lint, lock-check or client-only failed (above)" >&2; \
+	[ "$$tests" = 0 ] && [ "$$checks" = 0 ]
 
 ## The system packages the tests need: installed when possible, else one line naming them.
 sysdeps:
