@@ -48,7 +48,7 @@ os.environ.setdefault("STAMPD_TLOG", "off")
 # after another, so that the shared server starts once, not once for each process the module's
 # tests were spread over (worksteal splits modules, and a process that goes back to a module
 # starts its server again). A unit's cost is the sum of its tests' seconds in the last run (the
-# pytest cache), or a guess by kind where the cache has none.
+# pytest cache, else tests/durations.json), or a guess by kind where neither has them.
 GUESSED_SECONDS = {"system": 8.0, "integration": 1.0, "unit": 0.05}
 DURATIONS_KEY = "stampd/durations"
 SHARED_SCOPES = ("module", "class", "package")
@@ -66,6 +66,20 @@ def shared_unit(item: pytest.Item) -> str | None:
     return None
 
 
+# The seconds of the slower tests in a quiet run, committed: a fresh clone (CI) has no pytest
+# cache, and without them its order is guessed by kind, so a long test may start last. The
+# cache's figures of later runs take precedence. (`python tests/durations.py` writes it again.)
+COMMITTED_DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def committed_durations() -> dict[str, float]:
+    try:
+        data = json.loads(COMMITTED_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
 def guessed_seconds(item: pytest.Item) -> float:
     parts = Path(item.path).parts
     return next((v for k, v in GUESSED_SECONDS.items() if k in parts), 1.0)
@@ -81,7 +95,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgres)
 
     cache = getattr(config, "cache", None)
-    last: dict[str, float] = (cache.get(DURATIONS_KEY, {}) if cache is not None else {}) or {}
+    last: dict[str, float] = {**committed_durations(),
+                              **((cache.get(DURATIONS_KEY, {}) if cache is not None else {})
+                                 or {})}
     unit_of = {item.nodeid: shared_unit(item) or item.nodeid for item in items}
     cost: dict[str, float] = {}
     for item in items:
