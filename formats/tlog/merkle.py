@@ -36,6 +36,7 @@ __all__ = [
     "inclusion_proof",
     "leaf_hash",
     "node_hash",
+    "perfect_root",
     "range_hash",
     "root_of",
     "tree_levels",
@@ -101,10 +102,17 @@ def tree_levels(leaf_hashes: Sequence[bytes]) -> list[list[bytes]]:
     """Every perfect subtree of a tree held in memory: ``levels[level][index]``; serve them as a
     :data:`NodeReader` with ``lambda level, index: levels[level][index]``."""
     levels = [list(leaf_hashes)]
+    sha256 = hashlib.sha256  # (`node_hash` written out: a proof hashes hundreds of nodes)
     while len(levels[-1]) >= 2:
         below = levels[-1]
-        levels.append([node_hash(below[i], below[i + 1]) for i in range(0, len(below) - 1, 2)])
+        levels.append([sha256(b"\x01" + below[i] + below[i + 1]).digest()
+                       for i in range(0, len(below) - 1, 2)])
     return levels
+
+
+def perfect_root(hashes: Sequence[bytes]) -> bytes:
+    """The root of the perfect subtree over ``hashes`` (a power of two of them)."""
+    return tree_levels(hashes)[-1][0]
 
 
 def root_of(leaf_hashes: Sequence[bytes]) -> bytes:

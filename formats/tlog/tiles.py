@@ -16,7 +16,6 @@ length and its bytes.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import struct
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from formats.tlog.merkle import (
     NodeReader,
     consistency_proof,
     inclusion_proof,
+    perfect_root,
 )
 
 __all__ = [
@@ -210,17 +210,6 @@ def tile_hashes(tile: Tile, data: bytes) -> list[bytes]:
     return [data[i : i + HASH_SIZE] for i in range(0, len(data), HASH_SIZE)]
 
 
-def _perfect_root(hashes: Sequence[bytes]) -> bytes:
-    """The root of a perfect subtree over ``hashes`` (a power of two of them): `node_hash`
-    written out, since a proof hashes a few hundred nodes this way."""
-    layer = list(hashes)
-    sha256 = hashlib.sha256
-    while len(layer) > 1:
-        layer = [sha256(b"\x01" + layer[i] + layer[i + 1]).digest()
-                 for i in range(0, len(layer), 2)]
-    return layer[0]
-
-
 def tile_node_reader(size: int, read_tile: Callable[[Tile], bytes]) -> NodeReader:
     """A :data:`NodeReader` for the tree of ``size`` leaves over its tiles, fetched with
     ``read_tile`` (once each) and checked for length."""
@@ -230,7 +219,7 @@ def tile_node_reader(size: int, read_tile: Callable[[Tile], bytes]) -> NodeReade
         tile, start, stop = tile_for_node(level, index, size)
         if tile not in cache:
             cache[tile] = tile_hashes(tile, read_tile(tile))
-        return _perfect_root(cache[tile][start:stop])
+        return perfect_root(cache[tile][start:stop])
 
     return node
 

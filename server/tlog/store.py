@@ -33,7 +33,14 @@ from pathlib import Path
 
 from formats.note import parse_note
 from formats.tlog.checkpoint import Checkpoint
-from formats.tlog.merkle import EMPTY_ROOT, HASH_SIZE, NodeReader, node_hash
+from formats.tlog.merkle import (
+    EMPTY_ROOT,
+    HASH_SIZE,
+    NodeReader,
+    node_hash,
+    perfect_root,
+    tree_levels,
+)
 from formats.tlog.tiles import (
     TILE_HEIGHT,
     TILE_WIDTH,
@@ -107,27 +114,6 @@ def _write_file(path: Path, data: bytes, *, sync: bool = False) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-
-
-def _perfect_root(hashes: Sequence[bytes]) -> bytes:
-    layer = list(hashes)
-    sha256 = hashlib.sha256
-    while len(layer) > 1:
-        layer = [sha256(b"\x01" + layer[i] + layer[i + 1]).digest()
-                 for i in range(0, len(layer), 2)]
-    return layer[0]
-
-
-def _tile_levels(hashes: list[bytes]) -> list[list[bytes]]:
-    """The inner levels of a full tile: ``levels[s][i]`` is the root of its hashes
-    ``[i * 2^s, (i + 1) * 2^s)``."""
-    levels = [hashes]
-    sha256 = hashlib.sha256
-    while len(levels[-1]) > 1:
-        below = levels[-1]
-        levels.append([sha256(b"\x01" + below[i] + below[i + 1]).digest()
-                       for i in range(0, len(below), 2)])
-    return levels
 
 
 def checkpoint_size(note: bytes) -> int:
@@ -215,7 +201,7 @@ class TileWriter:
                 self._drop_partials(Tile(0, n).entries_path())
                 self._write(Tile(0, n).path(), b"".join(self.edge[0]))
                 self._drop_partials(Tile(0, n).path())
-                root = _perfect_root(self.edge[0])
+                root = perfect_root(self.edge[0])
                 self.edge_entries, self.edge[0] = [], []
                 self._push(1, root, touched)
         for level in sorted(touched):
@@ -242,7 +228,7 @@ class TileWriter:
             tile = Tile(level, (self.size >> (TILE_HEIGHT * level)) // TILE_WIDTH - 1)
             self._write(tile.path(), b"".join(row))
             self._drop_partials(tile.path())
-            h = _perfect_root(row)
+            h = perfect_root(row)
             self.edge[level] = []
             level += 1
 
@@ -274,7 +260,7 @@ class TileWriter:
             pos = 0
             for s in range(TILE_HEIGHT - 1, -1, -1):
                 if len(row) >> s & 1:
-                    subtrees.append(_perfect_root(row[pos:pos + (1 << s)]))
+                    subtrees.append(perfect_root(row[pos:pos + (1 << s)]))
                     pos += 1 << s
         root = subtrees[-1]
         for h in reversed(subtrees[:-1]):
@@ -394,7 +380,7 @@ class TileReader:
             if levels is not None:
                 self._tree_cache.move_to_end(key)
                 return levels
-        levels = _tile_levels(tile_hashes(tile, self.tile_bytes(tile)))
+        levels = tree_levels(tile_hashes(tile, self.tile_bytes(tile)))
         with self._lock:
             self._tree_cache[key] = levels
             while len(self._tree_cache) > self._cache_size:
