@@ -5,9 +5,6 @@ manifest of them stamped (``POST /v1/manifests``), check the signed answer
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +16,7 @@ from client.stamp.errors import StampFailed, UsageError
 from client.stamp.git import git
 from client.stamp.remote import post_manifest, server_url
 from client.stamp.trust import openpgp_trust, ssh_trust
+from client.verify.tlog import write_publishable
 from formats.manifests import Header
 from formats.sshsig import SshPublicKey
 
@@ -35,25 +33,6 @@ class Written:
     answer: bytes  # the signed manifest as answered and written
     in_repository: bool
 
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all, with the mode of any new file (0666 less the umask:
-    0644 as a rule): a manifest is published beside the files, not kept private."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
-    try:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _in_repository(repo: Path) -> bool:
@@ -106,7 +85,7 @@ def stamp_files(paths: list[Path], *, server: str | None, output: Path | None = 
         answer, body=body, algorithm=algorithm, fmt=fmt, server=url, openpgp=openpgp, ssh=ssh,
         origin=origin, asked=asked, now=int(clock()))
     try:
-        _write_atomically(output, answer)
+        write_publishable(output, answer)
     except OSError as e:
         raise StampFailed(f"cannot write {output}: {e.strerror} (the manifest is stamped: "
                           f"GET {url.rstrip('/')}/v1/manifests/{manifest.header.serial})"

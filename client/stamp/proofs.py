@@ -31,8 +31,8 @@ from client.verify.tlog import (
     pin_variable,
     proof_path,
     report_line,
-    store_proof_file,
     store_proof_note,
+    write_publishable,
 )
 
 
@@ -89,7 +89,7 @@ def obtain_proof(repo: Path, server: str, held: Held, wait: int, *, in_repositor
     try:
         proven = check_proof(proof, held, [vkey], source=f"of {server}")
         if file is not None:
-            store_proof_file(proof_path(file), proof)
+            write_publishable(proof_path(file), proof)
         elif object_id is not None:
             store_proof_note(repo, object_id, proof)
     except (Invalid, Malformed) as e:

@@ -48,8 +48,8 @@ from client.verify.tlog import (
     proof_path,
     read_log_key,
     report_line,
-    store_proof_file,
     store_proof_note,
+    write_publishable,
 )
 from client.verify.token import (
     MAX_TOKEN,
@@ -142,7 +142,7 @@ def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str
     if fetched:
         if check.file is not None:
             try:
-                store_proof_file(proof_path(check.file), proof)
+                write_publishable(proof_path(check.file), proof)
             except OSError as e:
                 raise CannotCheck(f"cannot store the log proof {where}: {e.strerror}") from None
         elif check.repo is not None and check.object_id is not None:

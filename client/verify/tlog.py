@@ -218,16 +218,17 @@ def proof_path(target: Path) -> Path:
     return target.with_name(target.name + PROOF_SUFFIX)
 
 
-def store_proof_file(path: Path, proof: bytes) -> None:
-    """Write ``path`` whole or not at all, with the mode of a new file (0666 less the umask):
-    a proof is published with its receipt or manifest, like them."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def write_publishable(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all, with the mode of a new file (0666 less the umask:
+    0644 as a rule): what stampd stamp and verify write is published beside the files (a
+    manifest, a proof with its receipt or manifest), not kept private."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
     try:
         umask = os.umask(0o022)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
-            f.write(proof)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
