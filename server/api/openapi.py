@@ -82,6 +82,27 @@ PROOF_404 = ("no such stamp, a stamp that failed, or one not yet covered by a ch
              "(then with Retry-After)")
 
 
+def _proof_operation(operation_id: str, summary: str, description: str, path: Json,
+                     s400: str) -> Json:
+    """A ``/v1/proofs`` operation: its path parameter, ``wait``, and the answers they share."""
+    return {
+        "tags": ["tlog"], "operationId": operation_id, "summary": summary,
+        "description": description,
+        "parameters": [
+            path,
+            {"name": "wait", "in": "query", "required": False,
+             "description": "seconds (0 to 60) to wait until a checkpoint covers it",
+             "schema": {"type": "string"}}],
+        "responses": {
+            "200": {**_text("the proof"), "headers": PROOF_HEADERS},
+            **_errors(PROBLEM, [400], s400=s400),
+            "404": {**_errors(PROBLEM, [404], s404=PROOF_404)["404"],
+                    "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"],
+                                                "required": False}}},
+        },
+    }
+
+
 def _errors(media: str, codes: Sequence[int], **reasons: str) -> dict[str, Json]:
     """The error answers ``codes`` of one front end: problem+json (``/v1``) or plain text
     (the Zeitgitter protocol, whose clients show the reason as it is). ``reasons`` replace
@@ -542,48 +563,21 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                                       "content": {"application/json":
                                                   {"schema": _ref("Keys")}}}},
             }},
-            "/v1/proofs/{serial}": {"get": {
-                "tags": ["tlog"],
-                "operationId": "getProof",
-                "summary": "A stamp's proof of inclusion in the transparency log",
-                "description": "The `c2sp.org/tlog-proof@v1` of the stamp with this serial "
-                               "(a receipt, a manifest or an RFC 3161 token): its entry on "
-                               "the `extra` line, its index, the inclusion proof and the "
-                               "signed checkpoint.",
-                "parameters": [
-                    {"name": "serial", "in": "path", "required": True,
-                     "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
-                    {"name": "wait", "in": "query", "required": False,
-                     "description": "seconds (0 to 60) to wait until a checkpoint covers it",
-                     "schema": {"type": "string"}}],
-                "responses": {
-                    "200": {**_text("the proof"), "headers": PROOF_HEADERS},
-                    **_errors(PROBLEM, [400], s400="a serial or wait that is malformed"),
-                    "404": {**_errors(PROBLEM, [404], s404=PROOF_404)["404"],
-                            "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"],
-                                                        "required": False}}},
-                },
-            }},
-            "/v1/proofs/git/{object_id}": {"get": {
-                "tags": ["tlog"],
-                "operationId": "getGitProof",
-                "summary": "A git stamp's proof of inclusion in the transparency log",
-                "description": "By the id of the signed tag or commit the server answered, "
-                               "or by the commit stamped (its first stamp in the log).",
-                "parameters": [
-                    {"name": "object_id", "in": "path", "required": True,
-                     "schema": {"type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$"}},
-                    {"name": "wait", "in": "query", "required": False,
-                     "description": "seconds (0 to 60) to wait until a checkpoint covers it",
-                     "schema": {"type": "string"}}],
-                "responses": {
-                    "200": {**_text("the proof"), "headers": PROOF_HEADERS},
-                    **_errors(PROBLEM, [400], s400="an object id or wait that is malformed"),
-                    "404": {**_errors(PROBLEM, [404], s404=PROOF_404)["404"],
-                            "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"],
-                                                        "required": False}}},
-                },
-            }},
+            "/v1/proofs/{serial}": {"get": _proof_operation(
+                "getProof", "A stamp's proof of inclusion in the transparency log",
+                "The `c2sp.org/tlog-proof@v1` of the stamp with this serial (a receipt, a "
+                "manifest or an RFC 3161 token): its entry on the `extra` line, its index, the "
+                "inclusion proof and the signed checkpoint.",
+                {"name": "serial", "in": "path", "required": True,
+                 "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
+                "a serial or wait that is malformed")},
+            "/v1/proofs/git/{object_id}": {"get": _proof_operation(
+                "getGitProof", "A git stamp's proof of inclusion in the transparency log",
+                "By the id of the signed tag or commit the server answered, or by the commit "
+                "stamped (its first stamp in the log).",
+                {"name": "object_id", "in": "path", "required": True,
+                 "schema": {"type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$"}},
+                "an object id or wait that is malformed")},
             "/tlog/checkpoint": {"get": {
                 "tags": ["tlog"], "operationId": "getCheckpoint",
                 "summary": "The newest signed checkpoint (C2SP tlog-checkpoint)",
