@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from bench.proof_http import Answer, Conn, HttpError
+from bench.proof_server import wait_for_none
 
 CHECKPOINT_POLL = 0.1  # seconds between looks at /tlog/checkpoint
 _SERIAL = re.compile(rb"^serial: ([0-9]+)$", re.MULTILINE)
@@ -87,23 +88,8 @@ class CheckpointWatch:
 def tlog_settled(db_url: str, timeout: float) -> bool:
     """Wait until no signed or pending stamp lacks its entry (pending ones of a dead process
     get theirs STAMPD_REQUEST_TIMEOUT + 10 s after their time)."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(db_url)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            with engine.connect() as conn:
-                waiting = conn.execute(text(
-                    "select count(*) from stamps where tlog_index is null and "
-                    "state in ('signed', 'pending')")).scalar_one()
-            if waiting == 0:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.5)
-    finally:
-        engine.dispose()
+    return wait_for_none(db_url, ("select count(*) from stamps where tlog_index is null and "
+                                  "state in ('signed', 'pending')",), timeout)
 
 
 @dataclass

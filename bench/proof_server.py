@@ -81,6 +81,24 @@ def verdict(problems: list[str], alive: bool, passed: str) -> int:
     return 0
 
 
+def wait_for_none(db_url: str, counts: tuple[str, ...], timeout: float) -> bool:
+    """Wait (looking every 0.5 s, at most ``timeout`` seconds) until every ``select count(*)``
+    of ``counts`` is 0 in the database ``db_url``; whether they all came to 0."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with engine.connect() as conn:
+                if all(conn.execute(text(q)).scalar_one() == 0 for q in counts):
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+
 class ProofError(Exception):
     """The proof could not run (exit status 2), as opposed to a broken promise (1)."""
 
@@ -279,26 +297,10 @@ class ProofServer:
     def wait_settled(self, timeout: float) -> bool:
         """Wait until every stamp the log may show has reached a committed log commit: no
         signed or pending stamp unassigned, no log commit pending."""
-        from sqlalchemy import create_engine, text
-
-        engine = create_engine(self.db_url)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                with engine.connect() as conn:
-                    waiting = conn.execute(text(
-                        "select count(*) from stamps where log_commit_id is null and "
-                        "state in ('signed', 'pending')")).scalar_one()
-                    pending = conn.execute(text(
-                        "select count(*) from log_commits where state = 'pending'")
-                    ).scalar_one()
-                if waiting == 0 and pending == 0:
-                    return True
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.5)
-        finally:
-            engine.dispose()
+        return wait_for_none(self.db_url, (
+            "select count(*) from stamps where log_commit_id is null and "
+            "state in ('signed', 'pending')",
+            "select count(*) from log_commits where state = 'pending'"), timeout)
 
     def ledger(self, settle_timeout: float) -> Ledger:
         from sqlalchemy import create_engine, text
