@@ -6,7 +6,6 @@ has an entry whose proof verifies."""
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from pymerkle import InmemoryTree
 
+from bench.procs import http_get
 from formats.note import Ed25519Verifier, VerifierKey, open_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
@@ -24,13 +24,7 @@ from tests.helpers import Load, Server, proc_cmdline, start_server, wait_for
 
 
 def get(server: Server, path: str, timeout: float = 30) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
+    return http_get(server.port, path, timeout=timeout)
 
 
 class Checkpoints(threading.Thread):
