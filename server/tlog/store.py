@@ -99,9 +99,9 @@ def _flush(directory: Path, paths: Sequence[Path]) -> None:
                 os.close(fd)
 
 
-def _write_file(path: Path, data: bytes, *, sync: bool = False) -> None:
-    """``data`` at ``path``, whole or not at all (a reader never sees part of it); durable
-    only with ``sync`` (else see `_flush`)."""
+def _write_file(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all (a reader never sees part of it); durable once
+    flushed (`_flush`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -109,8 +109,6 @@ def _write_file(path: Path, data: bytes, *, sync: bool = False) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        if sync:
-            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
