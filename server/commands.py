@@ -32,10 +32,15 @@ def build_settings(args: argparse.Namespace) -> Settings:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
+    if getattr(args, "witness", None):  # (--witness, repeatable: the list STAMPD_WITNESSES)
+        overrides["witnesses"] = ",".join(args.witness)
     try:
         return Settings(**overrides)
     except ValidationError as e:
         raise CommandFailed(invalid_settings(e, given=set(overrides)), usage=True) from None
+
+
+_OPTIONS = {"witnesses": "--witness"}  # settings whose option is not named as they are
 
 
 def invalid_settings(exc: ValidationError, given: Collection[str] = ()) -> str:
@@ -46,7 +51,7 @@ def invalid_settings(exc: ValidationError, given: Collection[str] = ()) -> str:
         where = ""
         if e["loc"]:
             name = str(e["loc"][0])
-            where = (f"--{name.replace('_', '-')}" if name in given
+            where = (_OPTIONS.get(name, f"--{name.replace('_', '-')}") if name in given
                      else f"STAMPD_{name.upper()}") + ": "
         msg = str(e["msg"]).removeprefix("Value error, ")
         problems.append(where + msg)
@@ -571,6 +576,10 @@ def add_commands(sub: Any) -> None:
     serve.add_argument("--own-url", help="public URL written into stamps (STAMPD_OWN_URL)")
     serve.add_argument("--peers", help="peers stamping our log: name=URL[#FPR],... "
                        "(STAMPD_PEERS)")
+    serve.add_argument("--witness", action="append", metavar="URL=VKEY",
+                       help="a witness the transparency log sends its checkpoints to, by its "
+                       "submission prefix and cosignature verifier key; repeatable "
+                       "(STAMPD_WITNESSES)")
     serve.add_argument("--no-workers", action="store_true",
                        help="run no worker pool here (workers come from `stampd worker`)")
     serve.set_defaults(func=cmd_serve)

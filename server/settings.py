@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from formats.note import valid_key_name
+from formats.note import NoteError, valid_key_name
+from formats.tlog.checkpoint import CosignatureVerifier
 from workers.keys.keyset import TLOG_KEY, KeySpec, parse_extra_keys
 
 # Keys a TSA key may be: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA), held by
@@ -112,6 +113,53 @@ def parse_peers(spec: str) -> list[PeerConfig]:
     return peers
 
 
+@dataclass(frozen=True)
+class WitnessConfig:
+    """A witness the log sends its checkpoints to: its submission prefix (requests go to
+    ``<url>/add-checkpoint``) and its cosignature verifier key (type 0x04)."""
+
+    url: str
+    vkey: str
+
+    @property
+    def verifier(self) -> CosignatureVerifier:
+        return CosignatureVerifier.from_vkey(self.vkey)
+
+    @property
+    def name(self) -> str:
+        """The witness's key name: how the log names it (metrics, status, the policy)."""
+        return self.verifier.name
+
+
+# Names of the published policy (c2sp tlog-policy) that a witness may not take.
+_POLICY_NAMES = ("none", "witnesses")
+
+
+def parse_witnesses(spec: str) -> list[WitnessConfig]:
+    """``URL=VKEY`` items separated by commas (the URL holds no ``=``)."""
+    witnesses: list[WitnessConfig] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        url, sep, vkey = item.partition("=")
+        if not sep or not vkey:
+            raise ValueError(f"witness {item[:80]!r}: use URL=VKEY")
+        if not re.fullmatch(r"https?://[!-~]+", url):
+            raise ValueError(f"witness {url[:80]!r}: URL must start with http:// or https://")
+        try:
+            name = CosignatureVerifier.from_vkey(vkey).name
+        except NoteError as e:
+            raise ValueError(f"witness {url}: not a cosignature verifier key (type 0x04, "
+                             f"name+id+base64): {e}") from None
+        if name in _POLICY_NAMES:
+            raise ValueError(f"witness {url}: its key name {name!r} is reserved in the "
+                             "published policy")
+        w = WitnessConfig(url.rstrip("/"), vkey)
+        for other in witnesses:
+            if other.name == name or other.verifier.key.public_key == w.verifier.key.public_key:
+                raise ValueError(f"witness {name} listed twice")
+        witnesses.append(w)
+    return witnesses
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STAMPD_", extra="ignore")
 
@@ -204,6 +252,19 @@ class Settings(BaseSettings):
         default=7200.0, gt=0, description="seconds a head may wait for a peer before /readyz fails"
     )
 
+    # Witnesses that cosign the transparency log's checkpoints (docs/witness-log.md).
+    witnesses: str = Field(
+        default="", description="witnesses the log sends its checkpoints to: URL=VKEY,... "
+        "(URL the witness's submission prefix, VKEY its cosignature verifier key)")
+    witness_quorum: int = Field(
+        default=0, ge=0, description="cosignatures the published policy (/tlog/policy) asks "
+        "for; 0 = a majority of the witnesses")
+    witness_timeout: float = Field(default=5.0, gt=0, description="seconds per witness request")
+    witness_retry_base: float = Field(
+        default=1.0, gt=0, description="first retry delay after a witness failed, seconds")
+    witness_retry_max: float = Field(
+        default=30.0, gt=0, description="longest retry delay for a failing witness, seconds")
+
     # Limits and timeouts.
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")
     body_timeout: float = Field(default=10.0, gt=0, description="seconds to receive a body")
@@ -271,6 +332,7 @@ class Settings(BaseSettings):
     # The list settings, parsed once (from the strings above) when the settings are built.
     _extra_key_specs: list[KeySpec] = PrivateAttr(default_factory=list)
     _peer_list: list[PeerConfig] = PrivateAttr(default_factory=list)
+    _witness_list: list[WitnessConfig] = PrivateAttr(default_factory=list)
     _tsa_spec: KeySpec | None = PrivateAttr(default=None)
 
     @field_validator("tsa_policy")
@@ -314,6 +376,13 @@ class Settings(BaseSettings):
     def _parse_lists(self) -> Settings:
         self._extra_key_specs = parse_extra_keys(self.extra_keys)
         self._peer_list = parse_peers(self.peers)
+        self._witness_list = parse_witnesses(self.witnesses)
+        if self._witness_list and not self.tlog:
+            raise ValueError("STAMPD_WITNESSES cosign the transparency log's checkpoints: "
+                             "turn it on (STAMPD_TLOG=on) or list no witness")
+        if self.witness_quorum > len(self._witness_list):
+            raise ValueError(f"STAMPD_WITNESS_QUORUM {self.witness_quorum} is more than the "
+                             f"{len(self._witness_list)} witnesses")
         if self.tsa:
             specs = parse_extra_keys(self.tsa_key)
             spec = specs[0] if len(specs) == 1 else None
@@ -335,6 +404,17 @@ class Settings(BaseSettings):
     @property
     def peer_list(self) -> list[PeerConfig]:
         return list(self._peer_list)
+
+    @property
+    def witness_list(self) -> list[WitnessConfig]:
+        return list(self._witness_list)
+
+    @property
+    def quorum(self) -> int:
+        """Cosignatures the published policy asks for: ``witness_quorum``, by default a
+        majority of the witnesses (0 without witnesses)."""
+        n = len(self._witness_list)
+        return self.witness_quorum or (n // 2 + 1 if n else 0)
 
     @property
     def extra_key_specs(self) -> list[KeySpec]:
