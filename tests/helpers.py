@@ -913,3 +913,152 @@ class ThrowawayPostgres:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# A witness (c2sp tlog-witness add-checkpoint) written here, for the log's side of the protocol
+
+
+class LocalWitness:
+    """A witness on loopback in a thread, made of the pure protocol code
+    (`formats.tlog.witness.check_add_checkpoint`) and an Ed25519 key of `cryptography`; its
+    ``mode`` switches how it answers: ``good`` (checks, records, cosigns), ``down`` (its port
+    closed, open connections dropped), ``slow`` (sleeps ``slow_seconds`` first), ``garbage``
+    (200 with junk), ``refusing`` (403). ``trust(vkey)`` names the log it accepts; until then
+    every request is 404 (unknown log). ``requests`` lists (old size, new size) of each
+    request it checked."""
+
+    def __init__(self, name: str, port: int | None = None, slow_seconds: float = 3.0) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        from formats.note import ED25519_COSIGNATURE, VerifierKey
+
+        self.name = name
+        self.key = Ed25519PrivateKey.generate()
+        self.public = self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.vkey = VerifierKey(name, ED25519_COSIGNATURE, self.public).encode()
+        self.port = port or free_port()
+        self.slow_seconds = slow_seconds
+        self.mode = "good"
+        self.trusted: dict[str, list[Any]] = {}
+        self.records: dict[str, Any] = {}  # origin -> WitnessRecord
+        self.requests: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+        self.clock: Callable[[], float] = time.time
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.listen()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def spec(self) -> str:
+        """Its ``URL=VKEY`` for ``stampd serve --witness``."""
+        return f"{self.url}={self.vkey}"
+
+    def trust(self, log_vkey: str) -> None:
+        from formats.note import Ed25519Verifier
+
+        v = Ed25519Verifier.from_vkey(log_vkey)
+        self.trusted = {v.name: [v]}
+
+    def set_mode(self, mode: str) -> None:
+        assert mode in ("good", "down", "slow", "garbage", "refusing"), mode
+        was, self.mode = self.mode, mode
+        if mode == "down" and was != "down":
+            self.close()
+        elif was == "down" and mode != "down":
+            self.listen()
+
+    def listen(self) -> None:
+        witness = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                mode = witness.mode
+                if mode == "down":  # (a connection kept alive from before: dropped)
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if mode == "slow":
+                    time.sleep(witness.slow_seconds)
+                if self.path != "/add-checkpoint":
+                    return self.answer(404, b"not found\n")
+                if mode == "garbage":
+                    return self.answer(200, b"\x00\xffthis is no cosignature\n")
+                if mode == "refusing":
+                    return self.answer(403, b"not today\n")
+                status, ctype, out = witness.add_checkpoint(body)
+                self.answer(status, out, ctype)
+
+            def answer(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
+                with contextlib.suppress(OSError):  # (a client that gave up: slow mode)
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+        http.server.ThreadingHTTPServer.allow_reuse_address = True
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True,
+                                        name=f"witness {self.name}")
+        self._thread.start()
+
+    def add_checkpoint(self, body: bytes) -> tuple[int, str, bytes]:
+        """(status, content type, body) of an add-checkpoint request, as the spec says."""
+        from formats.note import parse_note
+        from formats.tlog.checkpoint import Checkpoint, cosign
+        from formats.tlog.witness import (
+            SIZE_CONTENT_TYPE,
+            AddCheckpoint,
+            BadLogSignature,
+            InconsistentCheckpoint,
+            MalformedWitnessRequest,
+            SizeConflict,
+            UnknownLog,
+            WitnessError,
+            WitnessRecord,
+            check_add_checkpoint,
+            encode_size,
+        )
+
+        codes = {MalformedWitnessRequest: 400, BadLogSignature: 403, UnknownLog: 404,
+                 SizeConflict: 409, InconsistentCheckpoint: 422}
+        with self.lock:  # (check and store at once)
+            try:
+                request = AddCheckpoint.parse(body)
+                origin = Checkpoint.parse(parse_note(request.checkpoint).text).origin
+                cp = check_add_checkpoint(request, self.trusted, self.records.get(origin))
+            except SizeConflict as e:
+                return 409, SIZE_CONTENT_TYPE, encode_size(e.known)
+            except WitnessError as e:
+                return codes.get(type(e), 400), "text/plain", f"{e}\n".encode()
+            except ValueError as e:
+                return 400, "text/plain", f"{e}\n".encode()
+            self.requests.append((request.old_size, cp.size))
+            self.records[cp.origin] = WitnessRecord(cp.size, cp.root)
+        sig = cosign(cp.body(), self.name, self.public, int(self.clock()), self.key.sign)
+        return 200, "text/plain; charset=utf-8", sig.line().encode()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

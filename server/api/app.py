@@ -46,6 +46,7 @@ from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, fingerprints_of
 from server.tlog.store import TileReader, checkpoint_file
+from server.tlog.witnesses import STATE_FILE, Backoff, WitnessSender
 from workers.keys.keyset import TLOG_KEY, ServedKey, allowed_signers, tlog_vkey, with_purposes
 
 
@@ -99,10 +100,21 @@ def _transparency_log(
         advisory = AdvisoryLeader(psycopg_dsn(engine), lock=TLOG_LOCK)
         sequencer = advisory
         closers += [advisory.close, host_lock.close]
+    reader = TileReader(root)
+
+    def witnesses(tlog: Tlog) -> WitnessSender:
+        """The witnesses' sender: idle until the log, sequencing, offers it a checkpoint."""
+        return WitnessSender(
+            settings.witness_list, reader.node_reader, tlog.add_cosignatures,
+            settings.run_dir / STATE_FILE, timeout=settings.witness_timeout,
+            backoff=Backoff(settings.witness_retry_base, settings.witness_retry_max),
+            clock=clock)
+
     tlog = Tlog(engine, root, key, dispatcher, fingerprints_of(served), host_lock, sequencer,
                 key_id=TLOG_KEY.id, request_timeout=settings.request_timeout, clock=clock,
-                on_stop=closers, shared=settings.dispatch == "database")
-    return key, TileReader(root), tlog
+                on_stop=closers, shared=settings.dispatch == "database",
+                witnesses=witnesses if settings.witness_list else None)
+    return key, reader, tlog
 
 
 def create_app(

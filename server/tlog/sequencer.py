@@ -11,7 +11,12 @@ Every ``interval`` seconds, in the one HTTP process of a host that holds the hos
    ``tlog_index``, and their tiles are written;
 3. the sequencer has the tree's new head signed by the log key (a `formats.jobs.NoteJob` for
    a worker: the key stays in its agent), stores the checkpoint in the database and publishes
-   it; another host publishes the database's checkpoint once its own tiles reach its size.
+   it; another host publishes the database's checkpoint once its own tiles reach its size, and
+   again whenever the database's note of that size changed (cosignatures were added);
+4. the sequencer hands the newest checkpoint to its witnesses' sender
+   (`server.tlog.witnesses`), which runs in tasks of its own; the cosignatures it collects
+   come back through `Tlog.add_cosignatures`, which republishes the checkpoint with them if it
+   is still the newest.
 
 Which stamps: those the public git log lists (`server.log.committer`): signed ones, and
 pending ones older than the request timeout plus `OUTCOME_GRACE` (their process died; their
@@ -37,7 +42,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from formats.jobs import NoteJob
-from formats.note import VerifierKey, ed25519_signer, parse_note, sign_note
+from formats.note import (
+    Ed25519Verifier,
+    Signature,
+    VerifierKey,
+    ed25519_signer,
+    parse_note,
+    sign_note,
+)
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import encode_entry
 from server import db
@@ -46,6 +58,7 @@ from server.dispatch import Dispatcher
 from server.log.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
 from server.models import Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.store import TilesMismatch, TileWriter, checkpoint_size
+from server.tlog.witnesses import Offered, WitnessSender, merge_cosignatures
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +122,7 @@ class Tlog:
         clock: Callable[[], float] = time.time,
         on_stop: Sequence[Callable[[], None]] = (),
         shared: bool = False,
+        witnesses: Callable[[Tlog], WitnessSender] | None = None,
     ) -> None:
         self.engine = engine
         self.on_stop = on_stop  # (closes the locks of its own)
@@ -134,6 +148,11 @@ class Tlog:
         self.last_error: str | None = None
         self.last_checkpoint_at: float | None = None
         self.sequenced = 0  # entries this process sequenced (metrics)
+        self._note: bytes | None = None  # the checkpoint note this host publishes
+        # (The checkpoint file is written by the sequencing step and by the witnesses'
+        # cosignatures coming in: one at a time, so that only the newest is published.)
+        self._publish_lock = asyncio.Lock()
+        self.witnesses = None if witnesses is None else witnesses(self)
 
     # -- running ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,6 +163,8 @@ class Tlog:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.witnesses is not None:
+            await self.witnesses.stop()
         for close in self.on_stop:
             close()
 
@@ -179,6 +200,7 @@ class Tlog:
                 pass
             if self._published != self.writer.size:
                 await self._checkpoint()
+            self._offer()
         else:
             await asyncio.to_thread(self._follow)
         return self._published
@@ -192,6 +214,7 @@ class Tlog:
             self.writer.reset()
         note = self.writer.read_checkpoint()
         self._published = None if note is None else checkpoint_size(note)
+        self._note = note
         if note is not None:
             self._check_origin(note)
         self._opened = True
@@ -272,11 +295,52 @@ class Tlog:
         signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)
         note = sign_note(text, [signer]).encode()
         t = int(self.clock())
-        if self.shared:
-            await asyncio.to_thread(self._store_checkpoint, size, note, t)
-        await asyncio.to_thread(self.writer.publish, note)
-        self._published = size
+        async with self._publish_lock:
+            if self.shared:
+                await asyncio.to_thread(self._store_checkpoint, size, note, t)
+            await asyncio.to_thread(self.writer.publish, note)
+            self._published, self._note = size, note
         self.last_checkpoint_at = self.clock()
+
+    def _offer(self) -> None:
+        """Hand the published checkpoint to the witnesses, if it is new to them."""
+        sender, note = self.witnesses, self._note
+        if sender is None or note is None:
+            return
+        latest = sender.latest
+        if latest is not None and parse_note(note).text == latest.text:
+            return
+        if latest is None:  # (first: what it carries already, from before a restart)
+            sender.seed(note)
+        sender.offer(Offered.of(note, Ed25519Verifier(self.key.verifier)))
+
+    async def add_cosignatures(self, offered: Offered, cosignatures: list[Signature]) -> bool:
+        """Add witnesses' cosignatures of ``offered`` to the published checkpoint and publish
+        it again (and store it, hosts sharing a database) if it is still the newest;
+        whether it was."""
+        async with self._publish_lock:
+            note = self._note
+            if note is None or parse_note(note).text != offered.text:
+                return False  # (a newer one was published meanwhile)
+            order = [] if self.witnesses is None else self.witnesses.order
+            merged = merge_cosignatures(note, cosignatures, Ed25519Verifier(self.key.verifier),
+                                        order)
+            if merged == note:
+                return True
+            if self.shared:
+                await asyncio.to_thread(self._store_cosigned, offered.checkpoint.size, merged)
+            await asyncio.to_thread(self.writer.republish, merged)
+            self._note = merged
+        return True
+
+    def _store_cosigned(self, size: int, note: bytes) -> None:
+        def work(conn: Connection) -> None:
+            conn.execute(update(TlogCheckpoint).where(TlogCheckpoint.id == 1,
+                                                      TlogCheckpoint.size == size)
+                         .values(note=note.decode("utf-8")))
+
+        db.run_transaction(self.engine, work, what="store the log's cosigned checkpoint",
+                           idempotent=True)
 
     def _store_checkpoint(self, size: int, note: bytes, t: int) -> None:
         def work(conn: Connection) -> None:
@@ -299,14 +363,21 @@ class Tlog:
         return row
 
     def _follow(self) -> None:
-        """Publish the database's checkpoint once this host's tiles reach its size."""
+        """Publish the database's checkpoint once this host's tiles reach its size, and again
+        when its note changed (the witnesses' cosignatures were added)."""
         row = self._stored_checkpoint()
-        if row is None or row.size == self._published or row.size > self.writer.size:
+        if row is None or row.size > self.writer.size:
             return
         if self._published is not None and row.size < self._published:
             return  # (never back)
-        self.writer.publish(row.note.encode("utf-8"))
-        self._published = row.size
+        note = row.note.encode("utf-8")
+        if row.size == self._published and note == self._note:
+            return
+        if row.size == self._published:
+            self.writer.republish(note)
+        else:
+            self.writer.publish(note)
+        self._published, self._note = row.size, note
 
 
 def fingerprints_of(keys: Sequence[Any]) -> dict[str | None, str]:

@@ -282,6 +282,11 @@ class TileWriter:
         # disk, and the next checkpoint is of the database's size, not smaller)
         _write_file(self.root / CHECKPOINT, note)
 
+    def republish(self, note: bytes) -> None:
+        """Publish ``note`` again: the published checkpoint with other signatures (the
+        witnesses' cosignatures). Its tiles were flushed when it was first published."""
+        _write_file(self.root / CHECKPOINT, note)
+
     def flush(self) -> None:
         """Make every tile written so far durable (before a checkpoint points at them)."""
         if self._written:

@@ -1,0 +1,357 @@
+"""The log's side of the witness protocol (server.tlog.witnesses) without a server: the
+witness settings, the backoff, the published policy, merging cosignatures into a note, reading
+a witness's answer, the state file, and the sender against witnesses on loopback
+(tests.helpers.LocalWitness: the pure protocol checks and a `cryptography` key) over real
+tiles on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import ValidationError
+
+from formats.note import (
+    ED25519_COSIGNATURE,
+    Ed25519Verifier,
+    Signature,
+    VerifierKey,
+    ed25519_signer,
+    parse_note,
+    sign_note,
+)
+from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
+from server.settings import Settings, WitnessConfig, parse_witnesses
+from server.tlog.store import TileReader, TileWriter
+from server.tlog.witnesses import (
+    Backoff,
+    Offered,
+    WitnessFailed,
+    WitnessSender,
+    WitnessState,
+    merge_cosignatures,
+    policy_text,
+    read_states,
+    verified_cosignatures,
+    write_states,
+)
+from tests.helpers import LocalWitness
+
+ORIGIN = "log.test/tlog"
+
+
+def _key(label: str) -> tuple[Ed25519PrivateKey, bytes]:
+    key = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(label.encode()).digest())
+    return key, key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+LOG_KEY, LOG_PUBLIC = _key("log")
+LOG_VKEY = VerifierKey(ORIGIN, 0x01, LOG_PUBLIC).encode()
+LOG = Ed25519Verifier.from_vkey(LOG_VKEY)
+
+
+def _cosigner(name: str) -> tuple[Ed25519PrivateKey, bytes, str]:
+    key, public = _key(name)
+    return key, public, VerifierKey(name, ED25519_COSIGNATURE, public).encode()
+
+
+W1_KEY, W1_PUBLIC, W1_VKEY = _cosigner("w1.test")
+W2_KEY, W2_PUBLIC, W2_VKEY = _cosigner("w2.test")
+
+
+def signed(text: str) -> bytes:
+    return sign_note(text, [ed25519_signer(ORIGIN, LOG_PUBLIC, LOG_KEY.sign)]).encode()
+
+
+def cosig(key: Ed25519PrivateKey, public: bytes, name: str, text: str, t: int = 1700000000,
+          ) -> Signature:
+    return cosign(text, name, public, t, key.sign)
+
+
+TEXT = Checkpoint(ORIGIN, 3, hashlib.sha256(b"three").digest()).body()
+
+
+# -- settings ---------------------------------------------------------------------------------
+def test_witnesses_are_parsed_from_url_and_vkey() -> None:
+    ws = parse_witnesses(f" http://127.0.0.1:9/w/={W1_VKEY}, https://w2.example={W2_VKEY} ")
+    assert [(w.url, w.name) for w in ws] == [("http://127.0.0.1:9/w", "w1.test"),
+                                            ("https://w2.example", "w2.test")]
+    assert ws[0].verifier.key.public_key == W1_PUBLIC
+    assert parse_witnesses("") == []
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("http://w.test", "use URL=VKEY"),
+    (f"ftp://w.test={W1_VKEY}", "must start with http"),
+    ("http://w.test=w1+12345678+AAAA", "not a cosignature verifier key"),
+    (f"http://w.test={LOG_VKEY}", "not a cosignature verifier key"),  # a log key (0x01)
+    (f"http://a.test={W1_VKEY},http://b.test={W1_VKEY}", "listed twice"),
+    ("http://a.test=" + VerifierKey("none", ED25519_COSIGNATURE, W1_PUBLIC).encode(),
+     "reserved"),
+])
+def test_bad_witnesses_are_refused_in_one_line(spec: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_witnesses(spec)
+    with pytest.raises(ValidationError, match=says):
+        Settings(witnesses=spec, tlog=True)
+
+
+def test_the_quorum_is_a_majority_unless_set() -> None:
+    specs = [f"http://a.test={W1_VKEY}", f"http://b.test={W2_VKEY}",
+             "http://c.test=" + _cosigner("w3.test")[2]]
+    assert Settings(tlog=True).quorum == 0
+    assert [Settings(witnesses=",".join(specs[:n]), tlog=True).quorum
+            for n in (1, 2, 3)] == [1, 2, 2]
+    assert Settings(witnesses=",".join(specs), witness_quorum=3, tlog=True).quorum == 3
+    with pytest.raises(ValidationError, match="more than the 2 witnesses"):
+        Settings(witnesses=",".join(specs[:2]), witness_quorum=3, tlog=True)
+    with pytest.raises(ValidationError, match="STAMPD_TLOG=on"):
+        Settings(witnesses=specs[0], tlog=False)
+
+
+def test_the_witness_option_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAMPD_TLOG", "on")
+    from server import commands
+    from stampd.cli import parser
+
+    args = parser(commands).parse_args(
+        ["serve", "--witness", f"http://a.test={W1_VKEY}", "--witness",
+         f"http://b.test={W2_VKEY}", "--data-dir", "/nonexistent"])
+    assert [w.name for w in commands.build_settings(args).witness_list] == ["w1.test", "w2.test"]
+
+
+# -- pure pieces --------------------------------------------------------------------------------
+def test_backoff_doubles_to_its_limit() -> None:
+    assert [Backoff(1, 30).delay(n) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    assert Backoff(0.5, 1).delay(1000) == 1
+
+
+def test_the_policy_names_log_witnesses_and_quorum() -> None:
+    ws = [WitnessConfig("http://a.test", W1_VKEY), WitnessConfig("http://b.test", W2_VKEY)]
+    assert policy_text(LOG_VKEY, "http://log.test/tlog", ws, 2) == (
+        f"log {LOG_VKEY} http://log.test/tlog\n"
+        f"witness w1.test {W1_VKEY} http://a.test\n"
+        f"witness w2.test {W2_VKEY} http://b.test\n"
+        "group witnesses 2 w1.test w2.test\n"
+        "quorum witnesses\n")
+    assert policy_text(LOG_VKEY, "http://log.test/tlog", [], 0) == (
+        f"log {LOG_VKEY} http://log.test/tlog\nquorum none\n")
+
+
+def test_cosignatures_go_after_the_log_signature_one_per_key() -> None:
+    note = signed(TEXT)
+    a1 = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, 1)
+    a2 = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, 2)
+    b = cosig(W2_KEY, W2_PUBLIC, "w2.test", TEXT)
+    once = merge_cosignatures(note, [b], LOG, ["w1.test", "w2.test"])
+    twice = merge_cosignatures(once, [a1], LOG, ["w1.test", "w2.test"])
+    again = merge_cosignatures(twice, [a2], LOG, ["w1.test", "w2.test"])
+    sigs = parse_note(again).signatures
+    assert [s.name for s in sigs] == [ORIGIN, "w1.test", "w2.test"]
+    assert sigs[1] == a2 and sigs[0] == parse_note(note).signatures[0]
+    assert parse_note(again).text == TEXT
+    assert merge_cosignatures(again, [a2], LOG) == again
+
+
+def test_an_answer_counts_only_valid_cosignatures_of_this_checkpoint() -> None:
+    v1 = CosignatureVerifier.from_vkey(W1_VKEY)
+    good = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT)
+    other = cosig(W2_KEY, W2_PUBLIC, "w2.test", TEXT)
+    assert verified_cosignatures((other.line() + good.line()).encode(), TEXT, v1) == [good]
+    with pytest.raises(WitnessFailed, match=r"no valid cosignature by w1\.test"):
+        verified_cosignatures(other.line().encode(), TEXT, v1)
+    stale = cosig(W1_KEY, W1_PUBLIC, "w1.test",
+                  Checkpoint(ORIGIN, 2, hashlib.sha256(b"two").digest()).body())
+    with pytest.raises(WitnessFailed, match="no valid cosignature"):
+        verified_cosignatures(stale.line().encode(), TEXT, v1)
+    with pytest.raises(WitnessFailed, match="not cosignature lines"):
+        verified_cosignatures(b"\x00garbage\n", TEXT, v1)
+
+
+def test_the_state_file_is_read_back_for_the_configured_witnesses(tmp_path: Path) -> None:
+    ws = [WitnessConfig("http://a.test", W1_VKEY), WitnessConfig("http://b.test", W2_VKEY)]
+    path = tmp_path / "witnesses.json"
+    assert read_states(path, ws) == [WitnessState("w1.test", "http://a.test"),
+                                     WitnessState("w2.test", "http://b.test")]
+    a = WitnessState("w1.test", "http://a.test", cosigned_size=7, cosigned_at=5.0, errors=2)
+    gone = WitnessState("old.test", "http://old.test", errors=9)
+    write_states(path, [a, gone], 10.0)
+    assert json.loads(path.read_text())["updated"] == 10.0
+    assert read_states(path, ws) == [a, WitnessState("w2.test", "http://b.test")]
+    assert a.lag(10) == 3 and WitnessState("x", "y").lag(10) == 10 and a.lag(None) is None
+    path.write_text("{not json")
+    assert read_states(path, ws)[0] == WitnessState("w1.test", "http://a.test")
+
+
+# -- the sender ---------------------------------------------------------------------------------
+class Log:
+    """A log on disk: tiles written by TileWriter, checkpoints signed by the log key."""
+
+    def __init__(self, root: Path) -> None:
+        self.writer = TileWriter(root, sync=False)
+        self.reader = TileReader(root)
+        self.published: list[tuple[Offered, list[Signature]]] = []
+
+    def grow(self, n: int) -> Offered:
+        first = self.writer.size
+        self.writer.append(first, [b"entry %d" % i for i in range(first, first + n)])
+        text = Checkpoint(ORIGIN, self.writer.size, self.writer.root_hash()).body()
+        note = signed(text)
+        self.writer.publish(note)
+        return Offered.of(note, LOG)
+
+    async def on_cosigned(self, offered: Offered, sigs: list[Signature]) -> None:
+        self.published.append((offered, sigs))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def witnesses() -> Iterator[list[LocalWitness]]:
+    made = [LocalWitness("w1.test"), LocalWitness("w2.test", slow_seconds=1.0)]
+    for w in made:
+        w.trust(LOG_VKEY)
+    yield made
+    for w in made:
+        w.close()
+
+
+async def _until(predicate, what: str, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _verify_cosignature(w: LocalWitness, text: str, sig: Signature) -> int:
+    """The timestamp of a cosignature, checked by `cryptography` on the spec's message."""
+    (t,) = struct.unpack(">Q", sig.signature[:8])
+    message = b"cosignature/v1\ntime %d\n" % t + text.encode()
+    Ed25519PublicKey.from_public_bytes(w.public).verify(sig.signature[8:], message)
+    return int(t)
+
+
+def test_the_sender_collects_cosignatures_with_consistency_proofs(
+        tmp_path: Path, witnesses: list[LocalWitness]) -> None:
+    w1, w2 = witnesses
+    log = Log(tmp_path / "tlog")
+    configs = [WitnessConfig(w.url, w.vkey) for w in witnesses]
+
+    async def run() -> None:
+        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned,
+                               tmp_path / "witnesses.json", timeout=0.5)
+        try:
+            first = log.grow(3)
+            sender.offer(first)
+            await _until(lambda: len(log.published) == 2, "two cosignatures")
+            second = log.grow(5)  # 3 -> 8: a consistency proof of several hashes
+            sender.offer(second)
+            await _until(lambda: len(log.published) == 4, "two more")
+        finally:
+            await sender.stop()
+        for offered, sigs in log.published:
+            (sig,) = sigs
+            w = w1 if sig.name == w1.name else w2
+            _verify_cosignature(w, offered.text, sig)
+        assert [(o.checkpoint.size, s[0].name) for o, s in log.published[2:]] in (
+            [(8, "w1.test"), (8, "w2.test")], [(8, "w2.test"), (8, "w1.test")])
+        # each witness checked the proof from the size it had cosigned (check_add_checkpoint)
+        assert w1.requests == [(0, 3), (3, 8)] and w2.requests == [(0, 3), (3, 8)]
+        states = read_states(tmp_path / "witnesses.json", configs)
+        assert [(s.cosigned_size, s.errors) for s in states] == [(8, 0), (8, 0)]
+
+    asyncio.run(run())
+
+
+def test_a_witness_that_knows_a_size_is_asked_again_from_it(
+        tmp_path: Path, witnesses: list[LocalWitness]) -> None:
+    """A fresh sender (a restarted log) starts from 0; the witness answers 409 with its size
+    and the sender tries once more from it, with the consistency proof from that size."""
+    w1 = witnesses[0]
+    log = Log(tmp_path / "tlog")
+    configs = [WitnessConfig(w1.url, w1.vkey)]
+
+    async def run() -> None:
+        for grow in (4, 6):
+            sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned,
+                                   timeout=0.5)
+            try:
+                sender.offer(log.grow(grow))
+                state = sender.states()[0]
+                await _until(lambda s=state: s.cosigned_size == log.writer.size,
+                             "a cosignature")
+            finally:
+                await sender.stop()
+
+    asyncio.run(run())
+    assert w1.requests == [(0, 4), (4, 10)]  # (the 409 of old 0 is not a checked request)
+    assert len(log.published) == 2
+
+
+def test_a_failing_witness_waits_its_backoff_then_gets_the_newest(
+        tmp_path: Path, witnesses: list[LocalWitness]) -> None:
+    w1, w2 = witnesses
+    w1.set_mode("down")
+    w2.set_mode("slow")  # (1 s, past the sender's timeout)
+    log = Log(tmp_path / "tlog")
+    clock = Clock()
+    configs = [WitnessConfig(w.url, w.vkey) for w in witnesses]
+
+    async def run() -> None:
+        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned, timeout=0.3,
+                               backoff=Backoff(10, 40), clock=clock)
+        down, slow = sender.states()
+        try:
+            sender.offer(log.grow(2))
+            await _until(lambda: down.errors == 1 and slow.errors == 1, "two failures")
+            assert down.last_error is not None and "connect" in down.last_error
+            assert slow.last_error == "no answer within 0.3 s"
+            assert down.next_attempt_at == clock.now + 10
+            w2.set_mode("good")  # (cosigns once its backoff is over: the next one it is due)
+            for mode in ("refusing", "garbage"):
+                w1.set_mode(mode)
+                sender.offer(log.grow(1))  # a new checkpoint: still in its backoff
+                await asyncio.sleep(0.2)
+                assert down.errors == down.consecutive_errors
+                clock.now += 40
+                sender.poke()
+                says = "HTTP 403" if mode == "refusing" else "not cosignature lines"
+                await _until(lambda says=says: says in (down.last_error or ""), mode)
+            assert down.consecutive_errors == 3 and down.next_attempt_at == clock.now + 40
+            assert slow.cosigned_size == 4 and slow.errors == 1
+            w1.set_mode("good")
+            clock.now += 40
+            sender.poke()  # no new checkpoint: the current one goes again
+            await _until(lambda: down.cosigned_size == slow.cosigned_size == 4, "catching up")
+            assert down.consecutive_errors == 0 and down.errors == 3 and down.last_error is None
+        finally:
+            await sender.stop()
+
+    asyncio.run(run())
+    assert w1.requests == [(0, 4)]
+    assert {s[0].name for o, s in log.published if o.checkpoint.size == 4} == {"w1.test",
+                                                                               "w2.test"}
+
+
+def test_offered_keeps_only_the_log_signature() -> None:
+    note = merge_cosignatures(signed(TEXT), [cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT)], LOG)
+    offered = Offered.of(note, LOG)
+    assert offered.note == signed(TEXT) and offered.checkpoint.size == 3
+    assert base64.b64encode(offered.checkpoint.root) == base64.b64encode(
+        hashlib.sha256(b"three").digest())
