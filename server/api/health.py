@@ -67,8 +67,30 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
         for other in total.others:
             checks[f"http:{other.index}"] = _sibling_check(other, len(workers))
     ready = all(c["ok"] for c in checks.values())
-    return ready, {"ready": ready, "checks": checks, "workers": workers,
-                   "queue": total.queue, "requeued": total.requeued}
+    body = {"ready": ready, "checks": checks, "workers": workers,
+            "queue": total.queue, "requeued": total.requeued}
+    if s.settings.witness_list:  # (shown, never a check: a witness down never stops stamping)
+        body["witnesses"] = await asyncio.to_thread(witness_report, s)
+    return ready, body
+
+
+def witness_report(s: Services) -> dict[str, dict[str, Any]]:
+    """Each witness by name: whether its last attempt cosigned, what it last cosigned, its
+    lag behind the published checkpoint and its errors. Information, not readiness."""
+    published = s.published_size()
+    out: dict[str, dict[str, Any]] = {}
+    for w in s.witness_states():
+        if w.consecutive_errors:
+            detail = f"{w.consecutive_errors} failed in a row: {w.last_error}"
+        elif w.cosigned_size is None:
+            detail = "no cosignature yet"
+        else:
+            detail = f"cosigned size {w.cosigned_size}"
+        out[w.name] = {"ok": w.consecutive_errors == 0, "detail": detail, "url": w.url,
+                       "cosigned_size": w.cosigned_size, "lag": w.lag(published),
+                       "last_cosigned_at": w.cosigned_at, "errors": w.errors,
+                       "consecutive_errors": w.consecutive_errors, "last_error": w.last_error}
+    return out
 
 
 def _clock_check(synced: bool | None, *, tsa: bool, required: bool) -> dict[str, Any]:

@@ -85,9 +85,38 @@ class StampdCollector(Collector):
                                     "Entries of the transparency log's published checkpoint "
                                     "(-1: none yet)",
                                     value=-1 if note is None else checkpoint_size(note))
+        yield from _witness_metrics(s)
         yield GaugeMetricFamily(
             "stampd_http_processes", "HTTP processes serving (their counters are added up above)",
             value=1 + sum(o.serving for o in total.others))
+
+
+def _witness_metrics(s: Services) -> Iterator[Metric]:
+    """Each witness's last cosigned size, lag, errors and last cosignature time (none
+    without witnesses)."""
+    states = s.witness_states()
+    if not states:
+        return
+    published = s.published_size()
+    size = GaugeMetricFamily("stampd_witness_cosigned_size",
+                             "Tree size of the last checkpoint the witness cosigned (-1: none)",
+                             labels=["witness"])
+    lag = GaugeMetricFamily("stampd_witness_lag_entries",
+                            "Entries of the published checkpoint the witness has not cosigned "
+                            "(-1: no checkpoint yet)", labels=["witness"])
+    errors = CounterMetricFamily("stampd_witness_errors",
+                                 "Failed add-checkpoint attempts (since the sending process "
+                                 "started)", labels=["witness"])
+    last = GaugeMetricFamily("stampd_witness_last_cosigned_timestamp_seconds",
+                             "When the witness's last valid cosignature came in, Unix time "
+                             "(0: never)", labels=["witness"])
+    for w in states:
+        behind = w.lag(published)
+        size.add_metric([w.name], -1 if w.cosigned_size is None else w.cosigned_size)
+        lag.add_metric([w.name], -1 if behind is None else behind)
+        errors.add_metric([w.name], w.errors)
+        last.add_metric([w.name], w.cosigned_at or 0)
+    yield from (size, lag, errors, last)
 
 
 def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:

@@ -590,6 +590,16 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                 "responses": {"200": _text("<origin>+<key ID>+<base64 key>"),
                               "404": _text("no transparency log")},
             }},
+            "/tlog/policy": {"get": {
+                "tags": ["tlog"], "operationId": "getVerificationPolicy",
+                "summary": "The server's verification policy (C2SP tlog-policy)",
+                "description": "The log's verifier key, the witnesses that cosign its "
+                               "checkpoints and how many of them a checkpoint needs: `log`, "
+                               "`witness`, `group witnesses <k> ...` and `quorum witnesses` "
+                               "lines, or `quorum none` without witnesses.",
+                "responses": {"200": _text("the policy, one line per item"),
+                              "404": _text("no transparency log")},
+            }},
             "/tlog/tile/{path}": {"get": {
                 "tags": ["tlog"], "operationId": "getTile",
                 "summary": "A tile or an entry bundle (C2SP tlog-tiles)",

@@ -18,6 +18,7 @@ from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from server.tlog.sequencer import LogKey, Tlog
 from server.tlog.store import TileReader
+from server.tlog.witnesses import STATE_FILE, WitnessState, read_states
 from workers.keys.keyset import ServedKey
 
 
@@ -44,6 +45,22 @@ class Services:
     def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""
         return overview(self.stats, self.dispatcher, self.siblings)
+
+    def witness_states(self) -> list[WitnessState]:
+        """Each configured witness's state: this process's own where it sends the checkpoints,
+        else as the host's sending process last wrote it (`server.tlog.witnesses`)."""
+        witnesses = self.settings.witness_list
+        if not witnesses:
+            return []
+        sender = None if self.tlog is None else self.tlog.witnesses
+        if sender is not None and sender.sending:
+            return [WitnessState(**vars(s)) for s in sender.states()]  # (a copy)
+        return read_states(self.settings.run_dir / STATE_FILE, witnesses)
+
+    def published_size(self) -> int | None:
+        """The tree size of the checkpoint this host publishes (None: none yet, or no log)."""
+        published = None if self.tlog_reader is None else self.tlog_reader.published()
+        return None if published is None else published[1]
 
     @property
     def tsa(self) -> Tsa | None:

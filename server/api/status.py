@@ -7,7 +7,7 @@ import base64
 import hashlib
 import html
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asn1crypto import pem as asn1_pem
 from asn1crypto import x509
@@ -17,6 +17,7 @@ from server.api.services import Services
 from server.log.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
 from server.tlog.store import checkpoint_size
+from server.tlog.witnesses import WitnessState
 
 MINUTES = 60
 
@@ -37,6 +38,8 @@ class Snapshot:
     total_hour: int
     log: list[tuple[str, int, str]]  # (commit id, time, first line) newest first
     peers: list[PeerRow]
+    witnesses: list[WitnessState] = field(default_factory=list)  # (the transparency log's)
+    published: int | None = None  # the size of the published checkpoint
 
 
 def snapshot(s: Services) -> Snapshot:
@@ -65,7 +68,8 @@ def snapshot(s: Services) -> Snapshot:
                 .limit(1)).scalar()
             peers.append(PeerRow(p.name, p.url, p.fingerprint, last, int(pending), err))
     log = LogRepository(s.settings.log_repo).recent(10)  # a handle of this thread's own
-    return Snapshot(per_minute, sum(per_minute), log, peers)
+    return Snapshot(per_minute, sum(per_minute), log, peers, s.witness_states(),
+                    s.published_size())
 
 
 def _when(t: int | None) -> str:
@@ -131,9 +135,33 @@ def extra_keys(s: Services) -> str:
             f'<th>algorithm</th></tr>{rows}</table>')
 
 
-def tlog_section(s: Services) -> str:
-    """The transparency log: its verifier key, its size, how to get a proof (empty when it
-    is off)."""
+def witness_table(snap: Snapshot) -> str:
+    """The witnesses that cosign the log's checkpoints, each with what it last cosigned, its
+    lag and its errors (empty without witnesses)."""
+    if not snap.witnesses:
+        return ""
+    e = html.escape
+    rows = []
+    for w in snap.witnesses:
+        lag = w.lag(snap.published)
+        state = (f'<td class="bad">{w.consecutive_errors} failed in a row: '
+                 f'{e((w.last_error or "")[:120])}</td>' if w.consecutive_errors
+                 else '<td class="ok">ok</td>')
+        rows.append(f"<tr><td>{e(w.name)}</td><td><code>{e(w.url)}</code></td>"
+                    f"<td>{'none' if w.cosigned_size is None else w.cosigned_size}</td>"
+                    f"<td>{'' if lag is None else lag}</td>"
+                    f"<td>{_when(None if w.cosigned_at is None else int(w.cosigned_at))}</td>"
+                    f"{state}</tr>")
+    return ('<p>Witnesses cosign each checkpoint (their cosignatures are on it, and so in '
+            'every proof; the policy: <a href="/tlog/policy">/tlog/policy</a>):</p>'
+            '<table id="witnesses"><tr><th>witness</th><th>URL</th><th>cosigned size</th>'
+            '<th>lag</th><th>last cosignature</th><th>state</th></tr>'
+            f'{"".join(rows)}</table>')
+
+
+def tlog_section(s: Services, snap: Snapshot | None = None) -> str:
+    """The transparency log: its verifier key, its size, its witnesses, how to get a proof
+    (empty when it is off)."""
     if s.log_key is None or s.tlog_reader is None:
         return ""
     e = html.escape
@@ -145,6 +173,7 @@ def tlog_section(s: Services) -> str:
 <a href="/tlog/checkpoint">/tlog</a> ({e(size)}); its checkpoints are signed by the log key,
 whose verifier key is:</p>
 <pre id="tlog-vkey">{e(s.log_key.vkey)}</pre>
+{"" if snap is None else witness_table(snap)}
 <p>The proof of a stamp, checkable offline (<code>stampd verify</code> checks it):</p>
 <pre>curl -sS '{e(url)}v1/proofs/SERIAL?wait=5' &gt; FILE.receipt.asc.tlog-proof</pre>
 """
@@ -223,7 +252,7 @@ gpg --verify FILE.receipt.asc</pre>
 <p>Clone and audit the log:</p>
 <pre>git clone {e(url)}log.git
 stampd audit {e(url)}log.git</pre>
-{tlog_section(s)}
+{tlog_section(s, snap)}
 {tsa_section(s)}
 <h2>Throughput, last hour</h2>
 <p><span id="total">{snap.total_hour}</span> stamps in the last hour.</p>

@@ -3,6 +3,9 @@
     /tlog/checkpoint, /tlog/tile/<L>/<N>[.p/<W>], /tlog/tile/entries/<N>[.p/<W>], /tlog/vkey
         C2SP tlog-tiles: the files of ``<data dir>/tlog`` (`server.tlog.store`), as any
         static web server would serve them
+    /tlog/policy
+        the server's verification policy (c2sp.org/tlog-policy): its log key, its witnesses
+        and their quorum
     /v1/proofs/<serial>, /v1/proofs/git/<object id>      (on the /v1 router: problem+json)
         a stamp's c2sp.org/tlog-proof@v1, ``?wait=SECONDS`` until a checkpoint covers it
 """
@@ -29,6 +32,7 @@ from server.db import reading
 from server.errors import BadRequest, NotFound, NotInLogYet
 from server.models import StampState
 from server.tlog.store import TileReader
+from server.tlog.witnesses import policy_text
 
 MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
 POLL = 0.1  # seconds between looks while it waits
@@ -70,6 +74,15 @@ def add_tlog_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         if key is None:
             return PlainTextResponse("this server keeps no transparency log\n", status_code=404)
         return PlainTextResponse(key.vkey + "\n")
+
+    @app.get("/tlog/policy")
+    async def policy() -> Response:
+        s = services()
+        if s.log_key is None:
+            return PlainTextResponse("this server keeps no transparency log\n", status_code=404)
+        text = policy_text(s.log_key.vkey, s.settings.public_url + "tlog",
+                           s.settings.witness_list, s.settings.quorum)
+        return PlainTextResponse(text, headers={"Cache-Control": "no-cache"})
 
     @app.get("/tlog/tile/{path:path}")
     async def tile(path: str) -> Response:
