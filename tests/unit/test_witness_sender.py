@@ -355,3 +355,68 @@ def test_offered_keeps_only_the_log_signature() -> None:
     assert offered.note == signed(TEXT) and offered.checkpoint.size == 3
     assert base64.b64encode(offered.checkpoint.root) == base64.b64encode(
         hashlib.sha256(b"three").digest())
+
+
+# -- publishing (server.tlog.sequencer.Tlog) ------------------------------------------------------
+def test_cosignatures_go_on_the_newest_checkpoint_only_and_to_the_hosts_that_follow(
+        tmp_path: Path) -> None:
+    """With hosts sharing a database: the sequencer's cosigned note goes into the checkpoint
+    row, and a host that follows publishes it again (same size, new note). Cosignatures of
+    a checkpoint that is no longer the newest are dropped."""
+    import shutil
+
+    from sqlalchemy import insert, select
+
+    from server import db
+    from server.models import TlogCheckpoint, TlogEntry
+    from server.tlog.sequencer import LogKey, Tlog
+    from tests.helpers import migrated_journal
+
+    shutil.copy(migrated_journal(), tmp_path / "db.sqlite3")
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
+
+    def tlog(name: str) -> Tlog:
+        return Tlog(engine, tmp_path / name, LogKey(LOG_VKEY), None,  # type: ignore[arg-type]
+                    {None: "F" * 40}, lambda: True, lambda: False, shared=True)
+
+    def row_note() -> str:
+        with engine.connect() as conn:
+            return str(conn.execute(select(TlogCheckpoint.note)).scalar_one())
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(TlogEntry), [{"idx": i, "entry": b"e%d" % i} for i in range(3)])
+        seq, follower = tlog("seq"), tlog("follower")
+
+        def publish(t: Tlog) -> bytes:  # (what Tlog._checkpoint does, the log key signing)
+            t._open()
+            t._catch_up()
+            text = Checkpoint(ORIGIN, t.writer.size, t.writer.root_hash()).body()
+            note = signed(text)
+            t._store_checkpoint(t.writer.size, note, 1)
+            t.writer.publish(note)
+            t._published, t._note = t.writer.size, note
+            return note
+
+        note = publish(seq)
+        follower._open()
+        follower._catch_up()
+        follower._follow()
+        assert follower.writer.read_checkpoint() == note
+        text = parse_note(note).text
+        a = cosig(W1_KEY, W1_PUBLIC, "w1.test", text)
+        assert asyncio.run(seq.add_cosignatures(Offered.of(note, LOG), [a]))
+        cosigned = seq.writer.read_checkpoint()
+        assert cosigned is not None and parse_note(cosigned).signatures[1] == a
+        assert row_note() == cosigned.decode()
+        follower._follow()  # the same size, another note: published again
+        assert follower.writer.read_checkpoint() == cosigned
+        # a newer checkpoint: a late cosignature of the older one changes nothing
+        with engine.begin() as conn:
+            conn.execute(insert(TlogEntry).values(idx=3, entry=b"e3"))
+        newer = publish(seq)
+        late = cosig(W2_KEY, W2_PUBLIC, "w2.test", text)
+        assert not asyncio.run(seq.add_cosignatures(Offered.of(note, LOG), [late]))
+        assert seq.writer.read_checkpoint() == newer and row_note() == newer.decode()
+    finally:
+        engine.dispose()
