@@ -202,7 +202,8 @@ class Tlog:
                 await self._checkpoint()
             self._offer()
         else:
-            await asyncio.to_thread(self._follow)
+            async with self._publish_lock:  # (a sender of this process may still publish)
+                await asyncio.to_thread(self._follow)
         return self._published
 
     # -- steps (in a thread) ----------------------------------------------------------------
