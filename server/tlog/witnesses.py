@@ -335,12 +335,15 @@ class WitnessSender:
             self._failed(w, _describe(e, self.timeout))
             return False
         s = w.state
-        s.cosigned_size = s.known_size = offered.checkpoint.size
+        s.known_size = offered.checkpoint.size  # (what it keeps now, published or not)
+        # Published first: if that fails, the witness counts as not having cosigned, and is
+        # asked again (it cosigns the same checkpoint again).
+        await self.on_cosigned(offered, cosignatures)
+        s.cosigned_size = offered.checkpoint.size
         s.cosigned_root = base64.b64encode(offered.checkpoint.root).decode("ascii")
         s.cosigned_at = self.clock()
         s.consecutive_errors, s.last_error, s.next_attempt_at = 0, None, 0.0
         self._save()
-        await self.on_cosigned(offered, cosignatures)
         return True
 
     async def _add_checkpoint(self, w: _Witness, offered: Offered) -> list[Signature]:

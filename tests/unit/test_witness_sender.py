@@ -420,3 +420,23 @@ def test_cosignatures_go_on_the_newest_checkpoint_only_and_to_the_hosts_that_fol
         assert seq.writer.read_checkpoint() == newer and row_note() == newer.decode()
     finally:
         engine.dispose()
+
+
+def test_the_policy_is_404_without_a_transparency_log() -> None:
+    from types import SimpleNamespace
+
+    import httpx
+    from fastapi import FastAPI
+
+    from server.api.tlog import add_tlog_routes
+
+    app = FastAPI()
+    add_tlog_routes(app, lambda: SimpleNamespace(log_key=None))  # type: ignore[arg-type,return-value]
+
+    async def ask() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://stampd.test") as client:
+            return await client.get("/tlog/policy")
+
+    r = asyncio.run(ask())
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/plain")
