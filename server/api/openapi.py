@@ -293,6 +293,25 @@ def _schemas(keys: Sequence[ServedKey]) -> dict[str, Json]:
                         "required": ["ok"],
                     },
                 },
+                "witnesses": {
+                    "type": "object",
+                    "description": "each witness of the transparency log by name, where some "
+                                   "are configured: information, never a check",
+                    "additionalProperties": {
+                        "type": "object",
+                        "properties": {
+                            "ok": {"type": "boolean"}, "detail": {"type": "string"},
+                            "url": {"type": "string"},
+                            "cosigned_size": {"type": ["integer", "null"]},
+                            "lag": {"type": ["integer", "null"]},
+                            "last_cosigned_at": {"type": ["number", "null"]},
+                            "errors": {"type": "integer"},
+                            "consecutive_errors": {"type": "integer"},
+                            "last_error": {"type": ["string", "null"]},
+                        },
+                        "required": ["ok"],
+                    },
+                },
             },
             "required": ["ready", "checks"],
         },
