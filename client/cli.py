@@ -68,6 +68,15 @@ def add_commands(sub: Any) -> None:
                         help="the log's verifier key (GET /tlog/vkey), or a file holding it "
                         "(default: the one pinned by `stampd stamp` or `stampd hook install`, "
                         "else fetched from the server the receipt or manifest names)")
+    verify.add_argument("--policy", type=Path, default=None, metavar="FILE",
+                        help="a transparency-log policy (c2sp tlog-policy: log and witness keys "
+                        "and a quorum, as GET /tlog/policy gives it): the proof's checkpoint must "
+                        "be signed by its log and cosigned by its quorum of witnesses; prints "
+                        "when the quorum had seen it")
+    verify.add_argument("--upgrade-proof", action="store_true",
+                        help="with a stored proof: fetch the stamp's proof again and store it in "
+                        "its place when it is valid and carries more witness cosignatures (of "
+                        "--policy's witnesses when given)")
     verify.add_argument("--fetch-proof", action="store_true",
                         help="when no proof is stored: fetch it from the server (the receipt's "
                         "or manifest's; for a git stamp stampd.server or timestamp.server), "
@@ -82,7 +91,10 @@ def add_commands(sub: Any) -> None:
         "run (the target is not a readable log repository, cannot be cloned or has no main "
         "branch; gpg missing; the state file is unreadable), 3 nothing to check yet (the log "
         "has no commit yet: a new "
-        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default). "
+        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default), 4 "
+        "a check failed that shows two histories of the transparency log (a fork: a checkpoint "
+        "of the git log, of an earlier audit or of a witness that is not a prefix of today's "
+        "tree; both checkpoints are printed). "
         "A server without a transparency log (404 on /tlog/vkey) is no failure.")
     audit.add_argument("target", help="path of a log clone, or its http(s) URL")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -144,6 +156,13 @@ def add_commands(sub: Any) -> None:
     stampp.add_argument("--repo", type=Path, default=Path("."),
                         help="the git repository (default: .); for files, where keys are "
                         "pinned and timestamp.server is read")
+    stampp.add_argument("--quorum-wait", type=int, default=0, metavar="SECONDS",
+                        help="after the proof: wait up to SECONDS (at most 120) for the log's "
+                        "witnesses to cosign its checkpoint, per --policy or the server's "
+                        "GET /tlog/policy, and keep the cosigned proof (default: 0, no wait)")
+    stampp.add_argument("--policy", type=Path, default=None, metavar="FILE",
+                        help="the transparency-log policy (c2sp tlog-policy) --quorum-wait "
+                        "waits for (default: the server's)")
     stampp.add_argument("--proof-wait", type=int, default=5, metavar="SECONDS",
                         help="wait up to SECONDS (at most 60) for the stamp's transparency-log "
                         "proof and store it (<output>.tlog-proof; a git stamp's note in "

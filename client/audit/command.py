@@ -15,7 +15,8 @@ from client.audit.tlog import TlogOptions
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``stampd audit TARGET [--json] [--peer-keys DIR] [--server URL] [--state FILE]
-    [--no-tlog]``: 0 ok, 1 failures; an unreadable target or state file raises an
+    [--no-tlog]``: 0 ok, 1 failures, 4 failures that show two histories of the transparency log
+    (a fork: `client.audit.report.FORK_RULES`); an unreadable target or state file raises an
     `AuditError` (exit status 2), a log with no commit yet `EmptyLog` (3)."""
     target = str(args.target)
     peer_keys = getattr(args, "peer_keys", None)
@@ -32,4 +33,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(report.render())
-    return 0 if report.ok else 1
+    if report.ok:
+        return 0
+    return 4 if report.forked else 1

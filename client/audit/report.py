@@ -42,6 +42,8 @@ TLOG_CHECKED = "checked"
 TLOG_NOT_CHECKED = "not checked"  # no server known, or --no-tlog
 TLOG_NONE = "no transparency log"  # the server answers 404 to /tlog/vkey
 TLOG_NO_CHECKPOINT = "no checkpoint yet"
+# The failures that show two histories of one transparency log: `stampd audit` exits 4.
+FORK_RULES = frozenset({"git-checkpoint", "seen-checkpoint", "witness-fork"})
 TLOG_FAILED = "failed"  # it could not be fetched or checked far enough to rebuild the tree
 
 
@@ -60,6 +62,7 @@ class TlogSummary:
     tiles: int = 0  # hash tiles compared with the rebuilt tree
     git_checkpoints: int = 0  # tlog-checkpoint files of log commits found consistent
     seen: int = 0  # checkpoints of earlier audits found consistent
+    witnesses: int = 0  # witnesses' views of the log found consistent
     state: str | None = None  # the state file
     not_in_git_log: int = 0  # entries newer than the newest log commit (warning)
     not_in_tlog: int = 0  # stamps of the newest log commits not sequenced yet (warning)
@@ -123,6 +126,11 @@ class AuditReport:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @property
+    def forked(self) -> bool:
+        """Whether a failure shows two histories of the transparency log (`FORK_RULES`)."""
+        return any(f.rule in FORK_RULES for f in self.failures)
 
     @property
     def uncovered(self) -> list[str]:
@@ -211,7 +219,7 @@ def _tlog_lines(t: TlogSummary, failures: Sequence[Failure]) -> list[str]:
     out = [_status_line(
         f"tlog: {t.origin} at size {t.size}: signed checkpoint, tree rebuilt from the entry "
         f"bundles ({kinds}), {t.tiles} hash tiles match, {t.git_checkpoints} git-log "
-        f"checkpoints and {t.seen} seen before consistent", failures)]
+        f"checkpoints, {t.seen} seen before and {t.witnesses} witnesses' consistent", failures)]
     out.append(f"tlog: stamps matched between the git log and the transparency log "
                f"({t.manifests} manifest entries cannot be)"
                + (f"; seen checkpoints kept in {t.state}" if t.state else ""))

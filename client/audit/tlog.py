@@ -25,12 +25,21 @@ callable ``fail`` (check ``tlog``):
 4. each log commit's ``tlog-checkpoint`` opens with the key, has the origin, and is a prefix
    of today's tree (its root is the rebuilt tree's root at its size);
 5. each checkpoint kept from earlier audits (`client.audit.state`) is a prefix of today's tree;
-   one that is not fails with both signed checkpoints as the evidence. Today's is then kept.
+   one that is not fails with both signed checkpoints as the evidence. Today's is then kept;
+6. each witness the server's policy (``/tlog/policy``, c2sp tlog-policy) names with a URL is
+   asked for its view of the log (``GET <witness URL>/<SHA-256 hex of the origin>/checkpoint``,
+   c2sp.org/tlog-witness); a view that opens with the log key and is not a prefix of today's
+   tree fails with both checkpoints (a witness that cannot be reached, or is ahead of the
+   checkpoint fetched, is a warning).
+
+The failures of rules 4 to 6 that show two histories of one log (``FORK_RULES``) make
+`stampd audit` exit with a status of its own (4).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +61,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import GIT_KINDS, Entry
 from formats.tlog.errors import TlogError
 from formats.tlog.merkle import leaf_hash, tree_levels, tree_root
+from formats.tlog.policy import Policy, PolicyError
 from formats.tlog.tiles import (
     MAX_ENTRY_SIZE,
     TILE_WIDTH,
@@ -251,6 +261,7 @@ class _Check:
         self.match_git_log(parsed, fetched_at)
         self.check_git_checkpoints(verifier, cp, node)
         self.check_seen(verifier, note, cp, node)
+        self.check_witnesses(verifier, note, cp, node)
 
     def open_checkpoint(self, note: bytes, verifier: Ed25519Verifier, path: str, what: str,
                         commit: str = "", rule: str = "checkpoint") -> Checkpoint | None:
@@ -432,6 +443,51 @@ class _Check:
         if today not in keep:
             keep.append(today)
         self.state.logs[origin] = SeenLog(verifier.key.encode(), keep)
+
+
+    def check_witnesses(self, verifier: Ed25519Verifier, note: bytes, cp: Checkpoint,
+                        node: Callable[[int, int], bytes]) -> None:
+        """Rule 6: the witnesses' views of the log are prefixes of today's tree."""
+        try:
+            policy = Policy.parse(self.source.get("policy", MAX_NOTE))
+        except NotFound:
+            return
+        except (SourceError, PolicyError) as e:
+            self.s.warnings.append(f"the server's witness policy was not read: {e}")
+            return
+        origin_hash = hashlib.sha256(verifier.name.encode()).hexdigest()
+        today = note.decode("utf-8")
+        for w in policy.witnesses:
+            if w.url is None:
+                continue
+            url = f"{w.url.rstrip('/')}/{origin_hash}/checkpoint"
+            try:
+                view = http_request(url, timeout=HTTP_TIMEOUT, limit=MAX_NOTE)
+                opened = open_note(view, [verifier, w.key])
+                seen = Checkpoint.parse(opened.text)
+            except FetchError as e:
+                what = f"HTTP {e.status}" if e.status is not None else e.reason
+                self.s.warnings.append(f"witness {w.name}: GET {url}: {what}")
+                continue
+            except (NoteError, TlogError, ValueError) as e:
+                self.fail("witness-view", f"witness {w.name}'s checkpoint ({url}) does not "
+                          f"open with the log key and its own: {e}", path=url)
+                continue
+            if seen.origin != cp.origin:
+                self.fail("witness-view", f"witness {w.name} answered a checkpoint of "
+                          f"{seen.origin!r}, not {cp.origin!r}", path=url)
+            elif seen.size > cp.size:
+                self.s.warnings.append(f"witness {w.name} has seen size {seen.size}, larger "
+                                       f"than the checkpoint fetched ({cp.size}): not checked")
+            elif tree_root(seen.size, node) != seen.root:
+                self.fail("witness-fork", f"witness {w.name} holds a checkpoint that is not a "
+                          f"prefix of the server's tree (size {seen.size}: root "
+                          f"{_b64(seen.root)} there, {_b64(tree_root(seen.size, node))} in the "
+                          f"server's tree): two histories of one log. The witness's:\n"
+                          f"{_indent(view.decode('utf-8', 'replace'))}\nThe server's:\n"
+                          f"{_indent(today)}", path=url)
+            else:
+                self.s.witnesses += 1
 
 
 def check_tlog(source: TlogSource, stamps: Sequence[LogCommitStamps],

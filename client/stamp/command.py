@@ -6,12 +6,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from client.stamp.errors import UsageError
 from client.stamp.gitstamp import report, stamp
 from client.stamp.manifest import report_written, stamp_files
-from client.stamp.proofs import ProofOutcome, obtain_proof
-from client.verify.tlog import DEFAULT_WAIT, MAX_WAIT, held_git, held_manifest
+from client.stamp.proofs import MAX_QUORUM_WAIT, ProofOutcome, obtain_proof
+from client.verify.errors import Malformed
+from client.verify.tlog import (
+    DEFAULT_WAIT,
+    MAX_WAIT,
+    held_git,
+    held_manifest,
+    read_policy,
+)
 
 
 def cmd_stamp(args: argparse.Namespace) -> int:
@@ -34,7 +42,8 @@ def cmd_stamp(args: argparse.Namespace) -> int:
         h = res.header
         outcome = obtain_proof(
             args.repo, res.url, held_manifest(h.serial, h.time, h.key, res.answer, res.signer),
-            wait, in_repository=res.in_repository, serial=h.serial, file=res.path)
+            wait, in_repository=res.in_repository, serial=h.serial, file=res.path,
+            **_quorum(args))
         print("\n".join(report_written(res)))
         if res.skipped:
             print(f"skipped:       {len(res.skipped)} (not regular files; named on stderr)")
@@ -50,7 +59,7 @@ def cmd_stamp(args: argparse.Namespace) -> int:
     outcome = obtain_proof(
         args.repo, res_git.server,
         held_git(res_git.kind, res_git.oid, res_git.commit, res_git.time, [res_git.signer]),
-        wait, in_repository=True, object_id=res_git.oid)
+        wait, in_repository=True, object_id=res_git.oid, **_quorum(args))
     print("\n".join(report(res_git)))
     _report_proof(outcome)
     return 0
@@ -64,8 +73,23 @@ def _wait(args: argparse.Namespace) -> int:
     return wait
 
 
+def _quorum(args: argparse.Namespace) -> dict[str, Any]:
+    """``quorum_wait`` and ``policy`` of ``--quorum-wait`` and ``--policy``."""
+    wait = int(getattr(args, "quorum_wait", 0) or 0)
+    if not 0 <= wait <= MAX_QUORUM_WAIT:
+        raise UsageError(f"--quorum-wait must be 0 to {MAX_QUORUM_WAIT} seconds, not {wait}")
+    given: Path | None = getattr(args, "policy", None)
+    try:
+        policy = None if given is None else read_policy(given)
+    except Malformed as e:
+        raise UsageError(e.message) from None
+    return {"quorum_wait": wait, "policy": policy}
+
+
 def _report_proof(outcome: ProofOutcome) -> None:
     if outcome.line is not None:
         print(outcome.line)
+    if outcome.witnessed is not None:
+        print(outcome.witnessed)
     if outcome.note is not None:
         print(f"stampd stamp: {outcome.note}", file=sys.stderr)

@@ -15,6 +15,8 @@ one line for standard error (`ProofOutcome.note`), and the stamp stands.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,27 +28,42 @@ from client.verify.tlog import (
     Held,
     ProofUnavailable,
     check_proof,
+    cosignature_count,
+    fetch_policy,
     fetch_proof,
     fetch_vkey,
     pin_variable,
     proof_path,
     report_line,
     store_proof_note,
+    witnessed_by,
+    witnessed_line,
     write_publishable,
 )
+from formats.tlog.policy import Policy
+
+MAX_QUORUM_WAIT = 120  # seconds --quorum-wait may ask for
+POLL = 0.5  # seconds between looks at the proof while waiting for the witnesses
 
 
 @dataclass(frozen=True)
 class ProofOutcome:
     line: str | None = None  # the report line: where the proof is kept, index and size
     note: str | None = None  # why there is none, for standard error
+    witnessed: str | None = None  # the witnesses' line, when a quorum was waited for
 
 
 def obtain_proof(repo: Path, server: str, held: Held, wait: int, *, in_repository: bool,
                  serial: int | None = None, object_id: str | None = None,
-                 file: Path | None = None) -> ProofOutcome:
+                 file: Path | None = None, quorum_wait: int = 0,
+                 policy: Policy | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> ProofOutcome:
     """Pin the log key and keep the proof of the stamp ``held`` (a manifest written to
-    ``file``, by ``serial``; or a git stamp ``object_id`` in ``repo``). Never raises."""
+    ``file``, by ``serial``; or a git stamp ``object_id`` in ``repo``); with ``quorum_wait``,
+    wait up to that many seconds for the proof to carry the cosignatures of a quorum of
+    witnesses (of ``policy``, else the server's ``GET /tlog/policy`` for the pinned log key).
+    Never raises."""
     later = (f"stampd verify --fetch-proof {file}" if file is not None else
              f"stampd verify --fetch-proof --key KEYFILE {object_id}")
     try:
@@ -86,6 +103,12 @@ def obtain_proof(repo: Path, server: str, held: Held, wait: int, *, in_repositor
         return ProofOutcome(note=f"no log proof: {e.message}; later: {later}")
     where = str(proof_path(file)) if file is not None else \
         f"note on {object_id} (refs/notes/stampd-tlog)"
+    witnessed = None
+    quorum_note = None
+    if quorum_wait > 0:
+        proof, witnessed, quorum_note = _await_quorum(
+            server, vkey, proof, held, policy, quorum_wait, clock, sleep,
+            serial=serial, object_id=object_id, later=later)
     try:
         proven = check_proof(proof, held, [vkey], source=f"of {server}")
         if file is not None:
@@ -99,4 +122,44 @@ def obtain_proof(repo: Path, server: str, held: Held, wait: int, *, in_repositor
     except OSError as e:
         return ProofOutcome(note=f"cannot write {where}: {e.strerror}")
     origin = f"log key of {server}{pin_note}"
-    return ProofOutcome(line=f"log:           {report_line(proven, origin)}; proof {where}")
+    return ProofOutcome(line=f"log:           {report_line(proven, origin)}; proof {where}",
+                        witnessed=witnessed, note=quorum_note)
+
+
+def _await_quorum(server: str, vkey: str, proof: bytes, held: Held, policy: Policy | None,
+                  wait: int, clock: Callable[[], float], sleep: Callable[[float], None], *,
+                  serial: int | None, object_id: str | None, later: str
+                  ) -> tuple[bytes, str | None, str | None]:
+    """(the best proof seen, the witnesses' line when the quorum held, a note otherwise):
+    the proof fetched again every `POLL` s until a quorum of witnesses cosigned its checkpoint
+    or ``wait`` seconds passed."""
+    if policy is None:
+        try:
+            policy = fetch_policy(server)
+        except (CannotCheck, Malformed) as e:
+            return proof, None, f"no witness quorum waited for: {e.message}"
+        if vkey not in {v.key.encode() for v, _ in policy.logs}:
+            return proof, None, ("no witness quorum waited for: the server's policy is not of "
+                                 "its pinned log key")
+    deadline = clock() + min(wait, MAX_QUORUM_WAIT)
+    best = proof
+    while True:
+        try:
+            w = witnessed_by(best, policy, source=f"of {server}")
+        except Invalid as e:
+            return proof, None, f"no witness quorum: {e.message}"
+        if w.quorum_holds:
+            return best, f"witnessed:     {witnessed_line(w, policy)}", None
+        if clock() >= deadline:
+            return best, None, (f"no witness quorum within {wait} s "
+                                f"({len(w.cosigned)} of {len(policy.witnesses)} cosigned; the "
+                                f"policy needs {policy.describe()}); later: "
+                                f"{later.replace('--fetch-proof', '--upgrade-proof')}")
+        sleep(min(POLL, max(0.0, deadline - clock())))
+        try:
+            new = fetch_proof(server, serial=serial, object_id=object_id)
+            check_proof(new, held, [vkey], source=f"of {server}")
+        except (CannotCheck, Invalid, Malformed):
+            continue
+        if cosignature_count(new, policy) >= cosignature_count(best, policy):
+            best = new

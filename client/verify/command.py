@@ -37,6 +37,7 @@ from client.verify.tlog import (
     Held,
     ProofUnavailable,
     check_proof,
+    cosignature_count,
     fetch_proof,
     fetch_vkey,
     held_git,
@@ -46,9 +47,13 @@ from client.verify.tlog import (
     load_proof_note,
     pinned_log_keys,
     proof_path,
+    quorum_missing,
     read_log_key,
+    read_policy,
     report_line,
     store_proof_note,
+    witnessed_by,
+    witnessed_line,
     write_publishable,
 )
 from client.verify.token import (
@@ -60,6 +65,7 @@ from client.verify.token import (
     name_text,
     verify_token,
 )
+from formats.tlog.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -136,8 +142,27 @@ def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str
     if found is None:
         return []
     proof, where, fetched = found
-    keys, key_origin = _log_keys(args, check, repo)
+    policy_file: Path | None = getattr(args, "policy", None)
+    policy = None if policy_file is None else read_policy(policy_file)
+    if policy is not None:  # its logs are the keys to trust
+        keys, key_origin = [v.key.encode() for v, _ in policy.logs], f"policy {policy_file}"
+        if not keys:
+            raise Malformed(f"the policy {policy_file} names no log")
+    else:
+        keys, key_origin = _log_keys(args, check, repo)
     proven = check_proof(proof, check.held, keys, source=where)
+    upgraded = None
+    if getattr(args, "upgrade_proof", False) and not fetched:
+        upgraded = _upgrade(check, proof, keys, policy, where)
+        if upgraded is not None:
+            proof, proven, fetched = upgraded, check_proof(upgraded, check.held, keys,
+                                                           source=where), True
+    witnessed: list[str] = []
+    if policy is not None:
+        w = witnessed_by(proof, policy, source=where)
+        if not w.quorum_holds:
+            raise Invalid(f"log proof {where}: witnesses: {quorum_missing(w, policy)}")
+        witnessed = [f"witnessed:     {witnessed_line(w, policy)}"]
     stored = ""
     if fetched:
         if check.file is not None:
@@ -147,10 +172,29 @@ def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str
                 raise CannotCheck(f"cannot store the log proof {where}: {e.strerror}") from None
         elif check.repo is not None and check.object_id is not None:
             store_proof_note(check.repo, check.object_id, proof)
-        stored = f"; fetched, stored as {where}"
+        stored = f"; {'upgraded' if upgraded is not None else 'fetched'}, stored as {where}"
     else:
         stored = f"; proof {where}"
-    return [f"log:           {report_line(proven, key_origin)}{stored}"]
+        if getattr(args, "upgrade_proof", False):
+            stored += " (kept: the server's proof carries no more cosignatures)"
+    return [f"log:           {report_line(proven, key_origin)}{stored}", *witnessed]
+
+
+def _upgrade(check: LogCheck, proof: bytes, keys: list[str], policy: Policy | None,
+             where: str) -> bytes | None:
+    """``--upgrade-proof``: the server's proof of the stamp now, when it is valid and carries
+    more cosignatures than ``proof`` (of the policy's witnesses, else any); None to keep it."""
+    if check.server is None:
+        raise Usage("--upgrade-proof: no server to fetch the proof from (a git stamp: set git "
+                    "config stampd.server or timestamp.server)")
+    try:
+        new = fetch_proof(check.server, serial=check.serial, object_id=check.object_id)
+    except ProofUnavailable as e:
+        raise CannotCheck(f"--upgrade-proof: {e.message}") from None
+    check_proof(new, check.held, keys, source=f"fetched from {check.server}")
+    if cosignature_count(new, policy) > cosignature_count(proof, policy):
+        return new
+    return None
 
 
 def report_manifest(res: ManifestResult) -> Iterator[str]:
@@ -285,6 +329,8 @@ def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
                         "chain with --chain FILE")
     log_only = [o for o, v in (("--proof", getattr(args, "proof", None)),
                                ("--log-key", getattr(args, "log_key", None)),
+                               ("--policy", getattr(args, "policy", None)),
+                               ("--upgrade-proof", getattr(args, "upgrade_proof", None) or None),
                                ("--fetch-proof", getattr(args, "fetch_proof", None) or None))
                 if v is not None]
     if log_only:

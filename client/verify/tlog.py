@@ -28,6 +28,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -41,12 +42,14 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.errors import TlogError
 from formats.tlog.merkle import leaf_hash, verify_inclusion
+from formats.tlog.policy import Policy, PolicyError, Witnessed
 from formats.tlog.proof import ProvenEntry, TlogProof, verify_proof
 
 PROOF_SUFFIX = ".tlog-proof"
 NOTES_REF = "refs/notes/stampd-tlog"
 MAX_PROOF = 64 * 1024
 MAX_VKEY = 1024
+MAX_POLICY = 64 * 1024
 MAX_WAIT = 60  # seconds: the most the server waits for a proof
 DEFAULT_WAIT = 5  # seconds `stampd stamp` waits for its stamp's proof
 HTTP_SLACK = 10.0  # seconds a request may take beyond the wait asked for
@@ -356,3 +359,75 @@ def check_proof(proof: bytes, held: Held, log_keys: Sequence[str], *, source: st
 def report_line(proven: ProvenEntry, origin: str) -> str:
     return (f"in the log at index {proven.leaf_index}, checkpoint of size {proven.tree_size} "
             f"({origin})")
+
+
+# --- witnesses -----------------------------------------------------------------------------------
+
+def parse_policy(data: bytes, source: str) -> Policy:
+    """The c2sp tlog-policy of ``data``; `Malformed` naming ``source`` otherwise."""
+    if len(data) > MAX_POLICY:
+        raise Malformed(f"the policy {source} is larger than {MAX_POLICY} bytes")
+    try:
+        return Policy.parse(data)
+    except PolicyError as e:
+        raise Malformed(f"the policy {source}: {e}") from None
+
+
+def read_policy(path: Path) -> Policy:
+    try:
+        data = path.read_bytes()[:MAX_POLICY + 1]
+    except OSError as e:
+        raise Malformed(f"cannot read the policy {path}: {e.strerror}") from None
+    return parse_policy(data, str(path))
+
+
+def fetch_policy(server: str, timeout: float = HTTP_SLACK) -> Policy:
+    """The server's published policy (``GET /tlog/policy``); `ProofUnavailable` with
+    ``no_log`` for a 404, `CannotCheck` for any other failure."""
+    url = _base(server) + "/tlog/policy"
+    try:
+        body = http_request(url, timeout=timeout, limit=MAX_POLICY)
+    except FetchError as e:
+        if e.status == 404:
+            raise ProofUnavailable(f"{server} publishes no policy (GET /tlog/policy: 404)",
+                                   no_log=True) from None
+        what = f"answered HTTP {e.status}" if e.status is not None else f"failed: {e.reason}"
+        raise CannotCheck(f"GET {url} {what}") from None
+    return parse_policy(body, f"of {url}")
+
+
+def witnessed_by(proof: bytes, policy: Policy, *, source: str) -> Witnessed:
+    """The witnesses of ``policy`` that cosigned the proof's checkpoint, and its quorum;
+    `Invalid` when a cosignature of a known witness does not verify or the log is not the
+    policy's (check the proof itself with `check_proof` first)."""
+    try:
+        return policy.check(TlogProof.parse(proof).checkpoint)
+    except (PolicyError, TlogError, NoteError) as e:
+        raise Invalid(f"log proof {source}: witnesses: {e}") from None
+
+
+def witnessed_line(w: Witnessed, policy: Policy) -> str:
+    """``2 of 3 witnesses (quorum: 2 of witnesses (a, b, c)), by 2026-...Z``: who cosigned
+    and the earliest time by which the quorum had seen the checkpoint."""
+    text = (f"{len(w.cosigned)} of {len(policy.witnesses)} witnesses "
+            f"(quorum: {policy.describe()})")
+    if w.quorum_time is not None:
+        text += f", by {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(w.quorum_time))}"
+    return text
+
+
+def quorum_missing(w: Witnessed, policy: Policy) -> str:
+    names = ", ".join(sorted(w.cosigned)) or "no witness"
+    return f"cosigned by {names}; the policy needs {policy.describe()}"
+
+
+def cosignature_count(proof: bytes, policy: Policy | None) -> int:
+    """How many witnesses cosigned the proof's checkpoint: of ``policy`` (verified), else the
+    signature lines beyond the first (the log's; not verified)."""
+    try:
+        checkpoint = TlogProof.parse(proof).checkpoint
+        if policy is not None:
+            return len(policy.check(checkpoint).cosigned)
+        return len(parse_note(checkpoint).signatures) - 1
+    except (PolicyError, TlogError, NoteError):
+        return -1
