@@ -464,6 +464,9 @@ class _Check:
             try:
                 view = http_request(url, timeout=HTTP_TIMEOUT, limit=MAX_NOTE)
                 opened = open_note(view, [verifier, w.key])
+                if not any((x.name, x.key_id) == (verifier.name, verifier.key_id)
+                           for x in opened.verified):
+                    raise NoteError("no signature by the log key")
                 seen = Checkpoint.parse(opened.text)
             except FetchError as e:
                 what = f"HTTP {e.status}" if e.status is not None else e.reason
