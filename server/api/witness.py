@@ -72,7 +72,8 @@ def make_witness(settings: Settings, engine: Engine, dispatcher: Dispatcher,
 def witness_response(exc: WitnessError) -> Response:
     """The answer to a refused ``add-checkpoint`` request."""
     if isinstance(exc, SizeConflict):
-        return Response(encode_size(exc.known), status_code=409, media_type=SIZE_CONTENT_TYPE)
+        return Response(encode_size(exc.known), status_code=409,  # (no charset parameter)
+                        headers={"Content-Type": SIZE_CONTENT_TYPE})
     status = next(s for cls, s in _STATUS.items() if isinstance(exc, cls))
     return PlainTextResponse(str(exc) + "\n", status_code=status)
 
