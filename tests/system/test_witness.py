@@ -201,3 +201,13 @@ def test_the_witness_key_signs_no_stamp(server: Server) -> None:
 def test_request_round_trip_is_what_is_sent() -> None:
     body = LOG.request(3, 10)
     assert AddCheckpoint.parse(body).encode() == body
+
+
+def test_keys_show_prints_the_witness_vkey(server: Server) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "stampd", "keys", "show", "--data-dir",
+                          str(server.data_dir)], env=server.env, capture_output=True,
+                         check=True, text=True).stdout
+    assert f"witness key: {witness_key(server).encode()}\n" in out
