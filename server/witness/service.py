@@ -14,6 +14,12 @@ The order is what makes a witness safe against a crash (kill -9) at any point:
 5. store the cosigned note for the monitoring endpoint (best effort: the row's size and root
    are what counts; until then the row holds the log's checkpoint as it came).
 
+Requests that arrive together are stored together (group commit, as a journal does): one
+writer task takes every request waiting, reads, checks and compares-and-sets each in turn in
+**one** transaction (a request sees the rows the earlier ones of its batch set), writes the
+cosigned notes made since the last batch, and commits once; only then is each request answered
+or cosigned. One commit (one fsync on SQLite) carries many checkpoints.
+
 When the cosignature cannot be made (no worker), the request is answered `CosignUnavailable`
 (503): the stored row stays, and the log's retry is answered 409 with the new size, then, with
 that size as its old size, the cosignature.
@@ -29,8 +35,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, Table, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, Table, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from formats.jobs import CosignJob
 from formats.note import Verifier, parse_note
@@ -39,6 +46,7 @@ from formats.tlog.errors import TlogError
 from formats.tlog.witness import (
     AddCheckpoint,
     SizeConflict,
+    WitnessError,
     WitnessRecord,
     check_add_checkpoint,
 )
@@ -57,6 +65,12 @@ class CosignUnavailable(Unavailable):
     key, or it failed): the log should retry; it is answered 409 then the cosignature."""
 
     retry_after = 5
+
+
+class WitnessStoreFailed(Unavailable):
+    """The database could not store a checkpoint now (nothing was cosigned): retry."""
+
+    retry_after = 2
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,34 @@ def store_cosigned(engine: Engine, checkpoint: Checkpoint, cosigned: str) -> boo
     return bool(done.rowcount == 1)
 
 
+def _set_row(conn: Connection, checkpoint: Checkpoint, note: bytes,
+             checked: WitnessRecord | None, now: int) -> bool:
+    """The compare and set of `store_checkpoint` inside the transaction of ``conn`` (an
+    insert that conflicts does nothing: no error aborts the transaction); whether it set."""
+    values = {"size": checkpoint.size, "root_hash": checkpoint.root,
+              "note": note.decode("utf-8"), "updated_at": now}
+    if checked is None:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        done = conn.execute(dialect.insert(_LOGS).values(origin=checkpoint.origin, **values)
+                            .on_conflict_do_nothing(index_elements=["origin"]))
+    else:
+        done = conn.execute(update(_LOGS).where(
+            _LOGS.c.origin == checkpoint.origin, _LOGS.c.size == checked.size,
+            _LOGS.c.root_hash == checked.root).values(**values))
+    return bool(done.rowcount == 1)
+
+
+def _record_in(conn: Connection, origin: str | None) -> WitnessRecord | None:
+    if origin is None:
+        return None
+    row = conn.execute(select(_LOGS.c.size, _LOGS.c.root_hash)
+                       .where(_LOGS.c.origin == origin)).first()
+    return None if row is None else WitnessRecord(row.size, bytes(row.root_hash))
+
+
+_Waiting = tuple[AddCheckpoint, "asyncio.Future[Checkpoint]"]
+
+
 class Witness:
     """A witness of the logs of ``trusted`` (each origin's checkpoint keys), cosigning as
     ``name`` with the witness key (its Ed25519 ``public_key``, 32 bytes), held by the
@@ -148,14 +190,66 @@ class Witness:
         self.public_key = public_key
         self.clock = clock
         self.key_id = key_id
+        self._waiting: list[_Waiting] = []
+        self._notes: list[tuple[Checkpoint, str]] = []  # cosigned notes not yet written
+        self._writer: asyncio.Task[None] | None = None
 
     async def add_checkpoint(self, body: bytes) -> bytes:
         """The cosignature line(s) of the checkpoint of the ``add-checkpoint`` request
         ``body``, stored before it is cosigned; a `WitnessError` for each refusal,
         `CosignUnavailable` when it was stored but cannot be cosigned now."""
         request = AddCheckpoint.parse(body)
-        checkpoint = await asyncio.to_thread(self.store, request)
+        future: asyncio.Future[Checkpoint] = asyncio.get_running_loop().create_future()
+        self._waiting.append((request, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        checkpoint = await future
         return await self.cosign(checkpoint, request.checkpoint)
+
+    async def _write(self) -> None:
+        """Store the waiting requests, batch after batch, until none waits."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            notes, self._notes = self._notes, []
+            try:
+                results = await asyncio.to_thread(self._store_batch, [r for r, _ in batch],
+                                                  notes)
+            except SQLAlchemyError as e:
+                log.warning("witness: cannot store %d checkpoints: %s", len(batch), e)
+                results = [WitnessStoreFailed("the checkpoint cannot be stored now; retry")
+                           ] * len(batch)
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():  # (its request was cancelled)
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    def _store_batch(self, requests: list[AddCheckpoint], notes: list[tuple[Checkpoint, str]]
+                     ) -> list[Checkpoint | Exception]:
+        """Check and compare-and-set each request in turn in one transaction, and write the
+        cosigned ``notes``: each request's checkpoint, or its refusal."""
+        out: list[Checkpoint | Exception] = []
+        now = self._now()
+        with self.engine.begin() as conn:
+            for checkpoint, cosigned in notes:
+                conn.execute(update(_LOGS).where(
+                    _LOGS.c.origin == checkpoint.origin, _LOGS.c.size == checkpoint.size,
+                    _LOGS.c.root_hash == checkpoint.root).values(note=cosigned))
+            for request in requests:
+                checked = _record_in(conn, _origin_of(request))
+                try:
+                    checkpoint = check_add_checkpoint(request, self.trusted, checked)
+                except WitnessError as e:
+                    out.append(e)
+                    continue
+                if _set_row(conn, checkpoint, request.checkpoint, checked, now):
+                    out.append(checkpoint)
+                else:  # (another process of this host set it meanwhile)
+                    known = _record_in(conn, checkpoint.origin)
+                    out.append(SizeConflict(0 if known is None else known.size))
+        return out
 
     def store(self, request: AddCheckpoint) -> Checkpoint:
         """Check ``request`` against the stored row of its log and store its checkpoint
@@ -183,12 +277,24 @@ class Witness:
                         checkpoint.size, e)
             raise CosignUnavailable("the checkpoint is stored but cannot be cosigned now; "
                                     "retry (with the size stored as the old size)") from None
-        try:
-            await asyncio.to_thread(store_cosigned, self.engine, checkpoint,
-                                    note.decode("utf-8") + line)
-        except Exception as e:  # (best effort: the cosignature is good without it)
-            log.warning("witness: cosigned note of %s not kept: %s", checkpoint.origin, e)
+        # (best effort, written with the next batch: the cosignature is good without it)
+        self._notes.append((checkpoint, note.decode("utf-8") + line))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_notes())
         return line.encode("utf-8")
+
+    async def _write_notes(self) -> None:
+        """Write the cosigned notes when no request brings a batch to write them with."""
+        if self._waiting or not self._notes:
+            await self._write()
+            return
+        notes, self._notes = self._notes, []
+        try:
+            await asyncio.to_thread(self._store_batch, [], notes)
+        except SQLAlchemyError as e:
+            log.warning("witness: %d cosigned notes not kept: %s", len(notes), e)
+        if self._waiting:
+            await self._write()
 
     def _now(self) -> int:
         t = int(self.clock())

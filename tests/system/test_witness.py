@@ -7,6 +7,7 @@ state the witness keeps (its monitoring endpoint) is unchanged."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import http.client
 import shutil
@@ -20,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from formats.note import ED25519_COSIGNATURE, VerifierKey
 from formats.sshsig import SshPublicKey
 from formats.tlog.witness import MAX_REQUEST_BYTES, AddCheckpoint
-from tests.helpers import Server, WitnessedLog, seed_data_dir, start_server
+from tests.helpers import Server, WitnessedLog, seed_data_dir, start_server, wait_for
 
 LOG = WitnessedLog("example.org/log-a", leaves=40)
 OTHER = WitnessedLog("example.org/log-b", leaves=8)  # a log the witness was not told of
@@ -88,10 +89,12 @@ def test_a_chain_of_checkpoints_is_cosigned_and_stored(server: Server) -> None:
         assert status == 200, body
         assert headers["content-type"].startswith("text/plain")
         assert check_cosignature(server, size, body) > 1_700_000_000
+        # the log's signature, then ours (written just after the answer)
+        wait_for(functools.partial(lambda b: stored(server)[1].endswith(b), body),
+                 what="the cosigned note stored")
         status, note = stored(server)
         assert status == 200
-        assert note.startswith(LOG.checkpoint(size))  # the log's signature, then ours
-        assert note.endswith(body)
+        assert note == LOG.checkpoint(size) + body
         old = size
 
 
