@@ -214,3 +214,9 @@ def test_keys_show_prints_the_witness_vkey(server: Server) -> None:
                           str(server.data_dir)], env=server.env, capture_output=True,
                          check=True, text=True).stdout
     assert f"witness key: {witness_key(server).encode()}\n" in out
+
+
+def test_the_status_page_shows_the_witness_vkey(server: Server) -> None:
+    status, _, page = request(server, "GET", "/", headers={"Accept": "text/html"})
+    assert status == 200
+    assert f'<pre id="witness-vkey">{witness_key(server).encode()}</pre>'.encode() in page
