@@ -29,7 +29,8 @@ from formats.tlog.checkpoint import cosignature_message
 from formats.tlog.witness import AddCheckpoint, SizeConflict
 from server import db
 from server.dispatch import Signed
-from server.witness.service import Witness, read_record
+from server.errors import SigningFailed
+from server.witness.service import CosignUnavailable, Witness, read_record
 from tests.helpers import WitnessedLog
 
 LOG = WitnessedLog("example.org/stored", leaves=4096, seed=bytes(range(32)))
@@ -194,3 +195,33 @@ def test_kill_9_in_add_checkpoint(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     assert previous > 0 and cosigned  # (the kills did let some requests through)
+
+
+class NoWorker(LocalCosigner):
+    """A dispatcher with no worker of the witness key: every job fails."""
+
+    async def sign(self, job: Job, key: str = "") -> Signed:
+        raise SigningFailed("no worker holds the witness key")
+
+
+def test_a_failed_cosignature_keeps_the_stored_row(tmp_path: Path) -> None:
+    """503 (`CosignUnavailable`) when the worker is down; the checkpoint stays stored, the
+    log's retry is answered 409 with the new size, and from it, once a worker is back, the
+    checkpoint is cosigned."""
+    w = witness(sqlite_url(tmp_path))
+    try:
+        w.dispatcher = NoWorker()  # type: ignore[assignment]
+        with pytest.raises(CosignUnavailable) as e:
+            asyncio.run(w.add_checkpoint(LOG.request(0, 12)))
+        assert e.value.retry_after > 0
+        stored = read_record(w.engine, LOG.origin)
+        assert stored is not None and stored.size == 12
+        assert stored.note.encode() == LOG.checkpoint(12)  # the log's, not cosigned
+        with pytest.raises(SizeConflict) as conflict:
+            asyncio.run(w.add_checkpoint(LOG.request(0, 12)))
+        assert conflict.value.known == 12
+        w.dispatcher = LocalCosigner()  # type: ignore[assignment]
+        line = asyncio.run(w.add_checkpoint(LOG.request(12, 12)))
+        assert line.startswith(f"\u2014 {NAME} ".encode())
+    finally:
+        w.engine.dispose()
