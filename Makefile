@@ -96,6 +96,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.manifest
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load
+	$(BIN)/python -m bench.witness
 
 ## The scaling table: workers, API processes and zeitgitterd's agents, server and wrk pinned
 ## to cores of their own, and a projection to more cores (bench/README.md).

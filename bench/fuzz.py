@@ -129,6 +129,7 @@ class DbResult:
             led = self.ledger
             if not led.settled:
                 p.append("not every stamp reached a committed log commit in time")
+            p.extend(led.witness_problems())
             if self.refused_in_journal:
                 p.append(f"{len(self.refused_in_journal)} refused request(s) in the journal: "
                          f"{sorted(self.refused_in_journal)[:3]}")

@@ -15,7 +15,10 @@ so that a seed gives the same requests every time.
 - ``tlog``: the transparency log's reads (``GET /v1/proofs/<serial>``, ``/v1/proofs/git/<id>``
   with and without ``?wait=``, ``/tlog/checkpoint``, ``/tlog/vkey``, hash tiles and entry
   bundles), valid and malformed; a wait is at most 1 s or malformed, so that no request may
-  legitimately outlast the hang bound.
+  legitimately outlast the hang bound;
+- ``witness``: ``POST /add-checkpoint`` to the server as a witness of `WITNESSED`: requests of
+  the log (200 or 409, as the state stands), and refused ones: unknown logs, other keys,
+  malformed bodies, bad proofs, forks, bodies over the limit (nothing of them may be stored).
 
 Every stamp request carries markers: commit/tree/parent ids and digests that no other request
 of the run uses, so that the journal and the log can be searched for what was refused. A
@@ -32,6 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.fuzz_http import EXPECT_OK, EXPECT_REJECT, Case, Req
+from tests.helpers import WitnessedLog
+
+# The log the server under test witnesses (a fixed key: the same requests for a seed).
+WITNESSED = WitnessedLog("fuzz.example/witnessed", leaves=256, seed=b"\x07" * 32)
 
 KEEP = "keep"  # a body variant that leaves the fields' verdict as it is
 
@@ -169,6 +176,7 @@ class RawGenerator:
         ]
         if target.tree_size:
             self.weights.append(("tlog", 10, self.tlog))
+        self.weights.append(("witness", 6, self.witness))
 
     # -- plumbing ---------------------------------------------------------------------------
     def cases(self, n: int) -> list[Case]:
@@ -846,6 +854,57 @@ class RawGenerator:
         target = urllib.parse.quote(path, safe="/%?=&;:.~+-_").encode("ascii")
         return Case("tlog", f"{what} {path[:60]}", [request_bytes(method, target, self.headers())],
                     [Req(method.decode(), path, (), expect)])
+
+    # -- the witness ---------------------------------------------------------------------
+    def witness(self) -> Case:
+        """An ``add-checkpoint`` request: of the witnessed log (what the state makes of it:
+        200 or 409), or one the rules refuse whatever the state (4xx)."""
+        rng = self.rng
+        log = WITNESSED
+        n = len(log.hashes)
+        old = rng.randrange(0, n)
+        new = rng.randrange(old, n + 1)
+        what = rng.choice(["chain", "chain", "unknown", "impostor", "malformed", "bad-proof",
+                           "fork", "old-above", "big", "garbage"])
+        expect: str | None = EXPECT_REJECT
+        if what == "chain":
+            body, expect = log.request(old, new), None
+        elif what == "unknown":
+            other = WitnessedLog(f"fuzz.example/{self.m.hex(16)}", leaves=4, seed=bytes(32))
+            body = other.request(0, rng.randrange(0, 5))
+        elif what == "impostor":
+            body = WitnessedLog(log.origin, leaves=8, seed=b"\x09" * 32).request(0, 5)
+        elif what == "malformed":
+            good = log.request(old, new)
+            cut = rng.randrange(0, len(good))
+            body = rng.choice([good[:cut], good.replace(b"old ", b"old -", 1),
+                               good.replace(b"\n\n", b"\n", 1), b"old 0" + good,
+                               good[:cut] + b"\xff" + good[cut + 1:]])
+            expect = None if body == good else EXPECT_REJECT
+        elif what == "bad-proof":
+            new = max(new, old + 2) if old else 0
+            if old == 0 or new > n:
+                body = log.request(0, 5, proof=(bytes(32),))  # a proof from 0: 422 (or 409)
+            else:
+                proof = log.proof(old, new)
+                body = log.request(old, new, proof=(bytes(32), *proof[1:]))
+        elif what == "fork":
+            root = bytes(rng.getrandbits(8) for _ in range(32))
+            body = log.request(old, new, checkpoint=log.checkpoint(new, root=root))
+            expect = None if new == 0 else EXPECT_REJECT  # (size 0: the checkpoint refuses)
+            if new == 0:
+                body = b"old 0\n\n" + b"x\n"
+                expect = EXPECT_REJECT
+        elif what == "old-above":
+            body = log.request(min(new + 1, n), new, proof=())
+        elif what == "big":
+            body = log.request(old, new) + b"x" * (64 * 1024)
+        else:
+            body = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 300)))
+        headers = self.headers((b"Content-Type", b"text/plain"))
+        return Case("witness", f"{what} {old}->{new}",
+                    [request_bytes(b"POST", b"/add-checkpoint", headers, body)],
+                    [Req("POST", "/add-checkpoint", (), expect)])
 
     def _wait(self) -> tuple[str, bool | None]:
         """('?wait=...' or '', whether it is a valid wait; None: no wait)."""

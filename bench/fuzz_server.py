@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.fuzz_cases import Target
+from bench.fuzz_cases import WITNESSED, Target
 from bench.proof_server import ProofError, read_log
 from formats.manifests import unpack
 from tests.helpers import (
@@ -58,6 +58,20 @@ class Ledger:
     log_commits: int
     log_values: set[str]  # every word of hashes.log and digests.log on main
     settled: bool  # every stamp reached a committed log commit in time
+    # What the server, as a witness of `bench.fuzz_cases.WITNESSED`, stored: (origin, size,
+    # root hash) of each row of witness_logs
+    witnessed: list[tuple[str, int, bytes]] = field(default_factory=list)
+
+    def witness_problems(self) -> list[str]:
+        """Rows a refused add-checkpoint request could have left: another origin, or a
+        root hash that is not the witnessed log's at that size (a fork, a forged tree)."""
+        out = []
+        for origin, size, root in self.witnessed:
+            if origin != WITNESSED.origin:
+                out.append(f"the witness stored a checkpoint of an unknown log {origin!r}")
+            elif size > len(WITNESSED.hashes) or root != WITNESSED.root(size):
+                out.append(f"the witness stored a tree of size {size} that is not the log's")
+        return out
 
 
 class UnderTest:
@@ -72,7 +86,9 @@ class UnderTest:
         # The transparency log on (its key adds a worker): its reads are fuzzed too.
         env = {"STAMPD_BODY_TIMEOUT": str(BODY_TIMEOUT),
                "STAMPD_KEEPALIVE_TIMEOUT": str(KEEPALIVE_TIMEOUT),
-               "STAMPD_TLOG": "on" if tlog else "off"}
+               "STAMPD_TLOG": "on" if tlog else "off",
+               # a witness of one log, whose add-checkpoint requests are fuzzed too
+               "STAMPD_WITNESS_FOR": WITNESSED.vkey}
         if ssh_key:  # a second key, so that format=ssh and key=SHA256:... can be accepted
             env.update(STAMPD_EXTRA_KEYS="ssh:ed25519", STAMPD_EXTRA_KEY_WORKERS="1")
         self.db_url = database_url or f"sqlite:///{self.data / 'stampd.sqlite3'}"
@@ -81,7 +97,7 @@ class UnderTest:
                                            database_url=database_url, extra_env=env,
                                            runtime_dir=workdir / "rt")
         try:
-            self.server.wait_ready(workers + (1 if ssh_key else 0) + (1 if tlog else 0))
+            self.server.wait_ready(workers + (1 if ssh_key else 0) + (1 if tlog else 0) + 1)
         except BaseException:
             self.stop()
             raise
@@ -223,6 +239,8 @@ class UnderTest:
                 packed = conn.execute(text(
                     "select m.algorithm, m.digests, s.state from manifest_digests m "
                     "join stamps s on s.id = m.stamp_id")).all()
+                witnessed = [(o, n, bytes(r)) for o, n, r in conn.execute(text(
+                    "select origin, size, root_hash from witness_logs")).all()]
         finally:
             engine.dispose()
         values: set[str] = set()
@@ -237,7 +255,7 @@ class UnderTest:
             if state == "signed":
                 published |= unpacked
         commits, log_values = read_log(self.data / "log.git")
-        return Ledger(len(rows), values, published, commits, log_values, settled)
+        return Ledger(len(rows), values, published, commits, log_values, settled, witnessed)
 
     def audit(self) -> tuple[bool, str]:
         """`stampd audit` of the log as anyone would run it: cloned from /log.git."""

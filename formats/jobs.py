@@ -3,7 +3,8 @@
 A job is one object for a worker to build and sign: a git tag (`TagJob`), a git commit
 (`CommitJob`: branch stamps and log commits), a digest receipt (`ReceiptJob`), a manifest
 (`ManifestJob`), an RFC 3161 time-stamp token (`TimestampJob`) or the signature of a
-transparency log's checkpoint note (`NoteJob`, the log key's only kind). The service
+transparency log's checkpoint note (`NoteJob`, the log key's only kind) or a witness's
+cosignature of another log's checkpoint (`CosignJob`, the witness key's only kind). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
 `Result`. A worker first introduces itself with a `Hello`. Each job class names its ``op`` (its
 type on the wire) and its ``kind``: what a worker builds of it, tag and commit jobs both git
@@ -327,11 +328,39 @@ class NoteJob:
         return cls(_str(d, "text"))
 
 
+@dataclass(frozen=True)
+class CosignJob:
+    """A witness's cosignature (c2sp.org/tlog-cosignature) of a checkpoint ``body`` (the note's
+    text, verified and stored by the witness before) at ``timestamp`` (seconds since the epoch,
+    above 0), made with the witness key only. The worker signs
+    `formats.tlog.checkpoint.cosignature_message` of the two (plain Ed25519) and answers with
+    the 64-byte signature in base64; the caller makes the signature line of it."""
+
+    op: ClassVar[str] = "cosign"
+    kind: ClassVar[str] = "cosign"  # what a worker builds: a cosignature (the witness key only)
+    body: str
+    timestamp: int
+
+    def __post_init__(self) -> None:
+        if not self.body.endswith("\n"):
+            raise MalformedMessage("a checkpoint body ends in a newline")
+        if not 0 < self.timestamp < 2**63:
+            raise MalformedMessage(f"cosignature timestamp {self.timestamp} out of range")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "body": self.body, "timestamp": self.timestamp}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CosignJob:
+        return cls(_str(d, "body"), _int(d, "timestamp"))
+
+
 GitJob = TagJob | CommitJob
-Job = TagJob | CommitJob | ReceiptJob | TimestampJob | ManifestJob | NoteJob
+Job = TagJob | CommitJob | ReceiptJob | TimestampJob | ManifestJob | NoteJob | CosignJob
 _JOB_TYPES: dict[str, type[TagJob] | type[CommitJob] | type[ReceiptJob] | type[TimestampJob]
-                 | type[ManifestJob] | type[NoteJob]] = {
-    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob, ManifestJob, NoteJob)}
+                 | type[ManifestJob] | type[NoteJob] | type[CosignJob]] = {
+    cls.op: cls for cls in (TagJob, CommitJob, ReceiptJob, TimestampJob, ManifestJob, NoteJob,
+                            CosignJob)}
 
 
 def job_from_dict(d: dict[str, Any]) -> Job:

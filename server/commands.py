@@ -34,13 +34,16 @@ def build_settings(args: argparse.Namespace) -> Settings:
             overrides[name] = value
     if getattr(args, "witness", None):  # (--witness, repeatable: the list STAMPD_WITNESSES)
         overrides["witnesses"] = ",".join(args.witness)
+    if getattr(args, "witness_for", None):  # (--witness-for: STAMPD_WITNESS_FOR, overridden)
+        overrides["witness_for"] = ",".join(args.witness_for)
     try:
         return Settings(**overrides)
     except ValidationError as e:
         raise CommandFailed(invalid_settings(e, given=set(overrides)), usage=True) from None
 
 
-_OPTIONS = {"witnesses": "--witness"}  # settings whose option is not named as they are
+# settings whose option is not named as they are
+_OPTIONS = {"witnesses": "--witness", "witness_for": "--witness-for"}
 
 
 def invalid_settings(exc: ValidationError, given: Collection[str] = ()) -> str:
@@ -499,10 +502,12 @@ def cmd_keys(args: argparse.Namespace) -> int:
         store.import_key(args.file, settings.read_passphrase())
     from workers.keys.keyset import (
         TLOG_KEY,
+        WITNESS_KEY,
         allowed_signers,
         served_keys,
         stored_key_specs,
         tlog_vkey,
+        witness_vkey,
     )
 
     # The configured extra keys (and the log key), and any other the data directory holds.
@@ -545,6 +550,12 @@ def cmd_keys(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise CommandFailed(f"the log key's verifier key: {e}", usage=True) from None
             print(f"\nlog key (tlog): {vkey}")
+        if extra.id == WITNESS_KEY.id:  # what the logs witnessed and their verifiers are given
+            try:
+                vkey = witness_vkey(settings.witness_name, extra.public)
+            except ValueError as e:
+                raise CommandFailed(f"the witness key's verifier key: {e}", usage=True) from None
+            print(f"\nwitness key: {vkey}")
     return 0
 
 
@@ -580,6 +591,9 @@ def add_commands(sub: Any) -> None:
                        help="a witness the transparency log sends its checkpoints to, by its "
                        "submission prefix and cosignature verifier key; repeatable "
                        "(STAMPD_WITNESSES)")
+    serve.add_argument("--witness-for", action="append", metavar="VKEY",
+                       help="be a witness of the log of this checkpoint verifier key; "
+                       "repeatable, replaces STAMPD_WITNESS_FOR")
     serve.add_argument("--no-workers", action="store_true",
                        help="run no worker pool here (workers come from `stampd worker`)")
     serve.set_defaults(func=cmd_serve)

@@ -253,3 +253,18 @@ class TlogCheckpoint(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     note: Mapped[str] = mapped_column(Text)
     signed_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WitnessLog(Base):
+    """What this witness (docs/witness.md) keeps of one log it cosigns for: the size and root
+    hash of the newest checkpoint it cosigned, and that checkpoint as cosigned (the log's
+    signature and ours; empty until the cosignature is made). The row is compare-and-set: a
+    checkpoint replaces the one whose size it was checked against, never another."""
+
+    __tablename__ = "witness_logs"
+
+    origin: Mapped[str] = mapped_column(Text, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    root_hash: Mapped[bytes] = mapped_column(LargeBinary)
+    note: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[int] = mapped_column(BigInteger)

@@ -17,9 +17,9 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from formats.note import NoteError, valid_key_name
+from formats.note import Ed25519Verifier, NoteError, valid_key_name
 from formats.tlog.checkpoint import CosignatureVerifier
-from workers.keys.keyset import TLOG_KEY, KeySpec, parse_extra_keys
+from workers.keys.keyset import TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 
 # Keys a TSA key may be: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA), held by
 # gpg-agent (openpgp:) or ssh-agent (ssh:, ECDSA only; its P-256 signatures are the cheapest).
@@ -133,6 +133,23 @@ class WitnessConfig:
 
 # Names of the published policy (c2sp tlog-policy) that a witness may not take.
 _POLICY_NAMES = ("none", "witnesses")
+
+
+def parse_witnessed(spec: str) -> dict[str, list[Ed25519Verifier]]:
+    """The logs of ``STAMPD_WITNESS_FOR``: comma-separated checkpoint vkeys (type 0x01, named
+    for the log's origin), grouped by origin; ValueError naming a bad one."""
+    logs: dict[str, list[Ed25519Verifier]] = {}
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        try:
+            verifier = Ed25519Verifier.from_vkey(item)
+        except NoteError as e:
+            raise ValueError(f"witness_for: {item!r} is no log's Ed25519 vkey "
+                             f"(origin+keyid+key): {e}") from None
+        keys = logs.setdefault(verifier.name, [])
+        if any(k.key == verifier.key for k in keys):
+            raise ValueError(f"witness_for: {item} listed twice")
+        keys.append(verifier)
+    return logs
 
 
 def parse_witnesses(spec: str) -> list[WitnessConfig]:
@@ -260,6 +277,19 @@ class Settings(BaseSettings):
         default=0, ge=0, description="cosignatures the published policy (/tlog/policy) asks "
         "for; 0 = a majority of the witnesses")
     witness_timeout: float = Field(default=5.0, gt=0, description="seconds per witness request")
+
+    # This server as a witness of other logs (docs/witness.md): its own key, the logs it
+    # cosigns for.
+    witness: bool = Field(
+        default=False, description="be a witness (c2sp.org/tlog-witness): serve POST "
+        "/add-checkpoint with a witness key of its own (keys/witness-ed25519/); on whenever "
+        "STAMPD_WITNESS_FOR lists a log")
+    witness_for: str = Field(
+        default="", description="the logs this witness cosigns for: their checkpoint verifier "
+        "keys (vkeys, origin+keyid+key), comma-separated")
+    witness_name: str = Field(
+        default="", description="the witness's name, the name of its cosignature verifier key "
+        "(no white space, no '+'); default the public URL without its scheme, then /witness")
     witness_retry_base: float = Field(
         default=1.0, gt=0, description="first retry delay after a witness failed, seconds")
     witness_retry_max: float = Field(
@@ -334,6 +364,7 @@ class Settings(BaseSettings):
     _peer_list: list[PeerConfig] = PrivateAttr(default_factory=list)
     _witness_list: list[WitnessConfig] = PrivateAttr(default_factory=list)
     _tsa_spec: KeySpec | None = PrivateAttr(default=None)
+    _witnessed: dict[str, list[Ed25519Verifier]] = PrivateAttr(default_factory=dict)
 
     @field_validator("tsa_policy")
     @classmethod
@@ -372,6 +403,31 @@ class Settings(BaseSettings):
             self.tlog_origin = origin
         return self
 
+    @field_validator("witness_name")
+    @classmethod
+    def _witness_name_is_a_key_name(cls, v: str) -> str:
+        if v and not valid_key_name(v):
+            raise ValueError("witness_name must be a note key name: no white space, no '+', "
+                             "no control character")
+        return v
+
+    @model_validator(mode="after")
+    def _witness_settings(self) -> Settings:
+        """The logs witnessed (``witness_for``), which turn the witness on, and the witness's
+        name (by default of the public URL, as the log's origin)."""
+        self._witnessed = parse_witnessed(self.witness_for)
+        if self._witnessed:
+            self.witness = True
+        if not self.witness_name:
+            if "witness_name" in self.model_fields_set:
+                raise ValueError("STAMPD_WITNESS_NAME must not be empty")
+            name = self.public_url.split("://", 1)[-1].rstrip("/") + "/witness"
+            if self.witness and self.own_url and not valid_key_name(name):
+                raise ValueError(f"the witness name of the public URL, {name!r}, is no note "
+                                 "key name (white space or '+'): set STAMPD_WITNESS_NAME")
+            self.witness_name = name
+        return self
+
     @model_validator(mode="after")
     def _parse_lists(self) -> Settings:
         self._extra_key_specs = parse_extra_keys(self.extra_keys)
@@ -393,6 +449,8 @@ class Settings(BaseSettings):
                 self._extra_key_specs.append(spec)
         if self.tlog:  # the log key: served, generated and given workers like an extra key
             self._extra_key_specs.append(TLOG_KEY)
+        if self.witness:  # the witness key, likewise
+            self._extra_key_specs.append(WITNESS_KEY)
         return self
 
     @model_validator(mode="after")
@@ -429,6 +487,16 @@ class Settings(BaseSettings):
     def tlog_spec(self) -> KeySpec | None:
         """The log key (`TLOG_KEY`, one of `extra_key_specs`); None when the log is off."""
         return TLOG_KEY if self.tlog else None
+
+    @property
+    def witness_spec(self) -> KeySpec | None:
+        """The witness key (`WITNESS_KEY`, one of `extra_key_specs`); None when no witness."""
+        return WITNESS_KEY if self.witness else None
+
+    @property
+    def witnessed(self) -> dict[str, list[Ed25519Verifier]]:
+        """The logs this witness cosigns for: each origin's checkpoint keys."""
+        return {origin: list(keys) for origin, keys in self._witnessed.items()}
 
     @property
     def tsa_common_name(self) -> str:

@@ -1062,3 +1062,60 @@ class LocalWitness:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+
+
+class WitnessedLog:
+    """A log for tests of the witness (c2sp.org/tlog-witness): an Ed25519 key of its own
+    (``cryptography``), leaves ``leaf-<i>``, checkpoints of any size signed by its key and
+    ``add-checkpoint`` requests between two sizes with their consistency proofs."""
+
+    def __init__(self, origin: str, leaves: int = 64, seed: bytes | None = None) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        from formats.tlog.merkle import leaf_hash, tree_levels
+
+        self.origin = origin
+        self.key = (Ed25519PrivateKey.from_private_bytes(seed) if seed is not None
+                    else Ed25519PrivateKey.generate())
+        self.public = self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.hashes = [leaf_hash(b"leaf-%d" % i) for i in range(leaves)]
+        self.levels = tree_levels(self.hashes)
+
+    @property
+    def vkey(self) -> str:
+        from formats.note import ED25519, VerifierKey
+
+        return VerifierKey(self.origin, ED25519, self.public).encode()
+
+    def node(self, level: int, index: int) -> bytes:
+        return self.levels[level][index]
+
+    def root(self, size: int) -> bytes:
+        from formats.tlog.merkle import tree_root
+
+        return tree_root(size, self.node)
+
+    def checkpoint(self, size: int, root: bytes | None = None) -> bytes:
+        """The checkpoint note of ``size`` (of ``root``, to forge another tree), signed."""
+        from formats.note import ed25519_signer, sign_note
+        from formats.tlog.checkpoint import Checkpoint
+
+        text = Checkpoint(self.origin, size, self.root(size) if root is None else root,
+                          ()).body()
+        signer = ed25519_signer(self.origin, self.public, self.key.sign)
+        return sign_note(text, [signer]).encode()
+
+    def proof(self, old: int, new: int) -> tuple[bytes, ...]:
+        from formats.tlog.merkle import consistency_proof
+
+        return tuple(consistency_proof(old, new, self.node)) if old else ()
+
+    def request(self, old: int, new: int, checkpoint: bytes | None = None,
+                proof: tuple[bytes, ...] | None = None) -> bytes:
+        """The body of an ``add-checkpoint`` request from ``old`` to ``new``."""
+        from formats.tlog.witness import AddCheckpoint
+
+        return AddCheckpoint(old, self.proof(old, new) if proof is None else proof,
+                             self.checkpoint(new) if checkpoint is None else checkpoint
+                             ).encode()

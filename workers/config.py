@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from workers.errors import WorkerError
-from workers.keys.keyset import PRIMARY, TLOG, KeySpec, key_dir
+from workers.keys.keyset import PRIMARY, TLOG, WITNESS, KeySpec, key_dir
 
 DispatchMode = Literal["socket", "database"]
 KeyFormat = Literal["openpgp", "ssh"]
@@ -215,9 +215,10 @@ def _load(text: str | bytes) -> dict[str, Any]:
 
 
 def _check_role(role: str | None, fmt: str) -> None:
-    """The one role a key may have: the log key's (`TLOG`, an ssh-agent key)."""
-    if role is not None and (role != TLOG or fmt != "ssh"):
-        raise ConfigError("a key's role must be 'tlog' (an SSH key) or none")
+    """The roles a key may have: the log key's (`TLOG`) or the witness key's (`WITNESS`), each
+    an ssh-agent key."""
+    if role is not None and (role not in (TLOG, WITNESS) or fmt != "ssh"):
+        raise ConfigError("a key's role must be 'tlog' or 'witness' (an SSH key) or none")
 
 
 def _check_tsa_days(days: int) -> None:

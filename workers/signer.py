@@ -4,7 +4,8 @@
 A signer builds the object of a job (`formats.jobs`): a git tag or commit, a digest receipt, a
 manifest or an RFC 3161 time-stamp token, and has its agent sign it; `Signer.build_many` signs
 the jobs of one batch in as few agent round trips as the agent allows. The log key's signer
-(`NoteSigner`) signs checkpoint notes and nothing else, and no other signer signs them. A job
+(`NoteSigner`) signs checkpoint notes and nothing else, the witness key's (`CosignSigner`)
+cosignatures of other logs' checkpoints and nothing else, and no other signer signs them. A job
 it cannot build, or of a kind it does not sign, is refused (`REFUSED`: the others of its batch
 are still signed); the agent's errors (`workers.errors.AgentError`) propagate: the worker
 exits and its jobs go to another worker.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from formats import cleartext, manifests, openpgp
 from formats.jobs import (
+    CosignJob,
     GitJob,
     Job,
     MalformedMessage,
@@ -138,6 +140,8 @@ class Signer:
         """Why this signer refuses every job of ``kind``, which it has no builder for."""
         if kind == NoteJob.kind:
             return MalformedMessage(f"key {self.fingerprint} does not sign log checkpoints")
+        if kind == CosignJob.kind:
+            return MalformedMessage(f"key {self.fingerprint} does not sign cosignatures")
         return MalformedMessage(f"key {self.fingerprint} does not sign {kind} jobs")
 
     def build(self, job: Job) -> str:
@@ -316,3 +320,25 @@ class NoteSigner(SshSigner):
     def build_note(self, job: NoteJob) -> str:
         """The base64 of the Ed25519 signature of the note's text (UTF-8)."""
         return base64.b64encode(self.note_signature(job.text.encode("utf-8"))).decode("ascii")
+
+
+class CosignSigner(NoteSigner):
+    """The witness key's signer: cosignatures (`CosignJob`: plain Ed25519 over
+    `formats.tlog.checkpoint.cosignature_message`), through ssh-agent, and nothing else."""
+
+    def builders(self) -> dict[str, Callable[[Any], str]]:
+        return {CosignJob.kind: self.build_cosignature}
+
+    def refusal(self, kind: str) -> MalformedMessage:
+        return MalformedMessage("the witness key signs cosignatures only")
+
+    def build_cosignature(self, job: CosignJob) -> str:
+        """The base64 of the Ed25519 signature of the cosignature message."""
+        from formats.tlog.checkpoint import cosignature_message
+        from formats.tlog.errors import TlogError
+
+        try:
+            message = cosignature_message(job.body, job.timestamp)
+        except TlogError as e:
+            raise MalformedMessage(str(e)) from None
+        return base64.b64encode(self.note_signature(message)).decode("ascii")

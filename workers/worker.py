@@ -49,6 +49,7 @@ from workers.config import ConfigError, WorkerConfig
 from workers.errors import AgentError
 from workers.keys.keyset import (
     TLOG,
+    WITNESS,
     KeyUnusable,
     SshKeyStore,
     TsaError,
@@ -58,7 +59,7 @@ from workers.keys.keyset import (
 from workers.keys.store import KeyStore, KeyStoreError
 from workers.link import Dispatchers
 from workers.loop import serve, serve_db
-from workers.signer import NoteSigner, OpenPgpSigner, Signer, SshSigner
+from workers.signer import CosignSigner, NoteSigner, OpenPgpSigner, Signer, SshSigner
 from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
@@ -90,7 +91,8 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
     errors when the agent itself failed. The TSA key (``config.tsa_subject``) also loads its
     certificate chain, if it has one (`tsa.TsaError` when that is unreadable or another key's).
     The log key (``config.role`` `TLOG`) gets a `NoteSigner`: it signs checkpoint notes only,
-    and must be an Ed25519 key."""
+    and must be an Ed25519 key; the witness key (`WITNESS`) likewise gets a `CosignSigner`
+    (cosignatures only)."""
     secret, public = _key_files(config)
     signer: Signer
     try:
@@ -98,11 +100,12 @@ def load_signer(agent: GpgAgent | SshAgent, config: WorkerConfig) -> tuple[Signe
             ssh_key = agent.add_key(secret)
             if ssh_key.blob != SshKeyStore(config.key_dir).public_key().blob:
                 raise KeyStoreError(f"it holds another key than {public}")
-            if config.role == TLOG:
+            if config.role in (TLOG, WITNESS):
                 if ssh_key.key_type != "ssh-ed25519":
-                    raise KeyStoreError(f"the log key must be ssh-ed25519, not "
+                    raise KeyStoreError(f"the {config.role} key must be ssh-ed25519, not "
                                         f"{ssh_key.key_type}")
-                signer = NoteSigner(ssh_key, agent.connect())
+                signer = (NoteSigner if config.role == TLOG else CosignSigner)(
+                    ssh_key, agent.connect())
             else:
                 signer = SshSigner(ssh_key, agent.connect())
             fingerprint = ssh_key.fingerprint
@@ -141,8 +144,9 @@ def check_key(config: WorkerConfig, clock: Callable[[], float] = time.time) -> s
     (``config.tsa_subject``), make its self-signed TSA certificate when it has none
     (`tsa.ensure_certificate`); stop the agent. The key's fingerprint; `KeyUnusable` (or the
     agent's errors) when it cannot sign, `tsa.TsaError` when it cannot be the TSA key or its
-    certificate chain is another key's. The log key's test signature is a note signature (plain
-    Ed25519 over the message, as `NoteSigner` makes them), checked with ``cryptography``."""
+    certificate chain is another key's. The log key's and the witness key's test signature is
+    plain Ed25519 over the message (as `NoteSigner` and `CosignSigner` make them), checked with
+    ``cryptography``."""
     agent: GpgAgent | SshAgent
     agent = SshAgent(config.home) if config.format == "ssh" else \
         GpgAgent(config.home, passphrase=config.passphrase)

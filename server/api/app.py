@@ -28,6 +28,7 @@ from server.api.siblings import Siblings
 from server.api.timestamps import add_timestamp_routes
 from server.api.tlog import add_tlog_routes
 from server.api.v1 import add_v1_routes
+from server.api.witness import add_witness_routes, make_witness
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
@@ -192,7 +193,8 @@ def create_app(
             siblings.start()
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
-                             tlog))
+                             tlog, witness=make_witness(settings, engine, dispatcher, served,
+                                                        clock)))
         app.state.services = cell[0]
         try:
             yield
@@ -221,4 +223,5 @@ def create_app(
     add_docs_routes(app, services)
     add_timestamp_routes(app, services)
     add_tlog_routes(app, services)
+    add_witness_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -462,6 +462,8 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
             {"name": "rfc3161", "description": "RFC 3161 time-stamping (docs/tsa.md)"},
             {"name": "tlog", "description": "the transparency log: C2SP tlog-tiles, "
                                             "checkpoints and proofs (docs/transparency.md)"},
+            {"name": "witness", "description": "this server as a witness of other logs: "
+                                               "C2SP tlog-witness (docs/witness.md)"},
             {"name": "operations", "description": "health and metrics"},
         ],
         "paths": {
@@ -618,6 +620,47 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                                "lines, or `quorum none` without witnesses.",
                 "responses": {"200": _text("the policy, one line per item"),
                               "404": _text("no transparency log")},
+            }},
+            "/add-checkpoint": {"post": {
+                "tags": ["witness"], "operationId": "addCheckpoint",
+                "summary": "Have this witness cosign a log's checkpoint (C2SP tlog-witness)",
+                "description": "`old <size>`, the consistency proof (one base64 hash a line), "
+                               "an empty line, then the signed checkpoint; at most 65536 bytes. "
+                               "The checkpoint is stored before it is cosigned.",
+                "requestBody": {"required": True, "content": {TEXT: {"schema": {
+                    "type": "string", "maxLength": 65536}}}},
+                "responses": {
+                    "200": _text("the cosignature line(s) (c2sp.org/tlog-cosignature)"),
+                    "400": _text("a malformed request, or an old size above the checkpoint's"),
+                    "403": _text("no valid signature by a key of the log"),
+                    "404": _text("a log this witness does not know, or no witness here"),
+                    "409": {"description": "the old size is not the size last cosigned: the "
+                                           "body is that size and a newline",
+                            "content": {"text/x.tlog.size": {"schema": {"type": "string"}}}},
+                    "413": _text("a body over 65536 bytes"),
+                    "422": _text("the consistency proof does not verify, or another tree of "
+                                 "the size cosigned"),
+                    "503": _text("stored but not cosigned now: retry after Retry-After "
+                                 "seconds"),
+                },
+            }},
+            "/tlog/witness-vkey": {"get": {
+                "tags": ["witness"], "operationId": "getWitnessVerifierKey",
+                "summary": "The witness's cosignature verifier key (type 0x04), one line",
+                "responses": {"200": _text("<name>+<key ID>+<base64 key>"),
+                              "404": _text("this server is no witness")},
+            }},
+            "/{origin_hash}/checkpoint": {"get": {
+                "tags": ["witness"], "operationId": "getWitnessedCheckpoint",
+                "summary": "The checkpoint of a log last cosigned (monitoring)",
+                "description": "By the lowercase hex SHA-256 of the log's origin: the "
+                               "checkpoint with the log's signature and this witness's "
+                               "cosignature.",
+                "parameters": [{"name": "origin_hash", "in": "path", "required": True,
+                                "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}],
+                "responses": {"200": _text("the cosigned checkpoint note"),
+                              "404": _text("no checkpoint of that log cosigned, or no "
+                                           "witness here")},
             }},
             "/tlog/tile/{path}": {"get": {
                 "tags": ["tlog"], "operationId": "getTile",

@@ -19,6 +19,7 @@ from server.stats import Stats
 from server.tlog.sequencer import LogKey, Tlog
 from server.tlog.store import TileReader
 from server.tlog.witnesses import STATE_FILE, WitnessState, read_states
+from server.witness.service import Witness
 from workers.keys.keyset import ServedKey
 
 
@@ -41,6 +42,7 @@ class Services:
     log_key: LogKey | None = None
     tlog_reader: TileReader | None = None
     tlog: Tlog | None = None
+    witness: Witness | None = None  # this server as a witness of other logs; None: none
 
     def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""

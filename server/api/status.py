@@ -179,6 +179,19 @@ whose verifier key is:</p>
 """
 
 
+def witness_line(s: Services) -> str:
+    """This server as a witness of other logs: its cosignature verifier key (empty when it
+    is no witness)."""
+    from workers.keys.keyset import WITNESS_KEY, witness_vkey
+
+    public = next((k.public for k in s.keys if k.id == WITNESS_KEY.id), None)
+    if s.witness is None or public is None:
+        return ""
+    vkey = witness_vkey(s.settings.witness_name, public)
+    return (f'<p>This server is a witness (<a href="/tlog/witness-vkey">its verifier key</a>, '
+            f'POST /add-checkpoint):</p>\n<pre id="witness-vkey">{html.escape(vkey)}</pre>')
+
+
 def tsa_section(s: Services) -> str:
     """RFC 3161: the certificate and a recipe to copy (empty when RFC 3161 is off)."""
     tsa = s.tsa
@@ -253,6 +266,7 @@ gpg --verify FILE.receipt.asc</pre>
 <pre>git clone {e(url)}log.git
 stampd audit {e(url)}log.git</pre>
 {tlog_section(s, snap)}
+{witness_line(s)}
 {tsa_section(s)}
 <h2>Throughput, last hour</h2>
 <p><span id="total">{snap.total_hour}</span> stamps in the last hour.</p>

@@ -213,7 +213,7 @@ def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | No
     primary key when it asked for none. Only keys that sign stamps are chosen: the TSA key
     signs RFC 3161 tokens only and the log key checkpoint notes only, so naming either is
     refused like naming a key the server lacks, and ``format=`` never picks them."""
-    from workers.keys.keyset import TLOG
+    from workers.keys.keyset import TLOG, WITNESS
 
     if fmt is not None and fmt not in ("openpgp", "ssh"):
         raise BadRequest("field 'format' must be 'openpgp' or 'ssh'")
@@ -224,6 +224,9 @@ def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | No
                 if key.purpose == TLOG:
                     raise BadRequest(f"key {fingerprint} is the server's transparency log key: "
                                      "it signs log checkpoints only, not stamps")
+                if key.purpose == WITNESS:
+                    raise BadRequest(f"key {fingerprint} is the server's witness key: it "
+                                     "cosigns other logs' checkpoints only, not stamps")
                 if key.purpose != STAMPS:
                     raise BadRequest(f"key {fingerprint} is the server's RFC 3161 key: it signs "
                                      "RFC 3161 time-stamp tokens only, not stamps")

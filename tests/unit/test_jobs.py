@@ -256,13 +256,15 @@ def test_a_worker_builds_every_kind_of_job() -> None:
     """Each job class names its kind; a signer has a method for every kind (and batches only
     kinds that exist), so nothing branches on a job's type."""
     from formats.jobs import _JOB_TYPES
-    from workers.signer import NoteSigner, OpenPgpSigner, Signer
+    from workers.signer import CosignSigner, NoteSigner, OpenPgpSigner, Signer
 
     kinds = {cls.kind for cls in _JOB_TYPES.values()}
-    assert kinds == {"git", "receipt", "manifest", "timestamp", "note"}
+    assert kinds == {"git", "receipt", "manifest", "timestamp", "note", "cosign"}
     assert TagJob.kind == CommitJob.kind  # signed together in one batch
     # Note signatures are the log key's alone: its signer builds them and nothing else.
-    assert set(Signer().builders()) == kinds - {NoteJob.kind}
+    assert set(Signer().builders()) == kinds - {NoteJob.kind, "cosign"}
+    # Cosignatures are the witness key's alone, likewise.
+    assert set(object.__new__(CosignSigner).builders()) == {"cosign"}
     assert set(object.__new__(NoteSigner).builders()) == {NoteJob.kind}
     assert object.__new__(NoteSigner).batch_builders() == {}
     assert set(object.__new__(OpenPgpSigner).batch_builders()) == {"git", "timestamp"}

@@ -10,7 +10,9 @@ tagger/committer, and the object's time is the stamp (an SSH signature has no ti
 
 Keys with a role of their own are not extra keys: the transparency log's key (`TLOG_KEY`,
 ``STAMPD_TLOG``: an Ed25519 key in ``keys/tlog-ed25519/``, held by ssh-agent like the SSH extra
-keys) signs the log's checkpoint notes and nothing else (`tlog_vkey`: its C2SP verifier key).
+keys) signs the log's checkpoint notes and nothing else (`tlog_vkey`: its C2SP verifier key);
+the witness key (`WITNESS_KEY`, ``STAMPD_WITNESS``: ``keys/witness-ed25519/``) signs cosignatures
+of other logs' checkpoints and nothing else (`witness_vkey`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ SSH_NAMESPACES = "git,stampd"  # what the server's SSH keys are allowed to sign
 STAMPS = "stamps"
 RFC3161 = "rfc3161"
 TLOG = "tlog"
+WITNESS = "witness"  # the witness key: cosignatures of other logs' checkpoints only
 
 
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
@@ -76,6 +79,9 @@ class KeyUnusable(KeyStoreError):
         elif key_id == TLOG_KEY.id:
             todo = ("restore the key files from a backup (a new key would not match the log's "
                     "checkpoints already published), or set STAMPD_TLOG=off")
+        elif key_id == WITNESS_KEY.id:
+            todo = ("restore the key files from a backup (the logs witnessed know the old key), "
+                    "or turn the witness off (STAMPD_WITNESS=off, no STAMPD_WITNESS_FOR)")
         else:
             fmt, _, algo = key_id.partition("-")
             todo = (f"restore the key files from a backup, or remove {fmt}:{algo} from "
@@ -88,7 +94,7 @@ class KeyUnusable(KeyStoreError):
 class KeySpec:
     format: str  # "openpgp" | "ssh"
     algo: str
-    role: str | None = None  # a key of one purpose of its own (`TLOG`); None: an extra key
+    role: str | None = None  # one purpose of its own (`TLOG`, `WITNESS`); None: an extra key
 
     @property
     def id(self) -> str:
@@ -98,12 +104,16 @@ class KeySpec:
 
 # The transparency log's key: signs checkpoint notes only (`formats.jobs.NoteJob`).
 TLOG_KEY = KeySpec("ssh", "ed25519", role=TLOG)
+# The witness's key: signs cosignatures only (`formats.jobs.CosignJob`).
+WITNESS_KEY = KeySpec("ssh", "ed25519", role=WITNESS)
+ROLE_KEYS = (TLOG_KEY, WITNESS_KEY)
 
 
 def spec_of(key_id: str) -> KeySpec:
     """The spec of the key named ``key_id`` (not the primary key's)."""
-    if key_id == TLOG_KEY.id:
-        return TLOG_KEY
+    for spec in ROLE_KEYS:
+        if key_id == spec.id:
+            return spec
     fmt, _, algo = key_id.partition("-")
     return KeySpec(fmt, algo)
 
@@ -215,7 +225,8 @@ class ServedKey:
     public: str  # armored OpenPGP key or an OpenSSH public key line
     uid: str  # the user id written into stamps made with this key
     primary: bool = False
-    # STAMPS, RFC3161 (the TSA key: tokens only) or TLOG (the log key: checkpoint notes only)
+    # STAMPS, RFC3161 (the TSA key: tokens only), TLOG (the log key: checkpoint notes only) or
+    # WITNESS (the witness key: cosignatures only)
     purpose: str = STAMPS
 
     def allowed_signers(self, namespaces: str | None = None) -> str | None:
@@ -240,7 +251,8 @@ def with_purposes(keys: Sequence[ServedKey], tsa_key_id: str | None) -> list[Ser
     signing checkpoint notes only. A key registry knows no purpose: the settings and the log
     key's reserved id do."""
     return [replace(k, purpose=RFC3161) if k.id == tsa_key_id
-            else replace(k, purpose=TLOG) if k.id == TLOG_KEY.id else k for k in keys]
+            else replace(k, purpose=TLOG) if k.id == TLOG_KEY.id
+            else replace(k, purpose=WITNESS) if k.id == WITNESS_KEY.id else k for k in keys]
 
 
 def tlog_vkey(origin: str, public_line: str) -> str:
@@ -249,6 +261,14 @@ def tlog_vkey(origin: str, public_line: str) -> str:
     `ServedKey.public`); ValueError when that is not an Ed25519 key or ``origin`` no valid key
     name (`formats.note.MalformedVerifierKey`)."""
     return note.VerifierKey(origin, note.ED25519, ed25519_public_key(public_line)).encode()
+
+
+def witness_vkey(name: str, public_line: str) -> str:
+    """The C2SP verifier key of the witness key, for logs and their verifiers:
+    ``<name>+<key id>+<base64(0x04 || Ed25519 public key)>`` (c2sp.org/tlog-cosignature);
+    ValueError as `tlog_vkey`."""
+    return note.VerifierKey(name, note.ED25519_COSIGNATURE,
+                            ed25519_public_key(public_line)).encode()
 
 
 def ed25519_public_key(public_line: str) -> bytes:
@@ -310,5 +330,5 @@ def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
             sk = SshKeyStore(key_dir(keys_dir, spec)).public_key()
             out.append(ServedKey(spec.id, "ssh", sk.fingerprint, sk.key_type,
                                  sk.to_line(comment=False) + "\n", primary.uid,
-                                 purpose=TLOG if spec.role == TLOG else STAMPS))
+                                 purpose=spec.role or STAMPS))
     return out

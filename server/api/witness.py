@@ -1,0 +1,141 @@
+"""This server as a witness over HTTP (c2sp.org/tlog-witness, docs/witness.md):
+
+    POST /add-checkpoint
+        a log's checkpoint, its old size and consistency proof: 200 and the cosignature line(s);
+        each refusal its status (400, 403, 404, 409 with the size as text/x.tlog.size, 422),
+        413 for a body over the limit, 503 (Retry-After) when it was stored but not cosigned
+    GET /tlog/witness-vkey
+        the witness key's cosignature verifier key, one line
+    GET /<hex SHA-256 of a log's origin>/checkpoint
+        the checkpoint of that log last cosigned, with its signatures (monitoring)
+
+Each `formats.tlog.witness.WitnessError` is mapped to its status here, once; the service's
+own errors (`server.errors`) as every plain route maps them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
+from sqlalchemy import Engine
+
+from formats.tlog.witness import (
+    MAX_REQUEST_BYTES,
+    SIZE_CONTENT_TYPE,
+    BadLogSignature,
+    InconsistentCheckpoint,
+    MalformedWitnessRequest,
+    SizeConflict,
+    UnknownLog,
+    WitnessError,
+    encode_size,
+)
+from server.api.body import checked_length
+from server.api.errors import plain
+from server.api.services import Services
+from server.dispatch import Dispatcher
+from server.errors import BodyTooLarge, RequestTimeout, StampError
+from server.settings import Settings
+from server.witness.service import Witness, read_by_hash
+from workers.keys.keyset import WITNESS_KEY, ServedKey, ed25519_public_key, witness_vkey
+
+_STATUS: dict[type[WitnessError], int] = {
+    MalformedWitnessRequest: 400,
+    BadLogSignature: 403,
+    UnknownLog: 404,
+    SizeConflict: 409,
+    InconsistentCheckpoint: 422,
+}
+_HEX = re.compile(r"[0-9a-f]{64}")
+NOTE_TYPE = "text/plain; charset=utf-8"
+
+
+def make_witness(settings: Settings, engine: Engine, dispatcher: Dispatcher,
+                 served: Sequence[ServedKey], clock: Callable[[], float] = time.time,
+                 ) -> Witness | None:
+    """The witness of the settings (None when this server is none)."""
+    if not settings.witness:
+        return None
+    public = next((k.public for k in served if k.id == WITNESS_KEY.id), None)
+    if public is None:
+        raise StampError("this server is a witness (STAMPD_WITNESS) but no host registered "
+                         "its key: start `stampd serve` or a `stampd worker` host with it")
+    return Witness(engine, dispatcher, settings.witnessed, settings.witness_name,
+                   ed25519_public_key(public), clock)
+
+
+def witness_response(exc: WitnessError) -> Response:
+    """The answer to a refused ``add-checkpoint`` request."""
+    if isinstance(exc, SizeConflict):
+        return Response(encode_size(exc.known), status_code=409,  # (no charset parameter)
+                        headers={"Content-Type": SIZE_CONTENT_TYPE})
+    status = next(s for cls, s in _STATUS.items() if isinstance(exc, cls))
+    return PlainTextResponse(str(exc) + "\n", status_code=status)
+
+
+async def read_witness_body(request: Request, timeout: float) -> bytes:
+    """The body, refused (`BodyTooLarge`) as soon as it is known to exceed
+    `MAX_REQUEST_BYTES`: by its Content-Length, else while it streams."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        checked_length(length, MAX_REQUEST_BYTES, "an add-checkpoint request")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_REQUEST_BYTES:
+                    raise BodyTooLarge(f"an add-checkpoint request is at most "
+                                       f"{MAX_REQUEST_BYTES} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout("body not received in time") from None
+    return b"".join(chunks)
+
+
+def add_witness_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+    def not_witness() -> Response:
+        return PlainTextResponse("this server is no witness (STAMPD_WITNESS=off)\n",
+                                 status_code=404)
+
+    @app.post("/add-checkpoint")
+    async def add_checkpoint(request: Request) -> Response:
+        s = services()
+        if s.witness is None:
+            return not_witness()
+        try:
+            body = await read_witness_body(request, s.settings.body_timeout)
+            lines = await s.witness.add_checkpoint(body)
+        except WitnessError as e:
+            return witness_response(e)
+        except StampError as e:
+            return plain(e)
+        return Response(lines, media_type=NOTE_TYPE)
+
+    @app.get("/tlog/witness-vkey")
+    async def witness_vkey_route() -> Response:
+        s = services()
+        if s.witness is None:
+            return not_witness()
+        public = next(k.public for k in s.keys if k.id == WITNESS_KEY.id)
+        return PlainTextResponse(witness_vkey(s.settings.witness_name, public) + "\n")
+
+    @app.get("/{origin_hash}/checkpoint")
+    async def monitoring(origin_hash: str) -> Response:
+        s = services()
+        if s.witness is None:
+            return not_witness()
+        if not _HEX.fullmatch(origin_hash):
+            return PlainTextResponse("not the hex SHA-256 of a log's origin\n",
+                                     status_code=404)
+        stored = await asyncio.to_thread(read_by_hash, s.engine, origin_hash)
+        if stored is None:
+            return PlainTextResponse("no checkpoint of this log cosigned\n", status_code=404,
+                                     headers={"Cache-Control": "no-store"})
+        return Response(stored.note, media_type=NOTE_TYPE, headers={"Cache-Control": "no-cache"})
