@@ -95,7 +95,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.tsa
 	$(BIN)/python -m bench.manifest
 	$(BIN)/python -m bench.tlog
-	$(BIN)/python -m bench.tlog_load
+	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
 
 ## The scaling table: workers, API processes and zeitgitterd's agents, server and wrk pinned

@@ -164,6 +164,8 @@ class Stampd(Server):
         self.serve_args: list[str] = []  # more options of `stampd serve`
         # The transparency log: on or off; None: STAMPD_TLOG of this environment, else off.
         self.tlog: bool | None = None
+        self.witness = False  # a witness of other logs (STAMPD_WITNESS_FOR in ``env``)
+        self.env: dict[str, str] = {}  # more STAMPD_ settings
 
     @property
     def tlog_on(self) -> bool:
@@ -174,7 +176,7 @@ class Stampd(Server):
     @property
     def all_workers(self) -> int:
         # the log key has workers like an extra key (STAMPD_EXTRA_KEY_WORKERS)
-        keys = len(self.extra_keys) + (1 if self.tlog_on else 0)
+        keys = len(self.extra_keys) + (1 if self.tlog_on else 0) + (1 if self.witness else 0)
         return self.workers + keys * self.extra_workers
 
     def start(self) -> None:
@@ -191,6 +193,7 @@ class Stampd(Server):
                    # it on for its own rows); the transparency log's key likewise
                    STAMPD_TSA=os.environ.get("STAMPD_TSA", "false"),
                    STAMPD_TLOG="on" if self.tlog_on else "off")
+        env.update(self.env)
         self._spawn([str(BIN / "stampd"), "serve", "--host", "127.0.0.1",
                      "--port", str(self.port), "--data-dir", str(self.data_dir),
                      "--workers", str(self.workers), "--commit-interval", "3600",

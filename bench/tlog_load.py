@@ -14,6 +14,12 @@ more worker and agent), are started side by side; then
    answered stamps, spread over the run, polls `GET /v1/proofs/<serial>` every 20 ms until it
    answers 200: the time from the stamp's answer to its proof. A few proofs are checked with
    `formats.tlog.proof.verify_proof` against `GET /tlog/vkey`, and their entry is the stamp's.
+
+With ``--witnesses N`` (3 in `make bench`), N more stampd servers (one worker each) are the
+log-on server's witnesses (docs/witness.md; the keys are made before they start, so that each
+knows the other's verifier key), and a probe waits for a proof whose checkpoint carries the
+cosignatures of a majority of them (the server's default quorum): the proof latency with
+cosignatures included. The sampled proofs are verified with the witness keys and that quorum.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import os
 import resource
 import secrets
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,7 +51,8 @@ from bench.procs import (
 )
 from bench.proof_http import Conn, HttpError, Latencies
 from bench.servers import Server, Stampd
-from formats.note import Ed25519Verifier
+from formats.note import Ed25519Verifier, parse_note
+from formats.tlog.checkpoint import CosignatureVerifier
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
 
@@ -71,11 +79,17 @@ class Probe:
     machine_cores: float = 0.0  # CPU of the whole machine / wall time
 
 
-async def open_loop(port: int, rate: float, seconds: float, probes: int) -> tuple[
-        Probe, list[tuple[str, int, bytes]]]:
+def cosignatures(proof: bytes) -> int:
+    """The signature lines of the proof's checkpoint beyond the log's (not verified here)."""
+    return len(parse_note(TlogProof.parse(proof).checkpoint).signatures) - 1
+
+
+async def open_loop(port: int, rate: float, seconds: float, probes: int, quorum: int = 0
+                    ) -> tuple[Probe, list[tuple[str, int, bytes]]]:
     """Digest stamps at `rate`/s for `seconds`, each on a free keep-alive connection (a new one
-    when none is free); every n-th answered stamp probed for its proof. Returns the figures
-    and (digest, serial, proof) of the probed stamps."""
+    when none is free); every n-th answered stamp probed for its proof (one cosigned by at
+    least ``quorum`` witnesses). Returns the figures and (digest, serial, proof) of the probed
+    stamps."""
     out = Probe()
     total = int(rate * seconds)
     every = max(1, total // probes)
@@ -90,11 +104,11 @@ async def open_loop(port: int, rate: float, seconds: float, probes: int) -> tupl
             while True:
                 out.polls += 1
                 a = await conn.request("GET", f"/v1/proofs/{serial}")
-                if a.status == 200:
+                if a.status == 200 and (not quorum or cosignatures(a.body) >= quorum):
                     out.proof.add(time.perf_counter() - answered)
                     proofs.append((digest, serial, a.body))
                     return
-                if a.status != 404 or time.perf_counter() - answered > 30:
+                if a.status not in (200, 404) or time.perf_counter() - answered > 30:
                     out.failed.append(f"proof {serial}: {a.status} {a.body[:120]!r}")
                     return
                 await asyncio.sleep(POLL)
@@ -153,6 +167,15 @@ async def open_loop(port: int, rate: float, seconds: float, probes: int) -> tupl
     return out, proofs
 
 
+def keygen(directory: Path) -> str:
+    """An Ed25519 key at ``directory/id`` as `stampd serve` makes it; its public line."""
+    directory.mkdir(parents=True, mode=0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench",
+                    "-f", str(directory / "id")], check=True, timeout=60,
+                   stdin=subprocess.DEVNULL)
+    return (directory / "id.pub").read_text()
+
+
 class LoadBench(Measuring):
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         super().__init__(args, root)
@@ -160,6 +183,8 @@ class LoadBench(Measuring):
         self.load: list[float] = []  # load average (1 min) at the start of each part
         self.probe: Probe | None = None
         self.conns = 0
+        self.witnesses: list[tuple[Stampd, str]] = []  # (server, its witness vkey)
+        self.quorum = 0
 
     def server(self, tlog: bool) -> Stampd:
         name = "log-on" if tlog else "log-off"
@@ -167,9 +192,37 @@ class LoadBench(Measuring):
         st = Stampd(f"stampd-{name}", make_home(base / "s"), base / "s" / "d", "ed25519",
                     self.args.workers)
         st.tlog = tlog
+        if tlog and self.args.witnesses:
+            self.add_witnesses(st)
         self.servers.append(st)
         st.start()
         return st
+
+    def add_witnesses(self, log: Stampd) -> None:
+        """Start ``--witnesses`` stampd witnesses of ``log`` (one worker each) and configure
+        ``log`` to send them its checkpoints; the keys are made here first."""
+        from workers.keys.keyset import tlog_vkey, witness_vkey
+
+        origin = "bench.invalid/log-on"
+        log.env["STAMPD_TLOG_ORIGIN"] = origin
+        log_vkey = tlog_vkey(origin, keygen(log.data_dir / "keys" / "tlog-ed25519"))
+        configured = []
+        for i in range(self.args.witnesses):
+            base = self.root / f"witness-{i}"
+            w = Stampd(f"stampd-witness-{i}", make_home(base / "s"), base / "s" / "d",
+                       "ed25519", 1)
+            w.tlog, w.witness = False, True
+            name = f"bench.invalid/witness-{i}"
+            vkey = witness_vkey(name, keygen(w.data_dir / "keys" / "witness-ed25519"))
+            w.env.update(STAMPD_WITNESS_FOR=log_vkey, STAMPD_WITNESS_NAME=name)
+            self.servers.append(w)
+            w.start()
+            self.witnesses.append((w, vkey))
+            configured.append(f"http://127.0.0.1:{w.port}={vkey}")
+        log.env["STAMPD_WITNESSES"] = ",".join(configured)
+        self.quorum = self.args.witnesses // 2 + 1  # (the server's default quorum)
+        for w, _ in self.witnesses:
+            w.wait_ready(180)
 
     def execute(self) -> None:
         idle_load()
@@ -202,7 +255,7 @@ class LoadBench(Measuring):
             loop = asyncio.new_event_loop()
         try:
             self.probe, proofs = loop.run_until_complete(
-                open_loop(st.port, a.rate, a.load_seconds, a.probes))
+                open_loop(st.port, a.rate, a.load_seconds, a.probes, self.quorum))
         finally:
             loop.close()
         wall, end = time.monotonic() - t, resource.getrusage(resource.RUSAGE_SELF)
@@ -212,11 +265,13 @@ class LoadBench(Measuring):
         if status != 200:
             raise BenchError(f"GET /tlog/vkey answered {status}")
         verifier = Ed25519Verifier.from_vkey(vkey.decode().strip())
+        witnesses = [CosignatureVerifier.from_vkey(v) for _, v in self.witnesses]
         for digest, serial, body in proofs[:: max(1, len(proofs) // 5)]:
             extra = TlogProof.parse(body).extra or b""
             entry = Entry.parse(extra)
             try:
-                verify_proof(body, extra, origin=verifier.name, log_keys=[verifier])
+                verify_proof(body, extra, origin=verifier.name, log_keys=[verifier],
+                             witnesses=witnesses, quorum=self.quorum)
             except Exception as e:
                 self.probe.failed.append(f"proof {serial} does not verify: {e}")
                 continue
@@ -256,8 +311,14 @@ class LoadBench(Measuring):
                          f" = {p.answered / p.seconds if p.seconds else 0:.0f}/s; answer "
                          f"{p.stamp.summary()}; sends at most {p.max_lag * 1000:.0f} ms late, "
                          f"{p.connections} connections")
-            lines.append(f"  answer -> proof: {p.proof.summary()}  (target p99 <= 1500 ms); "
+            cosigned = (f", cosigned by {self.quorum} of {len(self.witnesses)} witnesses"
+                        if self.witnesses else "")
+            lines.append(f"  answer -> proof{cosigned}: {p.proof.summary()}  (target p99 <= "
+                         "1500 ms); "
                          f"{p.polls} polls; {p.verified} proofs verified")
+            if self.witnesses:
+                lines.append(f"  witnesses: {len(self.witnesses)} stampd witnesses of the "
+                             "log-on server (one worker each) on the same cores")
             lines.append(f"  CPU: this client {p.client_cores:.2f} cores, the whole machine "
                          f"{p.machine_cores:.2f} of {os.cpu_count()}")
         return lines
@@ -273,6 +334,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=1000.0, help="open-loop stamps/s (1000)")
     ap.add_argument("--load-seconds", type=float, default=20.0, help="open-loop seconds (20)")
     ap.add_argument("--probes", type=int, default=300, help="stamps probed for proofs (300)")
+    ap.add_argument("--witnesses", type=int, default=0,
+                    help="stampd witnesses of the log-on server; proofs then wait for a "
+                    "majority of their cosignatures (default 0; make bench: 3)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args(argv)
     args.budget = 600.0  # (Measuring's time budget: not the limit here)
