@@ -36,9 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from formats.note import Note, NoteError, Signature, Verifier, parse_note
 from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier
@@ -52,6 +50,9 @@ from formats.tlog.witness import (
     parse_size,
 )
 from server.settings import WitnessConfig
+
+if TYPE_CHECKING:  # (httpx is imported when the witnesses are first sent to: not at start)
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +285,8 @@ class WitnessSender:
             w.wake.set()
 
     def _begin(self) -> None:
+        import httpx
+
         self.sending = True
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout), transport=self._transport,
@@ -328,6 +331,8 @@ class WitnessSender:
 
     async def attempt(self, w: _Witness, offered: Offered) -> bool:
         """Send ``offered`` to ``w`` once (and once more after a 409); whether it cosigned."""
+        import httpx
+
         try:
             async with asyncio.timeout(self.timeout * 2 + 1):
                 cosignatures = await self._add_checkpoint(w, offered)
@@ -406,6 +411,8 @@ def _describe(e: BaseException, timeout: float) -> str:
     """One line for an operator."""
     if isinstance(e, WitnessFailed):
         return str(e)
+    import httpx
+
     if isinstance(e, (TimeoutError, httpx.TimeoutException)):
         return f"no answer within {timeout:g} s"
     if isinstance(e, httpx.ConnectError):

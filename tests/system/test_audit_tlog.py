@@ -39,7 +39,7 @@ TAG_COMMIT = hashlib.sha1(b"audit tlog commit").hexdigest()
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data = seed_data_dir(tmp_path_factory.mktemp("audit-tlog"))
-    s = start_server(data, commit_interval=1, extra_env={"STAMPD_TLOG": "on"})
+    s = start_server(data, workers=1, commit_interval=1, extra_env={"STAMPD_TLOG": "on"})
     try:
         post_digest(s, hashlib.sha256(b"audit tlog 1").hexdigest())
         stamp_tag(s, TAG_COMMIT, "audit-tlog")

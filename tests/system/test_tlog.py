@@ -38,7 +38,7 @@ from tests.helpers import (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data = seed_data_dir(tmp_path_factory.mktemp("tlog"))
-    s = start_server(data, commit_interval=2, extra_env={"STAMPD_TLOG": "on"})
+    s = start_server(data, workers=1, commit_interval=2, extra_env={"STAMPD_TLOG": "on"})
     yield s
     s.stop()
 
