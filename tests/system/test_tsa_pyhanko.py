@@ -15,7 +15,7 @@ import socket
 import sqlite3
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from asn1crypto import keys as asn1_keys
@@ -25,19 +25,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from pyhanko.pdf_utils import generic
-from pyhanko.pdf_utils.incremental_writer import IncrementalPdfFileWriter
-from pyhanko.pdf_utils.reader import PdfFileReader
-from pyhanko.pdf_utils.writer import PdfFileWriter
-from pyhanko.sign import signers
-from pyhanko.sign.fields import SigSeedSubFilter
-from pyhanko.sign.timestamps import HTTPTimeStamper
-from pyhanko.sign.validation import validate_pdf_signature, validate_pdf_timestamp
-from pyhanko.sign.validation.status import SignatureCoverageLevel
-from pyhanko_certvalidator import ValidationContext
-from pyhanko_certvalidator.registry import SimpleCertificateStore
 
 from tests.helpers import Server, seed_data_dir, start_server
+
+# pyHanko is imported where it is used, not here: every test process collects this module
+# (pyhanko.sign and its validator cost ~0.35 s of CPU to import), few run its tests.
+if TYPE_CHECKING:
+    from pyhanko_certvalidator import ValidationContext
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +86,9 @@ class Signer:
     """A throwaway ECDSA P-256 signer with a self-signed certificate (its own trust root)."""
 
     def __init__(self) -> None:
+        from pyhanko.sign import signers
+        from pyhanko_certvalidator.registry import SimpleCertificateStore
+
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pyHanko test signer")])
         now = dt.datetime.now(dt.UTC)
@@ -116,11 +113,16 @@ class Signer:
 
 def context(*roots: asn1_x509.Certificate) -> ValidationContext:
     """Trust exactly ``roots``; never fetch; no revocation information is required."""
+    from pyhanko_certvalidator import ValidationContext
+
     return ValidationContext(trust_roots=list(roots), allow_fetching=False,
                              revocation_mode="soft-fail")
 
 
 def blank_pdf() -> bytes:
+    from pyhanko.pdf_utils import generic
+    from pyhanko.pdf_utils.writer import PdfFileWriter
+
     w = PdfFileWriter()
     w.insert_page(generic.DictionaryObject({
         generic.pdf_name("/Type"): generic.pdf_name("/Page"),
@@ -134,6 +136,11 @@ def blank_pdf() -> bytes:
 
 
 def signed_pdf(tsa: Server, signer: Signer, path: str = "") -> bytes:
+    from pyhanko.pdf_utils.incremental_writer import IncrementalPdfFileWriter
+    from pyhanko.sign import signers
+    from pyhanko.sign.fields import SigSeedSubFilter
+    from pyhanko.sign.timestamps import HTTPTimeStamper
+
     out = signers.sign_pdf(
         IncrementalPdfFileWriter(io.BytesIO(blank_pdf())),
         signers.PdfSignatureMetadata(field_name="Signature1", subfilter=SigSeedSubFilter.PADES,
@@ -143,12 +150,18 @@ def signed_pdf(tsa: Server, signer: Signer, path: str = "") -> bytes:
 
 
 def document_timestamped_pdf(tsa: Server) -> bytes:
+    from pyhanko.pdf_utils.incremental_writer import IncrementalPdfFileWriter
+    from pyhanko.sign import signers
+    from pyhanko.sign.timestamps import HTTPTimeStamper
+
     out = signers.PdfTimeStamper(HTTPTimeStamper(tsa.url + "tsr")).timestamp_pdf(
         IncrementalPdfFileWriter(io.BytesIO(blank_pdf())), md_algorithm="sha256")
     return out.getvalue()
 
 
 def embedded(pdf: bytes) -> Any:
+    from pyhanko.pdf_utils.reader import PdfFileReader
+
     (sig,) = PdfFileReader(io.BytesIO(pdf)).embedded_signatures
     return sig
 
@@ -178,6 +191,9 @@ def signature_tst_info(sig: Any) -> tsp.TSTInfo:
 def test_a_pdf_signature_with_our_signature_timestamp_validates(
         tsa: Server, tsa_cert: asn1_x509.Certificate, loopback_only: list[str],
         path: str) -> None:
+    from pyhanko.sign.validation import validate_pdf_signature
+    from pyhanko.sign.validation.status import SignatureCoverageLevel
+
     signer = Signer()
     sig = embedded(signed_pdf(tsa, signer, path))
     status = validate_pdf_signature(sig, signer_validation_context=context(signer.cert),
@@ -195,6 +211,9 @@ def test_a_pdf_signature_with_our_signature_timestamp_validates(
 
 def test_a_pades_document_timestamp_validates(tsa: Server,
                                               tsa_cert: asn1_x509.Certificate) -> None:
+    from pyhanko.sign.validation import validate_pdf_timestamp
+    from pyhanko.sign.validation.status import SignatureCoverageLevel
+
     sig = embedded(document_timestamped_pdf(tsa))
     status = validate_pdf_timestamp(sig, validation_context=context(tsa_cert))
     assert status.intact and status.valid and status.trusted, status.summary()
@@ -207,6 +226,8 @@ def test_a_pades_document_timestamp_validates(tsa: Server,
 def test_timestamps_are_untrusted_without_our_certificate(tsa: Server) -> None:
     """The same validation, but trusting only the signer: the timestamps are sound but
     untrusted, and the signature's bottom line fails."""
+    from pyhanko.sign.validation import validate_pdf_signature, validate_pdf_timestamp
+
     signer = Signer()
     sig = embedded(signed_pdf(tsa, signer))
     status = validate_pdf_signature(sig, signer_validation_context=context(signer.cert),
@@ -223,6 +244,8 @@ def test_timestamps_are_untrusted_without_our_certificate(tsa: Server) -> None:
 
 def test_a_changed_document_breaks_the_document_timestamp(
         tsa: Server, tsa_cert: asn1_x509.Certificate) -> None:
+    from pyhanko.sign.validation import validate_pdf_timestamp
+
     pdf = document_timestamped_pdf(tsa)
     changed = pdf.replace(b"/MediaBox [ 0 0 595 842 ]", b"/MediaBox [ 0 0 595 843 ]", 1)
     assert changed != pdf
