@@ -177,6 +177,10 @@ class RawGenerator:
         if target.tree_size:
             self.weights.append(("tlog", 10, self.tlog))
         self.weights.append(("witness", 6, self.witness))
+        # The size the last chain request grew the witnessed log to: half of the witness
+        # requests start from it, so that some are cosigned (and forks and bad proofs meet a
+        # stored tree: 422) rather than nearly all answered 409.
+        self.witness_size = 0
 
     # -- plumbing ---------------------------------------------------------------------------
     def cases(self, n: int) -> list[Case]:
@@ -862,13 +866,16 @@ class RawGenerator:
         rng = self.rng
         log = WITNESSED
         n = len(log.hashes)
-        old = rng.randrange(0, n)
+        from_stored = rng.random() < 0.5
+        old = self.witness_size if from_stored else rng.randrange(0, n)
         new = rng.randrange(old, n + 1)
         what = rng.choice(["chain", "chain", "unknown", "impostor", "malformed", "bad-proof",
                            "fork", "old-above", "big", "garbage"])
         expect: str | None = EXPECT_REJECT
         if what == "chain":
             body, expect = log.request(old, new), None
+            if from_stored:  # (one from elsewhere is refused: 409)
+                self.witness_size = new
         elif what == "unknown":
             other = WitnessedLog(f"fuzz.example/{self.m.hex(16)}", leaves=4, seed=bytes(32))
             body = other.request(0, rng.randrange(0, 5))
