@@ -146,6 +146,7 @@ def _child(url: str, fd: int) -> None:
     size cosigned (only once the cosignature was returned), until killed."""
     w = witness(url)
     rng = random.Random(os.getpid())
+    os.write(fd, b"ready\n")
     while True:
         stored = read_record(w.engine, LOG.origin)
         old = 0 if stored is None else stored.size
@@ -177,6 +178,9 @@ def test_kill_9_in_add_checkpoint(tmp_path: Path) -> None:
             os.close(wfd)
             early = b""
             try:
+                # the kill falls in add-checkpoint, not in the child's start-up (which, on a
+                # loaded machine, could take the whole window)
+                assert os.read(r, 6) == b"ready\n"
                 if i % 4 == 0:
                     # every 4th child is killed once it has had a cosignature made (bounded
                     # wait), so that some requests get through however loaded the machine is
