@@ -73,6 +73,11 @@ def add_commands(sub: Any) -> None:
                         "and a quorum, as GET /tlog/policy gives it): the proof's checkpoint must "
                         "be signed by its log and cosigned by its quorum of witnesses; prints "
                         "when the quorum had seen it")
+    verify.add_argument("--state", type=Path, default=None, metavar="FILE",
+                        help="the checkpoints kept by stampd audit, compared with the proof's "
+                        "(two that cannot both hold, a fork, are invalid; default: stampd "
+                        "audit's state file); with --fetch-proof or --upgrade-proof the "
+                        "server's tree too")
     verify.add_argument("--upgrade-proof", action="store_true",
                         help="with a stored proof: fetch the stamp's proof again and store it in "
                         "its place when it is valid and carries more witness cosignatures (of "

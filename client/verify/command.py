@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from client.verify.consistency import (
+    Forked,
+    check_consistency,
+    seen_checkpoints,
+    server_checkpoint,
+)
 from client.verify.errors import (
     CannotCheck,
     Invalid,
@@ -45,6 +51,7 @@ from client.verify.tlog import (
     held_receipt,
     load_proof_file,
     load_proof_note,
+    parse_vkey,
     pinned_log_keys,
     proof_path,
     quorum_missing,
@@ -65,7 +72,11 @@ from client.verify.token import (
     name_text,
     verify_token,
 )
+from formats.note import NoteError, parse_note
+from formats.tlog.checkpoint import Checkpoint
+from formats.tlog.errors import TlogError
 from formats.tlog.policy import Policy
+from formats.tlog.proof import TlogProof
 
 
 @dataclass(frozen=True)
@@ -163,6 +174,10 @@ def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str
         if not w.quorum_holds:
             raise Invalid(f"log proof {where}: witnesses: {quorum_missing(w, policy)}")
         witnessed = [f"witnessed:     {witnessed_line(w, policy)}"]
+    consistent = _check_consistency(args, check, proof, keys)
+    if consistent:
+        witnessed.append(f"consistent:    with {consistent} other checkpoint(s) of the log "
+                         "(kept by stampd audit, or the server's)")
     stored = ""
     if fetched:
         if check.file is not None:
@@ -178,6 +193,31 @@ def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str
         if getattr(args, "upgrade_proof", False):
             stored += " (kept: the server's proof carries no more cosignatures)"
     return [f"log:           {report_line(proven, key_origin)}{stored}", *witnessed]
+
+
+def _check_consistency(args: argparse.Namespace, check: LogCheck, proof: bytes,
+                       keys: list[str]) -> int:
+    """Compare the proof's checkpoint with those earlier audits kept and, with --fetch-proof
+    or --upgrade-proof, the server's tree: how many it was compared with; a fork is `Forked`
+    (invalid), both signed checkpoints on stderr."""
+    try:
+        origin = Checkpoint.parse(parse_note(TlogProof.parse(proof).checkpoint).text).origin
+    except (NoteError, TlogError):
+        return 0
+    vkey = next((k for k in keys if k.split("+", 1)[0] == origin), None)
+    if vkey is None:
+        return 0
+    verifier = parse_vkey(vkey, "log")
+    others = seen_checkpoints(origin, verifier, getattr(args, "state", None))
+    current = None
+    if (getattr(args, "fetch_proof", False) or getattr(args, "upgrade_proof", False)) and \
+            check.server is not None:
+        current = server_checkpoint(check.server, verifier)
+    try:
+        return check_consistency(proof, verifier, others, current)
+    except Forked as e:
+        print(e.evidence, file=sys.stderr)
+        raise
 
 
 def _upgrade(check: LogCheck, proof: bytes, keys: list[str], policy: Policy | None,
@@ -331,6 +371,7 @@ def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
                                ("--log-key", getattr(args, "log_key", None)),
                                ("--policy", getattr(args, "policy", None)),
                                ("--upgrade-proof", getattr(args, "upgrade_proof", None) or None),
+                               ("--state", getattr(args, "state", None)),
                                ("--fetch-proof", getattr(args, "fetch_proof", None) or None))
                 if v is not None]
     if log_only:

@@ -17,15 +17,23 @@ import shutil
 import struct
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_ssh_private_key,
+)
 
-from formats.note import parse_note
+from client.audit.state import SeenCheckpoints, SeenLog
+from formats.note import ed25519_signer, parse_note, sign_note
+from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.proof import TlogProof
 from stampd import cli
 from tests.helpers import Server, free_port, make_repo, seed_data_dir, start_server
@@ -203,3 +211,49 @@ def test_witness_views_are_served(hosts: list[Host]) -> None:
     view = get(f"{b.url}/{hashlib.sha256(origin.encode()).hexdigest()}/checkpoint")
     assert b.url in cosigners(view, hosts)
     assert base64.b64decode(view.split(b"\n")[2]) != b""  # a root hash
+
+
+def forged_checkpoint(h: Host, size: int) -> bytes:
+    """A checkpoint of ``h``'s log at ``size`` with another root, signed by its log key (read
+    from its data directory): the evidence of a second history."""
+    key = load_ssh_private_key((h.data / "keys" / "tlog-ed25519" / "id").read_bytes(), None)
+    assert isinstance(key, Ed25519PrivateKey)
+    origin = f"127.0.0.1:{h.port}/tlog"
+    body = Checkpoint(origin, size, hashlib.sha256(b"another tree").digest()).body()
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return sign_note(body, [ed25519_signer(origin, public, key.sign)]).encode()
+
+
+def test_a_second_history_is_refused_by_the_witness_and_caught_by_verify_and_audit(
+        hosts: list[Host], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, _ = hosts
+    origin = f"127.0.0.1:{a.port}/tlog"
+    view_url = f"{b.url}/{hashlib.sha256(origin.encode()).hexdigest()}/checkpoint"
+    view = get(view_url)
+    size = Checkpoint.parse(parse_note(view).text).size
+    # the witness: a tree of the size it cosigned, with another root, is refused (422)
+    forged = forged_checkpoint(a, size)
+    req = urllib.request.Request(f"{b.url}/add-checkpoint", method="POST",
+                                 data=b"old %d\n\n" % size + forged)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=30)
+    assert refused.value.code == 422
+    assert Checkpoint.parse(parse_note(get(view_url)).text) == \
+        Checkpoint.parse(parse_note(view).text)  # nothing stored
+    # the audit and verify, holding the forged checkpoint as one seen before
+    state = tmp_path / "state.json"
+    SeenCheckpoints(state, {origin: SeenLog(a.log_vkey, [forged.decode()])}).save()
+    code = cli.main(["audit", f"{a.url}/log.git", "--state", str(state)])
+    out, err = capsys.readouterr()
+    assert code == 4, out + err  # (exit status 4: two histories)
+    assert forged.decode().split("\n")[2] in out and "two histories" in out, out
+    repo = make_repo(tmp_path / "repo")
+    (repo / "f.txt").write_text("forked?\n")
+    monkeypatch.chdir(repo)
+    assert cli.main(["stamp", "f.txt", "--server", a.url]) == 0
+    capsys.readouterr()
+    code = cli.main(["verify", "SHA256SUMS.asc", "--dir", ".", "--state", str(state),
+                     "--upgrade-proof"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "cannot both hold" in err and forged.decode() in err, out + err
