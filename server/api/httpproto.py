@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 from starlette.types import Scope, Send
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
@@ -149,6 +150,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self._head_size = 0  # request line and headers of the request being parsed
         self._head_too_large = False
         self._lingering = False  # answered an error; reading only to drop (see _write_error)
+        self._upgrade_body_left = 0  # bytes of an Upgrade request's body still to come
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
@@ -168,7 +170,11 @@ class StampdHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # the answer is sent; what comes now is dropped until the close
-        super().data_received(data)
+        if self._upgrade_body_left:
+            data = self._upgrade_body(data)
+            if not data:
+                return
+        self._parse(data)
         if self._waiting_for_headers():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD:
@@ -177,6 +183,53 @@ class StampdHttpProtocol(HttpToolsProtocol):
             self._arm_headers_timer()
         else:
             self._headers_deadline = None
+
+    def _parse(self, data: bytes) -> None:
+        """uvicorn's ``data_received`` (0.54.0, pinned), but a request with an ``Upgrade``
+        stampd does not speak (``h2c``) is served as the HTTP/1.1 request it also is, body
+        included (RFC 9110 §7.8 lets a server ignore Upgrade). llhttp ends such a request at its
+        headers and leaves the parser stopped, so uvicorn served it without its body (a POST
+        with ``Upgrade: h2c`` arrived empty) and could parse nothing more on the connection."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade as e:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._despite_upgrade(data[int(e.args[0]):])
+
+    def _despite_upgrade(self, rest: bytes) -> None:
+        """Go on after an Upgrade request's headers as if there were no Upgrade: its body (by
+        Content-Length) goes to its cycle, and a fresh parser takes what follows."""
+        self.parser = httptools.HttpRequestParser(self)
+        fields = dict(self.headers)
+        if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+            self.send_400_response("a chunked body with an Upgrade header is not supported: "
+                                   "send it without Upgrade, or with Content-Length")
+            return
+        length = int(fields.get(b"content-length", b"0") or 0)
+        cycle = self.cycle
+        if length and cycle is not None and not cycle.response_complete:
+            cycle.more_body = True  # (llhttp had ended the message at its headers)
+            self._upgrade_body_left = length
+            rest = self._upgrade_body(rest)
+        if rest:
+            self._parse(rest)
+
+    def _upgrade_body(self, data: bytes) -> bytes:
+        """Hand the bytes of an Upgrade request's body to its cycle; what follows it."""
+        take = data[: self._upgrade_body_left]
+        self._upgrade_body_left -= len(take)
+        if take:
+            self.on_body(take)
+        if self._upgrade_body_left == 0:
+            self.on_message_complete()
+        return data[len(take):]
 
     # The head's size is counted twice: bytes received while no request is being served (a
     # header still arriving, which httptools keeps whole), and the request line and headers
