@@ -608,8 +608,12 @@ class RawGenerator:
             k = rng.randrange(1, max(2, len(body)))
             wire = request_bytes(b"POST", b"/", [host, ctype], body,
                                  length=str(len(body) - k).encode())
-            # The first len-k bytes are the request; the rest is garbage that follows it.
-            return case(wire, f"Content-Length {k} short", None, junk=True)
+            # The first len-k bytes are the request; the rest is garbage that follows it. A
+            # marker cut off by the length was never part of the request (a branch stamp's
+            # parent, say): only those inside it may be stamped.
+            inside = body[: len(body) - k]
+            return case(wire, f"Content-Length {k} short", None, junk=True,
+                        mk=tuple(m for m in markers if m.encode() in inside))
         if what in ("cl-long-half", "cl-long-slow"):
             k = rng.randrange(1, 50)
             wire = request_bytes(b"POST", b"/", [host, ctype], body,
