@@ -135,18 +135,26 @@ def _base(server: str) -> str:
     return server.rstrip("/")
 
 
-def fetch_vkey(server: str, timeout: float = HTTP_SLACK) -> str:
-    """The server's log key (``GET /tlog/vkey``); `ProofUnavailable` with ``no_log`` for a 404
-    (a server without a transparency log), `CannotCheck` for any other failure."""
-    url = _base(server) + "/tlog/vkey"
+def _get_tlog_file(server: str, path: str, limit: int, missing: str, timeout: float
+                   ) -> tuple[str, bytes]:
+    """(URL, body) of ``GET <server><path>``; `ProofUnavailable` with ``no_log`` for a 404
+    (``<server> <missing>``), `CannotCheck` for any other failure."""
+    url = _base(server) + path
     try:
-        body = http_request(url, timeout=timeout, limit=MAX_VKEY)
+        return url, http_request(url, timeout=timeout, limit=limit)
     except FetchError as e:
         if e.status == 404:
-            raise ProofUnavailable(f"{server} keeps no transparency log (GET /tlog/vkey: 404)",
+            raise ProofUnavailable(f"{server} {missing} (GET {path}: 404)",
                                    no_log=True) from None
         what = f"answered HTTP {e.status}" if e.status is not None else f"failed: {e.reason}"
         raise CannotCheck(f"GET {url} {what}") from None
+
+
+def fetch_vkey(server: str, timeout: float = HTTP_SLACK) -> str:
+    """The server's log key (``GET /tlog/vkey``); `ProofUnavailable` with ``no_log`` for a 404
+    (a server without a transparency log), `CannotCheck` for any other failure."""
+    url, body = _get_tlog_file(server, "/tlog/vkey", MAX_VKEY, "keeps no transparency log",
+                               timeout)
     text = body.decode("ascii", "replace").strip()
     if len(body) > MAX_VKEY or "\n" in text:
         raise CannotCheck(f"{url} did not answer with one verifier key line")
@@ -384,15 +392,8 @@ def read_policy(path: Path) -> Policy:
 def fetch_policy(server: str, timeout: float = HTTP_SLACK) -> Policy:
     """The server's published policy (``GET /tlog/policy``); `ProofUnavailable` with
     ``no_log`` for a 404, `CannotCheck` for any other failure."""
-    url = _base(server) + "/tlog/policy"
-    try:
-        body = http_request(url, timeout=timeout, limit=MAX_POLICY)
-    except FetchError as e:
-        if e.status == 404:
-            raise ProofUnavailable(f"{server} publishes no policy (GET /tlog/policy: 404)",
-                                   no_log=True) from None
-        what = f"answered HTTP {e.status}" if e.status is not None else f"failed: {e.reason}"
-        raise CannotCheck(f"GET {url} {what}") from None
+    url, body = _get_tlog_file(server, "/tlog/policy", MAX_POLICY, "publishes no policy",
+                               timeout)
     return parse_policy(body, f"of {url}")
 
 
