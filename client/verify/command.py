@@ -76,7 +76,7 @@ from formats.note import NoteError, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.errors import TlogError
 from formats.tlog.policy import Policy
-from formats.tlog.proof import TlogProof
+from formats.tlog.proof import ProvenEntry, TlogProof
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,9 @@ def check_log(args: argparse.Namespace, check: LogCheck, repo: Path) -> list[str
     proven = check_proof(proof, check.held, keys, source=where)
     upgraded = None
     if getattr(args, "upgrade_proof", False) and not fetched:
-        upgraded = _upgrade(check, proof, keys, policy, where)
+        upgraded = _upgrade(check, proof, keys, policy)
         if upgraded is not None:
-            proof, proven, fetched = upgraded, check_proof(upgraded, check.held, keys,
-                                                           source=where), True
+            (proof, proven), fetched = upgraded, True
     witnessed: list[str] = []
     if policy is not None:
         w = witnessed_by(proof, policy, source=where)
@@ -220,10 +219,11 @@ def _check_consistency(args: argparse.Namespace, check: LogCheck, proof: bytes,
         raise
 
 
-def _upgrade(check: LogCheck, proof: bytes, keys: list[str], policy: Policy | None,
-             where: str) -> bytes | None:
-    """``--upgrade-proof``: the server's proof of the stamp now, when it is valid and carries
-    more cosignatures than ``proof`` (of the policy's witnesses, else any); None to keep it."""
+def _upgrade(check: LogCheck, proof: bytes, keys: list[str], policy: Policy | None
+             ) -> tuple[bytes, ProvenEntry] | None:
+    """``--upgrade-proof``: the server's proof of the stamp now and what it proves, when it is
+    valid and carries more cosignatures than ``proof`` (of the policy's witnesses, else any);
+    None to keep ``proof``."""
     if check.server is None:
         raise Usage("--upgrade-proof: no server to fetch the proof from (a git stamp: set git "
                     "config stampd.server or timestamp.server)")
@@ -231,9 +231,9 @@ def _upgrade(check: LogCheck, proof: bytes, keys: list[str], policy: Policy | No
         new = fetch_proof(check.server, serial=check.serial, object_id=check.object_id)
     except ProofUnavailable as e:
         raise CannotCheck(f"--upgrade-proof: {e.message}") from None
-    check_proof(new, check.held, keys, source=f"fetched from {check.server}")
+    proven = check_proof(new, check.held, keys, source=f"fetched from {check.server}")
     if cosignature_count(new, policy) > cosignature_count(proof, policy):
-        return new
+        return new, proven
     return None
 
 
