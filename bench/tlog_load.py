@@ -30,7 +30,6 @@ import os
 import resource
 import secrets
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -167,15 +166,6 @@ async def open_loop(port: int, rate: float, seconds: float, probes: int, quorum:
     return out, proofs
 
 
-def keygen(directory: Path) -> str:
-    """An Ed25519 key at ``directory/id`` as `stampd serve` makes it; its public line."""
-    directory.mkdir(parents=True, mode=0o700)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench",
-                    "-f", str(directory / "id")], check=True, timeout=60,
-                   stdin=subprocess.DEVNULL)
-    return (directory / "id.pub").read_text()
-
-
 class LoadBench(Measuring):
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         super().__init__(args, root)
@@ -201,11 +191,24 @@ class LoadBench(Measuring):
     def add_witnesses(self, log: Stampd) -> None:
         """Start ``--witnesses`` stampd witnesses of ``log`` (one worker each) and configure
         ``log`` to send them its checkpoints; the keys are made here first."""
-        from workers.keys.keyset import tlog_vkey, witness_vkey
+        from workers.keys.keyset import (
+            TLOG_KEY,
+            WITNESS_KEY,
+            KeySpec,
+            SshKeyStore,
+            key_dir,
+            tlog_vkey,
+            witness_vkey,
+        )
+
+        def keygen(keys: Path, spec: KeySpec) -> str:  # (as `stampd serve` makes it)
+            store = SshKeyStore(key_dir(keys, spec))
+            store.ensure(spec.algo, "bench")
+            return store.public_key_file.read_text()
 
         origin = "bench.invalid/log-on"
         log.env["STAMPD_TLOG_ORIGIN"] = origin
-        log_vkey = tlog_vkey(origin, keygen(log.data_dir / "keys" / "tlog-ed25519"))
+        log_vkey = tlog_vkey(origin, keygen(log.data_dir / "keys", TLOG_KEY))
         configured = []
         for i in range(self.args.witnesses):
             base = self.root / f"witness-{i}"
@@ -213,7 +216,7 @@ class LoadBench(Measuring):
                        "ed25519", 1)
             w.tlog, w.witness = False, True
             name = f"bench.invalid/witness-{i}"
-            vkey = witness_vkey(name, keygen(w.data_dir / "keys" / "witness-ed25519"))
+            vkey = witness_vkey(name, keygen(w.data_dir / "keys", WITNESS_KEY))
             w.env.update(STAMPD_WITNESS_FOR=log_vkey, STAMPD_WITNESS_NAME=name)
             self.servers.append(w)
             w.start()

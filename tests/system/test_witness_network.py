@@ -4,9 +4,9 @@ checkpoint gets the two cosignatures, a proof carries them, the cosignatures ver
 keeps a cosigned proof, `stampd verify --policy` accepts it under a 2-of-3 policy and names the
 time the quorum had seen it, and `stampd audit` finds each witness's view consistent.
 
-The keys are made here with ssh-keygen before the servers start (as `stampd serve` would make
-them: ``keys/tlog-ed25519/id`` and ``keys/witness-ed25519/id``), so that each server can be
-started knowing the others' verifier keys."""
+The log and witness keys are made here before the servers start, by the key store `stampd
+serve` makes them with (``keys/tlog-ed25519/id`` and ``keys/witness-ed25519/id``), so that each
+server can be started knowing the others' verifier keys."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import hashlib
 import json
 import shutil
 import struct
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +36,16 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.proof import TlogProof
 from stampd import cli
 from tests.helpers import Server, free_port, make_repo, seed_data_dir, start_server
-from workers.keys.keyset import ed25519_public_key, tlog_vkey, witness_vkey
+from workers.keys.keyset import (
+    TLOG_KEY,
+    WITNESS_KEY,
+    KeySpec,
+    SshKeyStore,
+    ed25519_public_key,
+    key_dir,
+    tlog_vkey,
+    witness_vkey,
+)
 
 COMMIT_INTERVAL = 2  # seconds between git log commits (the audit needs one)
 WAIT = 30.0  # seconds the test waits for cosignatures at most (bounded; no timing asserted)
@@ -57,12 +65,12 @@ class Host:
         return f"http://127.0.0.1:{self.port}"
 
 
-def keygen(directory: Path) -> str:
-    directory.mkdir(parents=True, mode=0o700)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "test",
-                    "-f", str(directory / "id")], check=True, timeout=60,
-                   stdin=subprocess.DEVNULL)
-    return (directory / "id.pub").read_text()
+def keygen(keys: Path, spec: KeySpec) -> str:
+    """The public line of the key ``spec`` made in the key store ``keys`` as `stampd serve`
+    makes it (`SshKeyStore.ensure`)."""
+    store = SshKeyStore(key_dir(keys, spec))
+    store.ensure(spec.algo, "test")
+    return store.public_key_file.read_text()
 
 
 def get(url: str) -> bytes:
@@ -76,8 +84,8 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Host]]:
     for i in range(3):
         port = free_port()
         data = seed_data_dir(tmp_path_factory.mktemp(f"wn{i}") / "data")
-        log_pub = keygen(data / "keys" / "tlog-ed25519")
-        witness_pub = keygen(data / "keys" / "witness-ed25519")
+        log_pub = keygen(data / "keys", TLOG_KEY)
+        witness_pub = keygen(data / "keys", WITNESS_KEY)
         hosts.append(Host(port, data, tlog_vkey(f"127.0.0.1:{port}/tlog", log_pub),
                           witness_vkey(f"127.0.0.1:{port}/witness", witness_pub),
                           ed25519_public_key(witness_pub)))
