@@ -129,6 +129,36 @@ def pids_mentioning(needle: str) -> list[int]:
     return found
 
 
+class RoutesServer:
+    """A local HTTP server answering GETs from ``routes`` (path, less the query → status, body,
+    headers), 404 and no body for any other path; ``routes`` may change while it serves."""
+
+    def __init__(self, routes: dict[str, tuple[int, bytes, dict[str, str]]]) -> None:
+        self.routes = table = routes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body, headers = table.get(self.path.split("?")[0], (404, b"", {}))
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 class Relay:
     """A loopback HTTP server in front of a real one, for tests of what a client does with a
     wrong answer: ``route(method, path, body)`` makes the request sent on for each GET or

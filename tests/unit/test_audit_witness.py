@@ -6,9 +6,7 @@ status 4 from the command)."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import struct
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from client.audit.report import FORK_RULES, AuditReport
 from formats.note import ED25519_COSIGNATURE, Note, Signature, VerifierKey, parse_note
 from formats.tlog.checkpoint import cosignature_message
+from tests.helpers import RoutesServer
 from tests.unit.test_audit_tlog import (
     ENTRIES,
     ORIGIN,
@@ -35,44 +34,15 @@ from tests.unit.test_audit_tlog import (
 WITNESS_NAME = "witness.test/w1"
 
 
-class WitnessViews:
-    """A witness's monitoring endpoint over loopback: ``views[origin hash]`` is served."""
-
-    def __init__(self) -> None:
-        self.views: dict[str, bytes] = {}
-        views = self.views
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                parts = self.path.strip("/").split("/")
-                body = views.get(parts[0]) if len(parts) == 2 and parts[1] == "checkpoint" \
-                    else None
-                self.send_response(200 if body is not None else 404)
-                self.end_headers()
-                self.wfile.write(body or b"not found\n")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
-
-
 @pytest.fixture
 def log(tmp_path: Path) -> Log:
     return Log(tmp_path / "tlog", key(1))
 
 
 @pytest.fixture
-def witness() -> Iterator[WitnessViews]:
-    w = WitnessViews()
+def witness() -> Iterator[RoutesServer]:
+    """A witness's monitoring endpoint on loopback: ``routes[VIEW]`` is its view of the log."""
+    w = RoutesServer({})
     yield w
     w.close()
 
@@ -97,22 +67,22 @@ def with_policy(log: Log, url: str) -> DirSource:
     return DirSource(log.root, vkey_of(log.k))
 
 
-ORIGIN_HASH = hashlib.sha256(ORIGIN.encode()).hexdigest()
+VIEW = f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint"
 
 
-def test_a_witness_view_the_tree_extends_is_counted(log: Log, witness: WitnessViews) -> None:
-    witness.views[ORIGIN_HASH] = cosigned(log.add(*ENTRIES[:2]))
+def test_a_witness_view_the_tree_extends_is_counted(log: Log, witness: RoutesServer) -> None:
+    witness.routes[VIEW] = (200, cosigned(log.add(*ENTRIES[:2])), {})
     log.add(*ENTRIES[2:])
     summary, failures = run(with_policy(log, witness.url), git_log((0, [], None)))
     assert [f for f in failures if f.rule.startswith("witness")] == []
     assert summary.witnesses == 1
 
 
-def test_a_witness_holding_another_history_is_a_fork(log: Log, witness: WitnessViews,
+def test_a_witness_holding_another_history_is_a_fork(log: Log, witness: RoutesServer,
                                                      tmp_path: Path) -> None:
     other = Log(tmp_path / "other", log.k)  # the same log key, another tree
     forked = cosigned(other.add(digest_entry(9), *ENTRIES[1:3]))
-    witness.views[ORIGIN_HASH] = forked
+    witness.routes[VIEW] = (200, forked, {})
     log.add(*ENTRIES)
     summary, failures = run(with_policy(log, witness.url), git_log((0, [], None)))
     fork = [f for f in failures if f.rule == "witness-fork"]
@@ -124,22 +94,22 @@ def test_a_witness_holding_another_history_is_a_fork(log: Log, witness: WitnessV
     assert report.forked and "witness-fork" in FORK_RULES
 
 
-def test_an_unreachable_or_ahead_witness_is_a_warning(log: Log, witness: WitnessViews,
+def test_an_unreachable_or_ahead_witness_is_a_warning(log: Log, witness: RoutesServer,
                                                       tmp_path: Path) -> None:
     log.add(*ENTRIES[:2])
     summary, failures = run(with_policy(log, witness.url), git_log((0, [], None)))
     assert "witness-fork" not in rules(failures) and summary.witnesses == 0
     assert any("w1" in w and "404" in w for w in summary.warnings), summary.warnings
     bigger = Log(tmp_path / "bigger", log.k)
-    witness.views[ORIGIN_HASH] = cosigned(bigger.add(*ENTRIES))
+    witness.routes[VIEW] = (200, cosigned(bigger.add(*ENTRIES)), {})
     summary, failures = run(with_policy(log, witness.url), git_log((0, [], None)))
     assert any("larger" in w for w in summary.warnings), summary.warnings
 
 
-def test_a_view_not_signed_by_the_log_fails(log: Log, witness: WitnessViews,
+def test_a_view_not_signed_by_the_log_fails(log: Log, witness: RoutesServer,
                                             tmp_path: Path) -> None:
     stranger = Log(tmp_path / "stranger", key(7))
-    witness.views[ORIGIN_HASH] = cosigned(stranger.add(*ENTRIES[:1]))
+    witness.routes[VIEW] = (200, cosigned(stranger.add(*ENTRIES[:1])), {})
     log.add(*ENTRIES)
     _, failures = run(with_policy(log, witness.url), git_log((0, [], None)))
     assert "witness-view" in rules(failures)

@@ -28,6 +28,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.merkle import inclusion_proof, leaf_hash, tree_levels, tree_root
 from formats.tlog.proof import TlogProof
+from tests.helpers import RoutesServer
 
 ORIGIN = "127.0.0.1:8080/tlog"
 KEY_FPR = "0123456789ABCDEF0123456789ABCDEF01234567"
@@ -235,38 +236,6 @@ def test_proof_text_is_the_c2sp_one() -> None:
     assert base64.b64decode(text.split("\n")[1][6:]) == RECEIPT.encode()
 
 
-class _Log:
-    """A local HTTP server answering /tlog/vkey and /v1/proofs/<serial> (or 404s)."""
-
-    def __init__(self, routes: dict[str, tuple[int, bytes, dict[str, str]]]) -> None:
-        import http.server
-        import threading
-
-        table = routes
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, body, headers = table.get(self.path.split("?")[0], (404, b"", {}))
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_stamp_keeps_the_proof_and_pins_the_log_key(tmp_path: Path) -> None:
     from client.stamp.proofs import obtain_proof
 
@@ -274,7 +243,7 @@ def test_stamp_keeps_the_proof_and_pins_the_log_key(tmp_path: Path) -> None:
     manifest = tmp_path / "SHA256SUMS.asc"
     manifest.write_bytes(MANIFEST)
     held = held_manifest(44, 1_764_170_001, KEY_FPR, MANIFEST)
-    log = _Log({"/tlog/vkey": (200, VKEY.encode() + b"\n", {}),
+    log = RoutesServer({"/tlog/vkey": (200, VKEY.encode() + b"\n", {}),
                 "/v1/proofs/44": (200, proof(20), {}),
                 "/v1/proofs/42": (404, b"{}", {"Retry-After": "1"})})
     try:
@@ -306,7 +275,7 @@ def test_stamp_keeps_the_proof_and_pins_the_log_key(tmp_path: Path) -> None:
 def test_stamp_with_a_server_without_log_says_so(tmp_path: Path) -> None:
     from client.stamp.proofs import obtain_proof
 
-    log = _Log({})
+    log = RoutesServer({})
     try:
         out = obtain_proof(tmp_path, log.url, HELD_RECEIPT, 2, in_repository=False, serial=42,
                            file=tmp_path / "r.asc")
