@@ -99,7 +99,7 @@ def _flush(directory: Path, paths: Sequence[Path]) -> None:
                 os.close(fd)
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def write_whole(path: Path, data: bytes) -> None:
     """``data`` at ``path``, whole or not at all (a reader never sees part of it); durable once
     flushed (`_flush`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +232,7 @@ class TileWriter:
 
     def _write(self, rel: str, data: bytes) -> None:
         path = self.root / rel
-        _write_file(path, data)
+        write_whole(path, data)
         if self.sync:
             self._written.append(path)
 
@@ -280,12 +280,12 @@ class TileWriter:
         self.flush()
         # (not flushed itself: lost in a crash, the one before is back, whose tiles are on
         # disk, and the next checkpoint is of the database's size, not smaller)
-        _write_file(self.root / CHECKPOINT, note)
+        write_whole(self.root / CHECKPOINT, note)
 
     def republish(self, note: bytes) -> None:
         """Publish ``note`` again: the published checkpoint with other signatures (the
         witnesses' cosignatures). Its tiles were flushed when it was first published."""
-        _write_file(self.root / CHECKPOINT, note)
+        write_whole(self.root / CHECKPOINT, note)
 
     def flush(self) -> None:
         """Make every tile written so far durable (before a checkpoint points at them)."""

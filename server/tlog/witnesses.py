@@ -50,6 +50,7 @@ from formats.tlog.witness import (
     parse_size,
 )
 from server.settings import WitnessConfig
+from server.tlog.store import write_whole
 
 if TYPE_CHECKING:  # (httpx is imported when the witnesses are first sent to: not at start)
     import httpx
@@ -177,9 +178,7 @@ def write_states(path: Path, states: Sequence[WitnessState], now: float) -> None
     """The witnesses' states at ``path``, whole or not at all (written aside, then renamed)."""
     data = json.dumps({"pid": os.getpid(), "updated": now,
                        "witnesses": [asdict(s) for s in states]}, sort_keys=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(data)
-    os.replace(tmp, path)
+    write_whole(path, data.encode())
 
 
 def read_states(path: Path, witnesses: Sequence[WitnessConfig]) -> list[WitnessState]:
