@@ -65,6 +65,7 @@ from formats.tlog.policy import Policy, PolicyError
 from formats.tlog.tiles import (
     MAX_ENTRY_SIZE,
     TILE_WIDTH,
+    Tile,
     parse_entry_bundle,
     tile_data,
     tiles_for_size,
@@ -281,21 +282,11 @@ class _Check:
     def fetch_entries(self, size: int) -> list[bytes] | None:
         """The entries of the tree of ``size``, from its entry bundles; None if any bundle
         is missing or malformed (each a failure)."""
-        tiles = [t for t in tiles_for_size(size) if t.level == 0]
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            bundles = list(pool.map(lambda t: self.get(t.entries_path(), MAX_BUNDLE), tiles))
-        entries: list[bytes] = []
-        ok = True
-        for tile, data in zip(tiles, bundles, strict=True):
-            if data is None:
-                ok = False
-                continue
-            try:
-                entries += parse_entry_bundle(data, tile.width)
-            except TlogError as e:
-                self.fail("bundle", str(e), path=f"/tlog/{tile.entries_path()}")
-                ok = False
-        return entries if ok else None
+
+        def bad(tile: Tile, e: TlogError) -> None:
+            self.fail("bundle", str(e), path=f"/tlog/{tile.entries_path()}")
+
+        return read_entries(size, lambda path: self.get(path, MAX_BUNDLE), bad, self.jobs)
 
     def check_tiles(self, size: int, node: Callable[[int, int], bytes]) -> None:
         tiles = tiles_for_size(size)
@@ -491,6 +482,28 @@ class _Check:
                           f"{_indent(today)}", path=url)
             else:
                 self.s.witnesses += 1
+
+
+def read_entries(size: int, get: Callable[[str], bytes | None],
+                 bad: Callable[[Tile, TlogError], None], jobs: int = 4) -> list[bytes] | None:
+    """The entries of the tree of ``size`` from its entry bundles, ``get(path)`` each (None:
+    missing), ``jobs`` at a time; None if any bundle is missing or malformed (``bad`` is told
+    of each malformed one)."""
+    tiles = [t for t in tiles_for_size(size) if t.level == 0]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        bundles = list(pool.map(lambda t: get(t.entries_path()), tiles))
+    entries: list[bytes] = []
+    ok = True
+    for tile, data in zip(tiles, bundles, strict=True):
+        if data is None:
+            ok = False
+            continue
+        try:
+            entries += parse_entry_bundle(data, tile.width)
+        except TlogError as e:
+            bad(tile, e)
+            ok = False
+    return entries if ok else None
 
 
 def check_tlog(source: TlogSource, stamps: Sequence[LogCommitStamps],

@@ -16,14 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from client.audit.state import SeenCheckpoints, StateError, default_state_file
-from client.audit.tlog import MAX_BUNDLE, MAX_NOTE, HttpSource, NotFound, SourceError, base_url
+from client.audit.tlog import (
+    MAX_BUNDLE,
+    MAX_NOTE,
+    HttpSource,
+    NotFound,
+    SourceError,
+    base_url,
+    read_entries,
+)
 from client.verify.errors import Invalid
 from formats.note import Ed25519Verifier, NoteError, open_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.errors import TlogError
 from formats.tlog.merkle import leaf_hash, tree_levels, tree_root
 from formats.tlog.proof import TlogProof
-from formats.tlog.tiles import parse_entry_bundle, tiles_for_size
 
 
 @dataclass(frozen=True)
@@ -76,18 +83,22 @@ def server_checkpoint(server: str, verifier: Ed25519Verifier
                       ) -> tuple[Signed, list[bytes]] | None:
     """The server's current checkpoint and the entries of its tree; None if unavailable."""
     source = HttpSource(base_url(server))
+
+    def get(path: str) -> bytes | None:
+        try:
+            return source.get(path, MAX_BUNDLE)
+        except (NotFound, SourceError):
+            return None
+
     try:
         current = _open(f"the server's checkpoint ({source.base}tlog/checkpoint)",
                         source.get("checkpoint", MAX_NOTE), verifier)
-        if current is None:
-            return None
-        entries: list[bytes] = []
-        for tile in (t for t in tiles_for_size(current.checkpoint.size) if t.level == 0):
-            entries += parse_entry_bundle(source.get(tile.entries_path(), MAX_BUNDLE),
-                                          tile.width)
-    except (NotFound, SourceError, TlogError):
+    except (NotFound, SourceError):
         return None
-    return current, entries
+    if current is None:
+        return None
+    entries = read_entries(current.checkpoint.size, get, lambda _tile, _e: None)
+    return None if entries is None else (current, entries)
 
 
 def check_consistency(proof: bytes, verifier: Ed25519Verifier, others: Sequence[Signed],
