@@ -198,23 +198,30 @@ def test_stamp_waits_for_the_quorum_and_verify_checks_a_2_of_3_policy(
     assert code == 1 and "the policy needs 3 of three" in err, out + err
 
 
+def audit(h: Host, state: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`stampd audit` of ``h``'s log (exit status, stdout, stderr), again while it exits 3:
+    the git log has no commit yet (it commits every COMMIT_INTERVAL s once it stamped)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        code = cli.main(["audit", f"{h.url}/log.git", "--state", str(state)])
+        out, err = capsys.readouterr()
+        if code != 3 or time.monotonic() > deadline:
+            return code, out, err
+        time.sleep(0.5)
+
+
 def test_audit_checks_the_witnesses_views(hosts: list[Host], tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     a = hosts[0]
     stamp_digest(a, b"for the git log")
-    deadline = time.monotonic() + WAIT
-    while True:  # (3: the git log has no commit yet; it commits every COMMIT_INTERVAL s)
-        code = cli.main(["audit", f"{a.url}/log.git", "--state", str(tmp_path / "state.json")])
-        out, err = capsys.readouterr()
-        if code != 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    code, out, err = audit(a, tmp_path / "state.json", capsys)
     assert code == 0, out + err
     assert "2 witnesses' consistent" in out, out
 
 
 def test_witness_views_are_served(hosts: list[Host]) -> None:
     a, b, _ = hosts
+    wait_cosigned_proof(a, stamp_digest(a, b"for b's view"), hosts)
     origin = f"127.0.0.1:{a.port}/tlog"
     view = get(f"{b.url}/{hashlib.sha256(origin.encode()).hexdigest()}/checkpoint")
     assert b.url in cosigners(view, hosts)
@@ -236,6 +243,7 @@ def test_a_second_history_is_refused_by_the_witness_and_caught_by_verify_and_aud
         hosts: list[Host], tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, _ = hosts
+    wait_cosigned_proof(a, stamp_digest(a, b"before the fork"), hosts)  # (b holds a view)
     origin = f"127.0.0.1:{a.port}/tlog"
     view_url = f"{b.url}/{hashlib.sha256(origin.encode()).hexdigest()}/checkpoint"
     view = get(view_url)
@@ -252,8 +260,7 @@ def test_a_second_history_is_refused_by_the_witness_and_caught_by_verify_and_aud
     # the audit and verify, holding the forged checkpoint as one seen before
     state = tmp_path / "state.json"
     SeenCheckpoints(state, {origin: SeenLog(a.log_vkey, [forged.decode()])}).save()
-    code = cli.main(["audit", f"{a.url}/log.git", "--state", str(state)])
-    out, err = capsys.readouterr()
+    code, out, err = audit(a, state, capsys)
     assert code == 4, out + err  # (exit status 4: two histories)
     assert forged.decode().split("\n")[2] in out and "two histories" in out, out
     repo = make_repo(tmp_path / "repo")
