@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from formats.note import Ed25519Verifier, NoteError, valid_key_name
@@ -379,12 +379,12 @@ class Settings(BaseSettings):
             self.key_uid = default_uid(self.own_url)
         return self
 
-    @field_validator("tlog_origin")
+    @field_validator("tlog_origin", "witness_name")
     @classmethod
-    def _origin_is_a_key_name(cls, v: str) -> str:
+    def _note_key_name(cls, v: str, info: ValidationInfo) -> str:
         if v and not valid_key_name(v):
-            raise ValueError("tlog_origin must be a note key name: no white space, no '+', "
-                             "no control character")
+            raise ValueError(f"{info.field_name} must be a note key name: no white space, no "
+                             "'+', no control character")
         return v
 
     @model_validator(mode="after")
@@ -402,14 +402,6 @@ class Settings(BaseSettings):
                                  "key name (white space or '+'): set STAMPD_TLOG_ORIGIN")
             self.tlog_origin = origin
         return self
-
-    @field_validator("witness_name")
-    @classmethod
-    def _witness_name_is_a_key_name(cls, v: str) -> str:
-        if v and not valid_key_name(v):
-            raise ValueError("witness_name must be a note key name: no white space, no '+', "
-                             "no control character")
-        return v
 
     @model_validator(mode="after")
     def _witness_settings(self) -> Settings:
