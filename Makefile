@@ -13,7 +13,7 @@ SERVER_LOCK := requirements/server.lock
 UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command 'make lock'
 
-.PHONY: serve test lint sysdeps lock lock-check client-only bench bench-manifest bench-scale \
+.PHONY: assets assets-check serve test lint sysdeps lock lock-check client-only bench bench-manifest bench-scale \
 	fuzz soak crash slow readflood proof clean clean-data
 
 # A changed lock or pyproject.toml reinstalls. The project itself is installed without its
@@ -25,6 +25,28 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/pip check
 	touch $(STAMP)
+
+# The web pages' npm packages (web/package-lock.json), for `make assets`, `make assets-check`
+# and the browser tests (axe-core, the verify core's tests under Node). Not needed to serve:
+# the built files are committed under server/web/static.
+NODE_STAMP := web/node_modules/.installed
+$(NODE_STAMP): web/package.json web/package-lock.json
+	cd web && npm ci --prefer-offline --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
+## Build the web pages' scripts and style (server/web/static) from web/src with the locked npm
+## packages (docs/web.md). Commit what it writes.
+assets: $(NODE_STAMP)
+	node web/build.mjs
+
+## Fail when the committed server/web/static is not what `make assets` builds now.
+assets-check: $(NODE_STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	node web/build.mjs --outdir "$$tmp/static" && \
+	if ! diff -r "$$tmp/static" server/web/static >&2; then \
+		echo "assets-check: server/web/static is not what make assets builds; run make assets" >&2; \
+		exit 1; \
+	fi
 
 ## Run the server on 127.0.0.1:8080 with the embedded defaults (data in ./var).
 serve: $(STAMP)
@@ -38,10 +60,10 @@ serve: $(STAMP)
 ## The checks (lint, lock-check, client-only) run beside pytest, not before it: they are a
 ## few seconds of mostly waiting (mypy's first run ~20 s) that the test processes' waits absorb.
 ## Their output comes after pytest's; make test fails when either failed.
-test: sysdeps $(STAMP)
+test: sysdeps $(STAMP) $(NODE_STAMP)
 	@tmp=$$(mktemp -d) || exit 1; trap 'rm -rf "$$tmp"' EXIT; \
-	{ $(MAKE) --no-print-directory -k -j3 --output-sync=target lint lock-check client-only \
-		>"$$tmp/checks.log" 2>&1; echo $$? >"$$tmp/checks.rc"; } & \
+	{ $(MAKE) --no-print-directory -k -j3 --output-sync=target lint lock-check assets-check \
+		client-only >"$$tmp/checks.log" 2>&1; echo $$? >"$$tmp/checks.rc"; } & \
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal; tests=$$?; \
 	wait; cat "$$tmp/checks.log"; checks=$$(cat "$$tmp/checks.rc"); \
 	[ "$$checks" = 0 ] || echo "make test: lint, lock-check or client-only failed (above)" >&2; \
@@ -131,7 +153,7 @@ proof: fuzz soak crash slow readflood
 ## Remove what can be rebuilt: the venv and the caches. Never the data: keys and journal
 ## stay (see clean-data).
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) web/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info
 	find stampd server workers client formats migrations tests bench -name __pycache__ \
 		-type d -prune -exec rm -rf {} +
 

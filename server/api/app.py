@@ -28,6 +28,7 @@ from server.api.siblings import Siblings
 from server.api.timestamps import add_timestamp_routes
 from server.api.tlog import add_tlog_routes
 from server.api.v1 import add_v1_routes
+from server.api.web import add_web_routes
 from server.api.witness import add_witness_routes, make_witness
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.dispatch import Dispatcher
@@ -224,4 +225,5 @@ def create_app(
     add_timestamp_routes(app, services)
     add_tlog_routes(app, services)
     add_witness_routes(app, services)
+    add_web_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -251,6 +251,8 @@ recorded before it is signed and published in a <a href="/log.git/info/refs">pub
 {extra_keys(s)}
 
 <h2>How to use it</h2>
+<p>In a browser: <a href="/stamp">stamp files</a> (hashed on your machine, never uploaded) and
+<a href="/verify">verify a receipt</a> (checked on your machine, nothing sent).</p>
 <p>Timestamp a git commit with the <code>git timestamp</code> client:</p>
 <pre>git timestamp --server {e(url.rstrip('/'))} --tag my-stamp
 git timestamp --server {e(url.rstrip('/'))} --branch my-timestamps</pre>
