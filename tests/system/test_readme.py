@@ -225,11 +225,33 @@ def test_the_quick_start_as_written(shell: Shell, base: Path) -> None:
         assert receipt.startswith("-----BEGIN PGP SIGNED MESSAGE-----\n"), receipt
         assert 'Good signature from "stampd Timestamping Service' in ran[-1].err, ran[-1].err
 
+    def everyday_block(work: Path) -> None:
+        git_repository(work, shell.env())
+        (work / "dist" / "docs").mkdir(parents=True)
+        (work / "dist" / "app.tar").write_bytes(b"an app\n")
+        (work / "dist" / "docs" / "notes.txt").write_bytes(b"notes\n")
+
+    def everyday_checks(work: Path, ran: list[Ran]) -> None:
+        manifest = work / "SHA256SUMS.asc"
+        assert manifest.stat().st_mode & 0o777 == 0o644  # (published beside the files)
+        stock = next(r for r in ran if r.line.startswith("gpg --decrypt"))
+        assert sorted(stock.out.splitlines()) == ["dist/app.tar: OK", "dist/docs/notes.txt: OK"]
+        assert "improperly formatted" not in stock.err and "Good signature" in stock.err
+        checked = next(r for r in ran if "--dir ." in r.line).out
+        assert re.search(r"^files: .*\b2\b.* match", checked, re.M), checked
+        assert "CHANGED" not in checked and "MISSING" not in checked, checked
+        tag = subprocess.run(["git", "cat-file", "-p", "v1.0-timestamp"], cwd=work,
+                             capture_output=True, text=True, timeout=30, check=False)
+        assert tag.returncode == 0 and "BEGIN PGP SIGNATURE" in tag.stdout, tag.stderr
+        assert (work / ".git" / "hooks" / "post-commit").is_file()
+        assert "nothing to check yet" in ran[-1].err, ran[-1].err
+
     def mkdir(work: Path) -> None:
         work.mkdir()
 
     steps = {"git": (git_block, git_checks), "tlog": (tlog_block, tlog_checks),
-             "empty-log": (mkdir, empty_log_checks), "curl": (curl_block, curl_checks)}
+             "empty-log": (mkdir, empty_log_checks), "curl": (curl_block, curl_checks),
+             "everyday": (everyday_block, everyday_checks)}
     blocks = readme_blocks()
     assert next(iter(blocks)) == "serve" and set(blocks) - {"serve"} <= set(steps), \
         f"README blocks the test has no setup for: {set(blocks) - {'serve'} - set(steps)}"
