@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,9 @@ def base() -> Iterator[Path]:
     if (home / ".gnupg").exists():
         subprocess.run(["gpgconf", "--homedir", str(home / ".gnupg"), "--kill", "all"],
                        capture_output=True, timeout=30, check=False)
-    left = pids_mentioning(str(path))
+    deadline = time.monotonic() + 10  # (an agent told to stop takes a moment)
+    while (left := pids_mentioning(str(path))) and time.monotonic() < deadline:
+        time.sleep(0.1)
     kill_pids(left)
     shutil.rmtree(path, ignore_errors=True)
     assert left == [], f"processes left running in {path}: {left}"
