@@ -862,6 +862,19 @@ class GeneratedKey:
     public_file: Path
 
 
+# Every key of KEY_TYPES and EXTRA_KEYS, generated once by `KeyMaker` and committed
+# (``python -m tests.make_keys`` writes them again): a run generated them for ~6 s of CPU, the
+# DSA 3072 one alone up to 7 s while the tests that wanted it waited.
+COMMITTED_KEYS = DATA / "keys"
+
+
+def committed_key(label: str) -> GeneratedKey | None:
+    files = [COMMITTED_KEYS / f"{label}{suffix}" for suffix in (".fpr", ".sec.asc", ".pub.asc")]
+    if not all(f.is_file() for f in files):
+        return None
+    return GeneratedKey(label, files[0].read_text().strip(), files[1], files[2])
+
+
 class KeyMaker:
     """Generates test keys on first use, in a home served by its own agent. With ``shared``
     (a directory all test processes of one run see), each key is generated once per run, not
@@ -876,7 +889,8 @@ class KeyMaker:
 
     def get(self, label: str) -> GeneratedKey:
         if label not in self._keys:
-            self._keys[label] = self._shared(label) if self.shared else self._generate(label)
+            self._keys[label] = (committed_key(label)
+                                 or (self._shared(label) if self.shared else self._generate(label)))
         return self._keys[label]
 
     def _shared(self, label: str) -> GeneratedKey:
