@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pygit2
 
@@ -116,16 +116,20 @@ def seed_data_dir(data_dir: Path, secret: Path = TEST_SECRET_KEY,
 
 def pids_mentioning(needle: str) -> list[int]:
     """PIDs of processes whose command line mentions ``needle`` (left-over agents, workers)."""
+    # (called after every test, see tests/conftest.py: plain open() and no pathlib, half the
+    # CPU of Path.read_bytes for the few hundred processes of a whole run)
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    me, want = os.getpid(), needle.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ")
         except OSError:
             continue
-        if needle.encode() in cmdline:
-            found.append(int(entry.name))
+        if want in cmdline:
+            found.append(int(name))
     return found
 
 
@@ -198,7 +202,119 @@ class Relay:
         self.thread.join(timeout=10)
 
 
-def terminate(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+class Process(Protocol):
+    """What tests use of a process they started: a `subprocess.Popen` or a `ForkedProcess`."""
+
+    pid: int
+    returncode: int | Any
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+class ForkServer:
+    """tests/forkserver.py for this test process: started at its first use, stopped (by PID)
+    by `close` (the session fixture ``fork_server`` in tests/conftest.py)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
+        self.sock: socket.socket | None = None
+        self.file: Any = None
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.forkserver", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, cwd=ROOT, env=self.env)
+        self.sock, self.file = ours, ours.makefile("rwb")
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            if self.file is None:
+                self._start()
+            self.file.write(json.dumps(request).encode() + b"\n")
+            self.file.flush()
+            line = self.file.readline()
+        if not line:
+            raise RuntimeError("tests.forkserver exited (see the test output)")
+        return dict(json.loads(line))
+
+    def fits(self, env: Mapping[str, str]) -> bool:
+        """Whether a server with ``env`` can be forked: the variables read when Python starts
+        are the fork server's."""
+        if self.failed:
+            return False
+        ours = self.env or {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return all(env.get(k) == ours.get(k) for k in {*env, *ours}
+                   if k.startswith(("PYTHON", "LC_")) or k in ("LANG", "LANGUAGE"))
+
+    def start(self, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
+        try:
+            pid = int(self.call({"start": {"args": args, "env": env, "cwd": str(ROOT),
+                                           "log": str(log)}})["pid"])
+        except BaseException:
+            self.failed = True
+            raise
+        return ForkedProcess(self, pid, args)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.file is not None:
+                self.file.close()
+                assert self.sock is not None
+                self.sock.close()
+                self.file = self.sock = None
+            if self.proc is not None:
+                terminate(self.proc, 10)  # (it exits when the socket closes)
+                self.proc = None
+
+
+FORK_SERVER: ForkServer | None = None  # set by tests/conftest.py for pytest's processes
+
+
+class ForkedProcess:
+    """A server forked by `ForkServer`, with what tests use of a `subprocess.Popen` (the fork
+    server is its parent, and waits for it when asked)."""
+
+    def __init__(self, server: ForkServer, pid: int, args: list[str]) -> None:
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.call({"poll": self.pid})["status"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def terminate(proc: Process, timeout: float = 30) -> int:
     """Stop a process we started: SIGTERM, SIGKILL after ``timeout`` seconds; its exit
     status."""
     if proc.poll() is None:
@@ -226,7 +342,7 @@ def proc_cmdline(pid: int) -> bytes:
 
 @dataclass
 class Server:
-    proc: subprocess.Popen[bytes]
+    proc: Process
     port: int
     data_dir: Path
     runtime_dir: Path
@@ -347,8 +463,14 @@ def start_server(
         cmd += ["--database-url", database_url]
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / f"server-{port}.log"
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc: Process
+    if FORK_SERVER is not None and FORK_SERVER.fits(env):
+        log_path.touch()
+        proc = FORK_SERVER.start(cmd[3:], env, log_path)
+    else:
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                    cwd=ROOT)
     server = Server(proc, port, data_dir, runtime, log_path, workers, env)
     if wait:
         try:
@@ -744,6 +866,19 @@ class GeneratedKey:
     public_file: Path
 
 
+# Every key of KEY_TYPES and EXTRA_KEYS, generated once by `KeyMaker` and committed
+# (``python -m tests.make_keys`` writes them again): a run generated them for ~6 s of CPU, the
+# DSA 3072 one alone up to 7 s while the tests that wanted it waited.
+COMMITTED_KEYS = DATA / "keys"
+
+
+def committed_key(label: str) -> GeneratedKey | None:
+    files = [COMMITTED_KEYS / f"{label}{suffix}" for suffix in (".fpr", ".sec.asc", ".pub.asc")]
+    if not all(f.is_file() for f in files):
+        return None
+    return GeneratedKey(label, files[0].read_text().strip(), files[1], files[2])
+
+
 class KeyMaker:
     """Generates test keys on first use, in a home served by its own agent. With ``shared``
     (a directory all test processes of one run see), each key is generated once per run, not
@@ -758,7 +893,8 @@ class KeyMaker:
 
     def get(self, label: str) -> GeneratedKey:
         if label not in self._keys:
-            self._keys[label] = self._shared(label) if self.shared else self._generate(label)
+            self._keys[label] = (committed_key(label)
+                                 or (self._shared(label) if self.shared else self._generate(label)))
         return self._keys[label]
 
     def _shared(self, label: str) -> GeneratedKey:

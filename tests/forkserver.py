@@ -1,0 +1,118 @@
+"""A fork server for the tests' ``stampd serve`` processes (tests.helpers.start_server).
+
+A server start spends most of its CPU importing: fastapi, pydantic, sqlalchemy, uvicorn,
+pygit2 and stampd's modules, about 0.9 s of the 1.3 s its process costs before it is ready, and
+the suite starts about 150 servers on two cores. This process imports all of that once for a
+test process, then forks a child for each server, which runs ``python -m stampd ARGS`` as a
+fresh interpreter would (``runpy``, ``sys.argv``, its own environment, working directory and
+log file, ``/dev/null`` on stdin) and exits through the interpreter as one does: SystemExit's
+code, a traceback and 1 for an uncaught exception, atexit handlers run. Only the serve process
+is forked: its HTTP processes, worker supervisor, workers and agents are started by stampd
+itself, as in production.
+
+    python -m tests.forkserver FD
+
+FD is a Unix stream socket to the test process: one JSON object a line each way, one answer
+for each request. ``{"start": {"args": [...], "env": {...}, "cwd": ..., "log": ...}}`` forks
+``python -m stampd ARGS`` and answers ``{"pid": N}``; ``{"poll": N}`` answers
+``{"status": S}``, S null while it runs, else its exit status as `subprocess.Popen.returncode`
+gives it (negative: the signal).
+The fork server reaps only its children that it was asked about (an unpolled one stays a
+zombie, as with Popen), is single-threaded when it forks (it refuses to start otherwise) and
+exits when the test process closes the socket.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import runpy
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+# What `stampd serve` imports before it serves (one HTTP process, SQLite or PostgreSQL).
+PRELOAD = (
+    "stampd.cli", "server.commands", "server.supervisor", "server.api.app",
+    "server.api.processes", "server.api.httpproto", "workers.pool",
+    "uvicorn", "uvicorn.protocols.http.httptools_impl", "uvicorn.lifespan.on", "uvloop",
+    "sqlalchemy.dialects.sqlite", "sqlalchemy.dialects.postgresql", "pydantic.v1",
+    "websockets.server", "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "fastapi.telemetry._runtime",
+)
+
+
+def _status(pid: int, exited: dict[int, int]) -> int | None:
+    if pid not in exited:
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if got == 0:
+            return None
+        exited[pid] = os.waitstatus_to_exitcode(status)
+    return exited[pid]
+
+
+def serve(ctl: socket.socket) -> dict[str, Any] | None:
+    """Answer requests until the test process closes the socket (None); in a forked child,
+    return what it is to run."""
+    exited: dict[int, int] = {}
+    reader = ctl.makefile("rb")
+    for line in reader:
+        request = json.loads(line)
+        if "start" in request:
+            if threading.active_count() != 1:  # (never: checked before the first request)
+                raise RuntimeError("the fork server has threads: it cannot fork safely")
+            pid = os.fork()
+            if pid == 0:
+                reader.close()
+                ctl.close()
+                return dict(request["start"])
+            answer: dict[str, Any] = {"pid": pid}
+        else:
+            answer = {"status": _status(int(request["poll"]), exited)}
+        ctl.sendall(json.dumps(answer).encode() + b"\n")
+    return None
+
+
+def become(job: dict[str, Any]) -> None:
+    """In the forked child: the environment, directory, descriptors and arguments of a fresh
+    ``python -m stampd`` started as tests.helpers.start_server starts it."""
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    time.tzset()
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # (what a subprocess.Popen child keeps)
+    sys.argv = ["-m", *(str(a) for a in job["args"])]  # ([0]: run_module sets the path)
+
+
+def main() -> None:
+    ctl = socket.socket(fileno=int(sys.argv[1]))
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:
+        print("tests.forkserver: an import started a thread; not forking", file=sys.stderr)
+        sys.exit(1)
+    gc.collect()
+    gc.freeze()  # (the children's collections leave the preloaded objects' pages shared)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    job = serve(ctl)
+    if job is None:
+        return
+    become(job)
+    runpy.run_module("stampd", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
