@@ -115,6 +115,17 @@ def _algorithm_of(first: str) -> str | None:
     return None
 
 
+PIECE = 1 << 20  # characters of a text encoded at a time (`utf8_pieces`)
+
+
+def utf8_pieces(*texts: str) -> Iterator[bytes]:
+    """The concatenated ``texts`` in UTF-8, `PIECE` characters at a time: a manifest is sent
+    and hashed without a copy of it in bytes."""
+    for text in texts:
+        for i in range(0, len(text), PIECE):
+            yield text[i:i + PIECE].encode("utf-8")
+
+
 def _lines(text: str) -> Iterator[str]:
     """The lines of ``text`` (which ends in LF), one at a time (not a list of them all)."""
     start, end = 0, len(text) - 1
@@ -281,7 +292,8 @@ def splice(signed_without_lines: str, header: str, lines: str) -> str:
     if at < 0 or signed_without_lines.find(header, at + 1) >= 0:
         raise MalformedManifest("the signed answer does not hold the header once")
     at += len(header)
-    return signed_without_lines[:at] + lines + signed_without_lines[at:]
+    # One join: ``a + lines + b`` would make a whole copy of the lines twice.
+    return "".join((signed_without_lines[:at], lines, signed_without_lines[at:]))
 
 
 # -- the index of a manifest's digests ------------------------------------------------------

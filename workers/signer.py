@@ -244,7 +244,8 @@ class OpenPgpSigner(Signer):
 
     def manifest(self, header: str, lines: str, t: int) -> str:
         # No line of a manifest starts with "-" (check_structure): nothing is dash-escaped.
-        head, signature = cleartext.clearsign_parts(header + lines, self.key, t, self._sign)
+        # Header and lines are hashed a piece at a time, never joined (nor copied whole).
+        head, signature = cleartext.clearsign_parts((header, lines), self.key, t, self._sign)
         return head + header + signature
 
 
@@ -275,7 +276,7 @@ class SshSigner(Signer):
         return self.key.fingerprint
 
     def manifest(self, header: str, lines: str, t: int) -> str:
-        return header + self.conn.sshsig(self.key, (header + lines).encode("utf-8"),
+        return header + self.conn.sshsig(self.key, manifests.utf8_pieces(header, lines),
                                          RECEIPT_NAMESPACE)
 
     def make_tsa_key(self) -> tsa.TsaKey:

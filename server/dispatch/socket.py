@@ -25,10 +25,11 @@ from formats.jobs import (
     Hello,
     Job,
     MalformedMessage,
+    ManifestJob,
     Result,
     decode_frame,
     frame_size,
-    job_frame,
+    job_frame_parts,
 )
 from server.dispatch import Signed
 from server.errors import QueueFull, SigningFailed, Unavailable
@@ -202,7 +203,10 @@ class SocketDispatcher:
         deadlines: dict[int, float] = {}
         sent: dict[int, float] = {}
         signing = self.stats.signing[info.name]
-        free = [self.depth]  # job slots of this worker; the reader below gives them back
+        # Job slots of this worker; the reader below gives them back. A manifest takes them
+        # all: nothing waits behind it in the worker (it signs for seconds).
+        free = [self.depth]
+        slots: dict[int, int] = {}
         queue = self.queue(info.key)
         freed = asyncio.Event()
 
@@ -212,7 +216,9 @@ class SocketDispatcher:
                     freed.clear()
                     await freed.wait()
                 _, _, job = await queue.get()
-                # Hand over every job that is ready and fits, in one write.
+                # Hand over every job that is ready and fits, in one write; a manifest's lines
+                # (raw bytes after its frame) a piece at a time, each written when the last
+                # one has gone (the transport holds a piece, not a copy of the manifest).
                 frames = []
                 now = loop.time()
                 t0 = time.perf_counter()
@@ -223,8 +229,15 @@ class SocketDispatcher:
                         inflight[job_id] = job
                         deadlines[job_id] = now + self.sign_timeout
                         sent[job_id] = t0
-                        frames.append(job_frame(job_id, job.job))
-                        free[0] -= 1
+                        head, pieces = job_frame_parts(job_id, job.job)
+                        frames.append(head)
+                        slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
+                        free[0] -= slots[job_id]
+                        for piece in pieces:
+                            frames.append(piece)
+                            writer.write(b"".join(frames))
+                            frames = []
+                            await writer.drain()
                     if free[0] <= 0 or queue.empty():
                         break
                     _, _, job = queue.get_nowait()
@@ -250,7 +263,7 @@ class SocketDispatcher:
                 deadlines.pop(job_id, None)
                 t1 = time.perf_counter()
                 signing.observe(t1 - sent.pop(job_id, t1))
-                free[0] += 1
+                free[0] += slots.pop(job_id, 0)
                 freed.set()
                 if job is None or job.future.done():
                     continue
