@@ -319,7 +319,7 @@ class Settings(BaseSettings):
         "them 429; 0 = no limit",
     )
     manifest_bytes_in_flight: int = Field(
-        default=512 << 20, ge=0,
+        default=256 << 20, ge=0,
         description="manifest bytes being read, signed and answered at once on this host "
         "(each HTTP process its share, at least one manifest); beyond them 503; 0 = no limit",
     )

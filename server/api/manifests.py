@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope
 
-from formats.manifests import MalformedManifest, parse_body
+from formats.manifests import MalformedManifest, parse_body, utf8_pieces
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
 from server.api.services import Services
@@ -45,6 +46,7 @@ from server.errors import (
 from server.settings import Settings
 from server.stamping.queries import MANIFEST_CHUNK, manifest_chunk, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
+from workers import memory
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
@@ -252,6 +254,21 @@ def manifest_request(body: bytearray) -> ManifestRequest:
     return ManifestRequest(manifest)
 
 
+def answer(text: str) -> Response:
+    """The signed manifest, sent a piece at a time (encoded as it goes: no copy of it in bytes,
+    nor in the transport's buffer); once it is sent, the freed pages go back to the system
+    (`workers.memory.trim`, in a thread)."""
+    size = len(text) if text.isascii() else sum(map(len, utf8_pieces(text)))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for piece in utf8_pieces(text):
+            yield piece
+
+    return StreamingResponse(pieces(), media_type="text/plain; charset=utf-8",
+                             headers={"Content-Length": str(size)},
+                             background=BackgroundTask(asyncio.to_thread, memory.trim))
+
+
 class Budgets:
     """The limits on manifests of one HTTP process (built from the settings on its first
     manifest)."""
@@ -269,6 +286,10 @@ class Budgets:
 
 def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> None:
     budgets: list[Budgets] = []  # one, once the first manifest comes
+    # One manifest checked at a time in this process: a check holds the GIL in a thread for
+    # seconds (a million lines), and each more at once takes that much more from the event
+    # loop (and the stamps it serves).
+    one_check_at_a_time = asyncio.Semaphore(1)
 
     @router.post("/v1/manifests")
     async def stamp_manifest(request: Request) -> Response:
@@ -290,7 +311,8 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
                                        else length):
                 body = await read_manifest(request.scope, request.receive, s.settings,
                                            lambda n: limits.rate.charge(client, n))
-                req = await asyncio.to_thread(manifest_request, body)
+                async with one_check_at_a_time:
+                    req = await asyncio.to_thread(manifest_request, body)
                 del body
                 text = await s.stamper.stamp(req, key)
         except RateLimited as e:
@@ -298,7 +320,7 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
             return problem_response(429, "Too Many Requests", e.message,
                                     {"Retry-After": str(e.retry_after)})
         s.stats.request("manifest", 200)
-        return PlainTextResponse(text)
+        return answer(text)
 
     @router.get("/v1/manifests/{serial}")
     async def get_manifest(serial: str) -> Response:
