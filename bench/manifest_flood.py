@@ -216,6 +216,14 @@ def post_manifest(port: int, body: Path, lines: int, tries: int,
         return
 
 
+def dropped_workers(server: Server) -> int:
+    """Workers the dispatcher dropped for not answering in time (its log says so)."""
+    try:
+        return server.log_path.read_text(errors="replace").count("did not answer in time")
+    except OSError:
+        return -1
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -297,6 +305,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
         peak = max(rss.between(t_idle, t_done), default=0)
         after = statistics.median(rss.between(t_after, t_after + 2.0))
         signed = statuses.count(200)
+        dropped = dropped_workers(server)
         other = len(statuses) - signed - statuses.count(503) - statuses.count(RESET)
         table(f"flood: {args.manifests} concurrent manifests of {body.stat().st_size / MIB:.1f} "
               f"MiB ({args.lines} lines), {args.workers} workers; {took:.1f} s; server PIDs "
@@ -307,6 +316,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
                   ("resets before the answer (tried again)", f"{statuses.count(RESET)}", "",
                    None),
                   ("other answers / wrong", f"{other} / {len(wrong)}", "0 / 0", not wrong),
+                  ("workers dropped for a timeout", f"{dropped}", "0", dropped == 0),
                   ("whole-server RSS idle", mib(idle), "", None),
                   ("whole-server RSS peak", mib(peak), "<= 1536 MiB", peak <= 1536 * MIB),
                   ("whole-server RSS after", f"{mib(after)} ({after / idle:.2f}x)",
