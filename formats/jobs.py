@@ -26,7 +26,7 @@ import json
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from formats import gitobjects, manifests
@@ -209,7 +209,9 @@ class ManifestJob:
     again and that ``key`` is its own key's fingerprint, and signs header and lines with one
     signature (OpenPGP: cleartext-signed; SSH: the text, then its SSH signature, namespace
     ``stampd``). Its result leaves the lines out (`manifests.splice` puts them back): the
-    result stays small, and only the job's frame may exceed `MAX_FRAME`."""
+    result stays small. ``count``: how many lines there are, where the builder knows it
+    (not sent: the worker counts them as it checks them); else they are counted when the
+    header is made (a whole pass over them)."""
 
     op: ClassVar[str] = "manifest"
     kind: ClassVar[str] = "manifest"  # what a worker builds
@@ -219,10 +221,13 @@ class ManifestJob:
     serial: int
     key: str
     lines: str
+    count: int | None = field(default=None, compare=False)
 
-    def header(self) -> manifests.Header:
+    def header(self, count: int | None = None) -> manifests.Header:
+        """The header of ``count`` lines (default `count`, else the lines counted)."""
+        count = count if count is not None else self.count
         return manifests.Header(self.algorithm, self.time, self.server, self.serial, self.key,
-                                self.lines.count("\n"))
+                                self.lines.count("\n") if count is None else count)
 
     def signed(self, answer: str) -> str:
         """The signed manifest from a worker's ``answer`` to this job."""

@@ -135,6 +135,12 @@ def _lines(text: str) -> Iterator[str]:
     yield text[start:end]
 
 
+def _count_lines(text: str) -> int:
+    """``text.count("\n")`` a `PIECE` at a time: the service checks a manifest in a thread,
+    and one count of 127 MiB holds the GIL (and stalls the event loop) for 70-130 ms."""
+    return sum(text.count("\n", i, i + PIECE) for i in range(0, len(text), PIECE))
+
+
 def _diagnose(text: str, algorithm: str | None) -> MalformedManifest:
     if algorithm is None:  # the first line is bad: hold the rest to the first good line's
         algorithm = next((alg for line in _lines(text) for alg, p in _PATTERNS.items()
@@ -182,7 +188,7 @@ def check_lines(text: str, algorithm: str | None = None) -> Manifest:
         algorithm = _algorithm_of(text[:text.find("\n")])
     elif algorithm not in ALGORITHMS:
         raise MalformedManifest(f"unknown algorithm {algorithm!r}")
-    count = text.count("\n")
+    count = _count_lines(text)
     if algorithm is not None and (len(text) - count) <= count * MAX_LINE:
         digests = _packed_digests(text, algorithm, count)
         if digests is not None:

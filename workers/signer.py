@@ -110,8 +110,8 @@ class Signer:
     def build_manifest(self, job: ManifestJob) -> str:
         """Only a well-formed manifest is signed: its lines are checksum lines of its
         algorithm, its header parses and names this worker's key."""
-        manifests.check_structure(job.lines, job.algorithm)
-        header = job.header()
+        count = manifests.check_structure(job.lines, job.algorithm)
+        header = job.header(count)
         if header.key != self.fingerprint:
             raise MalformedMessage("the manifest names another key")
         text = header.text()
