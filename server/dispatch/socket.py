@@ -88,6 +88,11 @@ class SocketDispatcher:
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.workers: dict[str, WorkerInfo] = {}
+        # A manifest signs for seconds: while it does, its worker takes nothing else. So that
+        # stamps still find a worker, at most all but one of a key's workers sign manifests;
+        # the manifests beyond wait here (in their order) until one is signed.
+        self._manifests_out: dict[str, int] = {}
+        self._held_back: dict[str, list[tuple[int, int, Pending]]] = {}
         self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -112,6 +117,8 @@ class SocketDispatcher:
             writer.transport.abort()
         if self._conn_tasks:
             await asyncio.wait(set(self._conn_tasks), timeout=5)
+        for key in list(self._held_back):
+            self._release_held(key)
         for queue in self._queues.values():
             while not queue.empty():
                 _, _, job = queue.get_nowait()
@@ -143,6 +150,28 @@ class SocketDispatcher:
             return await pending.future
         finally:
             self._outstanding -= 1
+
+    # -- manifests: all but one worker of a key at most ------------------------------------
+    def _hold_back(self, key: str, item: tuple[int, int, Pending]) -> bool:
+        """Keep back a manifest job that would leave no worker of ``key`` free for stamps."""
+        if not isinstance(item[2].job, ManifestJob):
+            return False
+        serving = sum(1 for w in self.workers.values() if w.key == key)
+        if serving > 1 and self._manifests_out.get(key, 0) >= serving - 1:
+            self._held_back.setdefault(key, []).append(item)
+            return True
+        self._manifests_out[key] = self._manifests_out.get(key, 0) + 1
+        return False
+
+    def _manifest_done(self, key: str) -> None:
+        self._manifests_out[key] = max(0, self._manifests_out.get(key, 0) - 1)
+        self._release_held(key)
+
+    def _release_held(self, key: str) -> None:
+        """The manifests held back for ``key`` go back into its queue (each taken again is
+        judged again)."""
+        for item in self._held_back.pop(key, []):
+            self.queue(key).put_nowait(item)
 
     # -- worker connections --------------------------------------------------------------
     def _requeue(self, job: Pending, reason: str) -> None:
@@ -184,8 +213,12 @@ class SocketDispatcher:
                 self.workers.pop(info.name, None)
                 self.stats.worker_disconnects += 1
             for job in inflight.values():
+                if isinstance(job.job, ManifestJob):
+                    self._manifest_done(job.key)
                 self._requeue(job, f"worker {info.name if info else '?'} went away")
             inflight.clear()
+            if info is not None:  # one worker fewer: what was held back is judged again
+                self._release_held(info.key)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -215,7 +248,7 @@ class SocketDispatcher:
                 while free[0] <= 0:
                     freed.clear()
                     await freed.wait()
-                _, _, job = await queue.get()
+                item = await queue.get()
                 # Hand over every job that is ready and fits, in one write; a manifest's lines
                 # (raw bytes after its frame) a piece at a time, each written when the last
                 # one has gone (the transport holds a piece, not a copy of the manifest).
@@ -223,11 +256,13 @@ class SocketDispatcher:
                 now = loop.time()
                 t0 = time.perf_counter()
                 while True:
-                    if not job.future.done():  # else the client went away or timed out
+                    job = item[2]
+                    # (a job whose future is done: its client went away or timed out)
+                    if not job.future.done() and not self._hold_back(info.key, item):
                         job_id = next(self._ids)
                         job.attempts += 1
                         inflight[job_id] = job
-                        deadlines[job_id] = now + self.sign_timeout
+                        deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
                         sent[job_id] = t0
                         head, pieces = job_frame_parts(job_id, job.job)
                         frames.append(head)
@@ -240,7 +275,7 @@ class SocketDispatcher:
                             await writer.drain()
                     if free[0] <= 0 or queue.empty():
                         break
-                    _, _, job = queue.get_nowait()
+                    item = queue.get_nowait()
                 if frames:
                     writer.write(b"".join(frames))
 
@@ -265,6 +300,8 @@ class SocketDispatcher:
                 signing.observe(t1 - sent.pop(job_id, t1))
                 free[0] += slots.pop(job_id, 0)
                 freed.set()
+                if job is not None and isinstance(job.job, ManifestJob):
+                    self._manifest_done(info.key)
                 if job is None or job.future.done():
                     continue
                 if result.object is not None:
@@ -276,6 +313,16 @@ class SocketDispatcher:
             feeder.cancel()
             dog.cancel()
             await asyncio.gather(feeder, dog, return_exceptions=True)
+
+
+MANIFEST_RATE = 1 << 20  # bytes per second a worker gets, on top of the signing timeout
+
+
+def _extra_time(job: Job) -> float:
+    """Seconds a job may take beyond the signing timeout: a manifest's worker receives, checks
+    and hashes it first (a 127 MiB one takes seconds, and with eight in flight on a 2-core
+    host a worker was dropped for the 10 s timeout), one second per MiB of its lines."""
+    return job.lines_size() / MANIFEST_RATE if isinstance(job, ManifestJob) else 0.0
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
