@@ -104,6 +104,19 @@ class TreeRss:
             self.samples.append((now, sum(rss_bytes(p) for p in pids)))
             self._stop.wait(self.interval)
 
+    def each(self) -> str:
+        """Each process's RSS now, by what it runs (for the table's footnote)."""
+        parts = []
+        for pid in self.pids():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            role = next((a.decode() for a in argv if a.startswith((b"workers.", b"stampd"))),
+                        os.path.basename(argv[0].decode()))
+            parts.append(f"{role} {rss_bytes(pid) / MIB:.0f}")
+        return ", ".join(parts)
+
     def between(self, t0: float, t1: float) -> list[int]:
         return [r for t, r in self.samples if t0 <= t <= t1]
 
@@ -284,6 +297,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
         time.sleep(2.0)
         t_idle = time.monotonic()
         idle = statistics.median(rss.between(t_idle - 2.0, t_idle))
+        idle_each = rss.each()
         senders = [threading.Thread(target=post_manifest,
                                     args=(server.port, body, args.lines, args.tries, statuses,
                                           wrong)) for _ in range(args.manifests)]
@@ -299,6 +313,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
         time.sleep(args.settle)
         t_after = time.monotonic()
         time.sleep(2.0)
+        after_each = rss.each()
         stamps.stop()
         health.stop()
         rss.stop()
@@ -322,6 +337,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
                   ("whole-server RSS after", f"{mib(after)} ({after / idle:.2f}x)",
                    "<= 1.2x idle", after <= 1.2 * idle),
                   *latency_rows(stamps, health)])
+        print(f"  RSS MiB idle:  {idle_each}\n  RSS MiB after: {after_each}")
         for w in wrong[:5]:
             print(f"  wrong: {w}")
         for e in (stamps.errors + health.errors)[:5]:

@@ -130,7 +130,9 @@ BIG = len(body(0, 20_000))  # about 1.5 MiB: more than a frame may hold (formats
 def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One HTTP process with room for two 1.5 MiB manifests in flight."""
     srv = start_server(seed_data_dir(tmp_path_factory.mktemp("two") / "data"), workers=1,
-                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(2 * BIG + 10)})
+                       # (the held bodies must not time out while the third is tried)
+                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(2 * BIG + 10),
+                                  "STAMPD_BODY_TIMEOUT": "120"})
     try:
         yield srv
     finally:
