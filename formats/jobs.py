@@ -37,11 +37,10 @@ _JSON = json.JSONEncoder(separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
 MAX_FRAME = 1 << 20
 # A manifest job carries a whole manifest: at most MAX_MANIFEST_TEXT bytes of UTF-8 (the
-# ceiling of STAMPD_MAX_MANIFEST_BYTES). Over the socket they follow its frame as raw bytes;
-# in a ``jobs.payload`` (PostgreSQL) its JSON may be larger than MAX_FRAME, and only its:
-# JSON's \uXXXX escapes make at most three times as many bytes of the text.
+# ceiling of STAMPD_MAX_MANIFEST_BYTES). Over the socket they follow its frame as raw bytes
+# (`job_frame_parts`); in a ``jobs.payload`` (PostgreSQL) its JSON may be larger than
+# MAX_FRAME, and only its (`decode_frame`).
 MAX_MANIFEST_TEXT = 256 << 20
-MAX_MANIFEST_FRAME = 3 * MAX_MANIFEST_TEXT + MAX_FRAME
 
 
 class MalformedMessage(ValueError):
