@@ -123,6 +123,26 @@ def test_manifest_bytes_in_flight_beyond_the_budget_are_refused_with_503(
     assert post(narrow, body(3))[0] == 200  # and its bytes are given back
 
 
+def test_the_bytes_in_flight_are_held_until_the_answer_is_sent(narrow: Server) -> None:
+    # An answer of about 7.5 MiB, more than the sockets between server and client hold, to a
+    # client that reads its status line and then nothing: the server holds the signed text
+    # until it is sent, so its bytes stay in flight.
+    big = body(5, 100_000)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", narrow.port))
+    s.sendall(b"POST /v1/manifests HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\n"
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(big) + big)
+    first = s.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200 ")
+    status, headers, _ = post(narrow, body(6))
+    assert status == 503 and headers["retry-after"] == "10"
+    signed = (first + answer(s)).partition(b"\r\n\r\n")[2]
+    assert b"\n# lines: 100000\n" in signed and signed.endswith(b"-----END PGP SIGNATURE-----\n")
+    assert post(narrow, body(7))[0] == 200  # sent: its bytes are given back
+
+
 BIG = len(body(0, 20_000))  # about 1.5 MiB: more than a frame may hold (formats.jobs.MAX_FRAME)
 
 
