@@ -116,6 +116,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.scale
 	$(BIN)/python -m bench.tsa
 	$(BIN)/python -m bench.manifest
+	$(BIN)/python -m bench.manifest_flood
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness

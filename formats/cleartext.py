@@ -7,7 +7,7 @@ signature is a text signature (type 0x01). ``gpg --verify receipt.asc`` checks t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from formats.openpgp import (
     H_SHA256,
@@ -36,6 +36,28 @@ def canonical_text(text: str) -> bytes:
     return "\r\n".join(line.rstrip(" \t\r") for line in lines).encode("utf-8")
 
 
+PIECE = 1 << 20  # characters made canonical at a time (`canonical_pieces`)
+
+
+def _plain(text: str) -> bool:
+    """No CR and no line ending in white space: the canonical form only changes LF to CR LF."""
+    return not ("\r" in text or " \n" in text or "\t\n" in text
+                or text.endswith((" ", "\t")))
+
+
+def canonical_pieces(texts: Sequence[str]) -> Iterator[bytes]:
+    """`canonical_text` of the concatenated ``texts``, a piece at a time: a long text (a
+    manifest) is never copied whole, once as CR LF text and again as bytes."""
+    if not all(_plain(t) for t in texts):
+        yield canonical_text("".join(texts))
+        return
+    last = len(texts) - 1
+    for n, text in enumerate(texts):
+        end = len(text) - 1 if n == last and text.endswith("\n") else len(text)
+        for i in range(0, end, PIECE):
+            yield text[i:min(end, i + PIECE)].replace("\n", "\r\n").encode("utf-8")
+
+
 def dash_escape(text: str) -> str:
     if not text.startswith("-") and "\n-" not in text:
         return text if text.endswith("\n") else text + "\n"
@@ -43,11 +65,14 @@ def dash_escape(text: str) -> str:
                    for line in text.rstrip("\n").split("\n"))
 
 
-def clearsign_parts(text: str, key: KeyInfo, created: int,
+def clearsign_parts(text: str | Sequence[str], key: KeyInfo, created: int,
                     sign: Callable[[int, bytes], Sequence[int]]) -> tuple[str, str]:
     """(armor head, signature block) of ``text`` cleartext-signed: the message is the head,
-    ``text`` dash-escaped, then the signature block."""
-    signature = detached_signature(canonical_text(text), key, created, sign, sig_type=SIG_TEXT)
+    ``text`` dash-escaped, then the signature block. ``text`` may come in parts (a manifest's
+    header and its lines), hashed a piece at a time, not joined."""
+    parts = (text,) if isinstance(text, str) else text
+    signature = detached_signature(canonical_pieces(parts), key, created, sign,
+                                   sig_type=SIG_TEXT)
     return f"{BEGIN_SIGNED}\nHash: {ARMOR_HASH_NAMES[hash_algo_for(key)]}\n\n", signature
 
 

@@ -13,9 +13,11 @@ its agent can). Every message is a JSON object; each
 type encodes and decodes itself here and nowhere else.
 
 Over the dispatcher's Unix socket (one host) a message travels as a frame: a 4-byte big-endian
-length, then that many bytes of UTF-8 JSON. Through PostgreSQL (several hosts) a job's JSON is
-the ``jobs.payload`` column and its result the ``result``/``error`` columns. docs/jobs.md shows
-every message.
+length, then that many bytes of UTF-8 JSON. A manifest job's lines are not in its JSON: they
+follow its frame as raw UTF-8, as many bytes as its ``lines_bytes`` says (`job_frame`,
+`FrameBuffer`), so that neither side escapes, copies or parses them as JSON. Through
+PostgreSQL (several hosts) a job's JSON (a manifest's lines in it) is the ``jobs.payload``
+column and its result the ``result``/``error`` columns. docs/jobs.md shows every message.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from __future__ import annotations
 import json
 import re
 import struct
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from formats import gitobjects, manifests
@@ -33,11 +36,11 @@ HEADER = struct.Struct(">I")
 _JSON = json.JSONEncoder(separators=(",", ":"))
 _JSON_DECODER = json.JSONDecoder()
 MAX_FRAME = 1 << 20
-# A manifest job carries a whole manifest: its frame may be larger, and only its. The text is
-# at most MAX_MANIFEST_TEXT bytes of UTF-8 (the ceiling of STAMPD_MAX_MANIFEST_BYTES); JSON's
-# \uXXXX escapes make at most three times as many bytes of it.
+# A manifest job carries a whole manifest: at most MAX_MANIFEST_TEXT bytes of UTF-8 (the
+# ceiling of STAMPD_MAX_MANIFEST_BYTES). Over the socket they follow its frame as raw bytes
+# (`job_frame_parts`); in a ``jobs.payload`` (PostgreSQL) its JSON may be larger than
+# MAX_FRAME, and only its (`decode_frame`).
 MAX_MANIFEST_TEXT = 256 << 20
-MAX_MANIFEST_FRAME = 3 * MAX_MANIFEST_TEXT + MAX_FRAME
 
 
 class MalformedMessage(ValueError):
@@ -205,7 +208,9 @@ class ManifestJob:
     again and that ``key`` is its own key's fingerprint, and signs header and lines with one
     signature (OpenPGP: cleartext-signed; SSH: the text, then its SSH signature, namespace
     ``stampd``). Its result leaves the lines out (`manifests.splice` puts them back): the
-    result stays small, and only the job's frame may exceed `MAX_FRAME`."""
+    result stays small. ``count``: how many lines there are, where the builder knows it
+    (not sent: the worker counts them as it checks them); else they are counted when the
+    header is made (a whole pass over them)."""
 
     op: ClassVar[str] = "manifest"
     kind: ClassVar[str] = "manifest"  # what a worker builds
@@ -215,19 +220,36 @@ class ManifestJob:
     serial: int
     key: str
     lines: str
+    count: int | None = field(default=None, compare=False)
 
-    def header(self) -> manifests.Header:
+    def header(self, count: int | None = None) -> manifests.Header:
+        """The header of ``count`` lines (default `count`, else the lines counted)."""
+        count = count if count is not None else self.count
         return manifests.Header(self.algorithm, self.time, self.server, self.serial, self.key,
-                                self.lines.count("\n"))
+                                self.lines.count("\n") if count is None else count)
 
     def signed(self, answer: str) -> str:
         """The signed manifest from a worker's ``answer`` to this job."""
         return manifests.splice(answer, self.header().text(), self.lines)
 
     def to_dict(self) -> dict[str, Any]:
+        return {**self.head_dict(), "lines": self.lines}
+
+    def head_dict(self) -> dict[str, Any]:
+        """The job without its lines (the JSON of its frame, `job_frame`)."""
         return {"op": self.op, "algorithm": self.algorithm, "time": self.time,
-                "server": self.server, "serial": self.serial, "key": self.key,
-                "lines": self.lines}
+                "server": self.server, "serial": self.serial, "key": self.key}
+
+    def lines_size(self) -> int:
+        """Bytes of the lines in UTF-8 (an ASCII text's length; else counted a piece at a
+        time, not encoded whole)."""
+        if self.lines.isascii():
+            return len(self.lines)
+        return sum(len(piece) for piece in self.pieces())
+
+    def pieces(self) -> Iterator[bytes]:
+        """The lines in UTF-8, a piece at a time (no copy of them all)."""
+        return manifests.utf8_pieces(self.lines)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ManifestJob:
@@ -425,9 +447,20 @@ class Result:
         return result
 
 
+def job_frame_parts(job_id: int, job: Job) -> tuple[bytes, Iterator[bytes]]:
+    """What hands ``job`` to a worker over the dispatcher socket: its frame, then the raw bytes
+    that follow it, a piece at a time (a manifest's lines, announced as ``lines_bytes``;
+    nothing for any other job)."""
+    if isinstance(job, ManifestJob):
+        return (frame({"id": job_id, **job.head_dict(), "lines_bytes": job.lines_size()}),
+                job.pieces())
+    return frame({"id": job_id, **job.to_dict()}), iter(())
+
+
 def job_frame(job_id: int, job: Job) -> bytes:
-    """The frame that hands ``job`` to a worker over the dispatcher socket."""
-    return frame({"id": job_id, **job.to_dict()})
+    """`job_frame_parts` in one piece (what a worker's `FrameBuffer` reads back)."""
+    head, pieces = job_frame_parts(job_id, job)
+    return head + b"".join(pieces)
 
 
 def decode_job_frame(d: dict[str, Any]) -> tuple[int, Job]:
@@ -467,8 +500,7 @@ def _object(body: str | bytes) -> dict[str, Any]:
 
 
 def frame_size(header: bytes, limit: int = MAX_FRAME) -> int:
-    """The size a frame header announces; `MalformedMessage` beyond ``limit`` (`MAX_FRAME`;
-    a worker reading jobs passes `MAX_MANIFEST_FRAME`, see `decode_frame`)."""
+    """The size a frame header announces; `MalformedMessage` beyond ``limit``."""
     (size,) = HEADER.unpack(header)
     if size > limit:
         raise MalformedMessage(f"frame of {size} bytes is too large")
@@ -483,24 +515,63 @@ def decode_frame(body: bytes) -> dict[str, Any]:
     return message
 
 
+def _lines_bytes(message: dict[str, Any]) -> int | None:
+    """How many raw bytes of lines follow a manifest job's frame (None: not such a frame)."""
+    if message.get("op") != ManifestJob.op or "lines_bytes" not in message:
+        return None
+    if "lines" in message:
+        raise MalformedMessage("a manifest job's frame has either lines or lines_bytes")
+    size = _int(message, "lines_bytes")
+    if not 0 < size <= MAX_MANIFEST_TEXT:
+        raise MalformedMessage(f"lines_bytes {size} out of range")
+    return size
+
+
 class FrameBuffer:
     """Frames out of a byte stream, sans I/O: `feed` what the socket gave, take `next`.
-    ``limit``: the largest frame accepted (a worker's buffer takes manifest jobs)."""
+    A manifest job's lines, which follow its frame as raw bytes (`job_frame`), are gathered
+    into one buffer of their size (no growing copies of it) and given to the job as ``lines``
+    (its text: the buffer is then released)."""
 
     def __init__(self, limit: int = MAX_FRAME) -> None:
         self.buf = bytearray()
-        self.limit = limit
+        self.limit = limit  # the largest frame (its JSON)
+        self._job: dict[str, Any] | None = None  # a manifest job waiting for its lines
+        self._lines = bytearray()
+        self._filled = 0
 
     def feed(self, data: bytes) -> None:
-        self.buf += data
+        if self._job is not None:
+            take = min(len(data), len(self._lines) - self._filled)
+            self._lines[self._filled:self._filled + take] = data[:take]
+            self._filled += take
+            data = data[take:]
+        if data:
+            self.buf += data
 
     def next(self) -> dict[str, Any] | None:
-        """The next whole frame's object, or None until more bytes arrive."""
-        if len(self.buf) < HEADER.size:
+        """The next whole job's (or result's) object, or None until more bytes arrive."""
+        if self._job is None:
+            if len(self.buf) < HEADER.size:
+                return None
+            size = frame_size(bytes(self.buf[: HEADER.size]), self.limit)
+            if len(self.buf) < HEADER.size + size:
+                return None
+            message = decode_frame(bytes(self.buf[HEADER.size : HEADER.size + size]))
+            del self.buf[: HEADER.size + size]
+            raw = _lines_bytes(message)
+            if raw is None:
+                return message
+            self._job, self._lines, self._filled = message, bytearray(raw), 0
+            rest, self.buf = self.buf, bytearray()
+            self.feed(bytes(rest))
+        if self._filled < len(self._lines):
             return None
-        size = frame_size(bytes(self.buf[: HEADER.size]), self.limit)
-        if len(self.buf) < HEADER.size + size:
-            return None
-        body = bytes(self.buf[HEADER.size : HEADER.size + size])
-        del self.buf[: HEADER.size + size]
-        return decode_frame(body)
+        message, lines = self._job, self._lines
+        self._job, self._lines, self._filled = None, bytearray(), 0
+        del message["lines_bytes"]
+        try:
+            message["lines"] = lines.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise MalformedMessage(f"a manifest job's lines are not UTF-8: {e}") from None
+        return message

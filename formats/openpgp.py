@@ -22,7 +22,7 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -232,14 +232,16 @@ def _parse_hashed_part(hashed_part: bytes) -> tuple[int, int]:
     return hashed_part[2], hashed_part[3]
 
 
-def signature_digest(data: bytes, hashed_part: bytes, hash_algo: int) -> bytes:
+def signature_digest(data: bytes | Iterable[bytes], hashed_part: bytes, hash_algo: int) -> bytes:
     """The digest a v4 signature signs: ``hash(data || hashed_part || 04 FF || len)``.
 
-    ``len`` is the 4-octet big-endian length of ``hashed_part`` (RFC 4880 5.2.4).
+    ``len`` is the 4-octet big-endian length of ``hashed_part`` (RFC 4880 5.2.4). ``data``
+    may come in pieces (an iterable of bytes), hashed one at a time.
     """
     _check_hash_algo(hash_algo)
     digest = hashlib.new(HASH_NAMES[hash_algo])
-    digest.update(data)
+    for piece in (data,) if isinstance(data, bytes) else data:
+        digest.update(piece)
     digest.update(hashed_part)
     digest.update(b"\x04\xff" + len(hashed_part).to_bytes(4, "big"))
     return digest.digest()
@@ -361,7 +363,7 @@ class PreparedSignature:
 
 
 def prepare_signature(
-    data: bytes, key: KeyInfo, created: int, sig_type: int = SIG_BINARY
+    data: bytes | Iterable[bytes], key: KeyInfo, created: int, sig_type: int = SIG_BINARY
 ) -> PreparedSignature:
     """What a signature of ``data`` by ``key`` made at ``created`` needs signed."""
     hash_algo = hash_algo_for(key)
@@ -376,7 +378,7 @@ def finish_signature(prepared: PreparedSignature, key: KeyInfo, values: Sequence
 
 
 def detached_signature(
-    data: bytes,
+    data: bytes | Iterable[bytes],
     key: KeyInfo,
     created: int,
     sign: Callable[[int, bytes], Sequence[int]],

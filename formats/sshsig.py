@@ -32,7 +32,7 @@ import binascii
 import hashlib
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = [
@@ -330,11 +330,16 @@ def ecdsa_point(key: SshPublicKey) -> bytes:
 # SSHSIG
 
 
-def sshsig_signed_data(message: bytes, namespace: str, hash_alg: str = DEFAULT_HASH) -> bytes:
-    """What the private key signs for ``message``: MAGIC, namespace, reserved, hash alg, H(m)."""
+def sshsig_signed_data(message: bytes | Iterable[bytes], namespace: str,
+                       hash_alg: str = DEFAULT_HASH) -> bytes:
+    """What the private key signs for ``message``: MAGIC, namespace, reserved, hash alg, H(m).
+    ``message`` may come in pieces (an iterable of bytes), hashed one at a time."""
     _check_hash_alg(hash_alg)
     _check_namespace(namespace)
-    digest = hashlib.new(hash_alg, message).digest()
+    h = hashlib.new(hash_alg)
+    for piece in (message,) if isinstance(message, bytes) else message:
+        h.update(piece)
+    digest = h.digest()
     return (
         MAGIC
         + ssh_string(namespace)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from formats.jobs import MAX_MANIFEST_FRAME, FrameBuffer
+from formats.jobs import FrameBuffer
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,7 @@ class Dispatchers:
             sock.close()
             raise
         self.lost.pop(path, None)
-        # (only a manifest job may be that large)
-        self.links[path] = (sock, FrameBuffer(MAX_MANIFEST_FRAME))
+        self.links[path] = (sock, FrameBuffer())
 
     def drop(self, path: Path, why: str, expected: bool = False) -> None:
         sock, _ = self.links.pop(path)

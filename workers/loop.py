@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from formats.jobs import Job, MalformedMessage, Result, decode_frame, job_from_dict
-from workers import jobtable
+from formats.jobs import Job, MalformedMessage, ManifestJob, Result, decode_frame, job_from_dict
+from workers import jobtable, memory
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.errors import AgentError
@@ -95,6 +95,7 @@ def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, 
                 return code
             continue
         path, messages = found
+        large = any(m.get("op") == ManifestJob.op for m in messages)
         try:
             replies = sign_many(signer, messages)
         except AgentError as e:
@@ -102,6 +103,9 @@ def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, 
                       name, " ".join(str(e).split()))
             return EXIT_AGENT_DIED
         dispatchers.answer(path, b"".join(reply.frame() for reply in replies))
+        if large:  # what held the manifest is free: give its pages back to the system
+            del found, messages, replies
+            memory.trim()
 
 
 def serve_db(dsn: str, signer: Signer, agent: GpgAgent | SshAgent, name: str, key_id: str,

@@ -110,8 +110,8 @@ class Signer:
     def build_manifest(self, job: ManifestJob) -> str:
         """Only a well-formed manifest is signed: its lines are checksum lines of its
         algorithm, its header parses and names this worker's key."""
-        manifests.check_structure(job.lines, job.algorithm)
-        header = job.header()
+        count = manifests.check_structure(job.lines, job.algorithm)
+        header = job.header(count)
         if header.key != self.fingerprint:
             raise MalformedMessage("the manifest names another key")
         text = header.text()
@@ -244,7 +244,8 @@ class OpenPgpSigner(Signer):
 
     def manifest(self, header: str, lines: str, t: int) -> str:
         # No line of a manifest starts with "-" (check_structure): nothing is dash-escaped.
-        head, signature = cleartext.clearsign_parts(header + lines, self.key, t, self._sign)
+        # Header and lines are hashed a piece at a time, never joined (nor copied whole).
+        head, signature = cleartext.clearsign_parts((header, lines), self.key, t, self._sign)
         return head + header + signature
 
 
@@ -275,7 +276,7 @@ class SshSigner(Signer):
         return self.key.fingerprint
 
     def manifest(self, header: str, lines: str, t: int) -> str:
-        return header + self.conn.sshsig(self.key, (header + lines).encode("utf-8"),
+        return header + self.conn.sshsig(self.key, manifests.utf8_pieces(header, lines),
                                          RECEIPT_NAMESPACE)
 
     def make_tsa_key(self) -> tsa.TsaKey:

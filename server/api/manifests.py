@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
-from formats.manifests import MalformedManifest, parse_body
+from formats.manifests import MalformedManifest, parse_body, utf8_pieces
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
 from server.api.services import Services
@@ -45,6 +46,7 @@ from server.errors import (
 from server.settings import Settings
 from server.stamping.queries import MANIFEST_CHUNK, manifest_chunk, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
+from workers import memory
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
@@ -161,17 +163,31 @@ class InFlight:
     def share(self) -> int:
         return self.limit // self.processes
 
-    @contextlib.contextmanager
-    def hold(self, n: int) -> Iterator[None]:
+    def take(self, n: int) -> Callable[[], None]:
+        """Hold ``n`` bytes (`ManifestsBusy` beyond the share); what gives them back (once,
+        however often it is called)."""
         if self.held and self.held + n > self.share:
             raise ManifestsBusy(
                 f"{self.held} bytes of manifests in flight in this process (of "
                 f"{self.share}); try again later")
         self.held += n
+        given = False
+
+        def give() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self.held -= n
+
+        return give
+
+    @contextlib.contextmanager
+    def hold(self, n: int) -> Iterator[None]:
+        give = self.take(n)
         try:
             yield
         finally:
-            self.held -= n
+            give()
 
 
 def manifest_length(scope: Scope, settings: Settings) -> int | None:
@@ -252,6 +268,45 @@ def manifest_request(body: bytearray) -> ManifestRequest:
     return ManifestRequest(manifest)
 
 
+class _Answer(StreamingResponse):
+    """A streamed answer that calls ``done`` when it ends, sent or not (a client gone)."""
+
+    def __init__(self, content: AsyncIterator[bytes], size: int,
+                 done: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/plain; charset=utf-8",
+                         headers={"Content-Length": str(size)},
+                         background=BackgroundTask(asyncio.to_thread, memory.trim))
+        self.done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.done()
+
+
+def answer(text: str, done: Callable[[], None]) -> Response:
+    """The signed manifest, sent a piece at a time (encoded as it goes: no copy of it in bytes,
+    nor in the transport's buffer). ``done`` (it gives back the manifest's bytes in flight:
+    the answer holds the signed text until it is sent) is called once its last piece has been
+    taken, before the end of the answer is sent, or when the answer ends otherwise (a client
+    gone). Once it is sent, the freed pages go back to the system (`workers.memory.trim`, in a
+    thread)."""
+    size = len(text) if text.isascii() else sum(map(len, utf8_pieces(text)))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for piece in utf8_pieces(text):
+            yield piece
+            # A turn of the loop: the transport writes the piece (it gathers the writes of
+            # one turn, httpproto._CoalescingTransport) and, above its high-water mark, makes
+            # the next send wait until the client has taken it. Without it every piece would
+            # be gathered and joined at once: a whole copy of the answer.
+            await asyncio.sleep(0)
+        done()
+
+    return _Answer(pieces(), size, done)
+
+
 class Budgets:
     """The limits on manifests of one HTTP process (built from the settings on its first
     manifest)."""
@@ -269,6 +324,10 @@ class Budgets:
 
 def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> None:
     budgets: list[Budgets] = []  # one, once the first manifest comes
+    # One manifest checked at a time in this process: a check holds the GIL in a thread for
+    # seconds (a million lines), and each more at once takes that much more from the event
+    # loop (and the stamps it serves).
+    one_check_at_a_time = asyncio.Semaphore(1)
 
     @router.post("/v1/manifests")
     async def stamp_manifest(request: Request) -> Response:
@@ -284,21 +343,27 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
         limits = budgets[0]
         length = manifest_length(request.scope, s.settings)
         client = client_key(request.client.host if request.client else None)
+        # The bytes in flight first: a request refused for them charges nothing. They are held
+        # until the answer has been sent (or has failed).
+        give = limits.in_flight.take(s.settings.max_manifest_bytes if length is None
+                                     else length)
         try:
-            # The bytes in flight first: a request refused for them charges nothing.
-            with limits.in_flight.hold(s.settings.max_manifest_bytes if length is None
-                                       else length):
-                body = await read_manifest(request.scope, request.receive, s.settings,
-                                           lambda n: limits.rate.charge(client, n))
+            body = await read_manifest(request.scope, request.receive, s.settings,
+                                       lambda n: limits.rate.charge(client, n))
+            async with one_check_at_a_time:
                 req = await asyncio.to_thread(manifest_request, body)
-                del body
-                text = await s.stamper.stamp(req, key)
+            del body
+            response = answer(await s.stamper.stamp(req, key), give)
         except RateLimited as e:
+            give()
             s.stats.request("manifest", 429)
             return problem_response(429, "Too Many Requests", e.message,
                                     {"Retry-After": str(e.retry_after)})
+        except BaseException:
+            give()
+            raise
         s.stats.request("manifest", 200)
-        return PlainTextResponse(text)
+        return response
 
     @router.get("/v1/manifests/{serial}")
     async def get_manifest(serial: str) -> Response:

@@ -25,10 +25,11 @@ from formats.jobs import (
     Hello,
     Job,
     MalformedMessage,
+    ManifestJob,
     Result,
     decode_frame,
     frame_size,
-    job_frame,
+    job_frame_parts,
 )
 from server.dispatch import Signed
 from server.errors import QueueFull, SigningFailed, Unavailable
@@ -87,6 +88,11 @@ class SocketDispatcher:
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.workers: dict[str, WorkerInfo] = {}
+        # A manifest signs for seconds: while it does, its worker takes nothing else. So that
+        # stamps still find a worker, at most all but one of a key's workers sign manifests;
+        # the manifests beyond wait here (in their order) until one is signed.
+        self._manifests_out: dict[str, int] = {}
+        self._held_back: dict[str, list[tuple[int, int, Pending]]] = {}
         self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -111,6 +117,8 @@ class SocketDispatcher:
             writer.transport.abort()
         if self._conn_tasks:
             await asyncio.wait(set(self._conn_tasks), timeout=5)
+        for key in list(self._held_back):
+            self._release_held(key)
         for queue in self._queues.values():
             while not queue.empty():
                 _, _, job = queue.get_nowait()
@@ -142,6 +150,28 @@ class SocketDispatcher:
             return await pending.future
         finally:
             self._outstanding -= 1
+
+    # -- manifests: all but one worker of a key at most ------------------------------------
+    def _hold_back(self, key: str, item: tuple[int, int, Pending]) -> bool:
+        """Keep back a manifest job that would leave no worker of ``key`` free for stamps."""
+        if not isinstance(item[2].job, ManifestJob):
+            return False
+        serving = sum(1 for w in self.workers.values() if w.key == key)
+        if serving > 1 and self._manifests_out.get(key, 0) >= serving - 1:
+            self._held_back.setdefault(key, []).append(item)
+            return True
+        self._manifests_out[key] = self._manifests_out.get(key, 0) + 1
+        return False
+
+    def _manifest_done(self, key: str) -> None:
+        self._manifests_out[key] = max(0, self._manifests_out.get(key, 0) - 1)
+        self._release_held(key)
+
+    def _release_held(self, key: str) -> None:
+        """The manifests held back for ``key`` go back into its queue (each taken again is
+        judged again)."""
+        for item in self._held_back.pop(key, []):
+            self.queue(key).put_nowait(item)
 
     # -- worker connections --------------------------------------------------------------
     def _requeue(self, job: Pending, reason: str) -> None:
@@ -183,8 +213,12 @@ class SocketDispatcher:
                 self.workers.pop(info.name, None)
                 self.stats.worker_disconnects += 1
             for job in inflight.values():
+                if isinstance(job.job, ManifestJob):
+                    self._manifest_done(job.key)
                 self._requeue(job, f"worker {info.name if info else '?'} went away")
             inflight.clear()
+            if info is not None:  # one worker fewer: what was held back is judged again
+                self._release_held(info.key)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -202,7 +236,10 @@ class SocketDispatcher:
         deadlines: dict[int, float] = {}
         sent: dict[int, float] = {}
         signing = self.stats.signing[info.name]
-        free = [self.depth]  # job slots of this worker; the reader below gives them back
+        # Job slots of this worker; the reader below gives them back. A manifest takes them
+        # all: nothing waits behind it in the worker (it signs for seconds).
+        free = [self.depth]
+        slots: dict[int, int] = {}
         queue = self.queue(info.key)
         freed = asyncio.Event()
 
@@ -211,23 +248,34 @@ class SocketDispatcher:
                 while free[0] <= 0:
                     freed.clear()
                     await freed.wait()
-                _, _, job = await queue.get()
-                # Hand over every job that is ready and fits, in one write.
+                item = await queue.get()
+                # Hand over every job that is ready and fits, in one write; a manifest's lines
+                # (raw bytes after its frame) a piece at a time, each written when the last
+                # one has gone (the transport holds a piece, not a copy of the manifest).
                 frames = []
                 now = loop.time()
                 t0 = time.perf_counter()
                 while True:
-                    if not job.future.done():  # else the client went away or timed out
+                    job = item[2]
+                    # (a job whose future is done: its client went away or timed out)
+                    if not job.future.done() and not self._hold_back(info.key, item):
                         job_id = next(self._ids)
                         job.attempts += 1
                         inflight[job_id] = job
-                        deadlines[job_id] = now + self.sign_timeout
+                        deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
                         sent[job_id] = t0
-                        frames.append(job_frame(job_id, job.job))
-                        free[0] -= 1
+                        head, pieces = job_frame_parts(job_id, job.job)
+                        frames.append(head)
+                        slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
+                        free[0] -= slots[job_id]
+                        for piece in pieces:
+                            frames.append(piece)
+                            writer.write(b"".join(frames))
+                            frames = []
+                            await writer.drain()
                     if free[0] <= 0 or queue.empty():
                         break
-                    _, _, job = queue.get_nowait()
+                    item = queue.get_nowait()
                 if frames:
                     writer.write(b"".join(frames))
 
@@ -250,8 +298,10 @@ class SocketDispatcher:
                 deadlines.pop(job_id, None)
                 t1 = time.perf_counter()
                 signing.observe(t1 - sent.pop(job_id, t1))
-                free[0] += 1
+                free[0] += slots.pop(job_id, 0)
                 freed.set()
+                if job is not None and isinstance(job.job, ManifestJob):
+                    self._manifest_done(info.key)
                 if job is None or job.future.done():
                     continue
                 if result.object is not None:
@@ -263,6 +313,16 @@ class SocketDispatcher:
             feeder.cancel()
             dog.cancel()
             await asyncio.gather(feeder, dog, return_exceptions=True)
+
+
+MANIFEST_RATE = 1 << 20  # bytes per second a worker gets, on top of the signing timeout
+
+
+def _extra_time(job: Job) -> float:
+    """Seconds a job may take beyond the signing timeout: a manifest's worker receives, checks
+    and hashes it first (a 127 MiB one takes seconds, and with eight in flight on a 2-core
+    host a worker was dropped for the 10 s timeout), one second per MiB of its lines."""
+    return job.lines_size() / MANIFEST_RATE if isinstance(job, ManifestJob) else 0.0
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:

@@ -193,7 +193,7 @@ class ManifestRequest:
 
     def job(self, ctx: StampContext) -> ManifestJob:
         return ManifestJob(self.manifest.algorithm, ctx.time, ctx.url, ctx.serial,
-                           ctx.key.fingerprint, self.manifest.text)
+                           ctx.key.fingerprint, self.manifest.text, self.manifest.lines)
 
     def outcome(self, ctx: StampContext, job: ManifestJob, signed: str) -> Outcome[str]:
         """The signed manifest (the header lines, the lines as sent, one signature), which is

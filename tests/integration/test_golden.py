@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from formats.jobs import decode_frame, job_frame
+from formats.jobs import FrameBuffer, job_frame
 from server.stamping.requests import BranchRequest, StampContext, TagRequest
 from tests.helpers import (
     DATA,
@@ -68,8 +68,9 @@ def test_a_batch_is_signed_in_one_round_trip_byte_exactly(
     """A worker signs every job that has arrived with one agent round trip: each answer is
     the golden vector of its job, in order, and a malformed job among them is refused alone."""
     names = sorted(CASES)
-    messages = [decode_frame(job_frame(10 + i, CASES[name].job(CTX))[4:])
-                for i, name in enumerate(names)]
+    frames = FrameBuffer()  # as a worker reads them (a manifest's lines after its frame)
+    frames.feed(b"".join(job_frame(10 + i, CASES[name].job(CTX)) for i, name in enumerate(names)))
+    messages = [m for _ in names if (m := frames.next()) is not None]
     messages.insert(2, {"id": 99, "op": "tag", "commit": "not hex", "tagname": "x",
                         "time": T, "message": "m\n"})
     results = sign_many(openpgp_signer, messages)

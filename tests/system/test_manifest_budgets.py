@@ -121,3 +121,78 @@ def test_manifest_bytes_in_flight_beyond_the_budget_are_refused_with_503(
     held.sendall(first[1:])
     assert answer(held).startswith(b"HTTP/1.1 200 ")  # the one in flight is signed
     assert post(narrow, body(3))[0] == 200  # and its bytes are given back
+
+
+def test_the_bytes_in_flight_are_held_until_the_answer_is_sent(narrow: Server) -> None:
+    # An answer of about 7.5 MiB, more than the sockets between server and client hold, to a
+    # client that reads its status line and then nothing: the server holds the signed text
+    # until it is sent, so its bytes stay in flight.
+    big = body(5, 100_000)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", narrow.port))
+    s.sendall(b"POST /v1/manifests HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\n"
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(big) + big)
+    first = s.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200 ")
+    status, headers, _ = post(narrow, body(6))
+    assert status == 503 and headers["retry-after"] == "10"
+    signed = (first + answer(s)).partition(b"\r\n\r\n")[2]
+    assert b"\n# lines: 100000\n" in signed and signed.endswith(b"-----END PGP SIGNATURE-----\n")
+    assert post(narrow, body(7))[0] == 200  # sent: its bytes are given back
+
+
+BIG = len(body(0, 20_000))  # about 1.5 MiB: more than a frame may hold (formats.jobs.MAX_FRAME)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One HTTP process with room for two 1.5 MiB manifests in flight."""
+    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("two") / "data"), workers=1,
+                       # (the held bodies must not time out while the third is tried)
+                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(2 * BIG + 10),
+                                  "STAMPD_BODY_TIMEOUT": "120"})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+
+def test_manifests_beyond_the_budget_wait_for_a_503_and_the_ones_taken_are_all_signed(
+        two: Server) -> None:
+    # Two manifests in flight (their bodies not yet all sent) hold the budget: a third is
+    # refused with 503 and Retry-After, before its body is read, and records nothing.
+    bodies = [body(10 + i, 20_000) for i in range(2)]
+    held = [headers_only(two, len(b)) for b in bodies]
+    for s, b in zip(held, bodies, strict=True):
+        s.sendall(b[: len(b) // 2])
+    seen: list[tuple[int, dict[str, str]]] = []
+
+    def refused() -> bool:
+        status, headers, _ = post(two, body(12, 20_000))
+        seen.append((status, headers))
+        return status == 503
+
+    wait_for(refused, timeout=30, what="a 503 while two manifests are in flight")
+    assert seen[-1][1]["retry-after"] == "10"
+    assert {status for status, _ in seen} <= {200, 503}
+    # The two taken are signed in full: their lines went to the worker as raw bytes after the
+    # job's frame (each manifest is larger than a frame may be), and came back signed.
+    for s, b in zip(held, bodies, strict=True):
+        s.sendall(b[len(b) // 2:])
+    for s, b in zip(held, bodies, strict=True):
+        head, _, signed = answer(s).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert signed.count(b"-----BEGIN PGP SIGNATURE-----") == 1
+        assert b"\n# lines: 20000\n" in signed and b + b"-----BEGIN PGP SIGNATURE" in signed
+    db = sqlite3.connect(two.data_dir / "stampd.sqlite3")
+    try:
+        states = db.execute("SELECT state, count(*) FROM stamps WHERE kind='manifest' "
+                            "GROUP BY state").fetchall()
+    finally:
+        db.close()
+    taken = sum(1 for status, _ in seen if status == 200)
+    assert states == [("signed", 2 + taken)], states
+    assert "did not answer in time" not in two.log_path.read_text()

@@ -9,7 +9,6 @@ import pytest
 
 from formats.jobs import (
     MAX_FRAME,
-    MAX_MANIFEST_FRAME,
     CommitJob,
     FrameBuffer,
     Hello,
@@ -25,6 +24,7 @@ from formats.jobs import (
     encode_job,
     frame,
     job_frame,
+    job_frame_parts,
 )
 from formats.manifests import parse_body
 from formats.receipts import Statement
@@ -184,43 +184,68 @@ def frames_of(buf: FrameBuffer, data: bytes, step: int = 1 << 20) -> list[dict[s
     return out
 
 
-def test_manifest_job_round_trip_over_the_worker_buffer() -> None:
+@pytest.mark.parametrize("step", [1 << 20, 65536, 7777])
+def test_manifest_job_round_trip_over_the_worker_buffer(step: int) -> None:
+    head, pieces = job_frame_parts(7, BIG_MANIFEST)
+    raw = b"".join(pieces)
+    # The lines follow the frame as raw UTF-8: the frame is the header fields, not the lines.
+    assert raw == BIG_MANIFEST.lines.encode() and len(head) < 300
+    assert json.loads(head[4:])["lines_bytes"] == len(raw)
     data = job_frame(7, BIG_MANIFEST)
-    assert len(data) - 4 > MAX_FRAME
-    assert decode_job(encode_job(BIG_MANIFEST)) == BIG_MANIFEST
-    [message] = frames_of(FrameBuffer(MAX_MANIFEST_FRAME), data)
-    assert decode_job_frame(message) == (7, BIG_MANIFEST)
+    assert data == head + raw
+    assert decode_job(encode_job(BIG_MANIFEST)) == BIG_MANIFEST  # (PostgreSQL: one JSON)
+    buf = FrameBuffer()
+    # Frames before and after it on the same stream come through around it.
+    stream = job_frame(6, JOBS[0]) + data + job_frame(8, JOBS[6])
+    got = frames_of(buf, stream, step)
+    assert [decode_job_frame(m) for m in got] == [(6, JOBS[0]), (7, BIG_MANIFEST), (8, JOBS[6])]
+    assert not buf.buf and buf.next() is None
     header = BIG_MANIFEST.header()
     assert header.lines == 19_000 and header.key == "F" * 40
     answer = f"BEGIN\n{header.text()}SIG\n"  # what a worker sends back: no lines
     assert BIG_MANIFEST.signed(answer) == f"BEGIN\n{header.text()}{BIG_MANIFEST.lines}SIG\n"
 
 
-def test_only_a_manifest_job_may_exceed_max_frame() -> None:
-    # The dispatcher reads results and hellos with the default buffer: no large frame at all,
-    # refused at the header, before its body is read.
-    buf = FrameBuffer()
-    buf.feed(job_frame(7, BIG_MANIFEST)[:4])
-    with pytest.raises(MalformedMessage, match="too large"):
-        buf.next()
-    # The worker's buffer takes a large frame only if it is a manifest job.
+def test_non_ascii_manifest_lines_are_counted_in_bytes() -> None:
+    job = ManifestJob("sha256", 1, "u", 1, "F" * 40, f"{H256} *\u00e9t\u00e9\n" * 3)
+    head, pieces = job_frame_parts(1, job)
+    assert json.loads(head[4:])["lines_bytes"] == len(job.lines.encode()) == len(
+        b"".join(pieces))
+    [message] = frames_of(FrameBuffer(), job_frame(1, job), 5)
+    assert decode_job_frame(message) == (1, job)
+
+
+def manifest_head(**fields: object) -> bytes:
+    return frame({"id": 1, **BIG_MANIFEST.head_dict(), **fields})
+
+
+@pytest.mark.parametrize("head, raw, why", [
+    (manifest_head(lines_bytes=0), b"", "out of range"),
+    (manifest_head(lines_bytes=(256 << 20) + 1), b"", "out of range"),
+    (manifest_head(lines_bytes="3"), b"", "integer"),
+    (manifest_head(lines_bytes=3, lines="x\n"), b"", "either"),
+    (manifest_head(lines_bytes=3), b"\xff\xfe\n", "not UTF-8"),
+])
+def test_malformed_manifest_frames_are_refused(head: bytes, raw: bytes, why: str) -> None:
+    with pytest.raises(MalformedMessage, match=why):
+        frames_of(FrameBuffer(), head + raw)
+
+
+def test_no_frame_exceeds_max_frame_on_the_socket() -> None:
+    # Neither side reads a frame larger than MAX_FRAME (a manifest's lines are not in its
+    # frame): refused at the header, before its body is read.
     text = "x" * MAX_FRAME
     for large in (job_frame(1, ReceiptJob(text, 5)), Result(1, object=text).frame(),
-                  frame({"id": 1, "op": "tag", "junk": text}), frame({"op": "manifest!",
-                                                                    "junk": text})):
+                  frame({"id": 1, "op": "manifest", "junk": text})):
+        buf = FrameBuffer()
+        buf.feed(large[:4])
         with pytest.raises(MalformedMessage, match="too large"):
-            frames_of(FrameBuffer(MAX_MANIFEST_FRAME), large)
+            buf.next()
     # Up to MAX_FRAME, any frame is taken.
     base = len(job_frame(1, ReceiptJob("", 5))) - 4
     exact = job_frame(1, ReceiptJob("x" * (MAX_FRAME - base), 5))
     assert len(exact) - 4 == MAX_FRAME
-    assert [decode_job_frame(m)[0] for m in frames_of(FrameBuffer(MAX_MANIFEST_FRAME), exact)
-            ] == [1]
-    # And no frame beyond MAX_MANIFEST_FRAME, manifest or not.
-    buf = FrameBuffer(MAX_MANIFEST_FRAME)
-    buf.feed((MAX_MANIFEST_FRAME + 1).to_bytes(4, "big"))
-    with pytest.raises(MalformedMessage, match="too large"):
-        buf.next()
+    assert [decode_job_frame(m)[0] for m in frames_of(FrameBuffer(), exact)] == [1]
 
 
 def test_each_request_knows_its_kind_row_and_job() -> None:

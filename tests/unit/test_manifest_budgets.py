@@ -64,3 +64,16 @@ def test_bytes_in_flight_beyond_the_share_are_refused() -> None:
     with budget.hold(300), budget.hold(200), pytest.raises(ManifestsBusy), budget.hold(1):
         pass
     assert budget.held == 0
+
+
+def test_the_default_budget_takes_two_maximal_manifests_at_once() -> None:
+    # The whole server holds about 4.5 times the bytes in flight at its peak (docs/manifests.md):
+    # two maximal manifests keep it within 1.5 GiB (bench.manifest_flood); a third waits.
+    from server.settings import Settings
+
+    s = Settings()
+    flight = InFlight(s.manifest_bytes_in_flight, 1)
+    with (flight.hold(s.max_manifest_bytes), flight.hold(s.max_manifest_bytes),
+          pytest.raises(ManifestsBusy)):
+        flight.hold(s.max_manifest_bytes).__enter__()
+    assert flight.held == 0

@@ -30,7 +30,7 @@ import selectors
 import struct
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -179,7 +179,7 @@ class SshAgentConnection(AgentSocket):
     def sshsig(
         self,
         key: SshPublicKey,
-        message: bytes,
+        message: bytes | Iterable[bytes],
         namespace: str,
         hash_alg: str = DEFAULT_HASH,
     ) -> str:
