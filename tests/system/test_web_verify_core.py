@@ -1,0 +1,464 @@
+"""The verify page's core (web/src/verify/*.js, docs/web.md) under Node, on real artifacts of a
+real stampd server, and against `stampd verify` on the same files.
+
+One server for the module: the test key, an extra OpenPGP key (its receipts are "signed by a
+foreign key" to a page that trusts the test key alone), two SSH keys (ed25519, ECDSA P-256), its
+transparency log on, and one witness on loopback (tests.helpers.LocalWitness) that cosigns its
+checkpoints. From it: digest receipts, a manifest of three files, their `.tlog-proof`s, the log
+key and the published policy; then, made here, the damaged copies: a flipped byte in a file, a
+changed statement, a proof with a changed hash line, tree size, log signature, entry or
+cosignature, a proof of another stamp, a wrong log key, a policy whose quorum is not met,
+manifests' files changed, missing or extra.
+
+`node --test web/test/verify-core.test.mjs` checks each case (ok or refused, by which check,
+with which reason) and writes what it found; each case is then run through `stampd verify`
+(in-process, from the artifacts' folder, so both name the files alike): both accept or both
+refuse, and where the browser words its reason as stampd verify does (all but gpg's and
+ssh-keygen's own words), the reason is the same line. `web/test/vectors.test.mjs` checks the
+worked examples of docs/transparency-formats.md.
+
+Node.js and web/node_modules are required: when node_modules is missing, the test runs
+``npm ci --prefer-offline`` in web/ itself, under a file lock (several test processes), and
+fails naming what is missing when that is not possible.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from formats.note import ED25519, ED25519_COSIGNATURE, Note, Signature, VerifierKey, parse_note
+from formats.tlog.checkpoint import Checkpoint
+from formats.tlog.entry import Entry
+from formats.tlog.proof import TlogProof
+from stampd import cli
+from tests.helpers import ROOT, LocalWitness, Server, seed_data_dir, start_server
+
+WEB = ROOT / "web"
+NODE_TIMEOUT = 120  # seconds for one node run (bounded; a few seconds here)
+NPM_TIMEOUT = 300
+WITNESS = "w1.webverify.test"
+WAIT = 30.0  # seconds at most for the witness's cosignature on a proof
+EXTRA_KEYS = "openpgp:nistp256,ssh:ed25519,ssh:ecdsa-p256"
+
+
+def node_exe() -> str:
+    exe = shutil.which("node")
+    assert exe, ("node (Node.js 20 or later) is required for the web pages' tests: "
+                 "apt-get install nodejs")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> Path:
+    """web/node_modules, installed from web/package-lock.json when missing (``npm ci
+    --prefer-offline``, under a lock: test processes run in parallel)."""
+    modules = WEB / "node_modules"
+    wanted = [modules / p / "package.json" for p in ("openpgp", "@noble/curves", "@noble/hashes")]
+    if all(p.is_file() for p in wanted):
+        return modules
+    npm = shutil.which("npm")
+    assert npm, f"{modules} is missing and npm is not installed to make it (make assets does)"
+    lock = Path(tempfile.gettempdir()) / "stampd-web-npm-ci.lock"
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # (released when the file closes)
+        if not all(p.is_file() for p in wanted):
+            r = subprocess.run([npm, "ci", "--prefer-offline", "--no-audit", "--no-fund",
+                                "--loglevel=error"], cwd=WEB, capture_output=True, text=True,
+                               timeout=NPM_TIMEOUT, check=False)
+            assert r.returncode == 0, f"npm ci in {WEB} failed:\n{r.stdout}\n{r.stderr}"
+            (modules / ".installed").touch()
+    assert all(p.is_file() for p in wanted), f"{modules} lacks {wanted}"
+    return modules
+
+
+def run_node(test_file: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([node_exe(), "--test", "--test-reporter=tap", f"web/test/{test_file}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=NODE_TIMEOUT,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def tap_counts(out: str) -> dict[str, int]:
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "#" and parts[1] in ("pass", "fail", "tests"):
+            counts[parts[1]] = int(parts[2])
+    return counts
+
+
+# --- the server and what it makes ------------------------------------------------------------
+
+def request(server: Server, method: str, path: str, body: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def get(server: Server, path: str) -> bytes:
+    status, body = request(server, "GET", path)
+    assert status == 200, (path, body[:300])
+    return body
+
+
+def stamp(server: Server, data: bytes, key: str | None = None) -> tuple[int, str]:
+    """(serial, receipt) of the SHA-256 of ``data`` stamped by ``key`` (None: the primary)."""
+    fields = {"sha256": hashlib.sha256(data).hexdigest(), **({"key": key} if key else {})}
+    status, body = request(server, "POST", "/v1/stamps", urllib.parse.urlencode(fields).encode(), {
+        "Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"})
+    assert status == 200, body
+    answer = json.loads(body)
+    return int(answer["serial"]), str(answer["receipt"])
+
+
+def cosigned_proof(server: Server, serial: int) -> bytes:
+    """The stamp's proof once its checkpoint carries the witness's cosignature."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        status, proof = request(server, "GET", f"/v1/proofs/{serial}?wait=5")
+        if status == 200 and any(s.name == WITNESS for s in
+                                 parse_note(TlogProof.parse(proof).checkpoint).signatures):
+            return proof
+        time.sleep(0.2)
+    raise AssertionError(f"no cosigned proof of {serial} in {WAIT} s:\n{server.log()}")
+
+
+@pytest.fixture(scope="module")
+def witness() -> Iterator[LocalWitness]:
+    w = LocalWitness(WITNESS)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, witness: LocalWitness) -> Iterator[Server]:
+    data = seed_data_dir(tmp_path_factory.mktemp("webverify") / "data")
+    s = start_server(data, workers=1, args=("--witness", witness.spec), extra_env={
+        "STAMPD_TLOG": "on", "STAMPD_EXTRA_KEYS": EXTRA_KEYS, "STAMPD_WITNESS_TIMEOUT": "1",
+        "STAMPD_WITNESS_RETRY_BASE": "0.2", "STAMPD_WITNESS_RETRY_MAX": "1"})
+    try:
+        witness.trust(get(s, "/tlog/vkey").decode().strip())  # (404 to the log until now)
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(s.runtime_dir, ignore_errors=True)
+
+
+# --- damaged copies --------------------------------------------------------------------------
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def flip_last(raw: bytes) -> bytes:
+    return raw[:-1] + bytes([raw[-1] ^ 1])
+
+
+def with_checkpoint(proof: bytes, checkpoint: bytes) -> bytes:
+    p = TlogProof.parse(proof)
+    return TlogProof(p.index, p.hashes, checkpoint, p.extra).encode()
+
+
+def tampered_hash(proof: bytes) -> bytes:
+    p = TlogProof.parse(proof)
+    assert p.hashes, "the proof has no hash to change (a tree of one entry)"
+    hashes = (hashlib.sha256(b"another subtree").digest(), *p.hashes[1:])
+    return TlogProof(p.index, hashes, p.checkpoint, p.extra).encode()
+
+
+def tampered_size(proof: bytes) -> bytes:
+    note = parse_note(TlogProof.parse(proof).checkpoint)
+    cp = Checkpoint.parse(note.text)
+    text = Checkpoint(cp.origin, cp.size + 1, cp.root, cp.extensions).body()
+    return with_checkpoint(proof, Note(text, note.signatures).encode())
+
+
+def tampered_signature(proof: bytes, name: str) -> bytes:
+    """The signature line of key ``name`` with its last byte changed."""
+    note = parse_note(TlogProof.parse(proof).checkpoint)
+    assert any(s.name == name for s in note.signatures), name
+    sigs = tuple(Signature(s.name, s.key_id, flip_last(s.signature)) if s.name == name else s
+                 for s in note.signatures)
+    return with_checkpoint(proof, Note(note.text, sigs).encode())
+
+
+def tampered_entry(proof: bytes, digest: str) -> bytes:
+    p = TlogProof.parse(proof)
+    assert p.extra is not None
+    e = Entry.parse(p.extra)
+    entry = Entry(e.serial, e.kind, e.time, e.key, e.commit, e.object_id, e.algorithm, digest,
+                  e.signed)
+    return TlogProof(p.index, p.hashes, p.checkpoint, entry.encode()).encode()
+
+
+def a_vkey(name: str, sig_type: int) -> str:
+    public = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return VerifierKey(name, sig_type, public).encode()
+
+
+# --- the cases -------------------------------------------------------------------------------
+
+@dataclass
+class Made:
+    root: Path
+    cases: list[dict[str, Any]]
+
+
+def ok(case_id: str, **case: Any) -> dict[str, Any]:
+    return {"id": case_id, **case, "expect": {"ok": True}}
+
+
+def refused(case_id: str, check: str, *, reason: str | None = None,
+            contains: tuple[str, ...] = (), same_reason: bool = True, cli: bool = True,
+            **case: Any) -> dict[str, Any]:
+    expect: dict[str, Any] = {"ok": False, "check": check, "contains": list(contains)}
+    if reason is not None:
+        expect["reason"] = reason
+    return {"id": case_id, **case, "expect": expect, "same_reason": same_reason, "cli": cli}
+
+
+@pytest.fixture(scope="module")
+def made(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Made:
+    root = tmp_path_factory.mktemp("webverify-artifacts")
+
+    def put(name: str, data: bytes | str) -> str:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        return name
+
+    keys = json.loads(get(server, "/v1/keys"))["keys"]
+    primary = next(k for k in keys if k["primary"])
+    foreign = next(k for k in keys if k["format"] == "openpgp" and not k["primary"]
+                   and k["purpose"] == "stamps")
+    ssh = {k["algorithm"]: k for k in keys if k["format"] == "ssh" and k["purpose"] == "stamps"}
+    put("server-key.asc", primary["public_key"])
+    put("foreign-key.asc", foreign["public_key"])
+    put("allowed_signers", get(server, "/v1/keys/allowed_signers"))
+    vkey = get(server, "/tlog/vkey").decode().strip()
+    put("policy", get(server, "/tlog/policy"))
+    w2 = a_vkey("w2.webverify.test", ED25519_COSIGNATURE)
+    put("policy-2", get(server, "/tlog/policy").decode().replace(
+        "group witnesses 1 " + WITNESS, f"witness w2.webverify.test {w2}\n"
+        f"group witnesses 2 {WITNESS} w2.webverify.test"))
+    assert b"group witnesses 2 " in (root / "policy-2").read_bytes(), (root / "policy").read_text()
+
+    stamp(server, b"a first entry, so that every proof has a hash")
+    content = os.urandom(4096)
+    put("file.bin", content)
+    put("flipped.bin", content[:100] + bytes([content[100] ^ 0x01]) + content[101:])
+    put("other.bin", b"another file\n")
+    serial, receipt = stamp(server, content)
+    put("file.bin.asc", receipt)
+    put("other.bin.asc", stamp(server, b"another file\n")[1])
+    other_serial, _ = stamp(server, content)  # another stamp of the same digest
+    put("foreign.asc", stamp(server, content, foreign["fingerprint"])[1])
+    ed = next(k for a, k in ssh.items() if "ed25519" in a)
+    p256 = next(k for a, k in ssh.items() if "256" in a and "ed25519" not in a)
+    put("ssh-ed25519.asc", stamp(server, content, ed["fingerprint"])[1])
+    put("ssh-p256.asc", stamp(server, content, p256["fingerprint"])[1])
+    put("ssh-changed.asc", receipt_changed(stamp(server, content, ed["fingerprint"])[1]))
+    put("changed.asc", receipt_changed(receipt))
+
+    names = {"a.txt": b"alpha\n", "sub/b.txt": b"bravo\n", "c.txt": os.urandom(1000)}
+    for name, data in names.items():
+        put(f"tree/{name}", data)
+        put(f"changed/{name}", data if name != "sub/b.txt" else b"bravo!\n")
+        if name != "c.txt":
+            put(f"missing/{name}", data)
+    body = "".join(f"{hashlib.sha256(d).hexdigest()} *{n}\n" for n, d in sorted(names.items()))
+    status, manifest = request(server, "POST", "/v1/manifests", body.encode(),
+                               {"Content-Type": "text/plain"})
+    assert status == 200, manifest
+    put("SHA256SUMS.asc", manifest)
+    m_serial = int(manifest.decode().split("# serial: ", 1)[1].split("\n", 1)[0])
+    put("SHA256SUMS-changed.asc", manifest.replace(hashlib.sha256(b"alpha\n").hexdigest().encode(),
+                                                    hashlib.sha256(b"alpha!\n").hexdigest().encode()))
+
+    proof = cosigned_proof(server, serial)
+    put("good.tlog-proof", proof)
+    put("hash.tlog-proof", tampered_hash(proof))
+    put("size.tlog-proof", tampered_size(proof))
+    origin = Checkpoint.parse(parse_note(TlogProof.parse(proof).checkpoint).text).origin
+    put("signature.tlog-proof", tampered_signature(proof, origin))
+    put("cosignature.tlog-proof", tampered_signature(proof, WITNESS))
+    flipped_digest = hashlib.sha256((root / "flipped.bin").read_bytes()).hexdigest()
+    put("entry.tlog-proof", tampered_entry(proof, flipped_digest))
+    put("other.tlog-proof", cosigned_proof(server, other_serial))
+    m_proof = cosigned_proof(server, m_serial)
+    put("manifest.tlog-proof", m_proof)
+    wrong_vkey = a_vkey(origin, ED25519)
+    key_id = VerifierKey.parse(vkey).key_id
+
+    digest = hashlib.sha256(content).hexdigest()
+    r: dict[str, Any] = {"type": "receipt", "receipt": "file.bin.asc", "file": "file.bin",
+         "keys": ["server-key.asc"]}
+    with_proof: dict[str, Any] = {**r, "proof": "good.tlog-proof", "logKey": vkey}
+    m: dict[str, Any] = {"type": "manifest", "manifest": "SHA256SUMS.asc",
+                         "keys": ["server-key.asc"], "files": {n: f"tree/{n}" for n in names},
+                         "dir": "tree"}
+    cases = [
+        ok("receipt", **r),
+        ok("receipt-and-proof", **with_proof),
+        ok("receipt-proof-policy", **{**r, "proof": "good.tlog-proof", "policy": "policy"}),
+        ok("receipt-other-key", **{**r, "receipt": "foreign.asc", "keys": ["foreign-key.asc"]}),
+        ok("ssh-ed25519", **{**r, "receipt": "ssh-ed25519.asc", "keys": ["allowed_signers"]}),
+        ok("ssh-p256", **{**r, "receipt": "ssh-p256.asc", "keys": ["allowed_signers"]}),
+        ok("cosignature-unknown-without-policy",
+           **{**with_proof, "proof": "cosignature.tlog-proof"}),
+        refused("flipped-byte", "digest", **{**r, "file": "flipped.bin"},
+                reason=f"sha256 of flipped.bin is {flipped_digest}, not the receipt's {digest}"),
+        refused("wrong-receipt", "digest", **{**r, "receipt": "other.bin.asc"},
+                contains=("sha256 of file.bin is", "not the receipt's")),
+        refused("signed-by-foreign-key", "signature", **{**r, "receipt": "foreign.asc"},
+                contains=("signature does not verify",), same_reason=False),
+        refused("checked-with-foreign-key", "signature", **{**r, "keys": ["foreign-key.asc"]},
+                contains=("signature does not verify",), same_reason=False),
+        refused("changed-statement", "signature", **{**r, "receipt": "changed.asc"},
+                contains=("signature does not verify",), same_reason=False),
+        refused("ssh-changed-statement", "signature",
+                **{**r, "receipt": "ssh-changed.asc", "keys": ["allowed_signers"]},
+                contains=("the SSH signature does not verify",), same_reason=False),
+        refused("ssh-key-not-given", "key",
+                **{**r, "receipt": "ssh-ed25519.asc", "keys": ["server-key.asc"]},
+                reason=f"the receipt names key {ed['fingerprint']}, which is not in the key "
+                       "file server-key.asc"),
+        refused("proof-hash-line", "inclusion", **{**with_proof, "proof": "hash.tlog-proof"},
+                contains=("log proof hash.tlog-proof: inclusion: the entry is not at index",
+                          "inclusion proof does not lead to the root")),
+        refused("proof-tree-size", "signature", **{**with_proof, "proof": "size.tlog-proof"},
+                reason=f"log proof size.tlog-proof: signature: the checkpoint is not signed by "
+                       f"the log key {origin}+{key_id:08x} (invalid signature for key "
+                       f"{origin}+{key_id:08x})"),
+        refused("proof-log-signature", "signature",
+                **{**with_proof, "proof": "signature.tlog-proof"},
+                contains=("log proof signature.tlog-proof: signature: the checkpoint is not "
+                          "signed by the log key",)),
+        refused("proof-entry", "entry", **{**with_proof, "proof": "entry.tlog-proof"},
+                reason="log proof entry.tlog-proof: entry: a proof of another stamp: its "
+                       f"entry's digest is {flipped_digest}, not {digest} (the receipt's)"),
+        refused("proof-of-another-stamp", "entry", **{**with_proof, "proof": "other.tlog-proof"},
+                reason="log proof other.tlog-proof: entry: a proof of another stamp: its "
+                       f"entry's serial is {other_serial}, not {serial} (the receipt's)"),
+        refused("proof-wrong-log-key", "signature", **{**with_proof, "logKey": wrong_vkey},
+                contains=("the checkpoint is not signed by the log key",
+                          "no signature from a known key")),
+        refused("proof-cosignature", "witnesses",
+                **{**r, "proof": "cosignature.tlog-proof", "policy": "policy"},
+                contains=("log proof cosignature.tlog-proof: witnesses: the checkpoint does not "
+                          f"verify with the policy's keys: invalid signature for key {WITNESS}",)),
+        refused("proof-quorum", "witnesses", **{**r, "proof": "good.tlog-proof",
+                                                "policy": "policy-2"},
+                reason=f"log proof good.tlog-proof: witnesses: cosigned by {WITNESS}; the policy "
+                       f"needs 2 of witnesses ({WITNESS}, w2.webverify.test)"),
+        ok("manifest", **m),
+        ok("manifest-and-proof", **m, proof="manifest.tlog-proof", logKey=vkey),
+        ok("manifest-by-base-names", **{**m, "files": {n.split("/")[-1]: f"tree/{n}"
+                                                       for n in names}}, cli=False),
+        refused("manifest-changed-file", "file", **{**m, "dir": "changed", "files": {
+                    n: f"changed/{n}" for n in names}},
+                reason="1 of 3 files do not match the manifest: sub/b.txt"),
+        refused("manifest-missing-file", "file", **{**m, "dir": "missing", "files": {
+                    n: f"missing/{n}" for n in names if n != "c.txt"}},
+                reason="1 of 3 files do not match the manifest: c.txt"),
+        refused("manifest-extra-file", "file", **{**m, "files": {
+                    **m["files"], "other.bin": "other.bin"}},
+                reason="1 file(s) given are not in the manifest: other.bin", cli=False),
+        refused("manifest-changed-line", "signature",
+                **{**m, "manifest": "SHA256SUMS-changed.asc"},
+                contains=("signature does not verify",), same_reason=False),
+        refused("manifest-foreign-key", "signature", **{**m, "keys": ["foreign-key.asc"]},
+                contains=("signature does not verify",), same_reason=False),
+        refused("manifest-with-a-receipts-proof", "entry",
+                **m, proof="good.tlog-proof", logKey=vkey,
+                reason="log proof good.tlog-proof: entry: a proof of another stamp: its entry's "
+                       "kind is digest, not manifest (the manifest's)"),
+    ]
+    (root / "cases.json").write_text(json.dumps({"cases": cases}, indent=1))
+    return Made(root, cases)
+
+
+def receipt_changed(receipt: str) -> str:
+    """The receipt with its statement's serial one higher (its signature then fails)."""
+    head, sep, rest = receipt.partition("serial: ")
+    number, nl, tail = rest.partition("\n")
+    assert sep and nl, receipt
+    return f"{head}serial: {int(number) + 1}\n{tail}"
+
+
+@pytest.fixture(scope="module")
+def node_results(made: Made, node_modules: Path) -> tuple[subprocess.CompletedProcess[str],
+                                                           dict[str, Any]]:
+    r = run_node("verify-core.test.mjs", {"STAMPD_WEB_VERIFY_CASES": str(made.root / "cases.json")})
+    results_file = made.root / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    return r, results
+
+
+def test_the_core_decides_every_case_in_node(
+        made: Made, node_results: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    r, results = node_results
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
+    counts = tap_counts(r.stdout)
+    assert counts.get("pass") == len(made.cases) and counts.get("fail") == 0, r.stdout[-4000:]
+    assert set(results) == {c["id"] for c in made.cases}
+
+
+def cli_args(case: dict[str, Any]) -> list[str]:
+    args = ["verify", case.get("receipt") or case["manifest"], "--key", case["keys"][0]]
+    if case["type"] == "receipt":
+        args += ["--file", case["file"]]
+    else:
+        args += ["--dir", case["dir"]]
+    if "proof" in case:
+        args += ["--proof", case["proof"]]
+        args += ["--policy", case["policy"]] if "policy" in case else ["--log-key", case["logKey"]]
+    return args
+
+
+def test_stampd_verify_decides_alike(
+        made: Made, node_results: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, results = node_results
+    monkeypatch.chdir(made.root)
+    compared = 0
+    for case in made.cases:
+        if case.get("cli") is False or case["id"] not in results:
+            continue
+        js = results[case["id"]]
+        code = cli.main(cli_args(case))
+        out, err = capsys.readouterr()
+        assert (code == 0) == js["ok"], (case["id"], js["reason"], out, err)
+        if not js["ok"] and case.get("same_reason", True):
+            assert err == f"stampd verify: {js['kind']}: {js['reason']}\n", case["id"]
+        compared += 1
+    assert compared >= 25
+
+
+def test_the_worked_examples_of_the_docs(node_modules: Path) -> None:
+    r = run_node("vectors.test.mjs")
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
+    counts = tap_counts(r.stdout)
+    assert counts.get("pass", 0) >= 5 and counts.get("fail") == 0, r.stdout[-4000:]

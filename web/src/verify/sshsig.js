@@ -1,0 +1,160 @@
+// SSH signatures (SSHSIG, OpenSSH's PROTOCOL.sshsig) checked in the browser, as
+// `ssh-keygen -Y verify -n stampd` checks a receipt or manifest with an allowed-signers file of
+// one key: ed25519 and ECDSA P-256/P-384/P-521 keys with @noble/curves. RSA keys are not
+// checked here: `Unsupported`, saying to use ssh-keygen.
+import { ed25519 } from "@noble/curves/ed25519.js";
+import { p256, p384, p521 } from "@noble/curves/nist.js";
+import { sha256, sha384, sha512 } from "@noble/hashes/sha2.js";
+
+import { Unsupported, b64decodeStrict, concatBytes, equalBytes, utf8Bytes } from "./result.js";
+
+const KEY_TYPES = ["ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa"];
+const ECDSA = {
+  "ecdsa-sha2-nistp256": { curve: p256, hash: sha256, size: 32 },
+  "ecdsa-sha2-nistp384": { curve: p384, hash: sha384, size: 48 },
+  "ecdsa-sha2-nistp521": { curve: p521, hash: sha512, size: 66 },
+};
+const HASHES = { sha256, sha512 };
+const BEGIN = "-----BEGIN SSH SIGNATURE-----";
+const END = "-----END SSH SIGNATURE-----";
+
+class Reader {
+  constructor(bytes) {
+    this.bytes = bytes;
+    this.at = 0;
+  }
+
+  string() {
+    if (this.at + 4 > this.bytes.length) throw new Error("truncated");
+    const b = this.bytes;
+    const n = ((b[this.at] << 24) | (b[this.at + 1] << 16) | (b[this.at + 2] << 8) | b[this.at + 3]) >>> 0;
+    this.at += 4;
+    if (this.at + n > b.length) throw new Error("truncated");
+    const out = b.subarray(this.at, this.at + n);
+    this.at += n;
+    return out;
+  }
+
+  uint32() {
+    const b = this.bytes;
+    if (this.at + 4 > b.length) throw new Error("truncated");
+    const n = ((b[this.at] << 24) | (b[this.at + 1] << 16) | (b[this.at + 2] << 8) | b[this.at + 3]) >>> 0;
+    this.at += 4;
+    return n;
+  }
+
+  get done() {
+    return this.at === this.bytes.length;
+  }
+}
+
+function sshString(bytes) {
+  const n = bytes.length;
+  return concatBytes(new Uint8Array([n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255]), bytes);
+}
+
+const ascii = (bytes) => String.fromCharCode(...bytes);
+
+/** `SHA256:<base64, unpadded>` of a public key blob, as `ssh-keygen -l` prints it. */
+export function sshFingerprint(blob) {
+  let bin = "";
+  for (const b of sha256(blob)) bin += String.fromCharCode(b);
+  return "SHA256:" + btoa(bin).replace(/=+$/, "");
+}
+
+/** SSH public keys in `.pub` or allowed-signers text (options and principals before the key
+ * type skipped), as client/verify/keys.py `ssh_keys_from` reads them: `[{type, blob,
+ * fingerprint}]`. */
+export function sshKeysFrom(text) {
+  const keys = [];
+  for (const line of text.split(/\r?\n/)) {
+    const words = line.split(/\s+/).filter(Boolean);
+    const i = words.findIndex((w) => KEY_TYPES.includes(w));
+    if (i < 0 || i + 1 >= words.length) continue;
+    try {
+      const blob = b64decodeStrict(words[i + 1]);
+      if (ascii(new Reader(blob).string()) !== words[i]) continue;
+      keys.push({ type: words[i], blob, fingerprint: sshFingerprint(blob) });
+    } catch {
+      // not a key
+    }
+  }
+  return keys;
+}
+
+function unarmor(armored) {
+  const lines = armored.replace(/\r\n/g, "\n").trim().split("\n");
+  if (lines[0] !== BEGIN || lines[lines.length - 1] !== END) throw new Error("not an armored SSH signature");
+  return b64decodeStrict(lines.slice(1, -1).join(""));
+}
+
+function mpint(bytes, size) {
+  // an SSH mpint: big-endian, a leading zero byte when the top bit is set; to `size` bytes
+  let b = bytes;
+  while (b.length > 0 && b[0] === 0) b = b.subarray(1);
+  if (b.length > size) throw new Error("ECDSA signature value too large");
+  const out = new Uint8Array(size);
+  out.set(b, size - b.length);
+  return out;
+}
+
+/**
+ * Check an armored SSHSIG over `message` (bytes) in `namespace` by `key` (from `sshKeysFrom`).
+ * `{ok: true}` or `{ok: false, reason}` (why it does not verify); `Unsupported` for an RSA key.
+ */
+export function verifySshsig(key, namespace, message, armored) {
+  let sig;
+  try {
+    const r = new Reader(unarmor(armored));
+    const magic = r.bytes.subarray(0, 6);
+    r.at = 6;
+    if (ascii(magic) !== "SSHSIG") throw new Error("not an SSHSIG");
+    const version = r.uint32();
+    if (version !== 1) throw new Error(`SSHSIG version ${version}`);
+    sig = { publicKey: r.string(), namespace: ascii(r.string()), reserved: r.string(), hash: ascii(r.string()), signature: r.string() };
+    if (!r.done) throw new Error("trailing bytes");
+  } catch (e) {
+    return { ok: false, reason: `it cannot be read: ${e.message}` };
+  }
+  if (key.type === "ssh-rsa") {
+    throw new Unsupported("an SSH RSA signature: this page checks ed25519 and ECDSA SSH signatures; check RSA ones with ssh-keygen -Y verify");
+  }
+  if (!equalBytes(sig.publicKey, key.blob)) {
+    return { ok: false, reason: `it is made by another key than ${key.fingerprint}` };
+  }
+  if (sig.namespace !== namespace) {
+    return { ok: false, reason: `it is in namespace ${JSON.stringify(sig.namespace)}, not ${JSON.stringify(namespace)}` };
+  }
+  const hash = HASHES[sig.hash];
+  if (!hash) return { ok: false, reason: `it uses hash ${JSON.stringify(sig.hash)}` };
+  const signed = concatBytes(
+    utf8Bytes("SSHSIG"),
+    sshString(utf8Bytes(namespace)),
+    sshString(sig.reserved),
+    sshString(utf8Bytes(sig.hash)),
+    sshString(hash(message)),
+  );
+  let good = false;
+  try {
+    const s = new Reader(sig.signature);
+    const type = ascii(s.string());
+    const raw = s.string();
+    const k = new Reader(key.blob);
+    k.string();
+    if (type !== key.type || !s.done) throw new Error(`a ${type} signature for a ${key.type} key`);
+    if (key.type === "ssh-ed25519") {
+      const pub = k.string();
+      good = raw.length === 64 && ed25519.verify(raw, signed, pub, { zip215: false });
+    } else {
+      const { curve, hash: h, size } = ECDSA[key.type];
+      k.string(); // the curve's name
+      const point = k.string();
+      const rs = new Reader(raw);
+      const compact = concatBytes(mpint(rs.string(), size), mpint(rs.string(), size));
+      good = curve.verify(compact, h(signed), point, { prehash: false, lowS: false });
+    }
+  } catch (e) {
+    return { ok: false, reason: e.message };
+  }
+  return good ? { ok: true } : { ok: false, reason: "bad signature" };
+}
