@@ -110,6 +110,8 @@ code,pre{font-family:ui-monospace,monospace;font-size:.9em}
 pre{background:#eef0ea;padding:.7rem;overflow-x:auto;border-radius:4px}
 table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.25rem .5rem;
 border-bottom:1px solid #ddd;vertical-align:top}
+td code{overflow-wrap:anywhere}
+@media (max-width:40rem){table{display:block;overflow-x:auto}}
 svg rect{fill:#3b7a57}.axis{font-size:10px;fill:#555}.ok{color:#2a6b3f}.bad{color:#a3312a}
 """
 

@@ -77,3 +77,15 @@ def test_page_runs_in_chromium(server: Server, browser: Any, page: str) -> None:
         assert key and len(key) >= 40
     finally:
         context.close()
+
+
+def test_status_page_fits_a_narrow_screen(server: Server, browser: Any) -> None:  # noqa: F811
+    """At 320 px wide nothing pushes the page sideways (wide tables scroll on their own)."""
+    context = browser.new_context(viewport={"width": 320, "height": 800})
+    try:
+        tab = context.new_page()
+        tab.goto(server.url)
+        assert tab.locator("a[href='/stamp']").count() == 1
+        assert tab.evaluate("document.scrollingElement.scrollWidth") <= 320
+    finally:
+        context.close()
