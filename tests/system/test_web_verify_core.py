@@ -49,6 +49,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof
 from stampd import cli
+from tests.browser import axe_violations, browser  # noqa: F401  (a fixture)
 from tests.helpers import ROOT, LocalWitness, Server, seed_data_dir, start_server
 
 WEB = ROOT / "web"
@@ -462,3 +463,93 @@ def test_the_worked_examples_of_the_docs(node_modules: Path) -> None:
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
     counts = tap_counts(r.stdout)
     assert counts.get("pass", 0) >= 5 and counts.get("fail") == 0, r.stdout[-4000:]
+
+
+# --- the page, in Chromium, offline ----------------------------------------------------------
+
+# the result's final states, as one CSS selector (the page's CSP allows no evaluated string)
+FINAL = "[data-testid=verify-result]:is(" + ",".join(
+    f"[data-state={s}]" for s in ("valid", "invalid", "malformed", "unsupported", "error")) + ")"
+
+
+def page_check(tab: Any, root: Path, evidence: list[str], files: list[str]) -> tuple[str, str]:
+    """(state, text) of the verify page's result for the files chosen: first none (the page
+    then says so at once), then the files, then the evidence (which starts the check)."""
+    tab.set_input_files("[data-testid=verify-receipt]", [])
+    tab.set_input_files("[data-testid=verify-file]", [root / f for f in files])
+    tab.set_input_files("[data-testid=verify-receipt]", [root / f for f in evidence])
+    tab.wait_for_selector(FINAL, timeout=30_000)
+    result = tab.locator("[data-testid=verify-result]")
+    return str(result.get_attribute("data-state")), str(result.inner_text())
+
+
+def test_the_verify_page_decides_offline(server: Server, made: Made, browser: Any,  # noqa: F811
+                                         tmp_path: Path) -> None:
+    root = made.root
+    context = browser.new_context()
+    try:
+        tab = context.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.goto(server.url + "verify")
+        tab.wait_for_selector("body[data-ready='1']", timeout=15_000)
+        asked: list[str] = []  # every request after the load: none may be made
+
+        def refuse(route: Any) -> None:
+            asked.append(route.request.url)
+            route.abort()
+
+        context.route("**/*", refuse)
+
+        def shoot(name: str) -> None:
+            for width in (320, 1280):  # readable at both: nothing wider than the window
+                tab.set_viewport_size({"width": width, "height": 900})
+                assert tab.evaluate("document.documentElement.scrollWidth") <= width, width
+                tab.screenshot(path=str(tmp_path / f"verify-{name}-{width}.png"), full_page=True)
+
+        tree = [f"tree/{n}" for n in ("a.txt", "sub/b.txt", "c.txt")]
+        state, text = page_check(tab, root, ["file.bin.asc", "good.tlog-proof"], ["file.bin"])
+        assert state == "valid" and "inclusion" in text and "witnesses" in text, text
+        shoot("valid")
+        state, text = page_check(tab, root, ["file.bin.asc"], ["flipped.bin"])
+        assert state == "invalid" and "sha256 of flipped.bin is" in text, text
+        state, text = page_check(tab, root, ["other.bin.asc"], ["file.bin"])
+        assert state == "invalid" and "not the receipt's" in text, text
+        state, text = page_check(tab, root, ["file.bin.asc", "foreign-key.asc"], ["file.bin"])
+        assert state == "invalid" and "signature does not verify" in text, text
+        state, text = page_check(tab, root, ["foreign.asc", "server-key.asc"], ["file.bin"])
+        assert state == "invalid" and "signature does not verify" in text, text
+        for proof, check in (("hash", "inclusion"), ("size", "signature"),
+                             ("signature", "signature"), ("entry", "entry")):
+            state, text = page_check(tab, root, ["file.bin.asc", f"{proof}.tlog-proof"],
+                                     ["file.bin"])
+            assert state == "invalid" and f"{proof}.tlog-proof: {check}:" in text, text
+        state, text = page_check(tab, root, ["file.bin.asc", "good.tlog-proof", "policy-2"],
+                                 ["file.bin"])
+        assert state == "invalid" and "the policy needs 2 of witnesses" in text, text
+        state, text = page_check(tab, root, ["SHA256SUMS.asc", "manifest.tlog-proof"], tree)
+        assert state == "valid" and "3 checked: all match" in text, text
+        state, text = page_check(tab, root, ["SHA256SUMS.asc"],
+                                 [f.replace("tree/", "changed/") for f in tree])
+        assert state == "invalid" and "sub/b.txt" in text, text
+        shoot("changed")
+        state, text = page_check(tab, root, ["SHA256SUMS.asc"], [*tree[:2], "other.bin"])
+        assert state == "invalid" and "MISSING: c.txt" in text and "EXTRA: other.bin" in text
+        state, text = page_check(tab, root, ["file.bin"], ["file.bin"])
+        assert state == "malformed" and "no receipt, manifest" in text, text
+        assert asked == [] and errors == [], (asked, errors)
+        print(f"screenshots of the verify page: {tmp_path}/verify-*.png")
+    finally:
+        context.close()
+    # axe-core is injected as an inline script, which the page's CSP forbids: a context that
+    # bypasses the CSP, for the accessibility check alone (a result with its list shown)
+    context = browser.new_context(bypass_csp=True)
+    try:
+        tab = context.new_page()
+        tab.goto(server.url + "verify")
+        tab.wait_for_selector("body[data-ready='1']", timeout=15_000)
+        assert page_check(tab, root, ["file.bin.asc"], ["flipped.bin"])[0] == "invalid"
+        assert axe_violations(tab) == []
+    finally:
+        context.close()
