@@ -7,6 +7,7 @@ import { createSHA256, createSHA512 } from "hash-wasm";
 import { pageConfig } from "./config.js";
 import { parseManifest, verifyManifest } from "./verify/manifest.js";
 import { parseReceipt, verifyReceipt } from "./verify/receipt.js";
+import { Invalid } from "./verify/result.js";
 import { parsePolicy, heldManifest, heldReceipt, verifyTlogProof } from "./verify/tlog.js";
 
 const config = pageConfig();
@@ -108,9 +109,14 @@ async function check() {
       if (result.ok) held = heldReceipt(result);
     } else {
       const manifest = found.manifest[0];
-      const { header } = parseManifest(manifest.bytes);
+      let algorithm = "sha256";
+      try {
+        algorithm = parseManifest(manifest.bytes).header.algorithm;
+      } catch (e) {
+        if (!(e instanceof Invalid)) throw e; // (verifyManifest reports it)
+      }
       const digests = new Map();
-      for (const f of files) digests.set(f.webkitRelativePath || f.name, await digestOf(f, header.algorithm));
+      for (const f of files) digests.set(f.webkitRelativePath || f.name, await digestOf(f, algorithm));
       result = await verifyManifest({ manifest: manifest.bytes, keys, keyOrigin, files: files.length ? digests : null });
       if (result.ok) held = heldManifest(result, manifest.bytes);
     }
@@ -134,6 +140,7 @@ async function check() {
   } catch (e) {
     if (mine !== run) return;
     if (!e.kind) throw e;
+    if (e.kind === "invalid") return show("invalid", `Not valid: ${e.message}`);
     return show(e.kind === "malformed" ? "malformed" : "unsupported", `Not checked (${e.kind}): ${e.message}`);
   }
   if (mine !== run) return; // a newer choice of files is being checked

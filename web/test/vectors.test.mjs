@@ -106,5 +106,12 @@ test("not a receipt or manifest: Malformed, with stampd verify's words", () => {
     "stampd receipt v1\nalgorithm: sha256\ndigest: " + "ab".repeat(32) + "\ntime: 1795400000\nutc: 2026-11-23T02:13:21Z\n" +
     "server: http://x/\nserial: 1\nkey: " + "A".repeat(40) + "\n-----BEGIN SSH SIGNATURE-----\nAA==\n-----END SSH SIGNATURE-----\n";
   assert.throws(() => parseReceipt(statement), /'utc' and 'time' disagree/);
-  assert.throws(() => parseManifest("-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n# stampd manifest v2\n-----BEGIN PGP SIGNATURE-----\n\n-----END PGP SIGNATURE-----\n"), (e) => e.kind === "unsupported");
+  const v2 = "-----BEGIN PGP SIGNED MESSAGE-----\nHash: SHA256\n\n# stampd manifest v2\n-----BEGIN PGP SIGNATURE-----\n\n-----END PGP SIGNATURE-----\n";
+  assert.throws(() => parseManifest(v2), (e) => e.kind === "unsupported");
+  assert.throws(() => parseManifest(v2), { message: "'# stampd manifest v2': only version 1 manifests can be checked" });
+  // a byte order mark is kept (as Python decodes): then no cleartext message starts the text,
+  // and what follows the text is an OpenPGP signature where an SSH one would be
+  assert.throws(() => parseManifest(new Uint8Array([0xef, 0xbb, 0xbf, ...enc(v2)])), {
+    message: "the manifest's signature is 'pgp signature'; only OpenPGP and SSH signatures can be checked",
+  });
 });

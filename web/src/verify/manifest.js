@@ -4,7 +4,7 @@
 // them, one OpenPGP or SSH signature by the key the header names, and the dropped files'
 // digests compared with the lines: which differ, which are missing, which are extra.
 import { canonicalText, checkDetached, fingerprints, readPublicKeys } from "./openpgp-signature.js";
-import { Checks, Malformed, Unsupported, asBytes, decodeUtf8, utc, utf8Bytes } from "./result.js";
+import { Checks, Invalid, Malformed, Unsupported, asBytes, decodeUtf8, repr, utc, utf8Bytes } from "./result.js";
 import { sshKeysFrom, verifySshsig } from "./sshsig.js";
 
 export const MAX_MANIFEST = 257 * 1024 * 1024;
@@ -33,9 +33,10 @@ const PATTERNS = { sha256: lineRegex("sha256"), sha512: lineRegex("sha512") };
 
 const HEADER = new RegExp(
   "^# stampd manifest v1\\n# algorithm: (sha256|sha512)\\n# time: (0|[1-9][0-9]{0,11})\\n" +
-    "# utc: (\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\dZ)\\n# server: ([!-~]{1,500})\\n" +
+    "# utc: (\\p{Nd}{4}-\\p{Nd}{2}-\\p{Nd}{2}T\\p{Nd}{2}:\\p{Nd}{2}:\\p{Nd}{2}Z)\\n# server: ([!-~]{1,500})\\n" +
     "# serial: ([1-9][0-9]{0,18})\\n# key: ([0-9A-F]{40}|SHA256:[A-Za-z0-9+/]{43})\\n" +
     "# lines: ([1-9][0-9]{0,9})\\n",
+  "u", // (\p{Nd}: Python's \d of a str, any decimal digit; 'utc' and 'time' then disagree)
 );
 
 // client/checksums.py `_LINE` ("." of Python matches anything but a newline; so does [^\n])
@@ -49,7 +50,7 @@ function codePoints(line) {
  * `sha256sum -c` reads them (`\\` and `\n`). */
 export function parseLine(line) {
   const m = PARSE_LINE.exec(line);
-  if (!m) throw new Malformed(`not a checksum line: ${JSON.stringify(line.slice(0, 100))}`);
+  if (!m) throw new Malformed(`not a checksum line: ${repr(line.slice(0, 100))}`);
   const digest = m[2] ?? m[5];
   let name = m[3] ?? m[4] ?? null;
   if (name !== null && m[1]) name = name.replace(/\\(.)/g, (_, ch) => (ch === "n" ? "\n" : ch));
@@ -95,12 +96,11 @@ function parseHeader(signed) {
 
 function unsupportedSignature(first) {
   const kind = first.replace(/^-+|-+$/g, "").slice(6).toLowerCase();
-  return new Unsupported(`the manifest's signature is ${JSON.stringify(kind)}; only OpenPGP and SSH signatures can be checked`);
+  return new Unsupported(`the manifest's signature is ${repr(kind)}; only OpenPGP and SSH signatures can be checked`);
 }
 
 /** (signed text with a final LF, armored signature) of an OpenPGP cleartext message, as
- * client/verify/manifest.py `_split_cleartext`. A second signature is `Invalid` there: here
- * a result, so it is returned as `multiple`. */
+ * client/verify/manifest.py `_split_cleartext`. */
 function splitCleartext(text) {
   const after = text.slice(BEGIN_SIGNED.length + 1);
   const sep = after.indexOf("\n\n");
@@ -114,18 +114,21 @@ function splitCleartext(text) {
   const sig = rest.slice(at + 1);
   const first = sig.split("\n", 1)[0];
   if (first !== BEGIN_SIG) throw unsupportedSignature(first);
-  const multiple = !sig.replace(/\n+$/, "").endsWith(END_SIG) || sig.split("-----BEGIN ").length - 1 !== 1 || body.includes(BEGIN_SIGNED);
+  if (!sig.replace(/\n+$/, "").endsWith(END_SIG) || sig.split("-----BEGIN ").length - 1 !== 1 || body.includes(BEGIN_SIGNED)) {
+    throw new Invalid("more than one signed message or signature (only one is allowed)", "signature");
+  }
   if (body.startsWith("- ") || body.includes("\n- ")) {
     body = body.split("\n").map((l) => (l.startsWith("- ") ? l.slice(2) : l)).join("\n");
   }
-  return { signed: body + "\n", signature: sig, multiple };
+  return { signed: body + "\n", signature: sig };
 }
 
 /**
  * A signed manifest taken apart and checked as the server checks it: `{header, text (the signed
- * text), lines, signature, format, multiple, entries: [{line, digest, name}]}`. `Malformed` if it
+ * text), lines, signature, format, entries: [{line, digest, name}]}`. `Malformed` if it
  * is not one, `Unsupported` if it is one this page cannot check (another version, algorithm or
- * kind of signature). The page reads `header.algorithm` from it before hashing the files.
+ * kind of signature), `Invalid` if it has two signatures or another number of lines than its
+ * header says. The page reads `header.algorithm` from it before hashing the files.
  */
 export function parseManifest(data) {
   const bytes = asBytes(data);
@@ -136,9 +139,8 @@ export function parseManifest(data) {
   let signed;
   let signature;
   let format;
-  let multiple = false;
   if (text.startsWith(BEGIN_SIGNED + "\n")) {
-    ({ signed, signature, multiple } = splitCleartext(text));
+    ({ signed, signature } = splitCleartext(text));
     format = "openpgp";
   } else {
     const at = text.indexOf("\n-----BEGIN ");
@@ -147,37 +149,33 @@ export function parseManifest(data) {
     signature = text.slice(at + 1);
     const first = signature.split("\n", 1)[0];
     if (first !== SSH_BEGIN) throw unsupportedSignature(first);
-    multiple = !signature.replace(/\n+$/, "").endsWith(SSH_END) || signature.split("-----BEGIN ").length - 1 !== 1;
+    if (!signature.replace(/\n+$/, "").endsWith(SSH_END) || signature.split("-----BEGIN ").length - 1 !== 1) {
+      throw new Invalid("more than one signature (only one is allowed)", "signature");
+    }
     format = "ssh";
   }
   if (!signed.startsWith(MAGIC)) throw new Malformed("no '# stampd manifest v1' line: not a manifest");
   if (!signed.startsWith(MAGIC + "1\n")) {
-    throw new Unsupported(`${JSON.stringify(signed.split("\n", 1)[0])}: only version 1 manifests can be checked`);
+    throw new Unsupported(`${repr(signed.split("\n", 1)[0])}: only version 1 manifests can be checked`);
   }
   const second = signed.split("\n", 2)[1];
   if (second.startsWith("# algorithm: ") && !(second.slice(13) in ALGORITHMS)) {
-    throw new Unsupported(`the manifest's algorithm is ${JSON.stringify(second.slice(13, 53))}; only sha256 and sha512 can be checked`);
+    throw new Unsupported(`the manifest's algorithm is ${repr(second.slice(13, 53))}; only sha256 and sha512 can be checked`);
   }
   const { header, length } = parseHeader(signed);
   const lines = signed.slice(length);
   const count = (lines.match(/\n/g) ?? []).length;
+  if (count !== header.lines) throw new Invalid(`the header says ${header.lines} lines, but ${count} follow it`, "lines");
   checkLines(lines, header.algorithm);
   const entries = lines
     .slice(0, -1)
     .split("\n")
     .map((line, i) => ({ line: i + 1, ...parseLine(line) }));
-  return { header, text: signed, lines, signature, format, multiple, count, entries };
+  return { header, text: signed, lines, signature, format, entries };
 }
 
 async function checkSignature(c, manifest, keys, keyOrigin) {
   const h = manifest.header;
-  if (manifest.multiple) {
-    const what = manifest.format === "ssh" ? "more than one signature" : "more than one signed message or signature";
-    return c.fail("signature", `${what} (only one is allowed)`);
-  }
-  if (manifest.count !== h.lines) {
-    return c.fail("lines", `the header says ${h.lines} lines, but ${manifest.count} follow it`);
-  }
   const texts = (Array.isArray(keys) ? keys : [keys]).filter((t) => typeof t === "string");
   if (manifest.format === "ssh") {
     const key = texts.flatMap((t) => sshKeysFrom(t)).find((k) => k.fingerprint === h.key);
@@ -274,9 +272,16 @@ export function compareFiles(manifest, files) {
  * `Malformed` or `Unsupported` for what cannot be checked.
  */
 export async function verifyManifest({ manifest: data, keys, keyOrigin = "given keys", files = null, digest = null }) {
-  const manifest = parseManifest(data);
-  const h = manifest.header;
   const c = new Checks();
+  let manifest;
+  try {
+    manifest = parseManifest(data);
+  } catch (e) {
+    if (!(e instanceof Invalid)) throw e;
+    c.fail(e.check, e.message);
+    return c.result({ manifest: null, signer: null, files: null, matched: null });
+  }
+  const h = manifest.header;
   c.pass("manifest", `${h.lines} ${h.algorithm} line(s), made ${h.utc} (${h.time}) by ${h.server} (serial ${h.serial})`);
   const signer = await checkSignature(c, manifest, keys, keyOrigin);
   if (!c.ok) return c.result({ manifest, signer: null, files: null, matched: null });

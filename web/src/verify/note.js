@@ -6,7 +6,7 @@
 import { ed25519 } from "@noble/curves/ed25519.js";
 import { sha256 } from "@noble/hashes/sha2.js";
 
-import { b64decodeStrict, concatBytes, decodeUtf8, utf8Bytes } from "./result.js";
+import { b64decodeStrict, concatBytes, decodeUtf8, repr, utf8Bytes } from "./result.js";
 
 export const ED25519 = 0x01;
 export const ED25519_COSIGNATURE = 0x04;
@@ -46,7 +46,7 @@ export function parseVkey(vkey) {
   const first = vkey.indexOf("+");
   const second = first < 0 ? -1 : vkey.indexOf("+", first + 1);
   if (second < 0 || !/^[0-9a-f]{8}$/.test(vkey.slice(first + 1, second))) {
-    throw new NoteError(`not name+keyid+key: ${JSON.stringify(vkey.slice(0, 200))}`);
+    throw new NoteError(`not name+keyid+key: ${repr(vkey)}`);
   }
   const name = vkey.slice(0, first);
   let blob;
@@ -56,7 +56,7 @@ export function parseVkey(vkey) {
     throw new NoteError(e.message);
   }
   if (!blob.length) throw new NoteError("empty key");
-  if (!validKeyName(name)) throw new NoteError(`invalid key name ${JSON.stringify(name)}`);
+  if (!validKeyName(name)) throw new NoteError(`invalid key name ${repr(name)}`);
   const sigType = blob[0];
   const publicKey = blob.subarray(1);
   const size = KEY_SIZES[sigType];
@@ -102,18 +102,18 @@ export function verifier(vkey, kind) {
 }
 
 function parseSignatureLine(line) {
-  if (!line.startsWith(SIGNATURE_PREFIX)) throw new NoteError(`not a signature line: ${JSON.stringify(line.slice(0, 200))}`);
+  if (!line.startsWith(SIGNATURE_PREFIX)) throw new NoteError(`not a signature line: ${repr(line)}`);
   const rest = line.slice(SIGNATURE_PREFIX.length);
   const space = rest.indexOf(" ");
   const name = space < 0 ? rest : rest.slice(0, space);
-  if (space < 0 || !validKeyName(name)) throw new NoteError(`invalid key name in ${JSON.stringify(line.slice(0, 200))}`);
+  if (space < 0 || !validKeyName(name)) throw new NoteError(`invalid key name in ${repr(line)}`);
   let blob;
   try {
     blob = b64decodeStrict(rest.slice(space + 1));
   } catch (e) {
     throw new NoteError(e.message);
   }
-  if (blob.length < 5) throw new NoteError(`signature too short in ${JSON.stringify(line.slice(0, 200))}`);
+  if (blob.length < 5) throw new NoteError(`signature too short in ${repr(line)}`);
   const id = ((blob[0] << 24) | (blob[1] << 16) | (blob[2] << 8) | blob[3]) >>> 0;
   return { name, keyId: id, signature: blob.subarray(4) };
 }
@@ -171,7 +171,7 @@ export function parseCheckpoint(body) {
   const lines = body.slice(0, -1).split("\n");
   if (lines.length < 3) throw new NoteError("a checkpoint body has at least three lines");
   const [origin, size, root, ...extensions] = lines;
-  if (!/^(0|[1-9][0-9]*)$/.test(size)) throw new NoteError(`tree size ${JSON.stringify(size)} is not a decimal without leading zero`);
+  if (!/^(0|[1-9][0-9]*)$/.test(size)) throw new NoteError(`tree size ${repr(size)} is not a decimal without leading zero`);
   let rootHash;
   try {
     rootHash = b64decodeStrict(root);
@@ -179,7 +179,7 @@ export function parseCheckpoint(body) {
     throw new NoteError(e.message);
   }
   for (const line of [origin, ...extensions]) {
-    if (!line || /[\x00-\x1f]/.test(line)) throw new NoteError(`empty line or control character in ${JSON.stringify(line)}`);
+    if (!line || /[\x00-\x1f]/.test(line)) throw new NoteError(`empty line or control character in ${repr(line)}`);
   }
   const n = BigInt(size);
   if (n > MAX_TREE_SIZE) throw new NoteError(`tree size ${size} out of range`);

@@ -2,7 +2,7 @@
 // --key KEYFILE` checks them (client/verify/receipt.py, formats/receipts.py): the same
 // grammar, the same signature rules, the same reasons.
 import { canonicalText, checkDetached, fingerprints, readPublicKeys } from "./openpgp-signature.js";
-import { Checks, Malformed, asBytes, utc } from "./result.js";
+import { Checks, Malformed, asBytes, repr, utc } from "./result.js";
 import { sshKeysFrom, verifySshsig } from "./sshsig.js";
 
 export const MAX_RECEIPT = 64 * 1024;
@@ -48,7 +48,7 @@ export function parseStatement(text) {
   const values = {};
   LINES.forEach(([name, pattern], i) => {
     const m = new RegExp(`^${name}: ${pattern}$`).exec(lines[i + 1]);
-    if (!m) throw new Malformed(`bad or misplaced '${name}' line: ${JSON.stringify(lines[i + 1].slice(0, 80))}`);
+    if (!m) throw new Malformed(`bad or misplaced '${name}' line: ${repr(lines[i + 1].slice(0, 80))}`);
     values[name] = m[1];
   });
   const st = {

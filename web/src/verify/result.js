@@ -21,6 +21,16 @@ export class VerifyError extends Error {
   }
 }
 
+/** Well-formed, but not valid (exit 1): thrown only where the parse itself finds it (a
+ * manifest with two signatures, or another number of lines than its header says); the checks
+ * return it as a failed step. */
+export class Invalid extends VerifyError {
+  constructor(message, check) {
+    super(message);
+    this.check = check;
+  }
+}
+
 /** Not a receipt, manifest, proof, key or policy of a known format (exit 2 of `stampd verify`). */
 export class Malformed extends VerifyError {
   get kind() {
@@ -65,7 +75,9 @@ export class Checks {
   }
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: true });
+// (a byte order mark is kept, as Python's bytes.decode("utf-8") keeps it: a text starting
+// with one is then refused as stampd verify refuses it)
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 const encoder = new TextEncoder();
 
 /** `data` (a string, Uint8Array or ArrayBuffer) as bytes. */
@@ -89,6 +101,17 @@ export function decodeUtf8(bytes) {
   }
 }
 
+/** A string as Python's repr() writes it (the messages quote values as stampd verify's do). */
+export function repr(s) {
+  const quote = s.includes("'") && !s.includes('"') ? '"' : "'";
+  const body = s.replace(/[\\\x00-\x1f\x7f-\x9f'"]/g, (c) => {
+    if (c === "\\") return "\\\\";
+    if (c === "'" || c === '"') return c === quote ? `\\${c}` : c;
+    return { "\n": "\\n", "\r": "\\r", "\t": "\\t" }[c] ?? `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`;
+  });
+  return quote + body + quote;
+}
+
 export function hex(bytes) {
   let s = "";
   for (const b of bytes) s += b.toString(16).padStart(2, "0");
@@ -100,7 +123,7 @@ export function utc(t) {
   return new Date(t * 1000).toISOString().replace(/\.\d{3}Z$/, "Z");
 }
 
-const B64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+const ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 function b64encode(bytes) {
   let bin = "";
@@ -108,14 +131,46 @@ function b64encode(bytes) {
   return btoa(bin);
 }
 
+/** What Python 3.11's `base64.b64decode(text, validate=True)` decodes `text` to (binascii's
+ * strict mode: whole quads, padding only at the end, surplus "=" after whole quads allowed);
+ * null where it raises. */
+function pythonB64decode(text) {
+  if (text.startsWith("=")) return null;
+  const out = [];
+  let quad = 0;
+  let left = 0;
+  let pads = 0;
+  let padding = false;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text[i];
+    if (ch === "=") {
+      padding = true;
+      pads += quad >= 2 ? 1 : 0;
+      if (quad >= 2 && quad + pads >= 4) return i + 1 < text.length ? null : new Uint8Array(out);
+      continue;
+    }
+    const v = ALPHABET.indexOf(ch);
+    if (v < 0 || ch.length !== 1 || padding) return null;
+    pads = 0;
+    if (quad === 0) left = v;
+    else if (quad === 1) {
+      out.push(((left << 2) | (v >> 4)) & 255);
+      left = v & 0x0f;
+    } else if (quad === 2) {
+      out.push(((left << 4) | (v >> 2)) & 255);
+      left = v & 0x03;
+    } else out.push(((left << 6) | v) & 255);
+    quad = (quad + 1) % 4;
+  }
+  return quad === 0 ? new Uint8Array(out) : null;
+}
+
 /** Standard base64 with padding, in its one canonical spelling only (formats.note's
- * b64decode_strict); throws `Error` otherwise. */
+ * b64decode_strict, the same refusals); throws `Error` otherwise. */
 export function b64decodeStrict(text) {
-  if (!B64.test(text)) throw new Error(`not base64: ${JSON.stringify(text.slice(0, 100))}`);
-  const bin = atob(text);
-  const raw = new Uint8Array(bin.length);
-  for (let i = 0; i < bin.length; i++) raw[i] = bin.charCodeAt(i);
-  if (b64encode(raw) !== text) throw new Error(`not canonical base64: ${JSON.stringify(text.slice(0, 100))}`);
+  const raw = pythonB64decode(text);
+  if (raw === null) throw new Error(`not base64: ${repr(text)}`);
+  if (b64encode(raw) !== text) throw new Error(`not canonical base64: ${repr(text)}`);
   return raw;
 }
 

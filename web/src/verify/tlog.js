@@ -17,7 +17,7 @@ import {
   parseVkey,
   verifier,
 } from "./note.js";
-import { Checks, Malformed, asBytes, b64decodeStrict, concatBytes, equalBytes, hex, utc } from "./result.js";
+import { Checks, Malformed, asBytes, b64decodeStrict, concatBytes, equalBytes, hex, repr, utc } from "./result.js";
 
 export const MAX_PROOF = 64 * 1024;
 export const MAX_POLICY = 64 * 1024;
@@ -95,7 +95,7 @@ export function parseProofBytes(data) {
   if (head.some((b) => b > 0x7f)) throw new TlogError("the proof lines are ASCII");
   if (sep < 0) throw new TlogError("no empty line before the checkpoint");
   const checkpoint = bytes.subarray(sep + 2);
-  const lines = String.fromCharCode(...head).split("\n");
+  const lines = new TextDecoder().decode(head).split("\n"); // (ASCII, checked above)
   if (lines[0] !== PROOF_HEADER) throw new TlogError(`the first line is not ${PROOF_HEADER}`);
   const rest = lines.slice(1);
   let extra = null;
@@ -105,7 +105,7 @@ export function parseProofBytes(data) {
     if (rest.length && rest[0].startsWith("extra ")) extra = b64decodeStrict(rest.shift().slice(6));
     if (!rest.length || !rest[0].startsWith("index ")) throw new TlogError("no index line");
     index = rest.shift().slice(6);
-    if (!/^(0|[1-9][0-9]*)$/.test(index)) throw new TlogError(`index ${JSON.stringify(index)} is not a decimal without leading zero`);
+    if (!/^(0|[1-9][0-9]*)$/.test(index)) throw new TlogError(`index ${repr(index)} is not a decimal without leading zero`);
     hashes = rest.map((line) => b64decodeStrict(line));
   } catch (e) {
     if (e instanceof TlogError) throw e;
@@ -126,7 +126,7 @@ export function parseProofBytes(data) {
 // --- stampd's log entries (formats/tlog/entry.py) ------------------------------------------
 
 function checkEntry(e) {
-  if (!KINDS.includes(e.kind)) throw new TlogError(`unknown kind ${JSON.stringify(e.kind)}`);
+  if (!KINDS.includes(e.kind)) throw new TlogError(`unknown kind ${repr(e.kind)}`);
   for (const name of ["serial", "time"]) {
     if (BigInt(e[name]) >= 2n ** 63n) throw new TlogError(`${name} out of range`);
   }
@@ -138,7 +138,7 @@ function checkEntry(e) {
   };
   const digest = (algorithm, value) => {
     const width = DIGEST_ALGORITHMS[algorithm];
-    if (width === undefined || !Object.hasOwn(DIGEST_ALGORITHMS, algorithm)) throw new TlogError(`unknown digest algorithm ${JSON.stringify(algorithm)}`);
+    if (width === undefined || !Object.hasOwn(DIGEST_ALGORITHMS, algorithm)) throw new TlogError(`unknown digest algorithm ${repr(algorithm)}`);
     if (value.length !== width || !/^[0-9a-f]+$/.test(value)) throw new TlogError(`a ${algorithm} digest is ${width} lowercase hex digits`);
   };
   if (GIT_KINDS.includes(e.kind)) {
@@ -175,7 +175,7 @@ function entryText(e) {
 export function parseEntry(bytes) {
   if (bytes.length > MAX_ENTRY) throw new TlogError("entry too long");
   if (bytes.some((b) => b > 0x7f)) throw new TlogError("an entry is ASCII text");
-  const text = String.fromCharCode(...bytes);
+  const text = new TextDecoder().decode(bytes); // (ASCII, checked above)
   if (!text.endsWith("\n")) throw new TlogError("an entry ends in a newline");
   const lines = text.slice(0, -1).split("\n");
   if (lines[0] !== ENTRY_HEADER) throw new TlogError(`an entry starts with '${ENTRY_HEADER}'`);
@@ -184,7 +184,7 @@ export function parseEntry(bytes) {
     const sp = line.indexOf(" ");
     const name = sp < 0 ? line : line.slice(0, sp);
     const value = sp < 0 ? "" : line.slice(sp + 1);
-    if (sp < 0 || !value || fields.has(name)) throw new TlogError(`bad line ${JSON.stringify(line.slice(0, 80))}`);
+    if (sp < 0 || !value || fields.has(name)) throw new TlogError(`bad line ${repr(line.slice(0, 80))}`);
     fields.set(name, value);
   }
   const take = (n) => {
@@ -198,7 +198,7 @@ export function parseEntry(bytes) {
     if (e[n] === null) throw new TlogError(`an entry names its ${n}`);
   }
   for (const n of [e.serial, e.time]) {
-    if (!/^(0|[1-9][0-9]{0,18})$/.test(n)) throw new TlogError(`bad number ${JSON.stringify(n.slice(0, 40))}`);
+    if (!/^(0|[1-9][0-9]{0,18})$/.test(n)) throw new TlogError(`bad number ${repr(n.slice(0, 40))}`);
   }
   e.algorithm = null;
   e.digest = null;
@@ -217,7 +217,7 @@ export function parseEntry(bytes) {
   }
   e.commit = take("commit");
   e.object = take("object");
-  if (fields.size) throw new TlogError(`unknown field '${[...fields.keys()][0].slice(0, 40)}'`);
+  if (fields.size) throw new TlogError(`unknown field ${repr([...fields.keys()][0].slice(0, 40))}`);
   checkEntry(e);
   if (entryText(e) !== text) throw new TlogError("fields out of order");
   return e;
@@ -309,7 +309,7 @@ export function parsePolicy(data) {
       return vk;
     };
     const newName = (name) => {
-      if (name === "none" || names.has(name)) throw fail(`name '${name}' is reserved or defined already`);
+      if (name === "none" || names.has(name)) throw fail(`name ${repr(name)} is reserved or defined already`);
       names.add(name);
       return name;
     };
@@ -326,13 +326,13 @@ export function parsePolicy(data) {
       const name = newName(args[0]);
       const members = args.slice(2);
       for (const m of members) {
-        if (m === "none" || m === name || !names.has(m)) throw fail(`group member '${m}' is not a witness or group defined above`);
+        if (m === "none" || m === name || !names.has(m)) throw fail(`group member ${repr(m)} is not a witness or group defined above`);
       }
       if (new Set(members).size !== members.length) throw fail("a name is listed twice as a member");
       let threshold = { all: members.length, any: 1 }[args[1]];
       if (threshold === undefined) {
         if (!/^[1-9][0-9]*$/.test(args[1]) || Number(args[1]) > members.length) {
-          throw fail(`threshold '${args[1]}' is not all, any or 1 to ${members.length}`);
+          throw fail(`threshold ${repr(args[1])} is not all, any or 1 to ${members.length}`);
         }
         threshold = Number(args[1]);
       }
@@ -340,10 +340,10 @@ export function parsePolicy(data) {
     } else if (keyword === "quorum") {
       if (args.length !== 1) throw fail("use: quorum <name>|none");
       if (quorum !== null) throw fail("a policy has one quorum line");
-      if (args[0] !== "none" && !names.has(args[0])) throw fail(`quorum '${args[0]}' is not a witness or group defined above`);
+      if (args[0] !== "none" && !names.has(args[0])) throw fail(`quorum ${repr(args[0])} is not a witness or group defined above`);
       quorum = args[0];
     } else {
-      throw fail(`unknown keyword '${keyword}'`);
+      throw fail(`unknown keyword ${repr(keyword)}`);
     }
     if (Math.max(logs.length, witnesses.length, groups.size) > MAX_ITEMS) throw fail(`more than ${MAX_ITEMS} logs, witnesses or groups`);
   });
@@ -381,7 +381,7 @@ export function checkPolicy(policy, note) {
   if (!policy.logs.some(signedBy)) throw new PolicyError("the checkpoint is not signed by a log of the policy");
   const checkpoint = parseCheckpoint(opened.text);
   if (!policy.logs.some((v) => v.name === checkpoint.origin)) {
-    throw new PolicyError(`the checkpoint's origin '${checkpoint.origin}' is no log's name in the policy`);
+    throw new PolicyError(`the checkpoint's origin ${repr(checkpoint.origin)} is no log's name in the policy`);
   }
   const cosigned = new Map();
   for (const w of policy.witnesses) {
@@ -474,8 +474,8 @@ export function verifyTlogProof({ proof, held, source = "proof", logKeys = [], k
   }
   const v = known.get(checkpoint.origin);
   if (!v) {
-    const names = [...known.keys()].sort().map((n) => `'${n}'`).join(" or ");
-    return refuse("origin", `the checkpoint is of '${checkpoint.origin}', not of the log key's ${names}`);
+    const names = [...known.keys()].sort().map(repr).join(" or ");
+    return refuse("origin", `the checkpoint is of ${repr(checkpoint.origin)}, not of the log key's ${names}`);
   }
   c.pass("origin", `the checkpoint is of the log ${checkpoint.origin} (${origin})`);
   const id = v.keyId.toString(16).padStart(8, "0");
