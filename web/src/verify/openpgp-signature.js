@@ -3,7 +3,7 @@
 // (client/verify/keys.py `only_signature`), with the same refusals.
 import * as openpgp from "openpgp";
 
-import { Malformed } from "./result.js";
+import { Malformed, b64encode } from "./result.js";
 
 /** The OpenPGP public keys of armored `texts` (a string or a list of strings); `Malformed`
  * naming `origin` when there is none. */
@@ -30,6 +30,63 @@ export function fingerprints(keys) {
   return new Set(keys.flatMap((k) => k.getKeys().map((s) => s.getFingerprint().toUpperCase())));
 }
 
+function crc24(bytes) {
+  let crc = 0xb704ce;
+  for (const b of bytes) {
+    crc ^= b << 16;
+    for (let i = 0; i < 8; i++) {
+      crc <<= 1;
+      if (crc & 0x1000000) crc ^= 0x1864cfb;
+    }
+  }
+  return crc & 0xffffff;
+}
+
+/** The bytes of an armored signature block, read as gpg reads it (stampd verify's gpg; openpgp.js
+ * alone is more lenient, and ignores the checksum): armor headers ("Name: value"), an empty
+ * line, base64 lines (spaces and CRs ignored, empty lines skipped) padded only at their end, up
+ * to a line of dashes or a CRC-24 line ("=", four base64 characters after any spaces, the
+ * rest ignored) that must match; what follows it up to the end line is ignored. Throws `Error`
+ * naming what is wrong. (Found line by line against gpg: tests/system/test_web_verify_core.py,
+ * `armor_variants`.) */
+export function dearmorSignature(armored) {
+  const lines = armored.replace(/\n+$/, "").split("\n");
+  if (lines[0] !== "-----BEGIN PGP SIGNATURE-----" || !lines[lines.length - 1].endsWith("-----END PGP SIGNATURE-----")) {
+    throw new Error("not one armored signature block");
+  }
+  const squeeze = (line) => line.replace(/[ \r]/g, "");
+  let i = 1;
+  while (i < lines.length - 1 && squeeze(lines[i]) !== "") {
+    if (!/^[^\s:]+: /.test(lines[i])) throw new Error(`bad armor header ${JSON.stringify(lines[i].slice(0, 80))}`);
+    i += 1;
+  }
+  if (i >= lines.length - 1) throw new Error("no empty line after the armor headers");
+  let text = "";
+  let crc = null;
+  for (i += 1; i < lines.length; i++) {
+    if (lines[i].startsWith("-----")) break;
+    if (lines[i].startsWith("=")) {
+      crc = /^[ \r]*([A-Za-z0-9+/]{4})/.exec(lines[i].slice(1))?.[1];
+      if (!crc) throw new Error("a bad checksum line in the signature block");
+      break;
+    }
+    const line = squeeze(lines[i]);
+    if (!/^[A-Za-z0-9+/]*={0,2}$/.test(line) || (line && text.includes("="))) {
+      throw new Error("invalid base64 in the signature block");
+    }
+    text += line;
+  }
+  if (text.length % 4 !== 0) throw new Error("invalid base64 in the signature block");
+  const bin = atob(text);
+  const data = new Uint8Array(bin.length);
+  for (let j = 0; j < bin.length; j++) data[j] = bin.charCodeAt(j);
+  if (crc !== null) {
+    const c = crc24(data);
+    if (b64encode(new Uint8Array([c >> 16, (c >> 8) & 255, c & 255])) !== crc) throw new Error("CRC error in the signature block");
+  }
+  return data;
+}
+
 function keyIdHex(keyID) {
   return keyID.toHex().toUpperCase();
 }
@@ -43,7 +100,7 @@ function keyIdHex(keyID) {
 export async function checkDetached(signedBytes, armoredSignature, keys) {
   let signature;
   try {
-    signature = await openpgp.readSignature({ armoredSignature });
+    signature = await openpgp.readSignature({ binarySignature: dearmorSignature(armoredSignature) });
   } catch (e) {
     return { ok: false, reason: `signature does not verify: the signature block cannot be read (${e.message})` };
   }

@@ -29,12 +29,11 @@ const LINES = [
 export function receiptText(data) {
   const bytes = asBytes(data);
   if (bytes.length > MAX_RECEIPT) throw new Malformed(`larger than ${MAX_RECEIPT} bytes: not a receipt`);
-  let text = "";
-  for (const b of bytes) {
-    if (b > 0x7e) throw new Malformed("not ASCII text: not a receipt");
-    if (b < 0x20 && b !== 0x0a && b !== 0x0d) throw new Malformed("control characters in the receipt");
-    text += String.fromCharCode(b);
+  if (bytes.some((b) => b > 0x7f)) throw new Malformed("not ASCII text: not a receipt");
+  if (bytes.some((b) => (b < 0x20 && b !== 0x0a && b !== 0x0d) || b === 0x7f)) {
+    throw new Malformed("control characters in the receipt");
   }
+  const text = new TextDecoder().decode(bytes);
   return text;
 }
 
