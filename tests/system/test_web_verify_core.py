@@ -630,13 +630,13 @@ def armor_variants(sig: bytes) -> list[bytes]:
 
 
 def same(python: dict[str, Any], js: dict[str, Any] | None) -> bool:
-    """The same outcome: acceptance, kind, and reason, except where stampd verify words gpg's
-    own status (BADSIG, NO_PUBKEY...) and the browser says it in openpgp.js's terms."""
+    """The same outcome: acceptance, kind, and reason, except where stampd verify gives gpg's
+    status (BADSIG, NO_PUBKEY...) or ssh-keygen's last line and the browser its own words."""
     if js is None or (python["ok"], python["kind"]) != (js["ok"], js["kind"]):
         return False
-    gpg = "signature does not verify: "
-    if python["reason"] and python["reason"].startswith(gpg):
-        return bool(js["reason"] and js["reason"].startswith(gpg))
+    for tool in ("signature does not verify: ", "the SSH signature does not verify: "):
+        if python["reason"] and python["reason"].startswith(tool):  # (gpg's, ssh-keygen's words)
+            return bool(js["reason"] and js["reason"].startswith(tool))
     return bool(python["reason"] == js["reason"])
 
 
@@ -711,11 +711,20 @@ def test_parsers_and_proof_checks_agree_with_stampd_verify(
     key = {"keys": (root / "server-key.asc").read_text(), "keyOrigin": "key file server-key.asc"}
     signatures = [receipt[:at] + m for m in [*mutations(receipt[at:], seed=99)[:SIGNATURES],
                                                *armor_variants(receipt[at:])]]
+    ssh = (root / "ssh-ed25519.asc").read_bytes()
+    at = ssh.index(b"-----BEGIN SSH SIGNATURE-----")
+    ssh_key = {"keys": (root / "allowed_signers").read_text(),
+               "keyOrigin": "key file allowed_signers"}
     cases, expected = [], {}
-    for i, m in enumerate(signatures):
-        cases.append({"id": f"sig.{i}", "type": "receipt-signature", "data": b64(m), **key})
-        expected[f"sig.{i}"] = python_outcome("receipt-signature", m,
-                                              key_file=Path("server-key.asc"))
+    for name, key_file, js_key, variants in (
+            ("sig", "server-key.asc", key, signatures),
+            ("ssh", "allowed_signers", ssh_key,
+             [ssh[:at] + m for m in mutations(ssh[at:], seed=98)[:SIGNATURES]])):
+        for i, m in enumerate(variants):
+            cases.append({"id": f"{name}.{i}", "type": "receipt-signature", "data": b64(m),
+                          **js_key})
+            expected[f"{name}.{i}"] = python_outcome("receipt-signature", m,
+                                                     key_file=Path(key_file))
     for n, (kind, data, py, js) in enumerate(sources):
         for i, m in enumerate(mutations(data, seed=n)):
             case_id = f"{n}.{i}"

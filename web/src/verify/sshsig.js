@@ -82,10 +82,59 @@ export function sshKeysFrom(text) {
   return keys;
 }
 
+const SPACE = " \t\n\v\f\r";
+const B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/** OpenBSD's b64_pton, as ssh-keygen decodes a signature: white space skipped anywhere, "="
+ * padding only at the end (then only white space), the bits past the last byte zero. */
+function b64pton(text) {
+  const out = [];
+  let state = 0;
+  let i = 0;
+  let ch = "";
+  let partial = 0;
+  for (; i < text.length; i++) {
+    ch = text[i];
+    if (SPACE.includes(ch)) continue;
+    if (ch === "=") break;
+    const v = B64.indexOf(ch);
+    if (v < 0) throw new Error("invalid base64");
+    if (state === 0) partial = v << 2;
+    else if (state === 1) {
+      out.push(partial | (v >> 4));
+      partial = (v & 0x0f) << 4;
+    } else if (state === 2) {
+      out.push(partial | (v >> 2));
+      partial = (v & 0x03) << 6;
+    } else out.push(partial | v);
+    if (state === 3) partial = 0;
+    state = (state + 1) % 4;
+  }
+  if (i < text.length) {
+    // at a "=": the rest is padding and white space
+    if (state < 2) throw new Error("invalid base64 padding");
+    i += 1;
+    if (state === 2) {
+      while (i < text.length && SPACE.includes(text[i])) i++;
+      if (text[i] !== "=") throw new Error("invalid base64 padding");
+      i += 1;
+    }
+    for (; i < text.length; i++) if (!SPACE.includes(text[i])) throw new Error("data after the base64 padding");
+    if (partial & 0xff) throw new Error("non-zero bits after the base64 data");
+  } else if (state !== 0) {
+    throw new Error("truncated base64");
+  }
+  return new Uint8Array(out);
+}
+
+/** The signature blob of an armored SSH signature, as ssh-keygen (sshsig_dearmor) reads it:
+ * the base64 between the begin line and the first end marker. */
 function unarmor(armored) {
-  const lines = armored.replace(/\r\n/g, "\n").trim().split("\n");
-  if (lines[0] !== BEGIN || lines[lines.length - 1] !== END) throw new Error("not an armored SSH signature");
-  return b64decodeStrict(lines.slice(1, -1).join(""));
+  const text = armored.replace(/\r\n/g, "\n");
+  if (!text.startsWith(BEGIN)) throw new Error("missing header");
+  const end = text.indexOf(END, BEGIN.length);
+  if (end < 0) throw new Error("missing footer");
+  return b64pton(text.slice(BEGIN.length, end));
 }
 
 function mpint(bytes, size) {
