@@ -30,6 +30,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -644,7 +645,7 @@ def python_outcome(kind: str, data: bytes, **kw: Any) -> dict[str, Any]:
     """What stampd verify's own code says of ``data``: the receipt or manifest parsed, or the
     proof checked as `stampd verify --proof --log-key|--policy` checks it."""
     from client.verify.errors import Invalid, VerifyError
-    from client.verify.manifest import parse_manifest
+    from client.verify.manifest import parse_manifest, verify_manifest
     from client.verify.receipt import parse_receipt, receipt_text, verify_receipt
     from client.verify.tlog import check_proof, parse_policy, quorum_missing, witnessed_by
 
@@ -653,6 +654,8 @@ def python_outcome(kind: str, data: bytes, **kw: Any) -> dict[str, Any]:
             parse_receipt(receipt_text(data))
         elif kind == "receipt-signature":
             verify_receipt(receipt_text(data), key_file=kw["key_file"])
+        elif kind == "manifest-signature":
+            verify_manifest(data, key_file=kw["key_file"])
         elif kind == "manifest":
             parse_manifest(data)
         else:
@@ -715,16 +718,22 @@ def test_parsers_and_proof_checks_agree_with_stampd_verify(
     at = ssh.index(b"-----BEGIN SSH SIGNATURE-----")
     ssh_key = {"keys": (root / "allowed_signers").read_text(),
                "keyOrigin": "key file allowed_signers"}
-    cases, expected = [], {}
-    for name, key_file, js_key, variants in (
-            ("sig", "server-key.asc", key, signatures),
-            ("ssh", "allowed_signers", ssh_key,
-             [ssh[:at] + m for m in mutations(ssh[at:], seed=98)[:SIGNATURES]])):
+    cases, expected, inputs = [], {}, {}
+    p256 = (root / "ssh-p256.asc").read_bytes()
+    p256_at = p256.index(b"-----BEGIN SSH SIGNATURE-----")
+    for name, kind, key_file, js_key, variants in (
+            ("sig", "receipt-signature", "server-key.asc", key, signatures),
+            ("ssh", "receipt-signature", "allowed_signers", ssh_key,
+             [ssh[:at] + m for m in mutations(ssh[at:], seed=98)[:SIGNATURES]]),
+            ("p256", "receipt-signature", "allowed_signers", ssh_key,
+             [p256[:p256_at] + m
+              for m in mutations(p256[p256_at:], seed=97)[:SIGNATURES // 2]]),
+            ("msig", "manifest-signature", "server-key.asc", key,
+             mutations(manifest, seed=96)[:SIGNATURES])):
         for i, m in enumerate(variants):
-            cases.append({"id": f"{name}.{i}", "type": "receipt-signature", "data": b64(m),
-                          **js_key})
-            expected[f"{name}.{i}"] = python_outcome("receipt-signature", m,
-                                                     key_file=Path(key_file))
+            inputs[f"{name}.{i}"] = m
+            cases.append({"id": f"{name}.{i}", "type": kind, "data": b64(m), **js_key})
+            expected[f"{name}.{i}"] = python_outcome(kind, m, key_file=Path(key_file))
     for n, (kind, data, py, js) in enumerate(sources):
         for i, m in enumerate(mutations(data, seed=n)):
             case_id = f"{n}.{i}"
@@ -736,7 +745,15 @@ def test_parsers_and_proof_checks_agree_with_stampd_verify(
     assert r.returncode == 0, r.stderr[-4000:]
     got = json.loads(r.stdout)
     differ = {k: (e, got.get(k)) for k, e in expected.items() if not same(e, got.get(k))}
+    # Known and on the safe side: gpg skips some control characters inside the base64 of a
+    # signature block (a manifest may hold them, a receipt may not); the browser refuses them.
+    stricter = {k for k, (e, g) in differ.items() if k.startswith("msig.") and e["ok"]
+                and g is not None and g["kind"] == "invalid"
+                and re.search(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]",
+                              inputs[k].split(b"-----BEGIN PGP SIGNATURE-----", 1)[-1])}
+    differ = {k: v for k, v in differ.items() if k not in stricter}
     refused = sum(not e["ok"] for e in expected.values())
-    print(f"{len(cases)} inputs, {refused} refused by both, {len(differ)} differ")
+    print(f"{len(cases)} inputs, {refused} refused by both, {len(differ)} differ, "
+          f"{len(stricter)} refused only here (control characters in a manifest's armor)")
     assert not differ, json.dumps(dict(list(differ.items())[:5]), indent=1)
     assert refused > len(cases) // 2 and len({e["reason"] for e in expected.values()}) > 30

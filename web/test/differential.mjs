@@ -2,13 +2,13 @@
 // stampd verify's Python (tests/system/test_web_verify_core.py makes the inputs, runs
 // `node web/test/differential.mjs < cases.json`, and compares).
 //
-// Input: {"cases": [{id, type: "receipt"|"receipt-signature"|"manifest"|"proof", data
+// Input: {"cases": [{id, type: "receipt"|"receipt-signature"|"manifest"|"manifest-signature"|"proof", data
 // (base64), keys?, keyOrigin?, held?, vkey?, policy? (base64), source?}]}. Output: {id: {ok,
-// kind, reason}}, where a parse that succeeds is ok, a receipt-signature is checked whole
-// with `keys` (no file), and a proof is checked as `verifyTlogProof` checks it.
+// kind, reason}}, where a parse that succeeds is ok, a receipt- or manifest-signature is
+// checked whole with `keys` (no file), and a proof is checked as `verifyTlogProof` checks it.
 import { readFileSync } from "node:fs";
 
-import { parseManifest } from "../src/verify/manifest.js";
+import { parseManifest, verifyManifest } from "../src/verify/manifest.js";
 import { parseReceipt, verifyReceipt } from "../src/verify/receipt.js";
 import { verifyTlogProof } from "../src/verify/tlog.js";
 
@@ -22,6 +22,9 @@ for (const c of cases) {
       out[c.id] = { ok: true, kind: "valid", reason: null };
     } else if (c.type === "receipt-signature") {
       const r = await verifyReceipt({ receipt: bytes(c.data), keys: [c.keys], keyOrigin: c.keyOrigin });
+      out[c.id] = { ok: r.ok, kind: r.kind, reason: r.reason };
+    } else if (c.type === "manifest-signature") {
+      const r = await verifyManifest({ manifest: bytes(c.data), keys: [c.keys], keyOrigin: c.keyOrigin });
       out[c.id] = { ok: r.ok, kind: r.kind, reason: r.reason };
     } else if (c.type === "manifest") {
       parseManifest(bytes(c.data));

@@ -44,17 +44,18 @@ function crc24(bytes) {
 
 /** The bytes of an armored signature block, read as gpg reads it (stampd verify's gpg; openpgp.js
  * alone is more lenient, and ignores the checksum): armor headers ("Name: value"), an empty
- * line, base64 lines (spaces and CRs ignored, empty lines skipped) padded only at their end, up
+ * line, base64 lines (spaces, tabs and CRs ignored, empty lines skipped) padded only at their end, up
  * to a line of dashes or a CRC-24 line ("=", four base64 characters after any spaces, the
  * rest ignored) that must match; what follows it up to the end line is ignored. Throws `Error`
  * naming what is wrong. (Found line by line against gpg: tests/system/test_web_verify_core.py,
- * `armor_variants`.) */
+ * `armor_variants`. One known difference, on the safe side: gpg skips some other control
+ * characters in the base64, which a manifest may hold; here they make the block unreadable.) */
 export function dearmorSignature(armored) {
   const lines = armored.replace(/\n+$/, "").split("\n");
   if (lines[0] !== "-----BEGIN PGP SIGNATURE-----" || !lines[lines.length - 1].endsWith("-----END PGP SIGNATURE-----")) {
     throw new Error("not one armored signature block");
   }
-  const squeeze = (line) => line.replace(/[ \r]/g, "");
+  const squeeze = (line) => line.replace(/[ \t\r]/g, "");
   let i = 1;
   while (i < lines.length - 1 && squeeze(lines[i]) !== "") {
     if (!/^[^\s:]+: /.test(lines[i])) throw new Error(`bad armor header ${JSON.stringify(lines[i].slice(0, 80))}`);
@@ -66,7 +67,7 @@ export function dearmorSignature(armored) {
   for (i += 1; i < lines.length; i++) {
     if (lines[i].startsWith("-----")) break;
     if (lines[i].startsWith("=")) {
-      crc = /^[ \r]*([A-Za-z0-9+/]{4})/.exec(lines[i].slice(1))?.[1];
+      crc = /^[ \t\r]*([A-Za-z0-9+/]{4})/.exec(lines[i].slice(1))?.[1];
       if (!crc) throw new Error("a bad checksum line in the signature block");
       break;
     }
