@@ -478,6 +478,8 @@ def test_the_worked_examples_of_the_docs(node_modules: Path) -> None:
 
 # --- the page, in Chromium, offline ----------------------------------------------------------
 
+BIG = 64 << 20  # bytes of the larger file the page hashes
+
 # the result's final states, as one CSS selector (the page's CSP allows no evaluated string)
 FINAL = "[data-testid=verify-result]:is(" + ",".join(
     f"[data-state={s}]" for s in ("valid", "invalid", "malformed", "unsupported", "error")) + ")"
@@ -549,6 +551,19 @@ def test_the_verify_page_decides_offline(server: Server, made: Made, browser: An
         assert state == "invalid" and "MISSING: c.txt" in text and "EXTRA: other.bin" in text
         state, text = page_check(tab, root, ["file.bin"], ["file.bin"])
         assert state == "malformed" and "no receipt, manifest" in text, text
+        # a larger file: hashed in the page, streamed (the time is printed, never asserted)
+        big = tmp_path / "big.bin"
+        with open(big, "wb") as f:
+            f.truncate(BIG)
+            f.seek(BIG // 2)
+            f.write(os.urandom(64))
+        (tmp_path / "big.bin.asc").write_text(stamp(server, big.read_bytes())[1])
+        started = time.monotonic()
+        state, text = page_check(tab, tmp_path, ["big.bin.asc"], ["big.bin"])
+        took = time.monotonic() - started
+        assert state == "valid" and "sha256 of big.bin is the receipt's" in text, text
+        print(f"verify page: {BIG >> 20} MiB file checked in {took:.2f} s "
+              f"({BIG / took / 1e6:.0f} MB/s with the file's transfer to the browser)")
         assert asked == [] and errors == [], (asked, errors)
         print(f"screenshots of the verify page: {tmp_path}/verify-*.png")
     finally:

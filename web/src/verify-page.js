@@ -19,16 +19,38 @@ document.getElementById("server-key").textContent = config.keys[0]?.fingerprint 
 const MAX_EVIDENCE = 300 * 1024 * 1024; // a manifest may be large; a receipt is at most 64 KiB
 let run = 0;
 
-async function digestOf(file, algorithm) {
+/** The hex digest of `file`, streamed (constant memory); `progress(bytes)` now and then. */
+async function digestOf(file, algorithm, progress = () => {}) {
   const hasher = algorithm === "sha512" ? await createSHA512() : await createSHA256();
   hasher.init();
   const reader = file.stream().getReader();
+  let done = 0;
+  let shown = 0;
   for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
+    const { value, done: end } = await reader.read();
+    if (end) break;
     hasher.update(value);
+    done += value.length;
+    if (Date.now() - shown > 100) {
+      shown = Date.now();
+      progress(done);
+    }
   }
+  progress(done);
   return hasher.digest("hex");
+}
+
+/** "Checking…" with a progress bar over `total` bytes of files to hash; its update function. */
+function working(total) {
+  show("working", "Checking…");
+  if (!total) return () => {};
+  const bar = element("progress", { max: String(total), value: "0", "aria-label": "Files hashed" });
+  out.append(bar);
+  let before = 0;
+  return (file) => (bytes) => {
+    bar.value = before + bytes;
+    if (bytes === file.size) before += file.size;
+  };
 }
 
 function startsWith(text, ...prefixes) {
@@ -81,7 +103,7 @@ async function check() {
     show("empty", files.length ? "Now choose the receipt or manifest these files go with." : "Choose a receipt or manifest, and the file or files it is for.");
     return;
   }
-  show("working", "Checking…");
+  const hashed = working(files.reduce((n, f) => n + f.size, 0));
   const found = { receipt: [], manifest: [], proof: [], key: [], policy: [] };
   for (const f of evidence) {
     if (f.size > MAX_EVIDENCE) return show("malformed", `Not checked: ${f.name} is too large for a receipt, manifest, proof or key.`);
@@ -104,7 +126,7 @@ async function check() {
       const receipt = found.receipt[0];
       const { statement } = parseReceipt(receipt.bytes);
       if (files.length > 1) return show("malformed", "Not checked: a receipt is for one file; choose one file (or a manifest for several).");
-      const file = files.length ? { name: files[0].name, digests: { [statement.algorithm]: await digestOf(files[0], statement.algorithm) } } : null;
+      const file = files.length ? { name: files[0].name, digests: { [statement.algorithm]: await digestOf(files[0], statement.algorithm, hashed(files[0])) } } : null;
       result = await verifyReceipt({ receipt: receipt.bytes, keys, keyOrigin, file });
       if (result.ok) held = heldReceipt(result);
     } else {
@@ -116,7 +138,7 @@ async function check() {
         if (!(e instanceof Invalid)) throw e; // (verifyManifest reports it)
       }
       const digests = new Map();
-      for (const f of files) digests.set(f.webkitRelativePath || f.name, await digestOf(f, algorithm));
+      for (const f of files) digests.set(f.webkitRelativePath || f.name, await digestOf(f, algorithm, hashed(f)));
       result = await verifyManifest({ manifest: manifest.bytes, keys, keyOrigin, files: files.length ? digests : null });
       if (result.ok) held = heldManifest(result, manifest.bytes);
     }

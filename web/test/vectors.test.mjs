@@ -93,6 +93,24 @@ test("the docs' receipt verifies with the test key; a changed statement does not
   assert.equal(other.reason, `the receipt is for ${digest}, not ${"00".repeat(32)}`);
 });
 
+test("the docs' SSH receipt verifies with the key inside its signature, and only that key", async () => {
+  const at = receipts.indexOf("stampd receipt v1\n", receipts.indexOf("An example with a throwaway ed25519 key"));
+  const receipt = receipts.slice(at, receipts.indexOf("-----END SSH SIGNATURE-----", at) + 28);
+  const sig = receipt.slice(receipt.indexOf("-----BEGIN SSH SIGNATURE-----"));
+  const blob = Buffer.from(sig.split("\n").slice(1, -2).join(""), "base64");
+  const keyBlob = blob.subarray(14, 14 + blob.readUInt32BE(10)); // SSHSIG, version, string key
+  const line = `ssh-ed25519 ${keyBlob.toString("base64")}`;
+  const r = await verifyReceipt({ receipt, keys: line, keyOrigin: "key file k.pub" });
+  assert.equal(r.ok, true, r.reason);
+  assert.equal(r.signer, "SHA256:QHw4tkQgLjyY7LhLMX/VQ5xuK7gmmmznnS/2JK4cac4");
+  const changed = await verifyReceipt({ receipt: receipt.replace("serial: 7", "serial: 8"), keys: line, keyOrigin: "key file k.pub" });
+  assert.equal(changed.reason, "the SSH signature does not verify: bad signature");
+  const other = ed25519.getPublicKey(new Uint8Array(32).fill(9));
+  const otherLine = `ssh-ed25519 ${Buffer.concat([Buffer.from([0, 0, 0, 11]), Buffer.from("ssh-ed25519"), Buffer.from([0, 0, 0, 32]), other]).toString("base64")}`;
+  const foreign = await verifyReceipt({ receipt, keys: otherLine, keyOrigin: "key file other.pub" });
+  assert.equal(foreign.reason, "the receipt names key SHA256:QHw4tkQgLjyY7LhLMX/VQ5xuK7gmmmznnS/2JK4cac4, which is not in the key file other.pub");
+});
+
 test("not a receipt or manifest: Malformed, with stampd verify's words", () => {
   const cases = [
     ["hello world\n", "not a cleartext-signed message"],
