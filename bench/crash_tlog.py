@@ -89,7 +89,7 @@ def tlog_settled(db_url: str, timeout: float) -> bool:
     """Wait until no signed or pending stamp lacks its entry (pending ones of a dead process
     get theirs STAMPD_REQUEST_TIMEOUT + 10 s after their time)."""
     return wait_for_none(db_url, ("select count(*) from stamps where tlog_index is null and "
-                                  "state in ('signed', 'pending')",), timeout)
+                                  "state in ('signed', 'pending', 'orphaned')",), timeout)
 
 
 @dataclass

@@ -222,7 +222,7 @@ class UnderTest:
                 with engine.connect() as conn:
                     waiting = conn.execute(text(
                         "select count(*) from stamps where log_commit_id is null and "
-                        "state in ('signed', 'pending')")).scalar_one()
+                        "state in ('signed', 'pending', 'orphaned')")).scalar_one()
                     pending = conn.execute(text(
                         "select count(*) from log_commits where state = 'pending'")).scalar_one()
                 if waiting == 0 and pending == 0:

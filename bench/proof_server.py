@@ -299,7 +299,7 @@ class ProofServer:
         signed or pending stamp unassigned, no log commit pending."""
         return wait_for_none(self.db_url, (
             "select count(*) from stamps where log_commit_id is null and "
-            "state in ('signed', 'pending')",
+            "state in ('signed', 'pending', 'orphaned')",
             "select count(*) from log_commits where state = 'pending'"), timeout)
 
     def ledger(self, settle_timeout: float) -> Ledger:

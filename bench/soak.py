@@ -215,7 +215,7 @@ def unpublished(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text(
             "SELECT count(*) FROM stamps s LEFT JOIN log_commits l ON l.id = s.log_commit_id "
-            "WHERE s.state IN ('signed', 'pending') "
+            "WHERE s.state IN ('signed', 'pending', 'orphaned') "
             "AND (l.id IS NULL OR l.state <> 'committed')")).scalar_one())
 
 

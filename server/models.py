@@ -45,8 +45,13 @@ class StampState(enum.StrEnum):
     FAILED = "failed"  # every attempt failed; the client got a 503
     # A failed stamp the log committer has assigned to a log commit without publishing it
     # (set in the same transaction; only ``failed`` ever becomes this). A stamp assigned while
-    # it was signed or pending is published, whatever outcome it gets later.
+    # it was signed, pending or orphaned is published, whatever outcome it gets later.
     FAILED_UNLOGGED = "failed-unlogged"
+    # A pending stamp old enough that no live request is behind it (its process died between
+    # journaling it and recording its outcome, perhaps after its signature went out), published
+    # as such: the first log to publish it marks it so in the same transaction (migration
+    # 0014). An outcome recorded after all (a process that was only stalled) still replaces it.
+    ORPHANED = "orphaned"
 
 
 class Stamp(Base):

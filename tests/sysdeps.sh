@@ -36,6 +36,19 @@ else
     exit 1
 fi
 echo "installing the packages the tests need: $missing"
-$sudo apt-get update -q >/dev/null
+# Quiet unless it fails: what apt, debconf and needrestart print is kept, and shown only when
+# apt-get fails. needrestart, which apt runs after an install (it scans every process and may
+# ask which services to restart), is skipped (NEEDRESTART_SUSPEND; NEEDRESTART_MODE=a restarts
+# without asking should one run anyway). `env` sets the variables after sudo, which would
+# drop them from its environment (env_reset).
+apt_get() {
+    if ! out=$($sudo env DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 \
+            NEEDRESTART_MODE=a apt-get -qq "$@" 2>&1 </dev/null); then
+        printf '%s\n' "$out" >&2
+        echo "make test: apt-get $1 failed (above); install them with: sudo apt-get install -y $missing" >&2
+        exit 1
+    fi
+}
+apt_get update
 # shellcheck disable=SC2086  # one word per package
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q $missing >/dev/null
+apt_get install -y $missing

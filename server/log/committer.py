@@ -28,7 +28,9 @@ Which stamps: the log shows exactly the stamps whose signature may have reached 
   request timeout (the stamper gives up then), recorded with the journal's next write, so a
   pending stamp younger than ``request_timeout + OUTCOME_GRACE`` is left for a later log
   commit. An older one belongs to a process that died between journaling and recording the
-  outcome, perhaps after its signature went out: it is assigned and published.
+  outcome, perhaps after its signature went out: it is assigned and published, and marked
+  ``orphaned`` in the same transaction (unless the transparency log's sequencer, which
+  publishes it too, marked it first). ``orphaned`` stamps are published like ``signed`` ones.
 
 What a log commit publishes is thus fixed when its stamps are assigned: every stamp assigned to
 it except those marked ``failed-unlogged`` then, whatever outcome a pending one gets later
@@ -196,11 +198,11 @@ class LogCommitter:
         return db.retry_transient(self._assign_once, what="assign stamps to a log commit")
 
     def _assign_once(self) -> int | None:
+        orphaned: ColumnElement[bool] = and_(Stamp.state == StampState.PENDING,
+                                             Stamp.stamped_at < self._orphan_cutoff())
         published: ColumnElement[bool] = and_(
             Stamp.log_commit_id.is_(None),
-            or_(Stamp.state == StampState.SIGNED,
-                and_(Stamp.state == StampState.PENDING,
-                     Stamp.stamped_at < self._orphan_cutoff())))
+            or_(Stamp.state.in_((StampState.SIGNED, StampState.ORPHANED)), orphaned))
         with self.engine.connect() as conn, conn.begin() as tx:
             # Nothing to publish, no log commit (and no number used up): failed stamps alone
             # wait for the next one.
@@ -217,6 +219,10 @@ class LogCommitter:
                                 .values(log_commit_id=lc_id)).rowcount:
                 tx.rollback()  # what was there turned failed meanwhile
                 return None
+            # Pending stamps published without an outcome say so (the transparency log's
+            # sequencer may have marked them already).
+            conn.execute(update(Stamp).where(Stamp.log_commit_id == lc_id, orphaned)
+                         .values(state=StampState.ORPHANED))
             # Failed stamps go along unpublished, marked so in the same transaction: what the
             # log commit shows is fixed now (see the module docstring).
             failed = and_(Stamp.log_commit_id.is_(None), Stamp.state == StampState.FAILED)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, update
+from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, or_, update
 
 from formats.manifests import key_prefix
 from server import db
@@ -29,6 +29,9 @@ from server.stats import Stats
 log = logging.getLogger(__name__)
 
 UPDATE_DELAY = 0.5  # seconds an outcome may wait for the next group commit
+# The states whose stamp takes an outcome: pending, and orphaned (published by the logs as
+# pending too long: a process that was only stalled may record its outcome after all).
+OUTCOME_PENDING = (StampState.PENDING, StampState.ORPHANED)
 
 
 # A manifest's digest index rows: (bucket key, packed digests) (`formats.manifests.buckets`).
@@ -259,10 +262,10 @@ class _SqlAlchemyWriter(_Writer):
       and no other transaction waits for them (the ids come from a sequence).
     - A transient error (`server.db.is_transient`: deadlock, serialization failure, a lost
       connection) rolls the group back; it is run again, a bounded number of times. That is
-      idempotent: the outcomes only touch ``pending`` rows and set the same values again, and a
-      group that inserts requests is never run again after the connection was lost during its
-      COMMIT (`server.db.CommitUnknown`: it may have committed): its requests fail (503) and
-      nothing is recorded twice.
+      idempotent: the outcomes only touch rows without one (``pending``, ``orphaned``) and set
+      the same values again, and a group that inserts requests is never run again after the
+      connection was lost during its COMMIT (`server.db.CommitUnknown`: it may have
+      committed): its requests fail (503) and nothing is recorded twice.
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -300,7 +303,8 @@ class _SqlAlchemyWriter(_Writer):
                     self.conn.execute(
                         update(table)
                         .where(table.c.id == bindparam("sid"),
-                               table.c.state == StampState.PENDING)
+                               # (no IN: an expanding parameter, not in an executemany)
+                               or_(*(table.c.state == s for s in OUTCOME_PENDING)))
                         .values(state=bindparam("state"), worker=bindparam("worker"),
                                 attempts=func.coalesce(bindparam("attempts"), table.c.attempts),
                                 object_id=bindparam("object_id"), error=bindparam("error"),
@@ -350,11 +354,11 @@ class _SqliteWriter(_Writer):
     """
 
     CHUNK = 200  # rows per INSERT (x 11 parameters, far below SQLite's variable limit)
-    # Only a pending stamp takes an outcome (a re-applied update must not undo the log
+    # Only a stamp without an outcome takes one (a re-applied update must not undo the log
     # committer's marking of a failed stamp).
     UPDATE = ("UPDATE stamps SET state = ?, worker = ?, attempts = COALESCE(?, attempts), "
               "object_id = ?, error = ?, receipt = ? WHERE id = ? "
-              f"AND state = '{StampState.PENDING}'")
+              f"AND state IN ('{StampState.PENDING}', '{StampState.ORPHANED}')")
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -267,9 +267,9 @@ class Tlog:
         lock = " FOR UPDATE" if conn.dialect.name == "postgresql" else ""
         rows = conn.exec_driver_sql(
             'SELECT id, kind, "commit", object_id, algorithm, digest, stamped_at, key_id '
-            f"FROM stamps WHERE tlog_index IS NULL AND (state = '{StampState.SIGNED}' OR "
-            f"(state = '{StampState.PENDING}' AND stamped_at < {p})) ORDER BY id LIMIT {p}"
-            f"{lock}", (self._orphan_cutoff(), BATCH)).fetchall()
+            f"FROM stamps WHERE tlog_index IS NULL AND (state IN ('{StampState.SIGNED}', "
+            f"'{StampState.ORPHANED}') OR (state = '{StampState.PENDING}' AND stamped_at < {p}))"
+            f" ORDER BY id LIMIT {p}{lock}", (self._orphan_cutoff(), BATCH)).fetchall()
         if not rows:
             return first, []
         entries: list[bytes] = []
@@ -281,8 +281,11 @@ class Tlog:
             entries.append(entry_of(row, self.fingerprints, signed))
         conn.exec_driver_sql(f"INSERT INTO tlog_entries (idx, entry) VALUES ({p}, {p})",
                              [(first + i, e) for i, e in enumerate(entries)])
-        conn.exec_driver_sql(f"UPDATE stamps SET tlog_index = {p} WHERE id = {p}",
-                             [(first + i, row[0]) for i, row in enumerate(rows)])
+        # A pending stamp published without an outcome (its process died) says so.
+        conn.exec_driver_sql(
+            f"UPDATE stamps SET tlog_index = {p}, state = CASE WHEN state = "
+            f"'{StampState.PENDING}' THEN '{StampState.ORPHANED}' ELSE state END WHERE id = {p}",
+            [(first + i, row[0]) for i, row in enumerate(rows)])
         return first, entries
 
     async def _checkpoint(self) -> None:

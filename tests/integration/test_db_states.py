@@ -191,3 +191,20 @@ def test_a_row_in_an_unknown_state_stops_the_migration(engine: Engine) -> None:
     assert db.current_revision(engine) == BEFORE
     assert states(engine, "log_commits") == ["published"]
     assert foreign_keys_enforced(engine)
+
+
+def test_orphaned_stamps_are_pending_below_revision_0014(engine: Engine) -> None:
+    """0014 adds the state ``orphaned``; a downgrade makes such stamps ``pending`` again (what
+    the older release shows for them), and refuses no other row."""
+    with engine.begin() as conn:
+        for state in (StampState.ORPHANED, StampState.SIGNED):
+            insert(conn, "stamps", state)
+    db.downgrade(engine, "0013")
+    assert states(engine, "stamps") == ["pending", "signed"]
+    with pytest.raises(IntegrityError, match="ck_stamps_state"), engine.begin() as conn:
+        insert(conn, "stamps", StampState.ORPHANED)
+    db.upgrade(engine)
+    assert db.current_revision(engine) == db.SCHEMA_HEAD
+    with engine.begin() as conn:
+        insert(conn, "stamps", StampState.ORPHANED)
+    assert states(engine, "stamps") == ["orphaned", "pending", "signed"]

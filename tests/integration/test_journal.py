@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select, text, update
 
 from server import db
 from server.errors import JournalError
 from server.models import Stamp, StampState
 from server.stamping.journal import Journal
-from server.stamping.requests import BranchRequest, TagRequest
+from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -138,6 +138,35 @@ def test_grouped_commits_and_durable_rows(engine: Engine) -> None:
         first = conn.execute(select(Stamp.commit, Stamp.kind, Stamp.stamped_at)
                              .where(Stamp.id == ids[0])).one()
         assert tuple(first) == (f"{0:040x}", "branch", 1700000000)
+
+
+def test_an_orphaned_stamp_still_takes_its_outcome_and_no_other_state_does(
+        engine: Engine) -> None:
+    """A stamp the logs published as ``orphaned`` (pending too long) takes an outcome that is
+    recorded after all, as a pending one does; a settled one keeps its state (an outcome
+    applied twice, a failed stamp the log committer marked)."""
+    settled = (StampState.SIGNED, StampState.FAILED_UNLOGGED)
+
+    async def scenario() -> list[int]:
+        journal = Journal(engine)
+        journal.start()
+        ids = list(await asyncio.gather(*(journal.record(DigestRequest("sha256", f"{i:064x}"),
+                                                         1700000000) for i in range(4))))
+        with engine.begin() as conn:
+            for sid, state in zip(ids[1:], (StampState.ORPHANED, *settled), strict=True):
+                conn.execute(update(Stamp).where(Stamp.id == sid).values(state=state))
+        for sid in ids:
+            await journal.signed_durably(sid, "w1", 1, f"receipt {sid}")
+        await journal.stop()
+        return ids
+
+    ids = asyncio.run(scenario())
+    with engine.connect() as conn:
+        rows = {r.id: (r.state, r.receipt)
+                for r in conn.execute(select(Stamp.id, Stamp.state, Stamp.receipt))}
+    assert [rows[i] for i in ids] == [
+        (StampState.SIGNED, f"receipt {ids[0]}"), (StampState.SIGNED, f"receipt {ids[1]}"),
+        (StampState.SIGNED, None), (StampState.FAILED_UNLOGGED, None)]
 
 
 def test_database_down_fails_request_without_signing(tmp_path: Path) -> None:

@@ -547,15 +547,18 @@ def test_pending_stamps_of_a_dead_process_are_published_once_old(
 ) -> None:
     """A process killed between signing and recording the outcome leaves its stamps pending,
     and their signatures may have reached clients: once no live request can be behind them
-    any more (older than the request timeout plus a grace), they are published."""
+    any more (older than the request timeout plus a grace), they are published, and their
+    rows say so: ``orphaned``, no longer ``pending``."""
     clock = Clock()
     committer = make_committer(engine, repo, inproc_dispatcher, clock)
 
     async def scenario() -> tuple[str | None, str | None, list[int]]:
         orphans = await record(engine, [tag(8), DigestRequest("sha512", "8" * 128)], T0,
                                StampState.PENDING)
+        young = await record(engine, [tag(9)], T0 + 1, StampState.PENDING)
         clock.advance(OLD)
         early = await committer.commit_now()
+        assert states(engine) == dict.fromkeys(orphans + young, StampState.PENDING)
         clock.advance(1)
         return early, await committer.commit_now(), orphans
 
@@ -564,13 +567,42 @@ def test_pending_stamps_of_a_dead_process_are_published_once_old(
     assert head is not None
     assert logged(repo, head) == (f"{8:040x}\n".encode(), f"sha512 {'8' * 128}\n".encode())
     assert log_rows(engine) == [(1, LogCommitState.COMMITTED, head, 2)]
+    # (the younger one may still get its outcome: left pending and unassigned)
+    assert states(engine) == {**dict.fromkeys(orphans, StampState.ORPHANED),
+                              3: StampState.PENDING}
+    assert assigned(engine) == {**dict.fromkeys(orphans, 1), 3: None}
 
     # Should an outcome still arrive (a process that was only stalled, or another host whose
     # clock is behind), what was published stays published: the rows rebuild the same log.
-    asyncio.run(late_outcome(engine, orphans, StampState.FAILED))
-    assert states(engine) == dict.fromkeys(orphans, StampState.FAILED)
+    asyncio.run(late_outcome(engine, orphans[:1], StampState.SIGNED))
+    asyncio.run(late_outcome(engine, orphans[1:], StampState.FAILED))
+    assert states(engine) == {orphans[0]: StampState.SIGNED, orphans[1]: StampState.FAILED,
+                              3: StampState.PENDING}
     assert committer._hashes(1) == ([f"{8:040x}"], [f"sha512 {'8' * 128}"])
     rebuilt_identically(engine, repo, tmp_path / "other", inproc_dispatcher, clock)
+
+
+def test_stamps_the_transparency_log_marked_orphaned_are_published(
+    engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
+) -> None:
+    """The transparency log's sequencer publishes an orphaned stamp first (within a minute,
+    the git log within the hour) and marks it ``orphaned``: the next log commit publishes it
+    all the same."""
+    clock = Clock()
+    committer = make_committer(engine, repo, inproc_dispatcher, clock)
+
+    async def scenario() -> tuple[list[int], str | None]:
+        ids = await record(engine, [DigestRequest("sha256", "7" * 64)], T0, StampState.PENDING)
+        with engine.begin() as conn:  # (what server.tlog.sequencer does to it)
+            conn.execute(update(Stamp).where(Stamp.id.in_(ids))
+                         .values(state=StampState.ORPHANED, tlog_index=0))
+        clock.advance(1)  # (young: were it pending, it would wait)
+        return ids, await committer.commit_now()
+
+    ids, head = asyncio.run(scenario())
+    assert head is not None
+    assert logged(repo, head) == (b"", f"sha256 {'7' * 64}\n".encode())
+    assert states(engine) == dict.fromkeys(ids, StampState.ORPHANED)
 
 
 def test_outcomes_due_any_moment_are_waited_for(

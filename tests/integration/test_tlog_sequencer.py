@@ -152,11 +152,16 @@ def test_stamps_become_entries_in_journal_order(engine: Engine, tmp_path: Path,
         index = dict(conn.execute(select(Stamp.id, Stamp.tlog_index)).all())
         assert [index[i] for i in ids] == [0, 1, 2, 3, 4, None, None]
         assert conn.execute(select(TlogCheckpoint.size)).scalar_one() == 5
-    # the pending stamp gets its entry once no live request can be behind it (no object)
+    # the pending stamp gets its entry once no live request can be behind it (no object),
+    # and its row says it was published without an outcome; the others keep theirs
     clock.t += REQUEST_TIMEOUT + OUTCOME_GRACE + 2
     assert run(tlog.step()) == 6
     entry, size = checked_proof(reader, 5, log_key[0])
     assert entry.serial == ids[6] and size == 6
+    with engine.connect() as conn:
+        state = dict(conn.execute(select(Stamp.id, Stamp.state)).all())
+    assert [state[i] for i in ids] == [StampState.SIGNED] * 5 + [StampState.FAILED,
+                                                                 StampState.ORPHANED]
 
 
 def test_a_checkpoint_for_the_empty_log_and_none_while_idle(

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 from tests.helpers import (
@@ -133,6 +134,12 @@ def test_kill_server_under_load_then_restart(seeded_dir: Path, server_factory: l
     missing = not_logged()
     assert not missing, f"{len(missing)} received stamps not in the log"
     assert log_commits(seeded_dir)
+    # ... and their rows say so: a stamp published without an outcome is `orphaned`, not
+    # `pending` for ever.
+    with sqlite3.connect(seeded_dir / "stampd.sqlite3") as db:
+        state = dict(db.execute('select "commit", state from stamps'))
+    assert {state[r.commit] for r in received} <= {"signed", "orphaned"}, \
+        Counter(state[r.commit] for r in received)
 
 
 def test_kill_the_log_writing_http_process_under_load(
