@@ -232,10 +232,11 @@ def ok(case_id: str, **case: Any) -> dict[str, Any]:
     return {"id": case_id, **case, "expect": {"ok": True}}
 
 
-def refused(case_id: str, check: str, *, reason: str | None = None,
+def refused(case_id: str, check: str | None, *, reason: str | None = None,
             contains: tuple[str, ...] = (), same_reason: bool = True, cli: bool = True,
-            **case: Any) -> dict[str, Any]:
-    expect: dict[str, Any] = {"ok": False, "check": check, "contains": list(contains)}
+            kind: str = "invalid", **case: Any) -> dict[str, Any]:
+    expect: dict[str, Any] = {"ok": False, "check": check, "contains": list(contains),
+                              "kind": kind}
     if reason is not None:
         expect["reason"] = reason
     return {"id": case_id, **case, "expect": expect, "same_reason": same_reason, "cli": cli}
@@ -283,6 +284,8 @@ def made(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Made:
     put("ssh-p256.asc", stamp(server, content, p256["fingerprint"])[1])
     put("ssh-changed.asc", receipt_changed(stamp(server, content, ed["fingerprint"])[1]))
     put("changed.asc", receipt_changed(receipt))
+    put("rsa.asc", ssh_rsa_receipt(root, (root / "ssh-ed25519.asc").read_text()))
+    put("rsa-changed.asc", receipt_changed((root / "rsa.asc").read_text()))
 
     names = {"a.txt": b"alpha\n", "sub/b.txt": b"bravo\n", "c.txt": os.urandom(1000)}
     for name, data in names.items():
@@ -348,6 +351,10 @@ def made(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Made:
         refused("ssh-changed-statement", "signature",
                 **{**r, "receipt": "ssh-changed.asc", "keys": ["allowed_signers"]},
                 contains=("the SSH signature does not verify",), same_reason=False),
+        ok("ssh-rsa", **{**r, "receipt": "rsa.asc", "keys": ["rsa.pub"]}),
+        refused("ssh-rsa-changed-statement", "signature", same_reason=False,
+                **{**r, "receipt": "rsa-changed.asc", "keys": ["rsa.pub"]},
+                contains=("the SSH signature does not verify",)),
         refused("ssh-key-not-given", "key",
                 **{**r, "receipt": "ssh-ed25519.asc", "keys": ["server-key.asc"]},
                 reason=f"the receipt names key {ed['fingerprint']}, which is not in the key "
@@ -410,6 +417,24 @@ def made(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Made:
     ]
     (root / "cases.json").write_text(json.dumps({"cases": cases}, indent=1))
     return Made(root, cases)
+
+
+def ssh_rsa_receipt(root: Path, ssh_receipt: str) -> str:
+    """An SSH receipt signed by an RSA key made here (``rsa.pub`` beside it) with
+    ``ssh-keygen -Y sign -n stampd`` (rsa-sha2-512), statement and all: the browser checks
+    RSA signatures with WebCrypto."""
+    key = root / "rsa"
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-C", "", "-f",
+                    str(key)], check=True, timeout=60, capture_output=True)
+    public = key.with_suffix(".pub").read_text()
+    blob = base64.b64decode(public.split()[1])
+    fingerprint = "SHA256:" + b64(hashlib.sha256(blob).digest()).rstrip("=")
+    statement = ssh_receipt.split("-----BEGIN SSH SIGNATURE-----", 1)[0]
+    statement = statement[:statement.index("key: ")] + f"key: {fingerprint}\n"
+    signed = subprocess.run(["ssh-keygen", "-Y", "sign", "-n", "stampd", "-f", str(key)],
+                            input=statement.encode(), check=True, timeout=60,
+                            capture_output=True).stdout.decode()
+    return statement + signed
 
 
 def receipt_changed(receipt: str) -> str:
@@ -743,6 +768,9 @@ def test_parsers_and_proof_checks_agree_with_stampd_verify(
             ("p256", "receipt-signature", "allowed_signers", ssh_key,
              [p256[:p256_at] + m
               for m in mutations(p256[p256_at:], seed=97)[:SIGNATURES // 2]]),
+            ("rsa", "receipt-signature", "rsa.pub",
+             {"keys": (root / "rsa.pub").read_text(), "keyOrigin": "key file rsa.pub"},
+             mutations((root / "rsa.asc").read_bytes(), seed=95)[:SIGNATURES // 2]),
             ("msig", "manifest-signature", "server-key.asc", key,
              mutations(manifest, seed=96)[:SIGNATURES])):
         for i, m in enumerate(variants):

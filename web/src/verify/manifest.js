@@ -180,7 +180,7 @@ async function checkSignature(c, manifest, keys, keyOrigin) {
   if (manifest.format === "ssh") {
     const key = texts.flatMap((t) => sshKeysFrom(t)).find((k) => k.fingerprint === h.key);
     if (!key) return c.fail("key", `the manifest names key ${h.key}, which is not in the ${keyOrigin}`);
-    const res = verifySshsig(key, NAMESPACE, utf8Bytes(manifest.text), manifest.signature);
+    const res = await verifySshsig(key, NAMESPACE, utf8Bytes(manifest.text), manifest.signature);
     if (!res.ok) return c.fail("signature", `the SSH signature does not verify with the ${keyOrigin}: ${res.reason}`);
     c.pass("signature", `a good SSH signature (namespace ${NAMESPACE}) by ${key.fingerprint} of the ${keyOrigin}`);
     return key.fingerprint;

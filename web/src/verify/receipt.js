@@ -121,7 +121,7 @@ export function normaliseDigest(digest) {
  * - `digest`: a digest in hex, as `--digest`.
  *
  * Returns `{ok, kind, reason, checks, statement, signer, matched}`; throws `Malformed` for
- * what is not a receipt (or no key at all), `Unsupported` for an SSH RSA signature.
+ * what is not a receipt (or no key at all).
  */
 export async function verifyReceipt({ receipt, keys, keyOrigin = "given keys", file = null, digest = null }) {
   const { statement: st, statementText, signature, format } = parseReceipt(receipt);
@@ -137,7 +137,7 @@ export async function verifyReceipt({ receipt, keys, keyOrigin = "given keys", f
       c.fail("key", `the receipt names key ${st.key}, which is not in the ${keyOrigin}`);
       return c.result({ statement: st, format });
     }
-    const res = verifySshsig(key, NAMESPACE, new TextEncoder().encode(statementText), signature);
+    const res = await verifySshsig(key, NAMESPACE, new TextEncoder().encode(statementText), signature);
     if (!res.ok) {
       c.fail("signature", `the SSH signature does not verify: ${res.reason}`);
       return c.result({ statement: st, format });

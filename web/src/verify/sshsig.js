@@ -1,7 +1,7 @@
 // SSH signatures (SSHSIG, OpenSSH's PROTOCOL.sshsig) checked in the browser, as
 // `ssh-keygen -Y verify -n stampd` checks a receipt or manifest with an allowed-signers file of
-// one key: ed25519 and ECDSA P-256/P-384/P-521 keys with @noble/curves. RSA keys are not
-// checked here: `Unsupported`, saying to use ssh-keygen.
+// one key: ed25519 and ECDSA P-256/P-384/P-521 keys with @noble/curves, RSA keys (rsa-sha2-256
+// and rsa-sha2-512 signatures, as OpenSSH requires for SSHSIG) with WebCrypto.
 import { ed25519 } from "@noble/curves/ed25519.js";
 import { p256, p384, p521 } from "@noble/curves/nist.js";
 import { sha256, sha384, sha512 } from "@noble/hashes/sha2.js";
@@ -147,11 +147,45 @@ function mpint(bytes, size) {
   return out;
 }
 
+function b64url(bytes) {
+  let b = bytes;
+  while (b.length > 1 && b[0] === 0) b = b.subarray(1); // (an mpint's sign byte)
+  let bin = "";
+  for (const x of b) bin += String.fromCharCode(x);
+  return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+const RSA_HASHES = { "rsa-sha2-256": "SHA-256", "rsa-sha2-512": "SHA-512" };
+const RSA_MIN_BITS = 1024; // OpenSSH's SSH_RSA_MINIMUM_MODULUS_SIZE
+
+/** An RSA PKCS#1 v1.5 signature (`type` rsa-sha2-256 or -512) by the ssh-rsa `keyBlob`. */
+async function verifyRsa(keyBlob, type, signature, signed) {
+  const hash = RSA_HASHES[type];
+  if (!hash) throw new Error(`an RSA signature of type ${type}: SHA-2 signatures only`);
+  const k = new Reader(keyBlob);
+  k.string();
+  const e = k.string();
+  const n = k.string();
+  let modulus = n;
+  while (modulus.length && modulus[0] === 0) modulus = modulus.subarray(1);
+  if (modulus.length * 8 < RSA_MIN_BITS) throw new Error(`an RSA key of fewer than ${RSA_MIN_BITS} bits`);
+  if (signature.length > modulus.length) throw new Error("an RSA signature longer than the key");
+  const padded = new Uint8Array(modulus.length); // (OpenSSH takes a shorter one, left-padded)
+  padded.set(signature, modulus.length - signature.length);
+  if (!globalThis.crypto?.subtle) {
+    // (WebCrypto exists in secure contexts only: a page served over https or from localhost)
+    throw new Unsupported("an SSH RSA signature needs WebCrypto, which this browser offers only to pages served over https; check it with ssh-keygen -Y verify");
+  }
+  const algorithm = { name: "RSASSA-PKCS1-v1_5", hash };
+  const publicKey = await crypto.subtle.importKey("jwk", { kty: "RSA", n: b64url(n), e: b64url(e), ext: true }, algorithm, false, ["verify"]);
+  return crypto.subtle.verify(algorithm, publicKey, padded, signed);
+}
+
 /**
  * Check an armored SSHSIG over `message` (bytes) in `namespace` by `key` (from `sshKeysFrom`).
- * `{ok: true}` or `{ok: false, reason}` (why it does not verify); `Unsupported` for an RSA key.
+ * `{ok: true}` or `{ok: false, reason}` (why it does not verify).
  */
-export function verifySshsig(key, namespace, message, armored) {
+export async function verifySshsig(key, namespace, message, armored) {
   let sig;
   try {
     const r = new Reader(unarmor(armored));
@@ -164,9 +198,6 @@ export function verifySshsig(key, namespace, message, armored) {
     if (!r.done) throw new Error("trailing bytes");
   } catch (e) {
     return { ok: false, reason: `it cannot be read: ${e.message}` };
-  }
-  if (key.type === "ssh-rsa") {
-    throw new Unsupported("an SSH RSA signature: this page checks ed25519 and ECDSA SSH signatures; check RSA ones with ssh-keygen -Y verify");
   }
   if (!equalBytes(sig.publicKey, key.blob)) {
     return { ok: false, reason: `it is made by another key than ${key.fingerprint}` };
@@ -190,8 +221,11 @@ export function verifySshsig(key, namespace, message, armored) {
     const raw = s.string();
     const k = new Reader(key.blob);
     k.string();
-    if (type !== key.type || !s.done) throw new Error(`a ${type} signature for a ${key.type} key`);
-    if (key.type === "ssh-ed25519") {
+    const fits = key.type === "ssh-rsa" ? type in RSA_HASHES : type === key.type;
+    if (!fits || !s.done) throw new Error(`a ${type} signature for a ${key.type} key`);
+    if (key.type === "ssh-rsa") {
+      good = await verifyRsa(key.blob, type, raw, signed);
+    } else if (key.type === "ssh-ed25519") {
       const pub = k.string();
       good = raw.length === 64 && ed25519.verify(raw, signed, pub, { zip215: false });
     } else {
@@ -203,6 +237,7 @@ export function verifySshsig(key, namespace, message, armored) {
       good = curve.verify(compact, h(signed), point, { prehash: false, lowS: false });
     }
   } catch (e) {
+    if (e instanceof Unsupported) throw e;
     return { ok: false, reason: e.message };
   }
   return good ? { ok: true } : { ok: false, reason: "bad signature" };
