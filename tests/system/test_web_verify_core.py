@@ -298,6 +298,10 @@ def made(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Made:
                                {"Content-Type": "text/plain"})
     assert status == 200, manifest
     put("SHA256SUMS.asc", manifest)
+    status, ssh_manifest = request(server, "POST", "/v1/manifests?format=ssh", body.encode(),
+                                   {"Content-Type": "text/plain"})
+    assert status == 200, ssh_manifest
+    put("SHA256SUMS-ssh.asc", ssh_manifest)
     m_serial = int(manifest.decode().split("# serial: ", 1)[1].split("\n", 1)[0])
     text = manifest.decode()
     put("SHA256SUMS-short.asc", text.replace(text.split("# lines: 3\n", 1)[1].split("\n", 1)[0]
@@ -389,6 +393,10 @@ def made(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Made:
                        f"needs 2 of witnesses ({WITNESS}, w2.webverify.test)"),
         ok("manifest", **m),
         ok("manifest-and-proof", **m, proof="manifest.tlog-proof", logKey=vkey),
+        ok("manifest-ssh", **{**m, "manifest": "SHA256SUMS-ssh.asc", "keys": ["allowed_signers"]}),
+        refused("manifest-ssh-other-key", "key",
+                **{**m, "manifest": "SHA256SUMS-ssh.asc", "keys": ["rsa.pub"]},
+                contains=("which is not in the key file rsa.pub",)),
         ok("manifest-by-base-names", **{**m, "files": {n.split("/")[-1]: f"tree/{n}"
                                                        for n in names}}, cli=False),
         refused("manifest-changed-file", "file", **{**m, "dir": "changed", "files": {
@@ -675,7 +683,7 @@ def same(python: dict[str, Any], js: dict[str, Any] | None) -> bool:
     status (BADSIG, NO_PUBKEY...) or ssh-keygen's last line and the browser its own words."""
     if js is None or (python["ok"], python["kind"]) != (js["ok"], js["kind"]):
         return False
-    for tool in ("signature does not verify: ", "the SSH signature does not verify: "):
+    for tool in ("signature does not verify: ", "the SSH signature does not verify"):
         if python["reason"] and python["reason"].startswith(tool):  # (gpg's, ssh-keygen's words)
             return bool(js["reason"] and js["reason"].startswith(tool))
     return bool(python["reason"] == js["reason"])
@@ -772,7 +780,9 @@ def test_parsers_and_proof_checks_agree_with_stampd_verify(
              {"keys": (root / "rsa.pub").read_text(), "keyOrigin": "key file rsa.pub"},
              mutations((root / "rsa.asc").read_bytes(), seed=95)[:SIGNATURES // 2]),
             ("msig", "manifest-signature", "server-key.asc", key,
-             mutations(manifest, seed=96)[:SIGNATURES])):
+             mutations(manifest, seed=96)[:SIGNATURES]),
+            ("mssh", "manifest-signature", "allowed_signers", ssh_key,
+             mutations((root / "SHA256SUMS-ssh.asc").read_bytes(), seed=94)[:SIGNATURES // 2])):
         for i, m in enumerate(variants):
             inputs[f"{name}.{i}"] = m
             cases.append({"id": f"{name}.{i}", "type": kind, "data": b64(m), **js_key})
