@@ -117,6 +117,9 @@ async function check() {
     return show("malformed", "Not checked: choose exactly one receipt or manifest (with its log proof, if you have it).");
   }
   if (found.proof.length > 1 || found.policy.length > 1) return show("malformed", "Not checked: choose at most one log proof and one policy.");
+  if (found.proof.length && !found.policy.length && !config.tlog) {
+    return show("malformed", "Not checked: this server keeps no transparency log, so the page knows no log key; add the log's policy file to check the proof.");
+  }
   const keys = found.key.length ? found.key.map((k) => k.text) : config.keys.map((k) => k.public);
   const keyOrigin = found.key.length ? `key file ${found.key.map((k) => k.name).join(", ")}` : `keys this page was served with by ${config.server}`;
   let result;

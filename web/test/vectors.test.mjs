@@ -7,7 +7,7 @@ import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { parseManifest } from "../src/verify/manifest.js";
+import { compareFiles, parseLine, parseManifest } from "../src/verify/manifest.js";
 import { ed25519 } from "@noble/curves/ed25519.js";
 
 import { NoteError, keyId, openNote, parseCheckpoint, parseVkey, verifier } from "../src/verify/note.js";
@@ -132,4 +132,19 @@ test("not a receipt or manifest: Malformed, with stampd verify's words", () => {
   assert.throws(() => parseManifest(new Uint8Array([0xef, 0xbb, 0xbf, ...enc(v2)])), {
     message: "the manifest's signature is 'pgp signature'; only OpenPGP and SSH signatures can be checked",
   });
+});
+
+test("a manifest's lines and the files given: by name, by base name when unambiguous", () => {
+  const d = (c) => c.repeat(64);
+  const lines = [`${d("a")} *dist/a.txt`, `${d("b")}  dist/sub/b.txt`, `SHA256 (c.txt) = ${d("c")}`, d("e"), `\\${d("f")} *x\\ny`, `${d("1")} *one/x.txt`, `${d("2")} *two/x.txt`, `${d("3")} *../up.txt`];
+  assert.deepEqual(parseLine(lines[4]), { digest: d("f"), name: "x\ny" });
+  const manifest = { entries: lines.map((l, i) => ({ line: i + 1, ...parseLine(l) })) };
+  const r = compareFiles(manifest, new Map([["a.txt", d("a")], ["dist/sub/b.txt", d("0")], ["c.txt", d("c")], ["x.txt", d("1")], ["extra.bin", d("9")]]));
+  assert.deepEqual(r.matched, ["dist/a.txt", "c.txt"]);
+  assert.deepEqual(r.changed, [{ name: "dist/sub/b.txt", expected: d("b"), actual: d("0") }]);
+  // x.txt: two lines bear that base name, so neither takes it
+  assert.deepEqual(r.missing, ["x\ny", "one/x.txt", "two/x.txt"]);
+  assert.deepEqual(r.extra, ["x.txt", "extra.bin"]);
+  assert.deepEqual(r.unchecked, ["line 4 (no name)", "../up.txt"]);
+  assert.equal(r.checked, 6);
 });
