@@ -597,6 +597,13 @@ def test_the_verify_page_decides_offline(server: Server, made: Made, browser: An
         assert state == "valid" and "sha256 of big.bin is the receipt's" in text, text
         print(f"verify page: {BIG >> 20} MiB file checked in {took:.2f} s "
               f"({BIG / took / 1e6:.0f} MB/s with the file's transfer to the browser)")
+        # a newer choice while the larger file is being hashed: only the newer check answers
+        tab.set_input_files("[data-testid=verify-file]", [big])
+        tab.set_input_files("[data-testid=verify-file]", [root / "flipped.bin"])
+        tab.wait_for_selector(FINAL, timeout=30_000)
+        tab.wait_for_timeout(1000)  # (time for the older check to answer, were it to)
+        text = tab.locator("[data-testid=verify-result]").inner_text()
+        assert "sha256 of flipped.bin is" in text and "big.bin" not in text, text
         assert asked == [] and errors == [], (asked, errors)
         print(f"screenshots of the verify page: {tmp_path}/verify-*.png")
     finally:

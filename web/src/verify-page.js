@@ -19,8 +19,9 @@ document.getElementById("server-key").textContent = config.keys[0]?.fingerprint 
 const MAX_EVIDENCE = 300 * 1024 * 1024; // a manifest may be large; a receipt is at most 64 KiB
 let run = 0;
 
-/** The hex digest of `file`, streamed (constant memory); `progress(bytes)` now and then. */
-async function digestOf(file, algorithm, progress = () => {}) {
+/** The hex digest of `file`, streamed (constant memory); `progress(bytes)` now and then; given
+ * up (throwing) once `stale()` says a newer check has begun. */
+async function digestOf(file, algorithm, progress = () => {}, stale = () => false) {
   const hasher = algorithm === "sha512" ? await createSHA512() : await createSHA256();
   hasher.init();
   const reader = file.stream().getReader();
@@ -29,6 +30,10 @@ async function digestOf(file, algorithm, progress = () => {}) {
   for (;;) {
     const { value, done: end } = await reader.read();
     if (end) break;
+    if (stale()) {
+      await reader.cancel();
+      throw new Error("given up for a newer check");
+    }
     hasher.update(value);
     done += value.length;
     if (Date.now() - shown > 100) {
@@ -97,6 +102,11 @@ function show(state, heading, checks = [], note = null) {
 
 async function check() {
   const mine = ++run;
+  // what a check says, unless a newer choice of files is being checked by then
+  const stale = () => mine !== run;
+  const say = (...args) => {
+    if (!stale()) show(...args);
+  };
   const evidence = [...evidenceInput.files];
   const files = [...filesInput.files];
   if (!evidence.length) {
@@ -106,19 +116,19 @@ async function check() {
   const hashed = working(files.reduce((n, f) => n + f.size, 0));
   const found = { receipt: [], manifest: [], proof: [], key: [], policy: [] };
   for (const f of evidence) {
-    if (f.size > MAX_EVIDENCE) return show("malformed", `Not checked: ${f.name} is too large for a receipt, manifest, proof or key.`);
+    if (f.size > MAX_EVIDENCE) return say("malformed", `Not checked: ${f.name} is too large for a receipt, manifest, proof or key.`);
     const bytes = new Uint8Array(await f.arrayBuffer());
     const text = new TextDecoder().decode(bytes);
     const kind = kindOf(text);
-    if (!kind) return show("malformed", `Not checked: ${f.name} is no receipt, manifest, log proof, key file or policy.`);
+    if (!kind) return say("malformed", `Not checked: ${f.name} is no receipt, manifest, log proof, key file or policy.`);
     found[kind].push({ name: f.name, bytes, text });
   }
   if (found.receipt.length + found.manifest.length !== 1) {
-    return show("malformed", "Not checked: choose exactly one receipt or manifest (with its log proof, if you have it).");
+    return say("malformed", "Not checked: choose exactly one receipt or manifest (with its log proof, if you have it).");
   }
-  if (found.proof.length > 1 || found.policy.length > 1) return show("malformed", "Not checked: choose at most one log proof and one policy.");
+  if (found.proof.length > 1 || found.policy.length > 1) return say("malformed", "Not checked: choose at most one log proof and one policy.");
   if (found.proof.length && !found.policy.length && !config.tlog) {
-    return show("malformed", "Not checked: this server keeps no transparency log, so the page knows no log key; add the log's policy file to check the proof.");
+    return say("malformed", "Not checked: this server keeps no transparency log, so the page knows no log key; add the log's policy file to check the proof.");
   }
   const keys = found.key.length ? found.key.map((k) => k.text) : config.keys.map((k) => k.public);
   const keyOrigin = found.key.length ? `key file ${found.key.map((k) => k.name).join(", ")}` : `keys this page was served with by ${config.server}`;
@@ -128,8 +138,8 @@ async function check() {
     if (found.receipt.length) {
       const receipt = found.receipt[0];
       const { statement } = parseReceipt(receipt.bytes);
-      if (files.length > 1) return show("malformed", "Not checked: a receipt is for one file; choose one file (or a manifest for several).");
-      const file = files.length ? { name: files[0].name, digests: { [statement.algorithm]: await digestOf(files[0], statement.algorithm, hashed(files[0])) } } : null;
+      if (files.length > 1) return say("malformed", "Not checked: a receipt is for one file; choose one file (or a manifest for several).");
+      const file = files.length ? { name: files[0].name, digests: { [statement.algorithm]: await digestOf(files[0], statement.algorithm, hashed(files[0]), stale) } } : null;
       result = await verifyReceipt({ receipt: receipt.bytes, keys, keyOrigin, file });
       if (result.ok) held = heldReceipt(result);
     } else {
@@ -141,7 +151,7 @@ async function check() {
         if (!(e instanceof Invalid)) throw e; // (verifyManifest reports it)
       }
       const digests = new Map();
-      for (const f of files) digests.set(f.webkitRelativePath || f.name, await digestOf(f, algorithm, hashed(f)));
+      for (const f of files) digests.set(f.webkitRelativePath || f.name, await digestOf(f, algorithm, hashed(f), stale));
       result = await verifyManifest({ manifest: manifest.bytes, keys, keyOrigin, files: files.length ? digests : null });
       if (result.ok) held = heldManifest(result, manifest.bytes);
     }
@@ -163,18 +173,17 @@ async function check() {
       result = { ...logged, checks: [...result.checks, ...logged.checks] };
     }
   } catch (e) {
-    if (mine !== run) return;
+    if (stale()) return;
     if (!e.kind) throw e;
-    if (e.kind === "invalid") return show("invalid", `Not valid: ${e.message}`);
-    return show(e.kind === "malformed" ? "malformed" : "unsupported", `Not checked (${e.kind}): ${e.message}`);
+    if (e.kind === "invalid") return say("invalid", `Not valid: ${e.message}`);
+    return say(e.kind === "malformed" ? "malformed" : "unsupported", `Not checked (${e.kind}): ${e.message}`);
   }
-  if (mine !== run) return; // a newer choice of files is being checked
   const what = found.receipt.length ? "receipt" : "manifest";
   if (result.ok) {
     const none = !files.length ? `No file was given: the ${what}'s signature was checked, not a file.` : null;
-    show("valid", `Valid: the ${what} holds${found.proof.length ? ", and so does its log proof" : ""}.`, result.checks, none);
+    say("valid", `Valid: the ${what} holds${found.proof.length ? ", and so does its log proof" : ""}.`, result.checks, none);
   } else {
-    show("invalid", `Not valid: ${result.reason}`, result.checks);
+    say("invalid", `Not valid: ${result.reason}`, result.checks);
   }
 }
 
