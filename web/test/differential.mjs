@@ -2,7 +2,7 @@
 // stampd verify's Python (tests/system/test_web_verify_core.py makes the inputs, runs
 // `node web/test/differential.mjs < cases.json`, and compares).
 //
-// Input: {"cases": [{id, type: "receipt"|"receipt-signature"|"manifest"|"manifest-signature"|"proof", data
+// Input: {"cases": [{id, type: "receipt"|"receipt-signature"|"manifest"|"manifest-signature"|"policy"|"proof", data
 // (base64), keys?, keyOrigin?, held?, vkey?, policy? (base64), source?}]}. Output: {id: {ok,
 // kind, reason}}, where a parse that succeeds is ok, a receipt- or manifest-signature is
 // checked whole with `keys` (no file), and a proof is checked as `verifyTlogProof` checks it.
@@ -10,7 +10,7 @@ import { readFileSync } from "node:fs";
 
 import { parseManifest, verifyManifest } from "../src/verify/manifest.js";
 import { parseReceipt, verifyReceipt } from "../src/verify/receipt.js";
-import { verifyTlogProof } from "../src/verify/tlog.js";
+import { PolicyError, parsePolicy, verifyTlogProof } from "../src/verify/tlog.js";
 
 const { cases } = JSON.parse(readFileSync(0, "utf8"));
 const bytes = (b64) => new Uint8Array(Buffer.from(b64, "base64"));
@@ -26,6 +26,14 @@ for (const c of cases) {
     } else if (c.type === "manifest-signature") {
       const r = await verifyManifest({ manifest: bytes(c.data), keys: [c.keys], keyOrigin: c.keyOrigin });
       out[c.id] = { ok: r.ok, kind: r.kind, reason: r.reason };
+    } else if (c.type === "policy") {
+      try {
+        parsePolicy(bytes(c.data));
+        out[c.id] = { ok: true, kind: "valid", reason: null };
+      } catch (e) {
+        if (!(e instanceof PolicyError)) throw e;
+        out[c.id] = { ok: false, kind: "malformed", reason: e.message };
+      }
     } else if (c.type === "manifest") {
       parseManifest(bytes(c.data));
       out[c.id] = { ok: true, kind: "valid", reason: null };

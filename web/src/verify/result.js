@@ -101,15 +101,46 @@ export function decodeUtf8(bytes) {
   }
 }
 
+// What Python's repr() escapes: the characters str.isprintable() says are not (categories Cc,
+// Cf, Cs, Co, Cn, Zl, Zp, Zs but the space), and the backslash and the quote.
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}\\'"]/gu;
+
 /** A string as Python's repr() writes it (the messages quote values as stampd verify's do). */
 export function repr(s) {
   const quote = s.includes("'") && !s.includes('"') ? '"' : "'";
-  const body = s.replace(/[\\\x00-\x1f\x7f-\x9f'"]/g, (c) => {
+  const body = s.replace(UNPRINTABLE, (c) => {
+    if (c === " ") return c;
     if (c === "\\") return "\\\\";
     if (c === "'" || c === '"') return c === quote ? `\\${c}` : c;
-    return { "\n": "\\n", "\r": "\\r", "\t": "\\t" }[c] ?? `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`;
+    const named = { "\n": "\\n", "\r": "\\r", "\t": "\\t" }[c];
+    if (named) return named;
+    const n = c.codePointAt(0);
+    if (n < 0x100) return `\\x${n.toString(16).padStart(2, "0")}`;
+    if (n < 0x10000) return `\\u${n.toString(16).padStart(4, "0")}`;
+    return `\\U${n.toString(16).padStart(8, "0")}`;
   });
   return quote + body + quote;
+}
+
+/** `bytes` decoded as Python's bytes.decode("utf-8", "surrogateescape"): each byte that is not
+ * part of valid UTF-8 becomes the lone surrogate U+DC80 + its value. */
+export function decodeSurrogateEscape(bytes) {
+  let out = "";
+  let i = 0;
+  while (i < bytes.length) {
+    const b = bytes[i];
+    const n = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+    const seq = n ? bytes.subarray(i, i + n) : null;
+    const text = seq && seq.length === n ? decodeUtf8(seq) : null;
+    if (text !== null) {
+      out += text;
+      i += n;
+    } else {
+      out += String.fromCharCode(0xdc00 + b);
+      i += 1;
+    }
+  }
+  return out;
 }
 
 export function hex(bytes) {

@@ -17,7 +17,7 @@ import {
   parseVkey,
   verifier,
 } from "./note.js";
-import { Checks, Malformed, asBytes, b64decodeStrict, concatBytes, equalBytes, hex, repr, utc } from "./result.js";
+import { Checks, Malformed, asBytes, b64decodeStrict, concatBytes, decodeSurrogateEscape, equalBytes, hex, repr, utc } from "./result.js";
 
 export const MAX_PROOF = 64 * 1024;
 export const MAX_POLICY = 64 * 1024;
@@ -289,7 +289,7 @@ export function parsePolicy(data) {
   const names = new Set();
   const keys = new Set();
   let quorum = null;
-  const text = new TextDecoder("utf-8").decode(bytes);
+  const text = decodeSurrogateEscape(bytes);
   text.split("\n").forEach((raw, i) => {
     const items = raw.replace(/^[ \t]+|[ \t]+$/g, "").split(/[ \t]+/).filter(Boolean);
     if (!items.length || items[0].startsWith("#")) return;
