@@ -116,10 +116,15 @@ def b64decode_strict(text: str) -> bytes:
     return raw
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def valid_key_name(name: str) -> bool:
-    """Non-empty, no Unicode space, no ``+`` (and, in a note, no control character)."""
+    """Non-empty, UTF-8 (a text decoded with ``surrogateescape`` may hold bytes that are
+    not), no Unicode space, no ``+`` (and, in a note, no control character)."""
     return (
         bool(name)
+        and not _SURROGATE.search(name)
         and "+" not in name
         and not any(c.isspace() for c in name)
         and not _CONTROL.search(name)

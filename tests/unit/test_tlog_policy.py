@@ -3,6 +3,7 @@ signatures and cosignatures made by `cryptography` keys."""
 
 from __future__ import annotations
 
+import base64
 import struct
 
 import pytest
@@ -131,3 +132,11 @@ def test_a_policy_of_too_many_witnesses_is_refused() -> None:
     keys = [Key(f"w{i}", ED25519_COSIGNATURE) for i in range(65)]
     with pytest.raises(PolicyError, match="more than 64"):
         policy(*(f"witness n{i} {k.line}" for i, k in enumerate(keys)), "quorum none")
+
+
+def test_a_key_name_that_is_not_utf8_is_refused() -> None:
+    """A policy is read with surrogateescape; a name holding a byte that is no UTF-8 was a
+    UnicodeEncodeError (a traceback of `stampd verify --policy`), not a PolicyError."""
+    key = base64.b64encode(bytes([ED25519]) + bytes(32)).decode()
+    with pytest.raises(PolicyError, match="invalid key name"):
+        Policy.parse(b"log bad\xffname+00000000+" + key.encode() + b" http://x/\nquorum none\n")

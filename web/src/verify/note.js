@@ -30,7 +30,8 @@ export class NoteError extends Error {
 /** Non-empty, no Unicode space, no "+", no control character. */
 export function validKeyName(name) {
   // (Python's str.isspace: JavaScript's \s less U+FEFF, with U+0085)
-  return Boolean(name) && !name.includes("+") && !/[\s\x85]/u.test(name.replace(/\ufeff/g, "")) && !CONTROL.test(name);
+  // (a lone surrogate: a byte that was no UTF-8, kept as Python's surrogateescape keeps it)
+  return Boolean(name) && !/[\ud800-\udfff]/u.test(name) && !name.includes("+") && !/[\s\x85]/u.test(name.replace(/\ufeff/g, "")) && !CONTROL.test(name);
 }
 
 export function keyId(name, sigType, publicKey) {
