@@ -30,39 +30,25 @@ def node_module(path: str) -> Path:
     return f
 
 
-# One Playwright and one Chromium per test process, whichever modules ask: each module that
-# imports `browser` gets its own instance of the session fixture, and a second sync Playwright
-# started beside the first fails ("Sync API inside the asyncio loop"). The last user closes it.
-_SHARED: dict[str, Any] = {"users": 0}
-
-
-@pytest.fixture(scope="session")
+# One Playwright and one Chromium per module, stopped when the module's tests are done: while
+# a sync Playwright runs, its event loop is the thread's running loop, so every other test of
+# the same process that calls asyncio.run() would fail ("cannot be called from a running
+# event loop"). Two modules' fixtures are never alive at once (a second sync Playwright beside
+# the first fails too): pytest tears a module's fixtures down before the next module's test.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium per test process; each test opens its own context."""
+    """A headless Chromium for a module's tests; each test opens its own context."""
     from playwright.sync_api import sync_playwright
 
-    if _SHARED["users"] == 0:
-        exe = shutil.which("chromium")
-        assert exe, "Debian's chromium is required for this test (make test installs it: " \
-                    "apt-get install chromium)"
-        p = sync_playwright().start()
+    exe = shutil.which("chromium")
+    assert exe, "Debian's chromium is required for this test (make test installs it: " \
+                "apt-get install chromium)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=FLAGS, headless=True)
         try:
-            _SHARED["browser"] = p.chromium.launch(executable_path=exe, args=FLAGS,
-                                                   headless=True)
-        except BaseException:
-            p.stop()
-            raise
-        _SHARED["playwright"] = p
-    _SHARED["users"] += 1
-    try:
-        yield _SHARED["browser"]
-    finally:
-        _SHARED["users"] -= 1
-        if _SHARED["users"] == 0:
-            try:
-                _SHARED.pop("browser").close()
-            finally:
-                _SHARED.pop("playwright").stop()
+            yield b
+        finally:
+            b.close()
 
 
 def axe_violations(page: Any, impacts: tuple[str, ...] = ("serious", "critical")) -> list[Any]:
