@@ -30,20 +30,39 @@ def node_module(path: str) -> Path:
     return f
 
 
+# The one Playwright and Chromium of this test process. Every module that imports `browser`
+# gets a session fixture of its own, but Playwright's sync API allows one instance per thread:
+# the first to ask starts it, the last to finish stops it.
+_shared: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     """One headless Chromium per test process; each test opens its own context."""
-    from playwright.sync_api import sync_playwright
+    if not _shared:
+        from playwright.sync_api import sync_playwright
 
-    exe = shutil.which("chromium")
-    assert exe, "Debian's chromium is required for this test (make test installs it: apt-get " \
-                "install chromium)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=FLAGS, headless=True)
+        exe = shutil.which("chromium")
+        assert exe, "Debian's chromium is required for this test (make test installs it: " \
+                    "apt-get install chromium)"
+        p = sync_playwright().start()
         try:
-            yield b
-        finally:
-            b.close()
+            b = p.chromium.launch(executable_path=exe, args=FLAGS, headless=True)
+        except BaseException:
+            p.stop()
+            raise
+        _shared.update(playwright=p, browser=b, users=0)
+    _shared["users"] += 1
+    try:
+        yield _shared["browser"]
+    finally:
+        _shared["users"] -= 1
+        if _shared["users"] == 0:
+            try:
+                _shared["browser"].close()
+            finally:
+                _shared["playwright"].stop()
+                _shared.clear()
 
 
 def axe_violations(page: Any, impacts: tuple[str, ...] = ("serious", "critical")) -> list[Any]:
