@@ -9,6 +9,7 @@ import { fetchProof, ServerError, stampDigest, stampManifest } from "./stamp/api
 
 const PROOF_WAIT = 10; // seconds the server may wait for the log to cover the stamp
 const SHOWN_NAMES = 20; // names listed in a manifest's result
+const MAX_WORKERS = 4; // hashing workers at once, for several files
 
 const config = pageConfig();
 const $ = (id) => document.getElementById(id);
@@ -21,8 +22,9 @@ $("server-key").textContent = config.keys[0]?.fingerprint ?? "";
 
 class Cancelled extends Error {}
 
-// The job running now (null when idle): {worker, abort, urls}. Each step of a job checks that
-// it is still the current one, so that nothing is sent once it is cancelled or replaced.
+// The job running now (null when idle): {workers, abort, rejectHashing}. Each step of a job
+// checks that it is still the current one, so that nothing is sent once it is cancelled or
+// replaced.
 let job = null;
 let blobUrls = [];
 
@@ -83,19 +85,50 @@ function showError(message, retry) {
 
 // ---- hashing in the worker ---------------------------------------------------------------
 
+// Files in `lanes` groups of about equal bytes (the largest first, each into the lightest
+// group), as lists of indices.
+function lanesOf(files, lanes) {
+  const groups = Array.from({ length: lanes }, () => ({ indices: [], bytes: 0 }));
+  const order = files.map((_, i) => i).sort((a, b) => files[b].size - files[a].size);
+  for (const i of order) {
+    const lightest = groups.reduce((m, g) => (g.bytes < m.bytes ? g : m));
+    lightest.indices.push(i);
+    lightest.bytes += files[i].size;
+  }
+  return groups.filter((g) => g.indices.length).map((g) => g.indices);
+}
+
+// The files' digests, in their order. Several files are hashed by up to MAX_WORKERS workers
+// at once (one per core the browser reports): one file's SHA-256 cannot be split, but a
+// folder's files can.
 function hashFiles(files, algorithm, onProgress) {
-  const worker = new Worker(`/web/${config.assets["hash-worker"]}`, { type: "module" });
-  job.worker = worker;
-  return new Promise((resolve, reject) => {
-    job.rejectHashing = reject;
+  const cores = navigator.hardwareConcurrency || 1;
+  const lanes = lanesOf(files, Math.max(1, Math.min(MAX_WORKERS, cores)));
+  const progress = lanes.map(() => 0);
+  job.workers = [];
+  const hashed = lanes.map((indices, lane) => new Promise((resolve, reject) => {
+    const worker = new Worker(`/web/${config.assets["hash-worker"]}`, { type: "module" });
+    job.workers.push(worker);
     worker.onmessage = ({ data }) => {
-      if (data.error) reject(new Error(`a file could not be read: ${data.error}`));
-      else if (data.digests) resolve(data.digests);
-      else if (data.progress !== undefined) onProgress(data.progress);
+      if (data.error) {
+        reject(new Error(`a file could not be read: ${data.error}`));
+      } else if (data.digests) {
+        resolve(data.digests);
+      } else if (data.progress !== undefined) {
+        progress[lane] = data.progress;
+        onProgress(progress.reduce((a, b) => a + b, 0));
+      }
     };
     worker.onerror = (e) => reject(new Error(`the hashing failed: ${e.message || "worker error"}`));
-    worker.postMessage({ id: 1, files, algorithm });
-  }).finally(() => worker.terminate());
+    worker.postMessage({ id: lane, files: indices.map((i) => files[i]), algorithm });
+  }));
+  const cancelled = new Promise((_, reject) => { job.rejectHashing = reject; });
+  const workers = job.workers;
+  return Promise.race([Promise.all(hashed), cancelled]).then((results) => {
+    const digests = new Array(files.length);
+    lanes.forEach((indices, lane) => indices.forEach((i, k) => { digests[i] = results[lane][k]; }));
+    return digests;
+  }).finally(() => workers.forEach((w) => w.terminate()));
 }
 
 function progressReporter(total) {
@@ -117,7 +150,7 @@ function cancel() {
   const current = job;
   const sent = document.body.dataset.state !== "hashing";
   job = null;
-  current.worker?.terminate();
+  for (const worker of current.workers ?? []) worker.terminate();
   current.abort.abort();
   current.rejectHashing?.(new Cancelled());
   ui.cancel.disabled = true;
@@ -147,7 +180,7 @@ async function start(chosen) {
     showError(e.message);
     return;
   }
-  const current = { abort: new AbortController(), worker: null, rejectHashing: null };
+  const current = { abort: new AbortController(), workers: [], rejectHashing: null };
   job = current;
   document.body.dataset.state = "hashing";
   ui.cancel.disabled = false;
@@ -185,7 +218,7 @@ async function submit(current, entries, folder, algorithm, digests) {
   say("Hashed. Asking the server to stamp…");
   const retry = () => {
     if (job) return;
-    const again = { abort: new AbortController(), worker: null, rejectHashing: null };
+    const again = { abort: new AbortController(), workers: [], rejectHashing: null };
     job = again;
     submit(again, entries, folder, algorithm, digests);
   };
