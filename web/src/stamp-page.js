@@ -148,15 +148,17 @@ function progressReporter(total) {
 function cancel() {
   if (!job) return;
   const current = job;
-  const sent = document.body.dataset.state !== "hashing";
+  const state = document.body.dataset.state;
   job = null;
   for (const worker of current.workers ?? []) worker.terminate();
   current.abort.abort();
   current.rejectHashing?.(new Cancelled());
   ui.cancel.disabled = true;
   ui.progress.value = 0;
-  const outcome = sent ? "the request had been sent: the server may have stamped it"
-    : "nothing was sent to the server";
+  const outcome = {
+    hashing: "nothing was sent to the server",
+    stamped: "the stamp is kept; the page stopped waiting for the log's proof",
+  }[state] ?? "the request had been sent: the server may have stamped it";
   ui.rate.textContent = `Cancelled: ${outcome}.`;
   say(`Cancelled: ${outcome}.`);
   document.body.dataset.state = "cancelled";
@@ -205,8 +207,10 @@ async function start(chosen) {
   await submit(current, entries, chosen.folder, algorithm, digests);
 }
 
+// The end of a job, unless another has replaced it meanwhile.
 function finish(current) {
-  if (job === current) job = null;
+  if (job !== current) return;
+  job = null;
   ui.cancel.disabled = true;
   document.body.dataset.state = "done";
 }
