@@ -231,7 +231,7 @@ def test_cancel_stops_the_hashing_and_sends_nothing(tab: Tab, server: Server,
     tab.page.set_input_files("[data-testid=stamp-files]", str(huge))
     tab.page.wait_for_function(
         "() => document.getElementById('stamp-progress').value > 0", timeout=30_000)
-    assert len(tab.page.workers) == 1
+    assert len(tab.page.workers) == 2  # the hashing worker and its reading worker
     tab.page.get_by_role("button", name="Cancel").click()
     assert tab.page.get_attribute("body", "data-state") == "cancelled"
     assert "Cancelled: nothing was sent to the server." in tab.page.inner_text("#stamp-status")
@@ -239,7 +239,7 @@ def test_cancel_stops_the_hashing_and_sends_nothing(tab: Tab, server: Server,
         if not tab.page.workers:
             break
         tab.page.wait_for_timeout(100)
-    assert tab.page.workers == []  # terminated: it can send no digest any more
+    assert tab.page.workers == []  # terminated, with its reader: no digest can come
     # The page stamps the next file; the only request it ever sent is that one.
     small = tmp_path / "small.txt"
     small.write_text("after cancel")
