@@ -209,8 +209,10 @@ def test_several_files_with_sha512(tab: Tab, gnupg: Path, tmp_path: Path) -> Non
     assert check.returncode == 0 and check.stdout.count(": OK\n") == 3, check.stdout
 
 
-def test_a_dropped_file_is_stamped(tab: Tab) -> None:
-    """A drop (the files of a DataTransfer; a synthetic drop has no entries to walk)."""
+def test_a_dropped_file_is_stamped_with_sha512(tab: Tab, server: Server) -> None:
+    """A drop (the files of a DataTransfer; a synthetic drop has no entries to walk), one
+    file with SHA-512: a digest stamp, ``sha512=<hex>``."""
+    tab.page.set_checked("#stamp-sha512", True)
     tab.page.evaluate("""() => {
         const data = new DataTransfer();
         data.items.add(new File(["dropped\\n"], "dropped.txt"));
@@ -219,8 +221,9 @@ def test_a_dropped_file_is_stamped(tab: Tab) -> None:
     }""")
     tab.page.wait_for_selector("body[data-state='done']", timeout=60_000)
     shown = tab.page.inner_text("[data-testid=stamp-result]")
-    assert hashlib.sha256(b"dropped\n").hexdigest() in shown, shown
-    assert "dropped.txt.receipt.asc" in shown
+    digest = hashlib.sha512(b"dropped\n").hexdigest()
+    assert digest in shown and "dropped.txt.receipt.asc" in shown, shown
+    assert tab.posts == [(server.url + "v1/stamps", f"sha512={digest}")]
 
 
 def workers(tab: Tab, want: int) -> int:
