@@ -1,1 +1,0 @@
-import{a as r,b as o}from"./chunk-OIOCUEWP.js";self.onmessage=async i=>{let{id:a,file:d,algorithm:n}=i.data,e=n==="sha512"?await o():await r();e.init();let g=d.stream().getReader(),s=0;for(;;){let{value:t,done:l}=await g.read();if(l)break;e.update(t),s+=t.length,self.postMessage({id:a,progress:s})}self.postMessage({id:a,digest:e.digest("hex")})};
