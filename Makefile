@@ -121,6 +121,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
+	$(BIN)/python -m bench.web
 
 ## The scaling table: workers, API processes and zeitgitterd's agents, server and wrk pinned
 ## to cores of their own, and a projection to more cores (bench/README.md).
