@@ -50,8 +50,10 @@ def test_slow_readers_of_a_large_manifest_hold_pieces_not_copies(tmp_path: Path)
             readers.append(s)
         grown = rss_kib(server.proc.pid) - before
         print(f"HTTP RSS grew {grown} KiB with {READERS} stalled readers")
-        # A copy each would be 24 x 15 MiB; a piece each is 24 x 1 MiB.
-        assert grown * 1024 < 4 * len(signed), f"{grown} KiB for {READERS} readers"
+        # A copy each would be 24 x 15 MiB; a piece each is 24 x 1 MiB. The bound is a third
+        # of the copies: a piece each plus the allocator's slack (61 MiB was seen once under a
+        # loaded make test), far from a copy each.
+        assert grown * 1024 < 8 * len(signed), f"{grown} KiB for {READERS} readers"
     finally:
         for s in readers:
             s.close()
