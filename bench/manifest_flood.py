@@ -44,33 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.procs import descendants
 from tests.helpers import Server, seed_data_dir, start_server
 
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def children(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc/*/stat)."""
-    parent_of: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        parent_of[int(entry)] = int(stat[stat.rfind(b")") + 2:].split()[1])
-    tree = {pid}
-    grew = True
-    while grew:
-        grew = False
-        for p, pp in parent_of.items():
-            if pp in tree and p not in tree:
-                tree.add(p)
-                grew = True
-    return sorted(tree)
 
 
 def rss_bytes(pid: int) -> int:
@@ -93,7 +71,7 @@ class TreeRss:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def pids(self) -> list[int]:
-        return sorted(set(children(self.server.proc.pid)) | set(self.server.agent_pids()))
+        return sorted(set(descendants(self.server.proc.pid)) | set(self.server.agent_pids()))
 
     def _run(self) -> None:
         pids, found = self.pids(), time.monotonic()

@@ -89,6 +89,18 @@ def process_table(marker: bytes | None = None) -> dict[int, ProcInfo]:
     return table
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it (`process_table`'s parent links)."""
+    parent_of = {p: info.ppid for p, info in process_table().items()}
+    tree = {pid}
+    grew = True
+    while grew:
+        below = {p for p, pp in parent_of.items() if pp in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sorted(tree)
+
+
 def cpu_busy() -> float:
     """Seconds of CPU time the whole machine has spent busy (all cores), from /proc/stat."""
     f = [int(x) for x in _read("/proc/stat").split(b"\n", 1)[0].split()[1:9]]
