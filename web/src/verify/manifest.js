@@ -3,9 +3,9 @@
 // formats/manifests.py, client/checksums.py): the lines parsed exactly as the server parses
 // them, one OpenPGP or SSH signature by the key the header names, and the dropped files'
 // digests compared with the lines: which differ, which are missing, which are extra.
-import { canonicalText, checkDetached, fingerprints, readPublicKeys } from "./openpgp-signature.js";
+import { BEGIN_SIG, BEGIN_SIGNED, END_SIG, canonicalText, checkDetached, fingerprints, readPublicKeys } from "./openpgp-signature.js";
 import { Checks, Invalid, Malformed, Unsupported, asBytes, decodeUtf8, repr, utc, utf8Bytes } from "./result.js";
-import { sshKeysFrom, verifySshsig } from "./sshsig.js";
+import { NAMESPACE, SSH_BEGIN, SSH_END, sshKeysFrom, verifySshsig } from "./sshsig.js";
 
 export const MAX_MANIFEST = 257 * 1024 * 1024;
 const ALGORITHMS = { sha256: 64, sha512: 128 };
@@ -13,12 +13,6 @@ const BSD_TAGS = { sha256: "SHA256", sha512: "SHA512" };
 const MAX_LINE = 8192;
 const MAX_REPORTED = 20;
 const MAGIC = "# stampd manifest v";
-const NAMESPACE = "stampd";
-const BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----";
-const BEGIN_SIG = "-----BEGIN PGP SIGNATURE-----";
-const END_SIG = "-----END PGP SIGNATURE-----";
-const SSH_BEGIN = "-----BEGIN SSH SIGNATURE-----";
-const SSH_END = "-----END SSH SIGNATURE-----";
 
 const NAME = "[^\\x00-\\x1f\\x7f]*[^\\x00-\\x20\\x7f]";
 const BSD_NAME = "[^\\x00-\\x1f\\x7f]*";

@@ -7,6 +7,10 @@ import { Malformed, b64encode } from "./result.js";
 
 /** The OpenPGP public keys of armored `texts` (a string or a list of strings); `Malformed`
  * naming `origin` when there is none. */
+export const BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----";
+export const BEGIN_SIG = "-----BEGIN PGP SIGNATURE-----";
+export const END_SIG = "-----END PGP SIGNATURE-----";
+
 export async function readPublicKeys(texts, origin) {
   const list = (Array.isArray(texts) ? texts : [texts]).filter((t) => typeof t === "string" && t.trim());
   const keys = [];
@@ -52,7 +56,7 @@ function crc24(bytes) {
  * characters in the base64, which a manifest may hold; here they make the block unreadable.) */
 export function dearmorSignature(armored) {
   const lines = armored.replace(/\n+$/, "").split("\n");
-  if (lines[0] !== "-----BEGIN PGP SIGNATURE-----" || !lines[lines.length - 1].endsWith("-----END PGP SIGNATURE-----")) {
+  if (lines[0] !== BEGIN_SIG || !lines[lines.length - 1].endsWith(END_SIG)) {
     throw new Error("not one armored signature block");
   }
   const squeeze = (line) => line.replace(/[ \t\r]/g, "");

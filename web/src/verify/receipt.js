@@ -1,19 +1,13 @@
 // Digest receipts (docs/receipts.md), checked in the browser as `stampd verify RECEIPT --file F
 // --key KEYFILE` checks them (client/verify/receipt.py, formats/receipts.py): the same
 // grammar, the same signature rules, the same reasons.
-import { canonicalText, checkDetached, fingerprints, readPublicKeys } from "./openpgp-signature.js";
+import { BEGIN_SIG, BEGIN_SIGNED, END_SIG, canonicalText, checkDetached, fingerprints, readPublicKeys } from "./openpgp-signature.js";
 import { Checks, Malformed, asBytes, repr, utc } from "./result.js";
-import { sshKeysFrom, verifySshsig } from "./sshsig.js";
+import { NAMESPACE, SSH_BEGIN, SSH_END, sshKeysFrom, verifySshsig } from "./sshsig.js";
 
 export const MAX_RECEIPT = 64 * 1024;
 export const ALGORITHMS = { sha256: 64, sha512: 128 };
 const HEADER = "stampd receipt v1";
-const NAMESPACE = "stampd";
-const BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----";
-const BEGIN_SIG = "-----BEGIN PGP SIGNATURE-----";
-const END_SIG = "-----END PGP SIGNATURE-----";
-const SSH_BEGIN = "-----BEGIN SSH SIGNATURE-----";
-const SSH_END = "-----END SSH SIGNATURE-----";
 
 const LINES = [
   ["algorithm", "(sha256|sha512)"],

@@ -15,8 +15,10 @@ const ECDSA = {
   "ecdsa-sha2-nistp521": { curve: p521, hash: sha512, size: 66 },
 };
 const HASHES = { sha256, sha512 };
-const BEGIN = "-----BEGIN SSH SIGNATURE-----";
-const END = "-----END SSH SIGNATURE-----";
+export const SSH_BEGIN = "-----BEGIN SSH SIGNATURE-----";
+export const SSH_END = "-----END SSH SIGNATURE-----";
+// The SSHSIG namespace of receipts and manifests (docs/receipts.md)
+export const NAMESPACE = "stampd";
 
 class Reader {
   constructor(bytes) {
@@ -131,10 +133,10 @@ function b64pton(text) {
  * the base64 between the begin line and the first end marker. */
 function unarmor(armored) {
   const text = armored.replace(/\r\n/g, "\n");
-  if (!text.startsWith(BEGIN)) throw new Error("missing header");
-  const end = text.indexOf(END, BEGIN.length);
+  if (!text.startsWith(SSH_BEGIN)) throw new Error("missing header");
+  const end = text.indexOf(SSH_END, SSH_BEGIN.length);
   if (end < 0) throw new Error("missing footer");
-  return b64pton(text.slice(BEGIN.length, end));
+  return b64pton(text.slice(SSH_BEGIN.length, end));
 }
 
 function mpint(bytes, size) {
