@@ -58,15 +58,16 @@ def assets() -> dict[str, str]:
 
 
 @cache
-def _static(name: str) -> tuple[bytes, bytes] | None:
-    """A built file's bytes and their gzip (compressed once, kept: the files are immutable)."""
-    if not _NAME.fullmatch(name) or name.startswith("."):
-        return None
-    try:
-        data = (STATIC_DIR / name).read_bytes()
-    except OSError:
-        return None
-    return data, gzip.compress(data, 9, mtime=0)
+def _files() -> dict[str, tuple[bytes, bytes]]:
+    """Every built file's bytes and their gzip, read once (the files are immutable): a lookup
+    of any other name finds nothing and keeps nothing."""
+    return {f.name: (data := f.read_bytes(), gzip.compress(data, 9, mtime=0))
+            for f in STATIC_DIR.iterdir() if f.is_file() and _NAME.fullmatch(f.name)}
+
+
+@cache
+def _template(page: str) -> str:
+    return (TEMPLATE_DIR / f"{page}.html").read_text()
 
 
 def page_config(s: Services) -> dict[str, Any]:
@@ -91,8 +92,7 @@ def render(page: str, s: Services) -> str:
     names = assets()
     # "<" escaped: the JSON cannot end its <script> element early, whatever a key's user id says.
     config = json.dumps(page_config(s), separators=(",", ":")).replace("<", "\\u003c")
-    html = (TEMPLATE_DIR / f"{page}.html").read_text()
-    return (html.replace("{{css}}", f"/web/{names['page']}")
+    return (_template(page).replace("{{css}}", f"/web/{names['page']}")
             .replace("{{script}}", f"/web/{names[page]}")
             .replace("{{config}}", config))
 
@@ -112,7 +112,7 @@ def add_web_routes(app: FastAPI, services: Callable[[], Services]) -> None:
 
     @app.get("/web/{name}", include_in_schema=False)
     async def static(name: str, request: Request) -> Response:
-        found = _static(name)
+        found = _files().get(name)
         if found is None:
             return PlainTextResponse("no such file\n", status_code=404)
         data, packed = found
