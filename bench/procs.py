@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.client import HTTPConnection
 from pathlib import Path
+
+# (one free-port rule for tests and benches: below the ephemeral range)
+from tests.helpers import free_port as free_port
 
 BIN = Path(sys.executable).parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -165,12 +167,6 @@ def run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None,
         raise BenchError(f"{' '.join(argv)} failed ({p.returncode}): "
                          f"{p.stderr.decode(errors='replace')[-800:]}")
     return p
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:

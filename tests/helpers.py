@@ -59,8 +59,28 @@ TEST_UID = "stampd Test Key <test@stampd.invalid>"
 # Processes, ports and servers
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, for a server a test starts next, chosen below the kernel's
+    ephemeral range: a port the kernel gave out as free (bind to 0) may be taken by the source
+    port of any outgoing connection before the server binds it, and the suite makes thousands
+    (a module's server once failed with "address already in use")."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = secrets.randbelow(low - 10_000) + 10_000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # (no free port below the range: take the kernel's)
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
