@@ -149,6 +149,9 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # received while waiting for the current request's headers
         self._head_size = 0  # request line and headers of the request being parsed
         self._head_too_large = False
+        # Between a request's headers and the end of its body: its body may still be arriving
+        # after its answer went out (an early 413, 404 or 415), and those bytes are no head.
+        self._in_body = False
         self._lingering = False  # answered an error; reading only to drop (see _write_error)
         self._upgrade_body_left = 0  # bytes of an Upgrade request's body still to come
 
@@ -218,6 +221,8 @@ class StampdHttpProtocol(HttpToolsProtocol):
             cycle.more_body = True  # (llhttp had ended the message at its headers)
             self._upgrade_body_left = length
             rest = self._upgrade_body(rest)
+        if not self._upgrade_body_left:
+            self._in_body = False  # (no body to come: what follows is the next head)
         if rest:
             self._parse(rest)
 
@@ -254,6 +259,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = 0
+        self._in_body = True
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # (an upgrade makes no cycle)
@@ -262,6 +268,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
             self.scope[CYCLE] = weakref.ref(cycle)  # type: ignore[literal-required]
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         super().on_message_complete()
         if self.cycle is not None and not self.cycle.response_complete:
             self._limit.busy(self)  # a whole request: it is served, never closed for room
@@ -332,7 +339,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
         return self._lingering or self.transport.is_closing()
 
     def _waiting_for_headers(self) -> bool:
-        if self._closing():
+        if self._closing() or self._in_body:
             return False
         return self.cycle is None or self.cycle.response_complete
 
