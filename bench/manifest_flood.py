@@ -20,8 +20,7 @@ every ~50 ms from another thread: its latency is the loop-lag probe (measured fr
 a stall of the HTTP process's event loop delays that answer by as long; it includes the
 round trip, ~1 ms idle). Idle RSS: the median of 2 s before; after: the median of 2 s once
 every manifest is answered and 3 s have passed (``--settle``), the stamps going on (as on a
-server in use: the journal's cached SQLite UPDATE statement holds its last receipt, a
-manifest's copy, until the next stamp's outcome is written). Printed: one table per mode
+server in use). Printed: one table per mode
 with the targets beside the figures (exit status 1 if an answer was wrong, 2 if the bench
 could not run; a missed target is shown, not an exit status).
 """

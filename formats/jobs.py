@@ -207,7 +207,7 @@ class ManifestJob:
     then ``lines``, the checksum lines as the client sent them. The worker checks the lines
     again and that ``key`` is its own key's fingerprint, and signs header and lines with one
     signature (OpenPGP: cleartext-signed; SSH: the text, then its SSH signature, namespace
-    ``stampd``). Its result leaves the lines out (`manifests.splice` puts them back): the
+    ``stampd``). Its result leaves the lines out (`manifests.signed_parts` puts them back): the
     result stays small. ``count``: how many lines there are, where the builder knows it
     (not sent: the worker counts them as it checks them); else they are counted when the
     header is made (a whole pass over them)."""
@@ -228,9 +228,10 @@ class ManifestJob:
         return manifests.Header(self.algorithm, self.time, self.server, self.serial, self.key,
                                 self.lines.count("\n") if count is None else count)
 
-    def signed(self, answer: str) -> str:
-        """The signed manifest from a worker's ``answer`` to this job."""
-        return manifests.splice(answer, self.header().text(), self.lines)
+    def signed(self, answer: str) -> tuple[str, str, str]:
+        """The signed manifest from a worker's ``answer`` to this job, in the three parts
+        whose concatenation it is (`manifests.signed_parts`: the lines are not copied)."""
+        return manifests.signed_parts(answer, self.header().text(), self.lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.head_dict(), "lines": self.lines}
@@ -243,9 +244,7 @@ class ManifestJob:
     def lines_size(self) -> int:
         """Bytes of the lines in UTF-8 (an ASCII text's length; else counted a piece at a
         time, not encoded whole)."""
-        if self.lines.isascii():
-            return len(self.lines)
-        return sum(len(piece) for piece in self.pieces())
+        return manifests.utf8_size(self.lines)
 
     def pieces(self) -> Iterator[bytes]:
         """The lines in UTF-8, a piece at a time (no copy of them all)."""

@@ -126,6 +126,12 @@ def utf8_pieces(*texts: str) -> Iterator[bytes]:
             yield text[i:i + PIECE].encode("utf-8")
 
 
+def utf8_size(*texts: str) -> int:
+    """Bytes of the concatenated ``texts`` in UTF-8 (an ASCII text's length; else counted a
+    piece at a time, not encoded whole)."""
+    return sum(len(t) if t.isascii() else sum(map(len, utf8_pieces(t))) for t in texts)
+
+
 def _lines(text: str) -> Iterator[str]:
     """The lines of ``text`` (which ends in LF), one at a time (not a list of them all)."""
     start, end = 0, len(text) - 1
@@ -291,15 +297,22 @@ def parse_header(text: str) -> Header:
     return h
 
 
-def splice(signed_without_lines: str, header: str, lines: str) -> str:
+def signed_parts(signed_without_lines: str, header: str, lines: str) -> tuple[str, str, str]:
     """The signed manifest from a worker's answer, which leaves the lines out (they are long
-    and the service has them): the lines go right after the header."""
+    and the service has them), as the three parts whose concatenation it is: the answer up to
+    the end of the header, the lines, the rest of the answer. The service keeps it in parts:
+    joined, it would be a whole copy of the lines."""
     at = signed_without_lines.find(header)
     if at < 0 or signed_without_lines.find(header, at + 1) >= 0:
         raise MalformedManifest("the signed answer does not hold the header once")
     at += len(header)
+    return signed_without_lines[:at], lines, signed_without_lines[at:]
+
+
+def splice(signed_without_lines: str, header: str, lines: str) -> str:
+    """The signed manifest (`signed_parts`) as one text."""
     # One join: ``a + lines + b`` would make a whole copy of the lines twice.
-    return "".join((signed_without_lines[:at], lines, signed_without_lines[at:]))
+    return "".join(signed_parts(signed_without_lines, header, lines))
 
 
 # -- the index of a manifest's digests ------------------------------------------------------

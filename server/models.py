@@ -74,7 +74,7 @@ class Stamp(Base):
     worker: Mapped[str | None] = mapped_column(String(64))
     object_id: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
-    receipt: Mapped[str | None] = mapped_column(Text)  # the signed receipt or manifest
+    receipt: Mapped[str | None] = mapped_column(Text)  # a signed receipt (manifests: ManifestText)
     log_commit_id: Mapped[int | None] = mapped_column(ForeignKey("log_commits.id"), index=True)
     # Its entry's index in the transparency log (`TlogEntry`), set when it is sequenced.
     tlog_index: Mapped[int | None] = mapped_column(BigInteger)
@@ -222,8 +222,9 @@ class SigningKey(Base):
 class ManifestDigests(Base):
     """The distinct digests of one manifest (a `Stamp` of kind ``manifest``) that start with
     ``prefix`` (2 bytes or more): sorted, packed as raw bytes, at most
-    `formats.manifests.BUCKET_DIGESTS` of them (`formats.manifests.buckets`). Written in the
-    transaction that journals the manifest."""
+    `formats.manifests.BUCKET_DIGESTS` of them (`formats.manifests.buckets`). Written after
+    the manifest's row, a few per transaction, before its serial is handed back (and so before
+    it is signed: `server.stamping.journal`)."""
 
     __tablename__ = "manifest_digests"
 
@@ -234,6 +235,22 @@ class ManifestDigests(Base):
     digests: Mapped[bytes] = mapped_column(LargeBinary)
 
     __table_args__ = (Index("ix_manifest_digests_prefix", "algorithm", "prefix"),)
+
+
+class ManifestText(Base):
+    """A signed manifest (a `Stamp` of kind ``manifest``) in pieces: its UTF-8 text is the
+    pieces' concatenation in ``seq`` order (a piece may end inside a character). Written a
+    few pieces per transaction, all committed before the stamp is marked signed (a 256 MiB
+    text written in one transaction held up every stamp's commit behind it, and took a copy
+    of itself to bind); read a piece at a time. A stamp that is not signed may have some of
+    its pieces (its process died while they were written): they are not read."""
+
+    __tablename__ = "manifest_texts"
+
+    stamp_id: Mapped[int] = mapped_column(BigId, ForeignKey("stamps.id"), primary_key=True,
+                                          autoincrement=False)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    piece: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class TlogEntry(Base):

@@ -30,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
-from formats.manifests import MalformedManifest, parse_body, utf8_pieces
+from formats.manifests import MalformedManifest, parse_body, utf8_pieces, utf8_size
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
 from server.api.services import Services
@@ -44,7 +44,7 @@ from server.errors import (
     UnsupportedMediaType,
 )
 from server.settings import Settings
-from server.stamping.queries import MANIFEST_CHUNK, manifest_chunk, manifest_size
+from server.stamping.queries import manifest_piece, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
 from workers import memory
 
@@ -285,17 +285,17 @@ class _Answer(StreamingResponse):
             self.done()
 
 
-def answer(text: str, done: Callable[[], None]) -> Response:
-    """The signed manifest, sent a piece at a time (encoded as it goes: no copy of it in bytes,
-    nor in the transport's buffer). ``done`` (it gives back the manifest's bytes in flight:
-    the answer holds the signed text until it is sent) is called once its last piece has been
-    taken, before the end of the answer is sent, or when the answer ends otherwise (a client
-    gone). Once it is sent, the freed pages go back to the system (`workers.memory.trim`, in a
-    thread)."""
-    size = len(text) if text.isascii() else sum(map(len, utf8_pieces(text)))
+def answer(parts: tuple[str, ...], done: Callable[[], None]) -> Response:
+    """The signed manifest (``parts``, whose concatenation it is), sent a piece at a time
+    (encoded as it goes: no copy of it in bytes, nor in the transport's buffer). ``done`` (it
+    gives back the manifest's bytes in flight: the answer holds the signed text until it is
+    sent) is called once its last piece has been taken, before the end of the answer is sent,
+    or when the answer ends otherwise (a client gone). Once it is sent, the freed pages go back
+    to the system (`workers.memory.trim`, in a thread)."""
+    size = utf8_size(*parts)
 
     async def pieces() -> AsyncIterator[bytes]:
-        for piece in utf8_pieces(text):
+        for piece in utf8_pieces(*parts):
             yield piece
             # A turn of the loop: the transport writes the piece (it gathers the writes of
             # one turn, httpproto._CoalescingTransport) and, above its high-water mark, makes
@@ -377,14 +377,11 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
 
         async def pieces() -> AsyncIterator[bytes]:
             # A piece at a time, each read when the last one is sent: a slow reader holds one
-            # piece, not the manifest (a signed row never changes).
-            offset = 0
-            while piece := await asyncio.to_thread(manifest_chunk, s.engine, int(serial),
-                                                   offset):
+            # piece, not the manifest (a signed manifest never changes).
+            seq = 0
+            while piece := await asyncio.to_thread(manifest_piece, s.engine, int(serial), seq):
                 yield piece
-                offset += len(piece) if size >= 0 else MANIFEST_CHUNK
-                if 0 <= size <= offset:
-                    return
+                seq += 1
 
         return StreamingResponse(pieces(), media_type="text/plain; charset=utf-8",
-                                 headers={"Content-Length": str(size)} if size >= 0 else None)
+                                 headers={"Content-Length": str(size)})

@@ -4,25 +4,34 @@ Writes are grouped: requests that arrive while one transaction is being committe
 the next one, so one durable commit (one fsync on SQLite) covers a whole group and the journal
 never becomes the per-request bottleneck. Completion updates (worker, object id) ride along in
 the same transactions; they are bookkeeping, not a precondition of the answer.
+
+What is too big for one group is written a slice per group (`_Bulk`, at most `BULK_BYTES` a
+commit): a manifest's digest index rows, after its stamp row and before its id is handed back
+(so before it is signed), and its signed text's pieces, before its outcome, which goes into the
+transaction of the last piece. A stamp arriving meanwhile waits for one slice's commit, not for
+a manifest's 256 MiB (its p99 was 673 ms while 127 MiB manifests were stored).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
 import sqlite3
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, or_, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from formats.manifests import key_prefix
 from server import db
 from server.errors import JournalError
-from server.models import ManifestDigests, Stamp, StampState
+from server.models import ManifestDigests, ManifestText, Stamp, StampState
 from server.stamping.requests import Request
 from server.stats import Stats
 
@@ -36,13 +45,101 @@ OUTCOME_PENDING = (StampState.PENDING, StampState.ORPHANED)
 
 # A manifest's digest index rows: (bucket key, packed digests) (`formats.manifests.buckets`).
 Buckets = list[tuple[int, bytes]]
+# A signed text in parts, whose concatenation it is (text, or UTF-8 bytes).
+TextParts = Sequence[str | bytes | memoryview]
+IndexRow = tuple[int, bytes, str, bytes]  # manifest_digests: stamp id, prefix, algorithm, digests
+Piece = tuple[int, int, bytes]  # manifest_texts: stamp id, seq, piece
+
+BULK_BYTES = 1 << 20  # bytes of bulk rows one group commit takes at most (at least one row)
+PIECE = 1 << 20  # characters (or bytes) of a signed text stored as one piece
 
 
 @dataclass
 class _Pending:
     row: dict[str, Any]
     future: asyncio.Future[int]
-    buckets: Buckets | None = None  # manifests: written in the same transaction
+    buckets: Buckets | None = None  # manifests: written after the row, a slice per commit
+
+
+@dataclass(eq=False)
+class _Bulk(abc.ABC):
+    """Rows of one stamp written a slice per group commit; ``done`` of them are committed (set
+    on the event loop after the commit, read by the journal thread for the next slice)."""
+
+    sid: int
+    future: asyncio.Future[Any]
+    done: int = 0
+
+    @property
+    @abc.abstractmethod
+    def total(self) -> int:
+        """How many rows there are in all."""
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """All committed: the waiter is told."""
+
+
+@dataclass(eq=False)
+class _IndexRows(_Bulk):
+    """A manifest's digest index rows; its ``future`` gets the stamp id once all are in."""
+
+    algorithm: str = ""
+    rows: Buckets = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.rows)
+
+    def take(self, budget: int) -> tuple[list[IndexRow], int, int]:
+        """The next rows within ``budget`` bytes (one at least); the count after them, and
+        their bytes."""
+        out: list[IndexRow] = []
+        size, i = 0, self.done
+        while i < len(self.rows) and (not out or size + len(self.rows[i][1]) <= budget):
+            key, packed = self.rows[i]
+            out.append((self.sid, key_prefix(key), self.algorithm, packed))
+            size += len(packed)
+            i += 1
+        return out, i, size
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(self.sid)
+
+
+@dataclass(eq=False)
+class _TextPieces(_Bulk):
+    """A signed manifest's text, stored in pieces (`server.models.ManifestText`); its
+    outcome (``update``) is written with the last piece, and its ``future`` told then."""
+
+    parts: TextParts = ()
+    update: dict[str, Any] = field(default_factory=dict)
+    spans: list[tuple[int, int]] = field(default_factory=list)  # (part, start) of each piece
+
+    def __post_init__(self) -> None:
+        self.spans = [(i, start) for i, part in enumerate(self.parts)
+                      for start in range(0, len(part), PIECE)]
+
+    @property
+    def total(self) -> int:
+        return len(self.spans)
+
+    def take(self, budget: int) -> tuple[list[Piece], int, int]:
+        out: list[Piece] = []
+        size, i = 0, self.done
+        while i < len(self.spans) and (not out or size + PIECE <= budget):
+            part, start = self.spans[i]
+            chunk = self.parts[part][start:start + PIECE]
+            piece = chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+            out.append((self.sid, i, piece))
+            size += len(piece)
+            i += 1
+        return out, i, size
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 class JournalApi(Protocol):
@@ -65,6 +162,9 @@ class JournalApi(Protocol):
 
     async def failed_durably(self, stamp_id: int, error: str) -> None: ...
 
+    async def signed_manifest_durably(self, stamp_id: int, worker: str | None, attempts: int,
+                                      parts: tuple[str, ...]) -> None: ...
+
 
 def stamp_row(req: Request, t: int, key_id: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"commit": None, "tagname": None, "tree": None, "parent": None,
@@ -81,6 +181,7 @@ class Journal:
         self._inserts: list[_Pending] = []
         self._updates: list[dict[str, Any]] = []
         self._update_waiters: list[asyncio.Future[None]] = []
+        self._bulk: list[_Bulk] = []  # in the order they are written
         self._update_timer: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal")
@@ -109,8 +210,9 @@ class Journal:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._inserts or self._updates:
-            await self._write_once()
+        while self._inserts or self._updates or self._bulk:
+            if not await self._write_once():
+                break
         await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
         self._executor.shutdown(wait=True)
 
@@ -125,7 +227,8 @@ class Journal:
 
     def record_row_nowait(self, row: dict[str, Any], buckets: Buckets | None = None
                           ) -> asyncio.Future[int]:
-        """`record_row` without waiting: the future of its stamp id (or `JournalError`)."""
+        """`record_row` without waiting: the future of its stamp id (or `JournalError`), set
+        once the row and its buckets are committed."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._inserts.append(_Pending(row, fut, buckets))
         self._wake.set()
@@ -151,6 +254,22 @@ class Journal:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._update_waiters.append(fut)
         self.signed(stamp_id, worker, attempts, None, receipt)
+        self._wake.set()
+        return fut
+
+    async def signed_manifest_durably(self, stamp_id: int, worker: str | None, attempts: int,
+                                      parts: TextParts) -> None:
+        """Store a signed manifest's text (``parts``, whose concatenation it is) in pieces, and
+        its outcome with the last of them; wait until that is committed."""
+        await self.signed_manifest_durably_nowait(stamp_id, worker, attempts, parts)
+
+    def signed_manifest_durably_nowait(self, stamp_id: int, worker: str | None, attempts: int,
+                                       parts: TextParts) -> asyncio.Future[None]:
+        """`signed_manifest_durably` without waiting: the future of its last commit."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._bulk.append(_TextPieces(stamp_id, fut, parts=parts, update={
+            "sid": stamp_id, "state": StampState.SIGNED, "worker": worker,
+            "attempts": attempts, "object_id": None, "error": None, "receipt": None}))
         self._wake.set()
         return fut
 
@@ -195,40 +314,80 @@ class Journal:
         inserts, self._inserts = self._inserts, []
         updates, self._updates = self._updates, []
         waiters, self._update_waiters = self._update_waiters, []
-        if not inserts and not updates:
+        # (a bulk write whose waiter is gone, a request timed out, is dropped: what it wrote
+        # is never read, its stamp not being signed)
+        bulk = self._bulk = [b for b in self._bulk if not b.future.done()]
+        if not inserts and not updates and not bulk:
             return True
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            ids = await loop.run_in_executor(
-                self._executor, self._write, [p.row for p in inserts], updates,
-                {i: p.buckets for i, p in enumerate(inserts) if p.buckets is not None}
-            )
+            ids, progress = await loop.run_in_executor(
+                self._executor, self._write, [p.row for p in inserts], updates, list(bulk))
         except Exception as e:
             log.exception("journal write of %d rows failed", len(inserts))
             # Completion updates are kept for the next transaction (bounded); the requests
-            # that were not recorded fail now, before anything was signed for them.
+            # that were not recorded fail now, before anything was signed for them, and so do
+            # the bulk writes under way (a manifest not indexed is not signed; one whose text
+            # is not stored is answered 503).
             self._updates = (updates + self._updates)[-100_000:]
             if self._updates:
                 self._wake.set()
             self._update_waiters = waiters + self._update_waiters
+            error = JournalError(f"journal unavailable: {type(e).__name__}")
             for p in inserts:
                 if not p.future.done():
-                    p.future.set_exception(JournalError(f"journal unavailable: {type(e).__name__}"))
+                    p.future.set_exception(error)
+            for b in bulk:
+                if not b.future.done():
+                    b.future.set_exception(error)
+            self._bulk = [b for b in self._bulk if b not in bulk]
             return False
         self.commits += 1
         self.stats.journal_commit.observe(time.perf_counter() - started)
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+        for b, done in progress:
+            b.done = done
+            if done == b.total:
+                b.finish()
+                self._bulk.remove(b)
         for p, sid in zip(inserts, ids, strict=True):
-            if not p.future.done():
+            if p.buckets:  # its index rows next, a slice per commit; then its id
+                self._bulk.append(_IndexRows(sid, p.future, algorithm=p.row["algorithm"],
+                                             rows=p.buckets))
+            elif not p.future.done():
                 p.future.set_result(sid)
+        if self._bulk:
+            self._wake.set()  # the next slice, with whatever comes meanwhile
         return True
 
     def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-               buckets: dict[int, Buckets] | None = None) -> list[int]:
-        return self._writer.write(rows, updates, buckets or {})
+               bulk: Sequence[_Bulk] = ()) -> tuple[list[int], list[tuple[_Bulk, int]]]:
+        """One group commit (in the journal thread): ``rows`` inserted, ``updates`` applied,
+        and the next slice of the ``bulk`` writes, `BULK_BYTES` at most; the inserted rows'
+        ids, and how far each bulk write then is."""
+        budget = BULK_BYTES
+        index: list[IndexRow] = []
+        pieces: list[Piece] = []
+        progress: list[tuple[_Bulk, int]] = []
+        finished: list[dict[str, Any]] = []
+        for b in bulk:
+            if budget <= 0:
+                break
+            if isinstance(b, _IndexRows):
+                more, done, size = b.take(budget)
+                index += more
+            else:
+                assert isinstance(b, _TextPieces)
+                texts, done, size = b.take(budget)
+                pieces += texts
+                if done == b.total:
+                    finished.append(b.update)
+            budget -= size
+            progress.append((b, done))
+        return self._writer.write(rows, updates + finished, index, pieces), progress
 
 
 INSERT_COLUMNS = ("kind", "commit", "tagname", "tree", "parent", "algorithm", "digest",
@@ -274,16 +433,16 @@ class _SqlAlchemyWriter(_Writer):
         self.retries = 0  # groups run again after a transient error (for tests and logs)
 
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-              buckets: dict[int, Buckets]) -> list[int]:
+              index: list[IndexRow], pieces: list[Piece]) -> list[int]:
         ordered = sorted(updates, key=lambda u: int(u["sid"]))
-        return db.retry_transient(lambda: self._write(rows, ordered, buckets),
+        return db.retry_transient(lambda: self._write(rows, ordered, index, pieces),
                                   what="journal write", on_retry=self._retried)
 
     def _retried(self, _error: BaseException) -> None:
         self.retries += 1
 
     def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-               buckets: dict[int, Buckets]) -> list[int]:
+               index: list[IndexRow], pieces: list[Piece]) -> list[int]:
         if self.conn is None or self.conn.closed or self.conn.invalidated:
             self.conn = self.engine.connect()
         table = cast(Table, Stamp.__table__)
@@ -297,8 +456,10 @@ class _SqlAlchemyWriter(_Writer):
                         [{**r, "state": StampState.PENDING, "attempts": 0} for r in rows],
                     )
                     ids = [row[0] for row in result]
-                for i, rows_of in buckets.items():
-                    self._insert_buckets(ids[i], rows[i]["algorithm"], rows_of)
+                if index:
+                    self._insert_index(index)
+                if pieces:
+                    self._insert_pieces(pieces)
                 if updates:
                     self.conn.execute(
                         update(table)
@@ -315,24 +476,23 @@ class _SqlAlchemyWriter(_Writer):
                 with contextlib.suppress(Exception):
                     tx.rollback()
                 raise
-            # Outcomes alone may be committed twice; inserted requests may not.
-            db.commit(tx, idempotent=not rows)
+            # Outcomes and text pieces (written again as they are) may be committed twice;
+            # inserted requests and index rows may not.
+            db.commit(tx, idempotent=not rows and not index)
             return ids
         except Exception:
             self.close()
             raise
 
 
-    def _insert_buckets(self, stamp_id: int, algorithm: str, rows: Buckets) -> None:
-        """A manifest's digest index rows (about 65,536 for a million digests): COPY on
-        PostgreSQL, in the group's transaction (a third of the time of an executemany INSERT
-        here)."""
+    def _insert_index(self, rows: list[IndexRow]) -> None:
+        """A slice of manifests' digest index rows (about 65,536 for a million digests in
+        all): COPY on PostgreSQL (a third of the time of an executemany INSERT here)."""
         assert self.conn is not None
         if self.engine.dialect.name != "postgresql":
             self.conn.execute(insert(cast(Table, ManifestDigests.__table__)), [
-                {"stamp_id": stamp_id, "prefix": key_prefix(b), "algorithm": algorithm,
-                 "digests": packed}
-                for b, packed in rows])
+                {"stamp_id": sid, "prefix": prefix, "algorithm": algorithm, "digests": packed}
+                for sid, prefix, algorithm, packed in rows])
             return
         raw = self.conn.connection.driver_connection
         assert raw is not None
@@ -340,8 +500,19 @@ class _SqlAlchemyWriter(_Writer):
                 "COPY manifest_digests (stamp_id, prefix, algorithm, digests) "
                 "FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(["int8", "bytea", "varchar", "bytea"])
-            for b, packed in rows:
-                copy.write_row((stamp_id, key_prefix(b), algorithm, packed))
+            for row in rows:
+                copy.write_row(row)
+
+    def _insert_pieces(self, pieces: list[Piece]) -> None:
+        """Pieces of signed texts, written again as they are where they already are (a group
+        run again after a lost COMMIT)."""
+        assert self.conn is not None
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        stmt = dialect.insert(cast(Table, ManifestText.__table__))
+        self.conn.execute(
+            stmt.on_conflict_do_update(index_elements=["stamp_id", "seq"],
+                                       set_={"piece": stmt.excluded.piece}),
+            [{"stamp_id": sid, "seq": seq, "piece": piece} for sid, seq, piece in pieces])
 
 
 class _SqliteWriter(_Writer):
@@ -359,6 +530,11 @@ class _SqliteWriter(_Writer):
     UPDATE = ("UPDATE stamps SET state = ?, worker = ?, attempts = COALESCE(?, attempts), "
               "object_id = ?, error = ?, receipt = ? WHERE id = ? "
               f"AND state IN ('{StampState.PENDING}', '{StampState.ORPHANED}')")
+
+    # Index rows go in `CHUNK` at a time: each statement run gives the GIL up and takes it
+    # back, and with a manifest checked in another thread of the process meanwhile each
+    # taking back waits for its turn (an executemany of a slice's ~2,000 rows took seconds).
+    INDEX = "INSERT INTO manifest_digests (stamp_id, prefix, algorithm, digests) VALUES "
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -383,7 +559,7 @@ class _SqliteWriter(_Writer):
         return sql
 
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-              buckets: dict[int, Buckets]) -> list[int]:
+              index: list[IndexRow], pieces: list[Piece]) -> list[int]:
         conn = self.conn = self.conn or self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -398,12 +574,14 @@ class _SqliteWriter(_Writer):
                 if len(got) != len(chunk):
                     raise RuntimeError("INSERT returned the wrong number of ids")
                 ids += got
-            for i, rows_of in buckets.items():
+            for i in range(0, len(index), self.CHUNK):  # (few statements: see `INDEX`)
+                rows_of = index[i:i + self.CHUNK]
+                conn.execute(self.INDEX + ", ".join(["(?, ?, ?, ?)"] * len(rows_of)),
+                             [v for row in rows_of for v in row])
+            if pieces:
                 conn.executemany(
-                    "INSERT INTO manifest_digests (stamp_id, prefix, algorithm, digests) "
-                    "VALUES (?, ?, ?, ?)",
-                    [(ids[i], key_prefix(b), rows[i]["algorithm"], packed)
-                     for b, packed in rows_of])
+                    "INSERT OR REPLACE INTO manifest_texts (stamp_id, seq, piece) "
+                    "VALUES (?, ?, ?)", pieces)
             if updates:
                 conn.executemany(self.UPDATE, [
                     (u["state"], u["worker"], u["attempts"], u["object_id"], u["error"],

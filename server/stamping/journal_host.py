@@ -15,7 +15,8 @@ connection: the rows it sent are committed, or were never acknowledged. The host
 (SIGTERM to its own process) rather than leave the HTTP processes answering 503.
 
 The wire (`JournalCall`, `JournalReply`): frames of a 4-byte big-endian length, then a 4-byte
-length of a JSON object, the object, and the bytes it names (a manifest's digest buckets).
+length of a JSON object, the object, and the bytes it names (a manifest's digest buckets, or
+its signed text in UTF-8).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from formats.manifests import utf8_pieces, utf8_size
 from server.errors import CommandFailed, JournalError
 from server.stamping.journal import Buckets, Journal, stamp_row
 from server.stamping.requests import Request
@@ -53,29 +55,36 @@ CONNECT_TIMEOUT = 30.0  # seconds an HTTP process waits for the host at its star
 @dataclass(frozen=True)
 class JournalCall:
     """What an HTTP process asks of the host: ``record`` a stamp row (and a manifest's digest
-    buckets), or an outcome, ``signed`` or ``failed``. ``call_id`` 0: no reply wanted (an
-    outcome that rides along with the next commit, `Journal.signed`)."""
+    buckets), or an outcome, ``signed`` or ``failed``, or ``manifest``: a signed manifest's
+    ``text`` (UTF-8) stored with its outcome. ``call_id`` 0: no reply wanted (an outcome that
+    rides along with the next commit, `Journal.signed`)."""
 
     op: str
     call_id: int
     fields: dict[str, Any]
     buckets: Buckets | None = None
+    text: bytes | memoryview | None = None
 
-    OPS = ("record", "signed", "failed")
+    OPS = ("record", "signed", "failed", "manifest")
 
-    def encode(self) -> bytes:
+    def head(self, tail: int = 0) -> bytes:
+        """The frame up to its tail, whose length is ``tail`` (a text sent after it)."""
         head: dict[str, Any] = {"op": self.op, "id": self.call_id, "f": self.fields}
-        tail = b""
         if self.buckets is not None:
             head["b"] = [[b, len(packed)] for b, packed in self.buckets]
-            tail = b"".join(packed for _, packed in self.buckets)
+            tail += sum(len(packed) for _, packed in self.buckets)
         text = json.dumps(head, separators=(",", ":")).encode()
-        body = LENGTH.pack(len(text)) + text + tail
-        return LENGTH.pack(len(body)) + body
+        return LENGTH.pack(LENGTH.size + len(text) + tail) + LENGTH.pack(len(text)) + text
+
+    def encode(self) -> bytes:
+        text = bytes(self.text or b"")
+        tail = b"".join(packed for _, packed in self.buckets or ())
+        return self.head(len(text)) + tail + text
 
     @classmethod
     def decode(cls, body: bytes) -> JournalCall:
-        """A call from a frame's body (after its length); ValueError if it is not one."""
+        """A call from a frame's body (after its length); ValueError if it is not one. A
+        text is a view of ``body`` (not a copy of it)."""
         head, tail = _split(body)
         op, call_id, fields = head.get("op"), head.get("id"), head.get("f")
         if op not in cls.OPS or not isinstance(call_id, int) or not isinstance(fields, dict):
@@ -84,11 +93,11 @@ class JournalCall:
         if "b" in head:
             buckets, at = [], 0
             for bucket, size in head["b"]:
-                buckets.append((int(bucket), tail[at:at + int(size)]))
+                buckets.append((int(bucket), bytes(tail[at:at + int(size)])))
                 at += int(size)
             if at != len(tail):
                 raise ValueError("the buckets do not add up")
-        return cls(op, call_id, fields, buckets)
+        return cls(op, call_id, fields, buckets, tail if op == "manifest" else None)
 
 
 @dataclass(frozen=True)
@@ -116,14 +125,14 @@ class JournalReply:
         return cls(call_id, sid, error)
 
 
-def _split(body: bytes) -> tuple[dict[str, Any], bytes]:
+def _split(body: bytes) -> tuple[dict[str, Any], memoryview]:
     if len(body) < LENGTH.size:
         raise ValueError("short frame")
     (n,) = LENGTH.unpack(body[:LENGTH.size])
     head = json.loads(body[LENGTH.size:LENGTH.size + n])
     if not isinstance(head, dict):
         raise ValueError("not a JSON object")
-    return head, body[LENGTH.size + n:]
+    return head, memoryview(body)[LENGTH.size + n:]
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes | None:
@@ -236,6 +245,9 @@ class JournalHost:
         fut: asyncio.Future[Any] | None = None
         if call.op == "record":
             fut = self.journal.record_row_nowait(f, call.buckets)
+        elif call.op == "manifest":
+            fut = self.journal.signed_manifest_durably_nowait(f["sid"], f["worker"],
+                                                              f["attempts"], (call.text or b"",))
         elif call.op == "signed":
             if cid:
                 fut = self.journal.signed_durably_nowait(f["sid"], f["worker"], f["attempts"],
@@ -272,6 +284,7 @@ class _Coalesced:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.frames: list[bytes] = []
+        self.held = False  # a long frame is being written a piece at a time (`RemoteJournal`)
 
     def put(self, frame: bytes) -> None:
         if not self.frames:
@@ -279,6 +292,8 @@ class _Coalesced:
         self.frames.append(frame)
 
     def flush(self) -> None:
+        if self.held:
+            return  # (written when the long frame ends)
         if self.frames and not self.writer.is_closing():
             self.writer.write(b"".join(self.frames))
         self.frames.clear()
@@ -300,6 +315,8 @@ class RemoteJournal:
     _reader_task: asyncio.Task[None] | None = None
     _calls: dict[int, asyncio.Future[JournalReply]] = field(default_factory=dict)
     _next_id: int = 1
+    # Long frames (a manifest's buckets or text) are written one at a time, each alone.
+    _long: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def start(self) -> None:
         pass  # (connects on the first call; `connect` waits for the host at start-up)
@@ -348,28 +365,54 @@ class RemoteJournal:
             self._calls.clear()
 
     async def _call(self, op: str, fields: dict[str, Any], buckets: Buckets | None = None,
-                    reply: bool = True) -> JournalReply | None:
+                    reply: bool = True, text: tuple[str, ...] | None = None
+                    ) -> JournalReply | None:
         writer = await self._connect()
         call_id = 0
         fut: asyncio.Future[JournalReply] | None = None
         if reply:
             call_id, self._next_id = self._next_id, self._next_id + 1
             fut = self._calls[call_id] = asyncio.get_running_loop().create_future()
-        frame = JournalCall(op, call_id, fields, buckets).encode()
-        if buckets:  # (a manifest's buckets are megabytes: straight to the socket)
-            assert self._out is not None
-            self._out.flush()
-            writer.write(frame)
-            await writer.drain()
+        call = JournalCall(op, call_id, fields, buckets)
+        out = self._out
+        assert out is not None
+        if buckets or text:
+            try:
+                await self._send_long(call, text or (), writer, out)
+            except BaseException as e:
+                self._calls.pop(call_id, None)
+                if isinstance(e, OSError | RuntimeError):  # (the link broke: `_read` fails
+                    raise JournalError(f"journal unavailable: {e}") from None  # the rest)
+                raise
         else:
-            assert self._out is not None
-            self._out.put(frame)
+            out.put(call.encode())
         if fut is None:
             return None
         answer = await fut
         if answer.error is not None:
             raise JournalError(answer.error)
         return answer
+
+    async def _send_long(self, call: JournalCall, text: tuple[str, ...],
+                         writer: asyncio.StreamWriter, out: _Coalesced) -> None:
+        """A manifest's buckets (megabytes) or signed text (up to 256 MiB), straight to the
+        socket: the text a piece at a time in UTF-8 (no copy of it in bytes), waiting for the
+        host to take each. The short frames put meanwhile wait until the frame ends."""
+        size = utf8_size(*text)
+        async with self._long:
+            out.flush()
+            out.held = True
+            try:
+                writer.write(call.head(size))
+                for _, packed in call.buckets or ():
+                    writer.write(packed)
+                for piece in utf8_pieces(*text):
+                    writer.write(piece)
+                    await writer.drain()
+                await writer.drain()
+            finally:
+                out.held = False
+                out.flush()
 
     async def record(self, req: Request, t: int, key_id: str | None = None) -> int:
         """Commit the request durably (in the host's journal); its stamp id."""
@@ -392,6 +435,11 @@ class RemoteJournal:
         await self._call("signed", {"sid": stamp_id, "worker": worker, "attempts": attempts,
                                     "object_id": None, "receipt": receipt})
 
+    async def signed_manifest_durably(self, stamp_id: int, worker: str | None, attempts: int,
+                                      parts: tuple[str, ...]) -> None:
+        await self._call("manifest", {"sid": stamp_id, "worker": worker, "attempts": attempts},
+                         text=parts)
+
     def failed(self, stamp_id: int, error: str) -> None:
         self._outcome("failed", {"sid": stamp_id, "error": error})
 
@@ -408,6 +456,8 @@ class RemoteJournal:
         self._out.put(JournalCall(op, 0, fields).encode())
 
     async def stop(self) -> None:
+        if self._out is not None:
+            self._out.flush()  # (outcomes put this turn go before the close)
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(Exception):

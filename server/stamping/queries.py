@@ -7,52 +7,36 @@ stamped thousands of times must not hold up the event loop). They only read, thr
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, func, select
 
 from formats.manifests import lookup_prefixes, packed_contains
 from server.db import reading
-from server.models import ManifestDigests, Stamp, StampState
-
-MANIFEST_CHUNK = 1 << 20  # bytes (SQLite) or characters (PostgreSQL) read at a time
+from server.models import ManifestDigests, ManifestText, Stamp, StampState
 
 
 def manifest_size(engine: Engine, serial: int) -> int | None:
     """Whether there is a signed manifest of serial ``serial`` (None: not), and its length in
-    bytes where it costs nothing to know (SQLite; -1 on PostgreSQL), without reading it."""
+    bytes, without reading it (the lengths of its pieces)."""
     with reading(engine).connect() as conn:
         found = conn.execute(select(Stamp.id).where(
-            Stamp.id == serial, Stamp.kind == "manifest", Stamp.state == StampState.SIGNED,
-            Stamp.receipt.is_not(None))).scalar_one_or_none()
+            Stamp.id == serial, Stamp.kind == "manifest", Stamp.state == StampState.SIGNED)
+        ).scalar_one_or_none()
         if found is None:
             return None
-        if conn.dialect.name != "sqlite":
-            return -1
-        raw = conn.connection.driver_connection
-        assert isinstance(raw, sqlite3.Connection)
-        with raw.blobopen("stamps", "receipt", serial, readonly=True) as blob:
-            return len(blob)
+        size = conn.execute(select(func.sum(func.length(ManifestText.piece)))
+                            .where(ManifestText.stamp_id == serial)).scalar_one()
+        return None if size is None else int(size)
 
 
-def manifest_chunk(engine: Engine, serial: int, offset: int) -> bytes:
-    """A piece of the signed manifest of serial ``serial`` (whose `manifest_size` was
-    found), from ``offset`` on: on SQLite `MANIFEST_CHUNK` bytes from byte ``offset``, read
-    through incremental blob I/O (SQLite reads only those pages); on PostgreSQL
-    `MANIFEST_CHUNK` characters from character ``offset``, UTF-8 encoded (the receipt is
-    stored uncompressed: PostgreSQL reads the value up to the piece's end, in the server).
-    An empty piece: the end."""
+def manifest_piece(engine: Engine, serial: int, seq: int) -> bytes:
+    """Piece ``seq`` of the signed manifest of serial ``serial`` (whose `manifest_size` was
+    found), as stored (`server.models.ManifestText`); empty after the last."""
     with reading(engine).connect() as conn:
-        if conn.dialect.name == "sqlite":
-            raw = conn.connection.driver_connection
-            assert isinstance(raw, sqlite3.Connection)
-            with raw.blobopen("stamps", "receipt", serial, readonly=True) as blob:
-                blob.seek(offset)
-                return blob.read(MANIFEST_CHUNK)
-        text = conn.execute(select(func.substr(Stamp.receipt, offset + 1, MANIFEST_CHUNK))
-                            .where(Stamp.id == serial)).scalar_one_or_none()
-        return (text or "").encode("utf-8")
+        piece = conn.execute(select(ManifestText.piece).where(
+            ManifestText.stamp_id == serial, ManifestText.seq == seq)).scalar_one_or_none()
+        return b"" if piece is None else bytes(piece)
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,14 @@ class StampContext:
 @dataclass(frozen=True)
 class Outcome(Generic[A_co]):
     """What a signed job answers, and what the journal records of it: a git object's id, with
-    the next group commit; or the signed text itself (``stored``), committed before the answer
-    goes out (so that a GET finds it from then on)."""
+    the next group commit; or the signed text itself (``stored``; a manifest's in parts,
+    ``stored_parts``, whose concatenation it is), committed before the answer goes out (so
+    that a GET finds it from then on)."""
 
     answer: A_co
     object_id: str | None = None
     stored: str | None = None
+    stored_parts: tuple[str, ...] | None = None
 
 
 class Request(Protocol[J, A_co]):
@@ -195,14 +197,15 @@ class ManifestRequest:
         return ManifestJob(self.manifest.algorithm, ctx.time, ctx.url, ctx.serial,
                            ctx.key.fingerprint, self.manifest.text, self.manifest.lines)
 
-    def outcome(self, ctx: StampContext, job: ManifestJob, signed: str) -> Outcome[str]:
+    def outcome(self, ctx: StampContext, job: ManifestJob, signed: str
+                ) -> Outcome[tuple[str, ...]]:
         """The signed manifest (the header lines, the lines as sent, one signature), which is
-        stored."""
+        stored: in the parts whose concatenation it is (the lines are not copied)."""
         try:
-            text = job.signed(signed)
+            parts = job.signed(signed)
         except ValueError as e:
             raise MalformedAnswer(str(e)) from e
-        return Outcome(text, stored=text)
+        return Outcome(parts, stored_parts=parts)
 
 
 GitRequest = TagRequest | BranchRequest

@@ -55,12 +55,20 @@ class Stamper:
             await self._failed(stamp_id, f"{type(e).__name__}: {e}")
             raise
 
-    async def _store(self, stamp_id: int, signed: Signed, text: str, what: str) -> None:
-        """Record a signed stamp with the signed text it answers, committed before the answer
-        goes out (so that a GET finds it from then on)."""
+    async def _store(self, stamp_id: int, signed: Signed, text: str | tuple[str, ...],
+                     what: str) -> None:
+        """Record a signed stamp with the signed text it answers (a manifest's in parts),
+        committed before the answer goes out (so that a GET finds it from then on). A
+        manifest's text is stored a few MiB per group commit (`Journal`), within the same
+        timeout."""
         try:
             async with asyncio.timeout(self.request_timeout):
-                await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts, text)
+                if isinstance(text, str):
+                    await self.journal.signed_durably(stamp_id, signed.worker, signed.attempts,
+                                                      text)
+                else:
+                    await self.journal.signed_manifest_durably(stamp_id, signed.worker,
+                                                               signed.attempts, text)
         except TimeoutError:
             raise JournalError(f"the {what} could not be stored; retry later") from None
 
@@ -96,8 +104,10 @@ class Stamper:
         except MalformedAnswer as e:
             await self._failed(stamp_id, f"malformed answer: {e.detail}")
             raise
-        if outcome.stored is None:
-            self.journal.signed(stamp_id, signed.worker, signed.attempts, outcome.object_id)
-        else:
+        if outcome.stored_parts is not None:
+            await self._store(stamp_id, signed, outcome.stored_parts, req.noun)
+        elif outcome.stored is not None:
             await self._store(stamp_id, signed, outcome.stored, req.noun)
+        else:
+            self.journal.signed(stamp_id, signed.worker, signed.attempts, outcome.object_id)
         return outcome.answer

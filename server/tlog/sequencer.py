@@ -56,7 +56,7 @@ from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
 from server.log.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
-from server.models import Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.store import TilesMismatch, TileWriter, checkpoint_size
 from server.tlog.witnesses import Offered, WitnessSender, merge_cosignatures
 
@@ -276,8 +276,7 @@ class Tlog:
         for row in rows:
             signed = None
             if row[1] == "manifest":
-                text = conn.execute(select(Stamp.receipt).where(Stamp.id == row[0])).scalar()
-                signed = None if text is None else hashlib.sha256(text.encode()).hexdigest()
+                signed = _text_hash(conn, row[0])
             entries.append(entry_of(row, self.fingerprints, signed))
         conn.exec_driver_sql(f"INSERT INTO tlog_entries (idx, entry) VALUES ({p}, {p})",
                              [(first + i, e) for i, e in enumerate(entries)])
@@ -382,6 +381,21 @@ class Tlog:
         else:
             self.writer.publish(note)
         self._published, self._note = row.size, note
+
+
+def _text_hash(conn: Connection, stamp_id: int) -> str | None:
+    """The SHA-256 of a signed manifest's text (read a piece at a time); None for a manifest
+    not signed (published without an outcome: what pieces it has are not its text)."""
+    state = conn.execute(select(Stamp.state).where(Stamp.id == stamp_id)).scalar()
+    if state != StampState.SIGNED:
+        return None
+    h = hashlib.sha256()
+    seq = 0
+    while (piece := conn.execute(select(ManifestText.piece).where(
+            ManifestText.stamp_id == stamp_id, ManifestText.seq == seq)).scalar()) is not None:
+        h.update(piece)
+        seq += 1
+    return h.hexdigest() if seq else None
 
 
 def fingerprints_of(keys: Sequence[Any]) -> dict[str | None, str]:

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select, text, update
 
+from formats.manifests import key_prefix, parse_body
 from server import db
 from server.errors import JournalError
-from server.models import Stamp, StampState
+from server.models import ManifestDigests, ManifestText, Stamp, StampState
+from server.stamping import journal as journal_module
 from server.stamping.journal import Journal
-from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
+from server.stamping.requests import BranchRequest, DigestRequest, ManifestRequest, TagRequest
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -205,3 +207,81 @@ def test_a_worker_host_refuses_a_database_behind_the_code(
         assert db.current_revision(engine) == "0008"  # a worker host never migrates
     finally:
         engine.dispose()
+
+
+# -- what is too big for one group commit: a slice per commit --------------------------------
+
+def stored_text(engine: Engine, sid: int) -> bytes:
+    with engine.connect() as conn:
+        return b"".join(bytes(p) for p in conn.execute(
+            select(ManifestText.piece).where(ManifestText.stamp_id == sid)
+            .order_by(ManifestText.seq)).scalars())
+
+
+def test_a_manifest_is_indexed_and_stored_a_slice_per_commit_while_stamps_go_on(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest's digest index and its signed text are written a slice per group commit
+    (`BULK_BYTES`, made small here): its id comes once every index row is committed, its
+    outcome with the last piece of its text; a stamp recorded meanwhile is committed with the
+    next slice, not behind the whole text (a 127 MiB text in one transaction made every stamp
+    wait for it)."""
+    monkeypatch.setattr(journal_module, "BULK_BYTES", 16 << 10)
+    monkeypatch.setattr(journal_module, "PIECE", 4096)
+    lines = "".join(f"{i:064x}  f{i}\n" for i in range(5000))
+    req = ManifestRequest(parse_body(lines.encode()))
+    parts = ("head\n", "\u00e9t\u00e9 " * 3000 + "\n" + lines, "sig\n")  # (not ASCII)
+
+    async def scenario() -> tuple[int, int, int, int]:
+        journal = Journal(engine)
+        journal.start()
+        sid = await journal.record(req, 1700000000)
+        with engine.connect() as conn:  # every index row is in when the id comes
+            indexed = conn.execute(select(func.count()).select_from(ManifestDigests)
+                                   .where(ManifestDigests.stamp_id == sid)).scalar_one()
+        assert indexed == len(req.digest_buckets())
+        before = journal.commits
+        text = journal.signed_manifest_durably_nowait(sid, "w1", 2, parts)
+        stamp = await journal.record(DigestRequest("sha256", "ab" * 32), 1700000001)
+        assert not text.done()  # (committed with the text's first slice)
+        await text
+        commits = journal.commits - before
+        await journal.stop()
+        return sid, stamp, before, commits
+
+    sid, stamp, before, commits = asyncio.run(scenario())
+    assert before > 5  # the row, then its index rows in slices
+    assert commits > 5  # the text in slices
+    assert stored_text(engine, sid) == "".join(parts).encode()
+    with engine.connect() as conn:
+        row = conn.execute(select(Stamp.state, Stamp.worker, Stamp.attempts, Stamp.receipt)
+                           .where(Stamp.id == sid)).one()
+        assert tuple(row) == (StampState.SIGNED, "w1", 2, None)
+        got = conn.execute(select(ManifestDigests.prefix, ManifestDigests.digests)
+                           .where(ManifestDigests.stamp_id == sid)).all()
+        assert conn.execute(select(Stamp.state).where(Stamp.id == stamp)).scalar_one() \
+            == StampState.PENDING
+    assert sorted((bytes(p), bytes(d)) for p, d in got) == sorted(
+        (key_prefix(k), d) for k, d in req.digest_buckets())
+
+
+def test_manifest_texts_move_into_pieces_and_back(engine: Engine) -> None:
+    """Revision 0015 moves each signed manifest's text from ``stamps.receipt`` into pieces of
+    1 Mi characters (their UTF-8 concatenation is the text), and back down."""
+    signed = "\u00e9" * (1 << 20) + "x" * ((1 << 20) + 5) + "\n"  # 3 pieces, one of 2 MiB
+    db.downgrade(engine, "0014")
+    with engine.begin() as conn:
+        for receipt in (signed, "a receipt\n"):
+            conn.execute(text("INSERT INTO stamps (kind, stamped_at, state, attempts, receipt) "
+                              "VALUES (:k, 1, 'signed', 1, :r)"),
+                         {"k": "manifest" if receipt is signed else "digest", "r": receipt})
+        ids = [int(i) for i in conn.execute(text("SELECT id FROM stamps ORDER BY id")).scalars()]
+    db.upgrade(engine)
+    assert stored_text(engine, ids[0]) == signed.encode()
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(ManifestText)).scalar_one() == 3
+        receipts = dict(conn.execute(select(Stamp.id, Stamp.receipt)).all())
+    assert receipts == {ids[0]: None, ids[1]: "a receipt\n"}
+    db.downgrade(engine, "0014")
+    with engine.connect() as conn:
+        assert dict(conn.execute(text("SELECT id, receipt FROM stamps")).all()) == {
+            ids[0]: signed, ids[1]: "a receipt\n"}

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from formats.manifests import key_prefix, parse_body
 from server import db
 from server.errors import JournalError
-from server.models import ManifestDigests, Stamp, StampState
+from server.models import ManifestDigests, ManifestText, Stamp, StampState
 from server.stamping.journal_host import JournalCall, JournalHost, JournalReply, RemoteJournal
 from server.stamping.requests import DigestRequest, ManifestRequest, TagRequest
 from tests.helpers import short_tmpdir
@@ -43,6 +43,8 @@ def test_the_wire_round_trips_calls_and_replies() -> None:
     assert JournalCall.decode(body) == call
     assert JournalReply.decode(JournalReply(7, 42).encode()[4:]) == JournalReply(7, 42)
     assert JournalReply.decode(JournalReply(8, error="down").encode()[4:]).error == "down"
+    call = JournalCall("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
+    assert JournalCall.decode(call.encode()[4:]) == call
     for bad in (b"", b"\x00\x00\x00\x02[]", JournalReply(1).encode()[4:]):
         with pytest.raises(ValueError):
             JournalCall.decode(bad)
@@ -102,6 +104,45 @@ def test_a_manifests_buckets_reach_the_database(host) -> None:  # type: ignore[n
                            .where(ManifestDigests.stamp_id == sid)).all()
     engine.dispose()
     assert sorted(got) == sorted((key_prefix(k), p) for k, p in req.digest_buckets())
+
+
+def test_a_signed_manifest_is_sent_a_piece_at_a_time_and_stored(  # type: ignore[no-untyped-def]
+        host) -> None:
+    """A signed manifest's text crosses the wire in UTF-8 pieces after its frame's head; the
+    short calls made meanwhile (records, an outcome) wait until its frame ends, and all reach
+    the host intact."""
+    h, url = host
+    lines = "".join(f"{i:064x}  \u00e9t\u00e9{i}\n" for i in range(40_000))  # ~3.4 MB
+    req = ManifestRequest(parse_body(lines.encode()))
+    parts = ("head\n", req.manifest.text, "sig\n")
+
+    async def scenario() -> tuple[int, list[int]]:
+        async with asyncio.timeout(60):  # (a stream mixed up would leave the host waiting)
+            return await calls()
+
+    async def calls() -> tuple[int, list[int]]:
+        j = RemoteJournal(h.socket_path)
+        sid = await j.record(req, 1700000000)
+        text = asyncio.ensure_future(j.signed_manifest_durably(sid, "w1", 1, parts))
+        await asyncio.sleep(0)  # (its frame is under way)
+        others = await asyncio.gather(*(j.record(TagRequest(f"{i:040x}", "t"), 1700000001)
+                                        for i in range(20)))
+        j.signed(others[0], "w2", 1, "c" * 40)
+        await text
+        await j.stop()
+        return sid, list(others)
+
+    sid, others = asyncio.run(scenario())
+    h.stop()  # commits what rides along
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        pieces = conn.execute(select(ManifestText.piece).where(ManifestText.stamp_id == sid)
+                              .order_by(ManifestText.seq)).scalars()
+        assert b"".join(bytes(p) for p in pieces) == "".join(parts).encode()
+        states = dict(conn.execute(select(Stamp.id, Stamp.state)).all())
+    engine.dispose()
+    assert states[sid] == StampState.SIGNED and states[others[0]] == StampState.SIGNED
+    assert len(others) == 20 and all(states[i] == StampState.PENDING for i in others[1:])
 
 
 def test_without_the_host_a_record_fails_and_nothing_waits(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from formats.tlog.proof import TlogProof, verify_proof
 from server import db
 from server.api.tlog import _proof
 from server.log.committer import OUTCOME_GRACE
-from server.models import Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog
 from server.tlog.store import TileReader
 from tests.helpers import InProcessDispatcher, agent_home
@@ -86,12 +86,17 @@ def make_tlog(engine: Engine, root: Path, log_key: tuple[LogKey, NoteSigner], cl
 
 
 def add(engine: Engine, *rows: dict[str, object]) -> list[int]:
+    """Stamp rows; a ``text`` is a manifest's signed text, as the pieces it is stored in."""
     ids = []
     with engine.begin() as conn:
         for row in rows:
             values = {"stamped_at": T0, "state": StampState.SIGNED, **row}
+            pieces = values.pop("text", [])
             ids.append(conn.execute(insert(Stamp).values(**values).returning(Stamp.id))
                        .scalar_one())
+            for seq, piece in enumerate(pieces):  # type: ignore[call-overload]
+                conn.execute(insert(ManifestText).values(stamp_id=ids[-1], seq=seq,
+                                                         piece=piece))
     return ids
 
 
@@ -133,7 +138,7 @@ def test_stamps_become_entries_in_journal_order(engine: Engine, tmp_path: Path,
               {"kind": "tag", "commit": "a" * 40, "object_id": "b" * 40},
               {"kind": "branch", "commit": "c" * 64, "object_id": "d" * 64,
                "key_id": "ssh-ed25519"},
-              {"kind": "manifest", "algorithm": "sha256", "receipt": "signed manifest\n"},
+              {"kind": "manifest", "algorithm": "sha256", "text": [b"signed ", b"manifest\n"]},
               {"kind": "tsa", "algorithm": "sha512", "digest": "e" * 128},
               digest_row(2, state=StampState.FAILED),
               digest_row(3, state=StampState.PENDING))
