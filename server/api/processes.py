@@ -51,6 +51,7 @@ EXIT_CONFIG = 2
 RESTART_DELAY = 1.0  # seconds before a process that exited is started again
 STOP_TIMEOUT = 30.0  # seconds an HTTP process has to finish its requests when stopped
 LISTEN_BACKLOG = 4096
+SWITCH_INTERVAL = 0.0005  # seconds (sys.setswitchinterval) in an HTTP process: see run_uvicorn
 
 
 def setup_logging(level: str) -> None:
@@ -66,6 +67,11 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
     from server.api.httpproto import InvalidRequestLog, StampdHttpProtocol
 
     logging.getLogger("uvicorn.error").addFilter(InvalidRequestLog())
+    # A thread that holds the GIL (a manifest's million lines checked, its index built) gives
+    # it up when another thread has waited this long: CPython's 5 ms made the event loop wait
+    # that long at each of its turns, and a stamp served meanwhile take hundreds of ms more
+    # (`python -m bench.manifest_flood`).
+    sys.setswitchinterval(SWITCH_INTERVAL)
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
                             http=StampdHttpProtocol,
