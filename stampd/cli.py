@@ -10,6 +10,7 @@ documented exit code."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -119,8 +120,9 @@ def exit_status(exc: Exception, server: ModuleType | None = None) -> tuple[int, 
     return status
 
 
+@functools.cache
 def _client_commands() -> frozenset[str]:
-    """The names of the client's commands (`client.cli.add_commands`)."""
+    """The names of the client's commands (`client.cli.add_commands`; built once a process)."""
     sub = argparse.ArgumentParser().add_subparsers()
     client_cli.add_commands(sub)
     return frozenset(sub.choices)
