@@ -10,6 +10,7 @@ documented exit code."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -112,15 +113,44 @@ def exit_status(exc: Exception, server: ModuleType | None = None) -> tuple[int, 
     """(exit code, one-line message) of an error a command raised on purpose; None for a
     bug, which is left to propagate with its traceback."""
     status: tuple[int, str] | None = client_cli.exit_status(exc)
-    server = server or _server_commands()
-    if status is None and server is not None:
-        status = server.exit_status(exc)
+    if status is None:  # (the server's mapping is imported only for an error it may know)
+        server = server or _server_commands()
+        if server is not None:
+            status = server.exit_status(exc)
     return status
 
 
+@functools.cache
+def _client_commands() -> frozenset[str]:
+    """The names of the client's commands (`client.cli.add_commands`; built once a process)."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    client_cli.add_commands(sub)
+    return frozenset(sub.choices)
+
+
+def _names_client_command(argv: list[str]) -> bool:
+    """Whether ``argv`` runs a client command: its first word, after ``--log-level LEVEL`` if
+    that comes first, names one. Anything else (a server command, top-level help, an
+    abbreviated or unknown option) is not recognised here and gets the full parser."""
+    rest = argv
+    if rest[:1] == ["--log-level"]:
+        rest = rest[2:]
+    elif rest[:1] and rest[0].startswith("--log-level="):
+        rest = rest[1:]
+    return bool(rest) and rest[0] in _client_commands()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status."""
-    server = _server_commands()
+    """Run one command; its exit status.
+
+    A client command (verify, audit, stamp, hook) does not import `server.commands`: that
+    import (settings, pydantic-settings, the supervisor) is ~0.3 s of CPU, most of what
+    starting `stampd verify` costs. Its parser then lists the server's commands by name only;
+    that list is seen in the top-level usage (the same words) and help (not shown for a
+    client command). An error of a client command that the client does not map is still
+    mapped by the server's `exit_status` (`exit_status` imports it then)."""
+    words = sys.argv[1:] if argv is None else argv
+    server = None if _names_client_command(words) else _server_commands()
     ap = parser(server)
     args, unknown = ap.parse_known_args(argv)
     if unknown:  # (argparse would print the top-level usage)

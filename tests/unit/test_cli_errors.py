@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from client.errors import CommandError
 from server.errors import QueueFull
 from server.settings import Settings
 from stampd.cli import EXIT_FAILED, EXIT_USAGE, exit_status, main
+from tests.helpers import ROOT
 from workers.keys.store import KeyStoreError
 
 
@@ -127,3 +130,37 @@ def test_a_downgrade_that_would_lose_stamps_is_refused_in_one_line(
         assert db.current_revision(engine) == db.SCHEMA_HEAD
     finally:
         engine.dispose()
+
+
+def test_client_commands_leave_the_server_unimported(tmp_path: Path) -> None:
+    """`stampd verify`, `audit`, `stamp` and `hook` (client commands, run on users' machines
+    and by the tests as subprocesses) do not import `server.commands` and its settings: ~0.3 s
+    of CPU each. Their errors keep their exit codes; a server command still imports it."""
+    not_a_receipt = tmp_path / "x.txt"
+    not_a_receipt.write_text("hello\n")
+    code = (
+        "import sys\n"
+        "from stampd.cli import main\n"
+        "def server():\n"
+        "    return any(m in sys.modules for m in ('server.commands', 'server.settings'))\n"
+        "print(main(['verify', sys.argv[1]]), server())\n"
+        "print(main(['--log-level', 'WARNING', 'audit', sys.argv[2]]), server())\n"
+        "print(main(['--log-level=warning', 'hook', 'uninstall', '--repo', sys.argv[2]]), "
+        "server())\n"
+        "import contextlib, io\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        main(['keys', '--help'])\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, server())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(not_a_receipt), str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 4, r.stdout + r.stderr
+    assert lines[0] == "2 False", r.stderr  # (malformed: `stampd verify` exits 2)
+    assert lines[1].split()[1] == "False" and lines[1].split()[0] != "0", r.stderr
+    assert lines[2].split()[1] == "False" and lines[2].split()[0] != "0", r.stderr
+    assert lines[3] == "0 True"
+    assert all(line.startswith(("stampd verify: ", "stampd audit: ", "stampd hook uninstall: "))
+               for line in r.stderr.splitlines()), r.stderr
