@@ -1,10 +1,14 @@
-"""Giving freed memory back to the system after a large job: glibc's ``malloc_trim``.
+"""Giving freed memory back to the system after a large job: glibc's ``malloc_trim``, and
+fixed ``mallopt`` thresholds.
 
 glibc keeps the pages of freed small and middle-sized blocks in its arenas, so a process that
 held a manifest of 127 MiB in pieces (1 MiB pieces, 64 KiB socket reads, digest batches) stays
 hundreds of MiB larger afterwards, though nothing of it is in use (``bench.manifest_flood``).
-``malloc_trim(0)`` returns every free page of every arena. Elsewhere (musl, macOS) it does
-nothing.
+``malloc_trim(0)`` returns the free pages inside every arena, but not the free top of a
+thread's arena: glibc trims that only beyond its trim threshold, which it raises (to 64 MiB at
+most) each time a large block it had mapped is freed. A manifest checked in a thread left ~60
+MiB there after each of its first checks; `fix_thresholds` keeps glibc's own defaults from
+moving. Elsewhere (musl, macOS) both do nothing.
 """
 
 from __future__ import annotations
@@ -33,3 +37,31 @@ def trim() -> bool:
     CDLL call); whether anything was returned (False without glibc)."""
     f = _malloc_trim()
     return bool(f(0)) if f is not None else False
+
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+THRESHOLD = 1 << 20  # bytes: blocks from this size are mapped, and a free top beyond it trimmed
+
+
+@functools.cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt: Callable[[int, int], int] = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]  # type: ignore[attr-defined]
+    mallopt.restype = ctypes.c_int  # type: ignore[attr-defined]
+    return mallopt
+
+
+def fix_thresholds(threshold: int = THRESHOLD) -> bool:
+    """Fix glibc's mmap and trim thresholds at ``threshold`` for this process (setting them
+    turns their raising off): a block of ``threshold`` bytes or more is mapped and unmapped
+    on its own, and a free top of an arena larger than it goes back to the system. Whether
+    both were set (False without glibc)."""
+    f = _mallopt()
+    return f is not None and bool(f(M_MMAP_THRESHOLD, threshold)) \
+        and bool(f(M_TRIM_THRESHOLD, threshold))

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.settings import Settings
+from workers import memory
 from workers.agents.base import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
     # that long at each of its turns, and a stamp served meanwhile take hundreds of ms more
     # (`python -m bench.manifest_flood`).
     sys.setswitchinterval(SWITCH_INTERVAL)
+    memory.fix_thresholds()  # (freed manifests go back to the system: workers.memory)
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
                             http=StampdHttpProtocol,

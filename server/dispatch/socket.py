@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,8 @@ class SocketDispatcher:
                 # (raw bytes after its frame) a piece at a time, each written when the last
                 # one has gone (the transport holds a piece, not a copy of the manifest).
                 frames = []
+                pieces: Iterator[bytes] = iter(())
+                piece = b""
                 now = loop.time()
                 t0 = time.perf_counter()
                 while True:
@@ -278,6 +281,9 @@ class SocketDispatcher:
                     item = queue.get_nowait()
                 if frames:
                     writer.write(b"".join(frames))
+                # (while this waits for the next job, it must not hold the last one: a
+                # manifest's 127 MiB of lines stayed alive until the worker's next job)
+                del item, job, frames, pieces, piece
 
         async def watchdog() -> None:
             while True:
@@ -302,13 +308,14 @@ class SocketDispatcher:
                 freed.set()
                 if job is not None and isinstance(job.job, ManifestJob):
                     self._manifest_done(info.key)
-                if job is None or job.future.done():
-                    continue
-                if result.object is not None:
-                    job.future.set_result(Signed(result.object, info.name, job.attempts))
-                else:
-                    # The worker judged the job itself bad: no other worker will do better.
-                    job.future.set_exception(SigningFailed(str(result.error)))
+                if job is not None and not job.future.done():
+                    if result.object is not None:
+                        job.future.set_result(Signed(result.object, info.name, job.attempts))
+                    else:
+                        # The worker judged the job itself bad: no other worker will do
+                        # better.
+                        job.future.set_exception(SigningFailed(str(result.error)))
+                job = None  # (not held while the next answer is awaited: see feed)
         finally:
             feeder.cancel()
             dog.cancel()

@@ -42,6 +42,7 @@ from server.errors import CommandFailed, JournalError
 from server.stamping.journal import Buckets, Journal, stamp_row
 from server.stamping.requests import Request
 from server.stats import Stats
+from workers import memory
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class JournalHost:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        memory.fix_thresholds()  # (the manifests' texts it takes go back to the system)
         try:
             import uvloop  # the event loop of the HTTP processes too (uvicorn[standard])
 
