@@ -59,7 +59,7 @@ class Stamper:
                      what: str) -> None:
         """Record a signed stamp with the signed text it answers (a manifest's in parts),
         committed before the answer goes out (so that a GET finds it from then on). A
-        manifest's text is stored a few MiB per group commit (`Journal`), within the same
+        manifest's text is stored 1 MiB per group commit (`Journal`), within the same
         timeout."""
         try:
             async with asyncio.timeout(self.request_timeout):
