@@ -7,8 +7,8 @@ hundreds of MiB larger afterwards, though nothing of it is in use (``bench.manif
 ``malloc_trim(0)`` returns the free pages inside every arena, but not the free top of a
 thread's arena: glibc trims that only beyond its trim threshold, which it raises (to 64 MiB at
 most) each time a large block it had mapped is freed. A manifest checked in a thread left ~60
-MiB there after each of its first checks; `fix_thresholds` keeps glibc's own defaults from
-moving. Elsewhere (musl, macOS) both do nothing.
+MiB there after each of its first checks; `fix_thresholds` sets both at 1 MiB, which also
+stops glibc from moving them. Elsewhere (musl, macOS) both do nothing.
 """
 
 from __future__ import annotations
