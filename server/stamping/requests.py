@@ -42,14 +42,13 @@ class StampContext:
 @dataclass(frozen=True)
 class Outcome(Generic[A_co]):
     """What a signed job answers, and what the journal records of it: a git object's id, with
-    the next group commit; or the signed text itself (``stored``; a manifest's in parts,
-    ``stored_parts``, whose concatenation it is), committed before the answer goes out (so
-    that a GET finds it from then on)."""
+    the next group commit; or the signed text itself (``stored``; a manifest's in the parts
+    whose concatenation it is), committed before the answer goes out (so that a GET finds it
+    from then on)."""
 
     answer: A_co
     object_id: str | None = None
-    stored: str | None = None
-    stored_parts: tuple[str, ...] | None = None
+    stored: str | tuple[str, ...] | None = None
 
 
 class Request(Protocol[J, A_co]):
@@ -205,7 +204,7 @@ class ManifestRequest:
             parts = job.signed(signed)
         except ValueError as e:
             raise MalformedAnswer(str(e)) from e
-        return Outcome(parts, stored_parts=parts)
+        return Outcome(parts, stored=parts)
 
 
 GitRequest = TagRequest | BranchRequest

@@ -104,10 +104,8 @@ class Stamper:
         except MalformedAnswer as e:
             await self._failed(stamp_id, f"malformed answer: {e.detail}")
             raise
-        if outcome.stored_parts is not None:
-            await self._store(stamp_id, signed, outcome.stored_parts, req.noun)
-        elif outcome.stored is not None:
-            await self._store(stamp_id, signed, outcome.stored, req.noun)
-        else:
+        if outcome.stored is None:
             self.journal.signed(stamp_id, signed.worker, signed.attempts, outcome.object_id)
+        else:
+            await self._store(stamp_id, signed, outcome.stored, req.noun)
         return outcome.answer
