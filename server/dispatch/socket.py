@@ -16,7 +16,6 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,41 +248,41 @@ class SocketDispatcher:
                 while free[0] <= 0:
                     freed.clear()
                     await freed.wait()
-                item = await queue.get()
-                # Hand over every job that is ready and fits, in one write; a manifest's lines
-                # (raw bytes after its frame) a piece at a time, each written when the last
-                # one has gone (the transport holds a piece, not a copy of the manifest).
-                frames = []
-                pieces: Iterator[bytes] = iter(())
-                piece = b""
-                now = loop.time()
-                t0 = time.perf_counter()
-                while True:
-                    job = item[2]
-                    # (a job whose future is done: its client went away or timed out)
-                    if not job.future.done() and not self._hold_back(info.key, item):
-                        job_id = next(self._ids)
-                        job.attempts += 1
-                        inflight[job_id] = job
-                        deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
-                        sent[job_id] = t0
-                        head, pieces = job_frame_parts(job_id, job.job)
-                        frames.append(head)
-                        slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
-                        free[0] -= slots[job_id]
-                        for piece in pieces:
-                            frames.append(piece)
-                            writer.write(b"".join(frames))
-                            frames = []
-                            await writer.drain()
-                    if free[0] <= 0 or queue.empty():
-                        break
-                    item = queue.get_nowait()
-                if frames:
-                    writer.write(b"".join(frames))
-                # (while this waits for the next job, it must not hold the last one: a
-                # manifest's 127 MiB of lines stayed alive until the worker's next job)
-                del item, job, frames, pieces, piece
+                # (the jobs are held by `send` alone: while this waits for the next one it
+                # holds none, or a manifest's 127 MiB of lines stayed alive until the worker's
+                # next job)
+                await send(await queue.get())
+
+        async def send(item: tuple[int, int, Pending]) -> None:
+            # Hand over every job that is ready and fits, in one write; a manifest's lines
+            # (raw bytes after its frame) a piece at a time, each written when the last one
+            # has gone (the transport holds a piece, not a copy of the manifest).
+            frames = []
+            now = loop.time()
+            t0 = time.perf_counter()
+            while True:
+                job = item[2]
+                # (a job whose future is done: its client went away or timed out)
+                if not job.future.done() and not self._hold_back(info.key, item):
+                    job_id = next(self._ids)
+                    job.attempts += 1
+                    inflight[job_id] = job
+                    deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
+                    sent[job_id] = t0
+                    head, pieces = job_frame_parts(job_id, job.job)
+                    frames.append(head)
+                    slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
+                    free[0] -= slots[job_id]
+                    for piece in pieces:
+                        frames.append(piece)
+                        writer.write(b"".join(frames))
+                        frames = []
+                        await writer.drain()
+                if free[0] <= 0 or queue.empty():
+                    break
+                item = queue.get_nowait()
+            if frames:
+                writer.write(b"".join(frames))
 
         async def watchdog() -> None:
             while True:
