@@ -261,6 +261,16 @@ def latency_rows(stamps: Prober, health: Prober) -> list[tuple[str, str, str, bo
     ]
 
 
+def baseline(rss: TreeRss, stamps: Prober, health: Prober) -> tuple[float, float]:
+    """Start the samplers and probes; after 2 s, (that moment, the median RSS of those 2 s)."""
+    rss.start()
+    stamps.start()
+    health.start()
+    time.sleep(2.0)
+    now = time.monotonic()
+    return now, statistics.median(rss.between(now - 2.0, now))
+
+
 def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
     server = start(tmp, args, "flood")
     rss = TreeRss(server)
@@ -268,12 +278,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
     statuses: list[int] = []
     wrong: list[str] = []
     try:
-        rss.start()
-        stamps.start()
-        health.start()
-        time.sleep(2.0)
-        t_idle = time.monotonic()
-        idle = statistics.median(rss.between(t_idle - 2.0, t_idle))
+        t_idle, idle = baseline(rss, stamps, health)
         idle_each = rss.each()
         senders = [threading.Thread(target=post_manifest,
                                     args=(server.port, body, args.lines, args.tries, statuses,
@@ -285,9 +290,7 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
             t.join()
         took = time.perf_counter() - t0
         t_done = time.monotonic()
-        # The stamps go on meanwhile, as on a server in use: the journal's cached UPDATE
-        # statement keeps its last receipt bound (a manifest's copy) until the next one.
-        time.sleep(args.settle)
+        time.sleep(args.settle)  # (the stamps go on meanwhile, as on a server in use)
         t_after = time.monotonic()
         time.sleep(2.0)
         after_each = rss.each()
@@ -345,12 +348,7 @@ def readers(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
             return False
         serial = int(signed.split(b"\n# serial: ", 1)[1].split(b"\n", 1)[0])
         del signed
-        rss.start()
-        stamps.start()
-        health.start()
-        time.sleep(2.0)
-        t_before = time.monotonic()
-        before = statistics.median(rss.between(t_before - 2.0, t_before))
+        t_before, before = baseline(rss, stamps, health)
         for _ in range(args.readers):
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
