@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                      extra_env={"STAMPD_TLOG": "true"})
     yield s
     s.stop()
+    shutil.rmtree(s.runtime_dir, ignore_errors=True)
 
 
 def get(server: Server, path: str, headers: dict[str, str] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                                 "STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR": str(BUDGET)})
     yield s
     s.stop()
+    shutil.rmtree(s.runtime_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
