@@ -188,12 +188,15 @@ WORKERS_LOCK = "workers.lock"  # in run/: held by whichever runs its workers (se
 class DataDirLock:
     """An exclusive ``flock`` on ``<data_dir>/run/<name>``, held for as long as the process
     lives (the kernel frees it when the process dies, however it dies; the descriptor is
-    close-on-exec, so no child inherits it), with the holder's PID and command in the file.
+    close-on-exec, and a forked child closes it, so no child inherits it), with the holder's
+    PID and command in the file.
 
     One `stampd serve` per data directory (`SERVE_LOCK`): a second would send its workers to
     the first one's dispatch socket and delete that socket when it exits. One worker pool per
     data directory (`WORKERS_LOCK`): `stampd serve` with workers, or `stampd worker` beside a
     `stampd serve --no-workers`."""
+
+    held: set[DataDirLock] = set()  # (the locks this process holds; see _drop_in_child)
 
     def __init__(self, run_dir: Path, name: str, holder: str) -> None:
         self.path = run_dir / name
@@ -234,11 +237,26 @@ class DataDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {self.holder}\n".encode(), 0)
         self.fd = fd
+        DataDirLock.held.add(self)
 
     def release(self) -> None:
+        DataDirLock.held.discard(self)
         if self.fd is not None:
             os.close(self.fd)  # (frees the lock)
             self.fd = None
+
+    @classmethod
+    def _drop_in_child(cls) -> None:
+        """In a child forked from a holder (the HTTP manager): close the inherited
+        descriptors, or the lock would outlive the holder as long as the child."""
+        for lock in cls.held:
+            if lock.fd is not None:
+                os.close(lock.fd)
+                lock.fd = None
+        cls.held.clear()
+
+
+os.register_at_fork(after_in_child=DataDirLock._drop_in_child)
 
 
 def _check_database(settings: Settings) -> None:
@@ -293,9 +311,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from server.api.processes import run_uvicorn, serve_processes
-
     count = settings.api_process_count
+    if count == 1:
+        return _serve_one(args, settings)
+    from server.api.processes import ApiManager, listeners, serve_processes
+
+    # The HTTP manager is forked first: while this process has one thread, and before it
+    # has read a key or a passphrase (server.api.processes).
+    socks = listeners(settings.host, settings.port, count)
+    manager = ApiManager(settings, socks, logging.getLevelName(
+        logging.getLogger().getEffectiveLevel()), child_env())
+    try:
+        manager.start()
+        _keys, pool = _start_signing(args, settings, count)
+        try:
+            serve_processes(manager, settings)
+        finally:
+            if pool is not None:
+                pool.stop()
+    finally:
+        manager.stop()
+        for sock in socks:
+            sock.close()
+    return 0
+
+
+def _start_signing(args: argparse.Namespace, settings: Settings,
+                   count: int) -> tuple[list[ServedKey], PoolProcess | None]:
+    """Keys, database and log prepared, the worker pool started (unless ``--no-workers``)
+    once every key made a good test signature; the start-up line logged."""
     keys = _prepare(settings, signs_here=not args.no_workers)
     pool = None if args.no_workers else PoolProcess(settings)
     if pool is not None:
@@ -313,14 +357,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
              f"{settings.worker_count} workers" + (f" + {settings.extra_key_workers} per extra "
                                                    "key" if settings.extra_key_specs else ""),
              count, "" if count == 1 else "es")
-    if count > 1:
-        try:
-            serve_processes(settings, logging.getLevelName(logging.getLogger()
-                                                            .getEffectiveLevel()), child_env())
-        finally:
-            if pool is not None:
-                pool.stop()
-        return 0
+    return keys, pool
+
+
+def _serve_one(args: argparse.Namespace, settings: Settings) -> int:
+    """One HTTP process: this one."""
+    from server.api.processes import run_uvicorn
+
+    keys, pool = _start_signing(args, settings, 1)
 
     # uvicorn handles SIGTERM/SIGINT itself and re-raises the signal when it is done; with
     # this handler in place the re-raised signal unwinds through `finally` (stopping the
@@ -329,8 +373,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
-    # (Imported only here: with several HTTP processes each imports the app, the supervisor
-    # need not.)
+    # (Imported only here: with several HTTP processes the HTTP manager imports the app, the
+    # supervisor need not.)
     from server.api.app import create_app
 
     try:

@@ -360,6 +360,26 @@ def proc_cmdline(pid: int) -> bytes:
         return b""
 
 
+def proc_names() -> dict[int, tuple[str, int]]:
+    """Every process's name (``/proc/PID/comm``) and parent PID."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        comm, _, rest = stat.partition(" (")[2].rpartition(") ")
+        found[int(name)] = (comm, int(rest.split()[1]))
+    return found
+
+
+HTTP_MANAGER = "stampd-api"  # (server.api.processes: the names it gives)
+HTTP_PROCESS = re.compile(r"stampd-http-\d+")
+
+
 @dataclass
 class Server:
     proc: Process
@@ -369,6 +389,7 @@ class Server:
     log_path: Path
     workers: int
     env: dict[str, str] = field(default_factory=dict)
+    http_seen: set[int] = field(default_factory=set)  # (see http_tree)
 
     @property
     def url(self) -> str:
@@ -403,7 +424,22 @@ class Server:
 
     def http_pids(self) -> list[int]:
         """The HTTP processes of a server with several (none with one: it is ``proc``)."""
-        return [p for p in pids_mentioning("server.api.processes") if self._ours(p)]
+        names = proc_names()
+        return [p for p in self.http_tree(names) if names[p][0] != HTTP_MANAGER]
+
+    def http_tree(self, names: dict[int, tuple[str, int]] | None = None) -> list[int]:
+        """The HTTP manager and processes of a server with several: forked, they have the
+        server's command line and environment, but names of their own. The manager is the
+        child of ``proc`` named stampd-api, the HTTP processes its children named
+        stampd-http-N; and those seen before that still live under those names (orphaned
+        when the server died)."""
+        names = proc_names() if names is None else names
+        managers = {p for p, (comm, parent) in names.items() if comm == HTTP_MANAGER
+                    and (parent == self.proc.pid or p in self.http_seen)}
+        http = {p for p, (comm, parent) in names.items() if HTTP_PROCESS.fullmatch(comm)
+                and (parent in managers or p in self.http_seen)}
+        self.http_seen |= managers | http
+        return sorted(managers | http)
 
     def agent_pids(self) -> list[int]:
         return [p for p in pids_mentioning(str(self.runtime_dir))
@@ -437,7 +473,7 @@ class Server:
         deadline = time.monotonic() + grace
         left: list[int] = []
         while time.monotonic() < deadline:
-            left = self.worker_pids() + self.agent_pids() + self.http_pids() + [
+            left = self.worker_pids() + self.agent_pids() + self.http_tree() + [
                 p for p in pids_mentioning("workers.pool") if self._ours(p)]
             if not left:
                 return []

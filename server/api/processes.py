@@ -1,17 +1,31 @@
 """Several HTTP processes on one host: `stampd serve` with ``--api-processes N`` (N > 1).
 
-    stampd serve ─┬─ python -m server.api.processes  (HTTP process 0) ─┐ run/dispatch.sock,
-                  ├─ python -m server.api.processes  (HTTP process 1) ─┤ run/dispatch-1.sock
-                  └─ python -m workers.pool ─ workers, each connected to ┘ every one
+    stampd serve ─┬─ its fork "stampd-api" ─┬─ fork "stampd-http-0" ─┐ run/dispatch.sock,
+                  │  (starts, restarts and  └─ fork "stampd-http-1" ─┤ run/dispatch-1.sock
+                  │   stops the HTTP processes)                       │
+                  └─ python -m workers.pool ─ workers, each connected to every one
 
 - **The port.** The supervisor binds N listening sockets to the same address with
-  ``SO_REUSEPORT`` and hands one to each HTTP process (an inherited descriptor): the kernel
+  ``SO_REUSEPORT``; HTTP process *n* serves on socket *n* (and closes the others): the kernel
   spreads new connections over them. A socket outlives its process, so connections that arrive
   while a process restarts wait in its backlog and are served by the replacement.
+- **Forked, not started.** An HTTP process imports FastAPI, SQLAlchemy, uvicorn and the app:
+  about a second of CPU. The *HTTP manager* (`manage`) imports them once and forks each HTTP
+  process from itself, at the start and at every restart. It is forked from the supervisor
+  at the start of `stampd serve`, while the supervisor has one thread and before it has read a
+  key or a passphrase (`ApiManager`); it takes the listening sockets and the settings with it
+  and drops the data directory's locks. It stays single-threaded, as forking needs. Where the
+  supervisor cannot fork safely (another thread runs) and when the manager died, it is started
+  as ``python -m server.api.processes`` instead, its `ApiManagerConfig` as JSON on stdin (the
+  settings may hold secrets: a pipe keeps them out of command lines and environments) and the
+  sockets inherited.
+- **Names.** The manager is called ``stampd-api`` and HTTP process *n* ``stampd-http-n``
+  (``/proc/PID/comm``, as ``ps -o comm`` and ``top`` show them; the command line stays the
+  supervisor's).
 - **The workers.** HTTP process *n* runs its own dispatcher on its own Unix socket
   (`Settings.dispatch_socket_of`); every worker connects to all of them and takes jobs from
   each in turn (`workers.link.Dispatchers`). A stamp is signed by whichever worker is free.
-- **What stays single.** One journal: on SQLite this process keeps the host's one journal
+- **What stays single.** One journal: on SQLite the supervisor keeps the host's one journal
   writer (`server.stamping.journal_host.JournalHost`), which commits the rows every HTTP
   process sends it together, one fsync for all; on PostgreSQL each process commits its own
   groups. One log writer and one cross-stamper: the process that
@@ -19,13 +33,11 @@
   advisory lock), which another takes over when it dies.
 - **Metrics and /readyz** add up, or check, every process (`server.api.siblings`).
 
-Each HTTP process gets its `ApiProcessConfig` as JSON on stdin, like the workers get theirs: its
-number, the descriptor of its listening socket, the log level and the settings (which may hold
-secrets: a pipe keeps them out of command lines and environments). It reads no ``STAMPD_*``
-variable. It dies with the supervisor (SIGKILL, ``PR_SET_PDEATHSIG``: as the one HTTP process of
-a server killed with SIGKILL would; its pending stamps are settled as after such a crash, see
-`server.log.committer`). The supervisor restarts one that exits while the server runs, and
-stops all of them (SIGTERM: each finishes its requests) when it is told to stop.
+Each process dies with its parent (SIGKILL, ``PR_SET_PDEATHSIG``): an HTTP process as the one
+HTTP process of a server killed with SIGKILL would (its pending stamps are settled as after
+such a crash, see `server.log.committer`). The manager restarts an HTTP process that exits
+while the server runs, and the supervisor a manager that exits; told to stop, the supervisor
+stops the manager, which stops every HTTP process (SIGTERM: each finishes its requests).
 """
 
 from __future__ import annotations
@@ -33,18 +45,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from server.settings import Settings
 from workers import memory
-from workers.agents.base import die_with_parent
+from workers.agents.base import die_with_parent, set_process_name
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +68,8 @@ RESTART_DELAY = 1.0  # seconds before a process that exited is started again
 STOP_TIMEOUT = 30.0  # seconds an HTTP process has to finish its requests when stopped
 LISTEN_BACKLOG = 4096
 SWITCH_INTERVAL = 0.0005  # seconds (sys.setswitchinterval) in an HTTP process: see run_uvicorn
+MANAGER_NAME = "stampd-api"
+HTTP_NAME = "stampd-http-{}"  # (process n's name: at most 15 bytes, as Linux keeps)
 
 
 def setup_logging(level: str) -> None:
@@ -84,30 +101,27 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
 
 
 @dataclass(frozen=True)
-class ApiProcessConfig:
-    """What HTTP process ``index`` of ``count`` is told on its stdin."""
+class ApiManagerConfig:
+    """What a started (not forked) HTTP manager is told on its stdin."""
 
-    index: int
-    count: int
-    listen_fd: int
+    listen_fds: tuple[int, ...]  # HTTP process n serves on the n-th
     log_level: str
     settings: dict[str, Any]  # Settings.model_dump(mode="json")
 
     def to_json(self) -> str:
-        return json.dumps({"index": self.index, "count": self.count,
-                           "listen_fd": self.listen_fd, "log_level": self.log_level,
+        return json.dumps({"listen_fds": list(self.listen_fds), "log_level": self.log_level,
                            "settings": self.settings})
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> ApiProcessConfig:
+    def from_json(cls, text: str | bytes) -> ApiManagerConfig:
         try:
             d = json.loads(text)
-            config = cls(int(d["index"]), int(d["count"]), int(d["listen_fd"]),
-                         str(d["log_level"]), dict(d["settings"]))
+            config = cls(tuple(int(fd) for fd in d["listen_fds"]), str(d["log_level"]),
+                         dict(d["settings"]))
         except (ValueError, KeyError, TypeError):  # (never quote it: it may hold secrets)
-            raise ValueError("not an HTTP process configuration") from None
-        if not 0 <= config.index < config.count:
-            raise ValueError("process number out of range")
+            raise ValueError("not an HTTP manager configuration") from None
+        if not config.listen_fds:
+            raise ValueError("no listening socket")
         return config
 
 
@@ -132,34 +146,115 @@ def listeners(host: str, port: int, count: int) -> list[socket.socket]:
     return socks
 
 
-class ApiProcesses:
-    """The supervisor's side: starts, restarts and stops the HTTP processes. Run it from the
-    main thread (`run`): the processes die with the thread that started them."""
+class Child(Protocol):
+    """What is used of a child process: `subprocess.Popen`'s interface, or `Forked`'s."""
 
-    def __init__(self, settings: Settings, socks: list[socket.socket], log_level: str,
-                 env: dict[str, str]) -> None:
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Forked:
+    """A child this process forked, with the part of `subprocess.Popen`'s interface that is
+    used here (``returncode`` as Popen gives it: negative for a signal)."""
+
+    POLL = 0.05  # seconds between looks in `wait`
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            got, status = os.waitpid(self.pid, os.WNOHANG)
+            if got:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # (not yet reaped: the PID is still this child's)
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(self.POLL)
+        return code
+
+
+def fork_child(run: Any) -> Forked:
+    """Fork; the child runs ``run()`` (its exit status) and ends there, never returning into
+    the caller's stack: through ``os._exit``, after its output is flushed. An exception in it
+    is printed, as an interpreter would print it, and exits 1."""
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        code = int(run() or 0)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def stop_child(proc: Child, timeout: float) -> None:
+    """SIGTERM, then SIGKILL when it has not exited within ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+class ApiProcesses:
+    """The HTTP manager's work: forks, restarts and stops the HTTP processes. Runs in a
+    single-threaded process (forking needs it) from its main thread (the processes die with
+    the thread that forked them)."""
+
+    def __init__(self, settings: Settings, socks: list[socket.socket]) -> None:
         self.settings = settings
         self.socks = socks
-        self.log_level = log_level
-        self.env = env
-        self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(socks)
+        self.procs: list[Forked | None] = [None] * len(socks)
         self.stopping = threading.Event()
 
     def spawn(self, index: int) -> None:
-        sock = self.socks[index]
-        config = ApiProcessConfig(index, len(self.socks), sock.fileno(), self.log_level,
-                                  self.settings.model_dump(mode="json"))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server.api.processes", "--index", str(index)],
-            stdin=subprocess.PIPE, env=self.env, pass_fds=(sock.fileno(),),
-            preexec_fn=die_with_parent())
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(config.to_json().encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once; the loop restarts it
-        self.procs[index] = proc
+        with_parent = die_with_parent()
+        self.procs[index] = fork_child(lambda: self._serve(index, with_parent))
+
+    def _serve(self, index: int, with_parent: Any) -> int:
+        """In HTTP process ``index``: serve on its socket until SIGTERM or SIGINT."""
+        with_parent()
+        set_process_name(HTTP_NAME.format(index))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (uvicorn sets its own handlers)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for i, sock in enumerate(self.socks):
+            if i != index:
+                sock.close()
+        from server.api.app import create_app
+
+        run_uvicorn(create_app(self.settings, process=index), self.settings,
+                    self.socks[index])
+        return 0
 
     def run(self, poll: float = 0.2) -> None:
         """Start every process, restart those that exit, until `stopping` is set; then stop
@@ -196,10 +291,134 @@ class ApiProcesses:
                 p.wait(timeout=10)
 
 
-def serve_processes(settings: Settings, log_level: str, env: dict[str, str]) -> None:
-    """Bind the port, run ``settings.api_process_count`` HTTP processes until SIGTERM or
-    SIGINT, then stop them (they finish their requests first)."""
-    socks = listeners(settings.host, settings.port, settings.api_process_count)
+def manage(settings: Settings, socks: list[socket.socket], go_fd: int | None = None) -> int:
+    """The HTTP manager (in its own process): import the app once, wait for the go (one byte
+    on ``go_fd``; end of file there: the server did not start, exit), then run the HTTP
+    processes (`ApiProcesses`) until SIGTERM or SIGINT."""
+    set_process_name(MANAGER_NAME)
+    procs = ApiProcesses(settings, socks)
+
+    def _stop(_signum: int, _frame: object) -> None:
+        procs.stopping.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    import server.api.app  # noqa: F401  (once, here: every HTTP process is forked with it)
+
+    if go_fd is not None:
+        try:
+            while not procs.stopping.is_set():
+                if select.select([go_fd], [], [], 0.2)[0]:
+                    if not os.read(go_fd, 1):
+                        return 0
+                    break
+        except InterruptedError:  # pragma: no cover - (PEP 475 retries select itself)
+            pass
+        finally:
+            os.close(go_fd)
+        if procs.stopping.is_set():
+            return 0
+    if threading.active_count() != 1:  # (never: nothing here starts a thread)
+        log.error("the HTTP manager has threads: it cannot fork the HTTP processes safely")
+        return 1
+    procs.run()
+    return 0
+
+
+class ApiManager:
+    """The supervisor's side: the HTTP manager, forked from `stampd serve` (`start`, before
+    anything secret is read or a thread started), started again as ``python -m
+    server.api.processes`` when it exits while the server runs, and stopped at the end."""
+
+    def __init__(self, settings: Settings, socks: list[socket.socket], log_level: str,
+                 env: dict[str, str]) -> None:
+        self.settings = settings
+        self.socks = socks
+        self.log_level = log_level
+        self.env = env
+        self.proc: Child | None = None
+        self._go: int | None = None
+        self.stopping = threading.Event()
+
+    def start(self) -> None:
+        """Fork the manager now if this process has one thread (it waits for `go`); else it
+        is started by `go`."""
+        if threading.active_count() != 1:
+            return
+        read_fd, write_fd = os.pipe()
+        with_parent = die_with_parent()
+
+        def run() -> int:
+            os.close(write_fd)
+            with_parent()
+            return manage(self.settings, self.socks, read_fd)
+
+        try:
+            self.proc = fork_child(run)
+        finally:
+            os.close(read_fd)
+        self._go = write_fd
+
+    def go(self) -> None:
+        """Let the manager start the HTTP processes."""
+        if self._go is not None:
+            fd, self._go = self._go, None
+            try:
+                os.write(fd, b"1")
+            except BrokenPipeError:
+                pass  # it died already: `run` starts another
+            finally:
+                os.close(fd)
+        elif self.proc is None:
+            self._exec()
+
+    def _exec(self) -> None:
+        config = ApiManagerConfig(tuple(s.fileno() for s in self.socks), self.log_level,
+                                  self.settings.model_dump(mode="json"))
+        proc = subprocess.Popen([sys.executable, "-m", "server.api.processes"],
+                                stdin=subprocess.PIPE, env=self.env,
+                                pass_fds=config.listen_fds, preexec_fn=die_with_parent())
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(config.to_json().encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; `run` starts another
+        self.proc = proc
+
+    def run(self, poll: float = 0.2) -> None:
+        """Let the manager go, start it again when it exits, until `stopping` is set; then
+        stop it (it stops the HTTP processes)."""
+        try:
+            self.go()
+            died_at: float | None = None
+            while not self.stopping.wait(poll):
+                if died_at is not None:
+                    if time.monotonic() >= died_at:
+                        died_at = None
+                        self._exec()
+                elif self.proc is not None and self.proc.poll() is not None:
+                    log.error("the HTTP manager (pid %d) exited with %s; starting it again",
+                              self.proc.pid, self.proc.poll())
+                    died_at = time.monotonic() + RESTART_DELAY
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the manager (it stops the HTTP processes first), or let a forked one that
+        never got its go exit."""
+        self.stopping.set()
+        if self._go is not None:
+            os.close(self._go)  # (end of file: it exits)
+            self._go = None
+        if self.proc is not None:
+            stop_child(self.proc, STOP_TIMEOUT + 10)
+
+
+def serve_processes(manager: ApiManager, settings: Settings) -> None:
+    """Run the HTTP processes through ``manager`` until SIGTERM or SIGINT, then stop them
+    (they finish their requests first). On SQLite, this process runs the host's one journal
+    writer meanwhile."""
     host = None
     if settings.shared_journal:  # one journal writer for every HTTP process of this host
         from server import db
@@ -207,49 +426,38 @@ def serve_processes(settings: Settings, log_level: str, env: dict[str, str]) -> 
 
         host = JournalHost(settings.journal_socket, lambda: db.make_engine(settings.db_url))
         host.start()
-    procs = ApiProcesses(settings, socks, log_level, env)
 
     def _stop(_signum: int, _frame: object) -> None:
-        procs.stopping.set()
+        manager.stopping.set()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        procs.run()
+        manager.run()
     finally:
-        for sock in socks:
-            sock.close()
         if host is not None:  # (after every HTTP process stopped: nothing more to record)
             host.stop()
 
 
-# -- the HTTP process -------------------------------------------------------------------------
+# -- a started HTTP manager -------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m server.api.processes --index N < config.json``: one HTTP process. (The
-    option only labels it for ``ps``.)"""
-    ap = argparse.ArgumentParser(prog="server.api.processes",
-                                 description="one HTTP process of stampd serve; its "
-                                 "configuration (JSON) comes on stdin")
-    ap.add_argument("--index", type=int, help="label: the process's number")
-    args = ap.parse_args(argv)
+    """``python -m server.api.processes < config.json``: the HTTP manager, started (not
+    forked) by `ApiManager`."""
+    argparse.ArgumentParser(prog="server.api.processes",
+                            description="the HTTP manager of stampd serve: forks its HTTP "
+                            "processes; its configuration (JSON) comes on stdin"
+                            ).parse_args(argv)
     try:
-        config = ApiProcessConfig.from_json(sys.stdin.buffer.read())
+        config = ApiManagerConfig.from_json(sys.stdin.buffer.read())
         settings = Settings.model_validate(config.settings)
     except ValueError as e:
         print(f"server.api.processes: bad configuration on stdin: {e}".splitlines()[0],
               file=sys.stderr)
         return EXIT_CONFIG
-    if args.index is not None and args.index != config.index:
-        print("server.api.processes: --index disagrees with the configuration",
-              file=sys.stderr)
-        return EXIT_CONFIG
     setup_logging(config.log_level)
-    from server.api.app import create_app
-
-    sock = socket.socket(fileno=config.listen_fd)
-    run_uvicorn(create_app(settings, process=config.index), settings, sock)
-    return 0
+    socks = [socket.socket(fileno=fd) for fd in config.listen_fds]
+    return manage(settings, socks)
 
 
 if __name__ == "__main__":

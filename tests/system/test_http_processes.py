@@ -4,6 +4,7 @@ and /readyz add them up. (Faults: tests/system/test_faults.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,7 +12,14 @@ import signal
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import Server, logged_hashes, stamp_tag, start_server, wait_for
+from tests.helpers import (
+    Server,
+    logged_hashes,
+    proc_names,
+    stamp_tag,
+    start_server,
+    wait_for,
+)
 
 STAMPS = 60
 
@@ -90,3 +98,53 @@ def test_a_clean_stop_with_two_http_processes_is_quiet(seeded_dir: Path) -> None
     loud = [line for line in log[before:].splitlines()
             if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line)]
     assert not loud, "\n".join(loud)
+
+
+def _fds(pid: int) -> set[str]:
+    fd_dir = f"/proc/{pid}/fd"
+    found = set()
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            found.add(os.readlink(f"{fd_dir}/{fd}"))
+    return found
+
+
+def test_http_processes_are_forked_by_a_manager_that_comes_back(seeded_dir: Path) -> None:
+    """The HTTP manager (named stampd-api, a child of stampd serve) forks the HTTP processes
+    (stampd-http-0 and -1); none of them holds the data directory's locks, which only stampd
+    serve holds. Killed with SIGKILL, the manager takes its HTTP processes with it, and
+    stampd serve starts another that starts them again: stamps are answered as before."""
+    server = start_server(seeded_dir, workers=1, api_processes=2)
+    try:
+        names = proc_names()
+        tree = server.http_tree(names)
+        managers = [p for p in tree if names[p][0] == "stampd-api"]
+        assert len(managers) == 1 and names[managers[0]][1] == server.proc.pid, names
+        assert sorted(names[p][0] for p in server.http_pids()) == ["stampd-http-0",
+                                                                  "stampd-http-1"]
+        locks = {str(seeded_dir.resolve() / "run" / name) for name in ("serve.lock",
+                                                                        "workers.lock")}
+        assert locks <= _fds(server.proc.pid)
+        for pid in tree:
+            assert not locks & _fds(pid), pid
+        assert "a" * 40 in stamp_tag(server, "a" * 40)
+
+        old = set(tree)
+        os.kill(managers[0], signal.SIGKILL)
+        wait_for(lambda: not old & set(pids_alive(old)), timeout=10,
+                 what="the manager's HTTP processes gone with it")
+        wait_for(lambda: len(server.http_pids()) == 2, timeout=30,
+                 what="two HTTP processes again")
+        server.wait_ready()
+        assert not old & set(server.http_tree())
+        assert "b" * 40 in stamp_tag(server, "b" * 40)
+        assert f"the HTTP manager (pid {managers[0]}) exited with -9; starting it again" \
+            in server.log_path.read_text()
+    finally:
+        code = server.stop()
+    assert code == 0, server.log()
+    assert server.http_tree() == [], "an HTTP process outlived the server"
+
+
+def pids_alive(pids: set[int]) -> list[int]:
+    return [p for p in pids if os.path.exists(f"/proc/{p}")]

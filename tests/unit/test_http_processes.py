@@ -1,5 +1,6 @@
 """The parts of several HTTP processes that need no server: the worker's connections to every
-dispatcher, the log lock among processes, the counters they add up, their configuration."""
+dispatcher, the log lock among processes, the counters they add up, the HTTP manager's
+configuration."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from formats.jobs import FrameBuffer, decode_frame, frame
-from server.api.processes import ApiProcessConfig, listeners
+from server.api.processes import ApiManagerConfig, listeners
 from server.log.leader import FileLeader
 from server.stats import Stats
 from tests.helpers import short_tmpdir
@@ -135,13 +136,14 @@ def test_counters_of_several_processes_add_up() -> None:
     assert dict(a.requests) == {("tag", 200): 1}  # (unchanged)
 
 
-def test_http_process_configuration_round_trip_and_refusals() -> None:
-    config = ApiProcessConfig(1, 2, 5, "INFO", {"port": 8080})
-    assert ApiProcessConfig.from_json(config.to_json()) == config
-    for bad in (b"", b"[]", b'{"index": 2, "count": 2, "listen_fd": 3, "log_level": "INFO", '
-                b'"settings": {}}', b'{"index": 0}'):
+def test_http_manager_configuration_round_trip_and_refusals() -> None:
+    config = ApiManagerConfig((5, 6), "INFO", {"port": 8080})
+    assert ApiManagerConfig.from_json(config.to_json()) == config
+    for bad in (b"", b"[]", b'{"listen_fds": [], "log_level": "INFO", "settings": {}}',
+                b'{"listen_fds": ["x"], "log_level": "INFO", "settings": {}}',
+                b'{"listen_fds": [3]}'):
         with pytest.raises(ValueError):
-            ApiProcessConfig.from_json(bad)
+            ApiManagerConfig.from_json(bad)
 
 
 def test_listeners_share_one_port() -> None:
