@@ -12,6 +12,12 @@
 // {end}, are between the two.)
 import { createSHA256, createSHA512 } from "hash-wasm";
 
+const LIVE_LOCK = "stampd-hash-worker-";
+
+// A lock held for as long as this worker lives: the browser releases it when the worker ends,
+// however it ends (terminated, with its owner, closed), so `navigator.locks.query()` on the
+// page lists the live hashing and reading workers (the tests count them so).
+navigator.locks?.request(`${LIVE_LOCK}${Math.random()}`, () => new Promise(() => {}));
 const PROGRESS_MS = 100; // ~10 progress messages a second, whatever the chunk size
 const CHUNK = 8 << 20; // bytes per update of the hasher
 const hashers = {};
