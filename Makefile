@@ -52,8 +52,9 @@ assets-check: $(NODE_STAMP)
 serve: $(STAMP)
 	$(BIN)/stampd serve
 
-## Run the whole test suite, and beside it lint, import contracts and types. Four test processes
-## on two cores: most tests wait on servers, agents and git; slow kinds of test start first.
+## Run the whole test suite, and beside it lint, import contracts and types. Six test processes
+## on two cores: tests wait on servers, agents and git in part (the cores were busy 77-81% of
+## the time with four, 85% with six, 81% with eight); slow kinds of test start first.
 ## Bytecode caches are written (into gitignored __pycache__ folders) even where the caller's
 ## environment sets PYTHONDONTWRITEBYTECODE: each of the ~150 servers the tests start would
 ## otherwise compile stampd again, and pytest rewrite every test module in each process.
@@ -61,12 +62,12 @@ serve: $(STAMP)
 ## few seconds of mostly waiting (mypy's first run ~20 s) that the test processes' waits absorb.
 ## Their output comes after pytest's; make test fails when either failed.
 ## schemathesis's pytest plugin is not loaded (tests/system/test_openapi.py runs schemathesis's
-## engine itself, not the plugin): importing it cost each of the five pytest processes ~0.65 s.
+## engine itself, not the plugin): importing it cost each of the pytest processes ~0.65 s.
 test: sysdeps $(STAMP) $(NODE_STAMP)
 	@tmp=$$(mktemp -d) || exit 1; trap 'rm -rf "$$tmp"' EXIT; \
 	{ $(MAKE) --no-print-directory -k -j3 --output-sync=target lint lock-check assets-check \
 		client-only >"$$tmp/checks.log" 2>&1; echo $$? >"$$tmp/checks.rc"; } & \
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 4 --dist worksteal -p no:schemathesis; tests=$$?; \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -n 6 --dist worksteal -p no:schemathesis; tests=$$?; \
 	wait; cat "$$tmp/checks.log"; checks=$$(cat "$$tmp/checks.rc"); \
 	[ "$$checks" = 0 ] || echo "make test: lint, lock-check or client-only failed (above)" >&2; \
 	[ "$$tests" = 0 ] && [ "$$checks" = 0 ]
