@@ -52,6 +52,16 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def comm(pid: int) -> str:
+    """A process's name (``/proc/PID/comm``): forked processes keep their parent's command line
+    but may be named (the HTTP manager ``stampd-api``, HTTP processes ``stampd-http-N``)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
 @dataclass
 class ProcInfo:
     pid: int

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.procs import comm
 from bench.proof_http import children, cmdline
 from tests.helpers import (
     TEST_FPR,
@@ -207,9 +208,11 @@ class ProofServer:
 
     # -- the process tree: API -> supervisor -> workers -> agents ----------------------------
     def http_pids(self) -> list[int]:
-        """The HTTP processes, with several (``--api-processes``): children of the API
-        process, which restarts one that dies."""
-        return [p for p in children(self.api_pid) if b"server.api.processes" in cmdline(p)]
+        """The HTTP processes, with several (``--api-processes``): the children named
+        stampd-http-N of the HTTP manager (the API process's child named stampd-api), which
+        restarts one that dies."""
+        return [p for m in children(self.api_pid) if comm(m) == "stampd-api"
+                for p in children(m) if comm(p).startswith("stampd-http-")]
 
     def supervisor_pids(self) -> list[int]:
         return [p for p in children(self.api_pid) if b"workers.pool" in cmdline(p)]

@@ -23,6 +23,7 @@ from bench.procs import (
     CLK_TCK,
     BenchError,
     ProcInfo,
+    comm,
     free_port,
     http_get,
     process_table,
@@ -243,8 +244,11 @@ class Stampd(Server):
             return "pool"
         if self.proc is not None and (p.pid == self.proc.pid or (
                 p.ppid == self.proc.pid and p.exe not in (b"gpg-agent", b"ssh-agent")
-                and b"multiprocessing.resource_tracker" not in p.cmdline)):
-            return "http"  # the main process and its API processes (--api-processes)
+                and b"multiprocessing.resource_tracker" not in p.cmdline)
+                or comm(p.pid).startswith("stampd-http-")):
+            # the main process, the HTTP manager and the HTTP processes it forks
+            # (--api-processes; grandchildren, named stampd-http-N)
+            return "http"
         return super().role(p)
 
 

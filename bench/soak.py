@@ -39,6 +39,7 @@ from sqlalchemy import Engine, text
 
 from bench.procs import (
     BenchError,
+    comm,
     ensure_wrk,
     keep_or_remove,
     kill_pids,
@@ -101,7 +102,11 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
-def label(cmdline: bytes) -> str:
+def label(cmdline: bytes, name: str = "") -> str:
+    """What a process is, from its command line; the forked HTTP manager and HTTP processes
+    (which keep stampd serve's command line) by their ``name`` (/proc/PID/comm)."""
+    if name == "stampd-api" or name.startswith("stampd-http-"):
+        return name
     argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
     if not argv:
         return "?"
@@ -122,7 +127,7 @@ def tree(root: int) -> list[tuple[int, str]]:
     while todo:
         pid = todo.pop(0)
         if pid in table:
-            out.append((pid, label(table[pid].cmdline)))
+            out.append((pid, label(table[pid].cmdline, comm(pid))))
             todo += sorted(p for p, info in table.items() if info.ppid == pid)
     return out
 
