@@ -12,6 +12,8 @@ The secret keys never enter this process: workers hold them.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -119,6 +121,19 @@ def _transparency_log(
     return key, reader, tlog
 
 
+log = logging.getLogger(__name__)
+
+def _server_gone() -> None:
+    """The journal host (in ``stampd serve``) closed this HTTP process's link: the server
+    stopped or died. The requests whose rows were sent are neither answered nor failed (the
+    host may have committed them, and a stamp answered 503 must not be in the log): the
+    process ends at once, as ``PR_SET_PDEATHSIG`` would end it a moment later."""
+    log.error("the journal host is gone (stampd serve stopped or died): this HTTP process "
+              "ends without answering")
+    logging.shutdown()
+    os._exit(1)
+
+
 def create_app(
     settings: Settings, *, clock: Callable[[], float] = time.time,
     before_shutdown: Callable[[], None] | None = None,
@@ -145,7 +160,7 @@ def create_app(
         stats = Stats()
         journal: JournalApi
         if settings.shared_journal:  # the serve process keeps the host's one journal
-            remote = RemoteJournal(settings.journal_socket, stats)
+            remote = RemoteJournal(settings.journal_socket, stats, on_host_lost=_server_gone)
             await remote.connect()
             journal = remote
         else:

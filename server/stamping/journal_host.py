@@ -319,6 +319,12 @@ class RemoteJournal:
     _next_id: int = 1
     # Long frames (a manifest's buckets or text) are written one at a time, each alone.
     _long: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Called when the host closes the link or it breaks (not when this side stops), before
+    # any call in flight fails: such a call's row may have been committed, so failing it
+    # would tell a client "not recorded" about a recorded stamp. The host lives as long as
+    # ``stampd serve``; an HTTP process ends here (server.api.app), as it would with the server.
+    on_host_lost: Callable[[], None] | None = None
+    _stopping: bool = False
 
     def start(self) -> None:
         pass  # (connects on the first call; `connect` waits for the host at start-up)
@@ -358,9 +364,12 @@ class RemoteJournal:
         except (ValueError, ConnectionError) as e:
             why = f"journal link broken: {e}"
         finally:
+            lost = self._writer is writer and not self._stopping
             if self._writer is writer:
                 self._writer = None
             writer.close()
+            if lost and self.on_host_lost is not None:
+                self.on_host_lost()
             for fut in self._calls.values():
                 if not fut.done():
                     fut.set_exception(JournalError(f"journal unavailable: {why}"))
@@ -458,6 +467,7 @@ class RemoteJournal:
         self._out.put(JournalCall(op, 0, fields).encode())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._out is not None:
             self._out.flush()  # (outcomes put this turn go before the close)
         if self._writer is not None:

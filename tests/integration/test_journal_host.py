@@ -171,6 +171,36 @@ def test_the_host_going_away_fails_what_waits(host) -> None:  # type: ignore[no-
     asyncio.run(scenario())
 
 
+def test_the_host_going_away_is_reported_and_a_stop_here_is_not(  # type: ignore[no-untyped-def]
+        host) -> None:
+    """The host closing the link calls ``on_host_lost`` (an HTTP process ends there without
+    answering, as the calls in flight may have been committed: server.api.app), before those
+    calls fail; a journal stopped on its own side does not call it."""
+    h, _ = host
+    lost: list[str] = []
+
+    async def scenario() -> None:
+        ours = RemoteJournal(h.socket_path, on_host_lost=lambda: lost.append("ours"))
+        theirs = RemoteJournal(h.socket_path, on_host_lost=lambda: lost.append("theirs"))
+        assert await ours.record(TagRequest("a" * 40, "t"), 1) > 0
+        assert await theirs.record(TagRequest("b" * 40, "t"), 2) > 0
+        await ours.stop()
+        await asyncio.sleep(0.2)
+        assert lost == []
+        await asyncio.to_thread(h.stop)
+        for _ in range(100):
+            if lost:
+                break
+            await asyncio.sleep(0.05)
+        assert lost == ["theirs"]
+        with pytest.raises(JournalError):
+            await theirs.record(TagRequest("c" * 40, "t"), 3)
+        await theirs.stop()
+        assert lost == ["theirs"]
+
+    asyncio.run(scenario())
+
+
 def test_a_host_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
     """The server's start-up reports it as a command failure (one line), not a traceback."""
     from server.errors import CommandFailed
