@@ -39,6 +39,7 @@ import pygit2
 
 from formats.jobs import Job
 from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
+from server.api.processes import stop_child
 from server.dispatch import Signed
 from server.errors import Unavailable
 from workers.keys.keyset import PRIMARY
@@ -335,15 +336,9 @@ class ForkedProcess:
 
 
 def terminate(proc: Process, timeout: float = 30) -> int:
-    """Stop a process we started: SIGTERM, SIGKILL after ``timeout`` seconds; its exit
-    status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    """Stop a process we started: SIGTERM, SIGKILL after ``timeout`` seconds (as stampd stops
+    its own children); its exit status."""
+    stop_child(proc, timeout)
     return int(proc.returncode)
 
 
