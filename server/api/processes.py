@@ -239,14 +239,22 @@ class ApiProcesses:
 
     def spawn(self, index: int) -> None:
         with_parent = die_with_parent()
-        self.procs[index] = fork_child(lambda: self._serve(index, with_parent))
+        # SIGTERM and SIGINT are held across the fork: one that comes meanwhile runs the
+        # manager's handler (which then stops the child), or the child's own, never the
+        # manager's handler in the child (which would leave it running).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            self.procs[index] = fork_child(lambda: self._serve(index, with_parent, mask))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def _serve(self, index: int, with_parent: Any) -> int:
+    def _serve(self, index: int, with_parent: Any, mask: set[int | signal.Signals]) -> int:
         """In HTTP process ``index``: serve on its socket until SIGTERM or SIGINT."""
         with_parent()
         set_process_name(HTTP_NAME.format(index))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (uvicorn sets its own handlers)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for i, sock in enumerate(self.socks):
             if i != index:
                 sock.close()
