@@ -320,8 +320,6 @@ def manage(settings: Settings, socks: list[socket.socket], go_fd: int | None = N
                     if not os.read(go_fd, 1):
                         return 0
                     break
-        except InterruptedError:  # pragma: no cover - (PEP 475 retries select itself)
-            pass
         finally:
             os.close(go_fd)
         if procs.stopping.is_set():
