@@ -14,7 +14,8 @@ itself, as in production.
 
 FD is a Unix stream socket to the test process: one JSON object a line each way, one answer
 for each request. ``{"start": {"args": [...], "env": {...}, "cwd": ..., "log": ...}}`` forks
-``python -m stampd ARGS`` and answers ``{"pid": N}``; ``{"poll": N}`` answers
+``python -m stampd ARGS`` and answers ``{"pid": N}`` (``"stdout"``, ``"stderr"`` and ``"stdin"``,
+files, may replace the log and ``/dev/null``: `tests.helpers.run_stampd`); ``{"poll": N}`` answers
 ``{"status": S}``, S null while it runs, else its exit status as `subprocess.Popen.returncode`
 gives it (negative: the signal).
 The fork server reaps only its children that it was asked about (an unpolled one stays a
@@ -87,11 +88,10 @@ def become(job: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(job["env"])
     time.tzset()
-    null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    os.dup2(os.open(job.get("stdin") or os.devnull, os.O_RDONLY), 0)
+    os.dup2(os.open(job.get("stdout") or job["log"], flags, 0o644), 1)
+    os.dup2(os.open(job.get("stderr") or job["log"], flags, 0o644), 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # (what a subprocess.Popen child keeps)
     sys.argv = ["-m", *(str(a) for a in job["args"])]  # ([0]: run_module sets the path)
 

@@ -12,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, TEST_FPR, TEST_UID, Server, free_port, short_tmpdir, stamp_tag
+from tests.helpers import (
+    ROOT,
+    TEST_FPR,
+    TEST_UID,
+    Server,
+    free_port,
+    run_stampd,
+    short_tmpdir,
+    stamp_tag,
+)
 
 
 def stampd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stampd", *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env=env, check=False)
+    return run_stampd(args, env=env, timeout=120)
 
 
 def test_keys_show(seeded_dir: Path) -> None:

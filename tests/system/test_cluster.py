@@ -22,6 +22,7 @@ from tests.helpers import (
     kill_pids,
     logged_hashes,
     pids_mentioning,
+    run_stampd,
     seed_data_dir,
     short_tmpdir,
     start_server,
@@ -169,8 +170,7 @@ def test_two_apis_two_worker_hosts(tmp_path: Path, pg_url: str,
         new = {r.commit for r in more.results}
         wait_for(lambda: (received | new) <= logged_hashes(dirs[other]), timeout=40,
                  what="the new log writer's commit")
-        r = subprocess.run([sys.executable, "-m", "stampd", "audit", str(dirs[other] / "log.git")],
-                           capture_output=True, text=True, timeout=120, check=False)
+        r = run_stampd(["audit", dirs[other] / "log.git"], timeout=120, cwd=Path.cwd())
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         for h in hosts:

@@ -5,8 +5,6 @@ them."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -15,10 +13,10 @@ import pygit2
 
 from stampd.cli import main
 from tests.helpers import (
-    ROOT,
     TEST_FPR,
     Server,
     keyring,
+    run_stampd,
     seed_data_dir,
     start_server,
     verify_stamps,
@@ -79,13 +77,9 @@ def test_a_worker_host_with_another_key_refuses_to_start(
     other = tmp_path / "other"
     env = {**os.environ, "STAMPD_DISPATCH": "database", "STAMPD_DATABASE_URL": pg_url,
            "STAMPD_KEY_UID": "Other <other@stampd.invalid>"}
-    made = subprocess.run([sys.executable, "-m", "stampd", "keys", "--data-dir", str(other),
-                           "generate"], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
+    made = run_stampd(["keys", "--data-dir", other, "generate"], env=env, timeout=120)
     assert made.returncode == 0, made.stderr
-    r = subprocess.run([sys.executable, "-m", "stampd", "worker", "--data-dir", str(other)],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = run_stampd(["worker", "--data-dir", other], env=env, timeout=120)
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith(f"stampd worker: key primary in {other}/keys/pubkey.asc ")

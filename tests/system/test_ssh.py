@@ -22,6 +22,7 @@ from tests.helpers import (
     git,
     keyring,
     make_repo,
+    run_stampd,
     seed_data_dir,
     start_server,
     verify_stamp,
@@ -199,7 +200,6 @@ def test_kill_ssh_agent_under_load(seeded_dir: Path, server_factory: list[Server
 
 
 def test_stampd_verify_ssh_receipt(server: Server, tmp_path: Path) -> None:
-    import sys
 
     key = keys(server)["ssh-ecdsa-p256"]
     doc = tmp_path / "doc"
@@ -212,8 +212,7 @@ def test_stampd_verify_ssh_receipt(server: Server, tmp_path: Path) -> None:
     (tmp_path / "signers").write_text(key["allowed_signers"])
 
     def verify(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stampd", "verify", *args],
-                              capture_output=True, text=True, timeout=60, check=False)
+        return run_stampd(["verify", *args], cwd=Path.cwd())
 
     ok = verify(str(receipt), "--file", str(doc), "--key", str(tmp_path / "signers"))
     assert ok.returncode == 0, ok.stderr

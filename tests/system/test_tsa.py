@@ -13,7 +13,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from rfc3161_client import TimestampRequestBuilder, VerifierBuilder, decode_timestamp_response
 
 from stampd import cli
-from tests.helpers import Server, log_commits, seed_data_dir, start_server, wait_for
+from tests.helpers import Server, log_commits, run_stampd, seed_data_dir, start_server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -308,9 +307,8 @@ def test_imprints_reach_the_log_and_chain_is_published(tmp_path: Path) -> None:
 
 def stampd(data: Path, *args: str, key: str = "openpgp:nistp256"
            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stampd", *args, "--data-dir", str(data)],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "STAMPD_TSA": "true", "STAMPD_TSA_KEY": key})
+    return run_stampd([*args, "--data-dir", data],
+                      env={**os.environ, "STAMPD_TSA": "true", "STAMPD_TSA_KEY": key})
 
 
 def test_other_keys_tokens_verify_and_reach_the_log(tsa_other: tuple[str, Server],

@@ -15,7 +15,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from tests.helpers import (
     free_port,
     pid_gone,
     proc_cmdline,
+    run_stampd,
     seed_data_dir,
     stamp_tag,
     start_server,
@@ -593,18 +593,15 @@ def test_tokens_published_cross_stamped_and_audited(tmp_path: Path,
     r = subprocess.run(["git", "clone", "--quiet", "--mirror", a.url + "log.git", str(clone)],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
-    audit = subprocess.run([sys.executable, "-m", "stampd", "audit", str(clone)],
-                           capture_output=True, text=True, timeout=120, check=False)
+    audit = run_stampd(["audit", clone], timeout=120, cwd=Path.cwd())
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "peer bee (refs/heads/bee-timestamps)" in audit.stdout, audit.stdout
     assert "OK: no problems found" in audit.stdout, audit.stdout
 
     chain = fetch_chain(a, tmp_path / "tsa.pem")
     imprint = lines["sha384-False"].split()[1]
-    verify = subprocess.run([sys.executable, "-m", "stampd", "verify",
-                             str(tmp_path / "sha384-False.tsr"), "--digest", imprint,
-                             "--chain", str(chain), "--log", str(clone)],
-                            capture_output=True, text=True, timeout=120, check=False)
+    verify = run_stampd(["verify", tmp_path / "sha384-False.tsr", "--digest", imprint,
+                         "--chain", chain, "--log", clone], timeout=120, cwd=Path.cwd())
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "log commit:" in verify.stdout and "peer stamp:    bee at" in verify.stdout, \
         verify.stdout

@@ -10,7 +10,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from stampd import cli
-from tests.helpers import ROOT, Server, log_commits, seed_data_dir, start_server, wait_for
+from tests.helpers import (
+    Server,
+    log_commits,
+    run_stampd,
+    seed_data_dir,
+    start_server,
+    wait_for,
+)
 
 TSQ = "application/timestamp-query"
 
@@ -351,8 +357,7 @@ def test_the_stampd_command_exit_status(
     tsr = stamp(tsa, data)
 
     def stampd(*args: str | Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stampd", "verify", *map(str, args)],
-                              capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+        return run_stampd(["verify", *args])
 
     ok = stampd(tsr, "--data", data, "--chain", tsa_pem)
     assert ok.returncode == 0 and ok.stdout.startswith("valid token:   sha256 "), ok.stderr

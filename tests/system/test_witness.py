@@ -14,6 +14,7 @@ import shutil
 import struct
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from formats.note import ED25519_COSIGNATURE, VerifierKey
 from formats.sshsig import SshPublicKey
 from formats.tlog.witness import MAX_REQUEST_BYTES, AddCheckpoint
-from tests.helpers import Server, WitnessedLog, seed_data_dir, start_server, wait_for
+from tests.helpers import Server, WitnessedLog, run_stampd, seed_data_dir, start_server, wait_for
 
 LOG = WitnessedLog("example.org/log-a", leaves=40)
 OTHER = WitnessedLog("example.org/log-b", leaves=8)  # a log the witness was not told of
@@ -207,12 +208,10 @@ def test_request_round_trip_is_what_is_sent() -> None:
 
 
 def test_keys_show_prints_the_witness_vkey(server: Server) -> None:
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "stampd", "keys", "show", "--data-dir",
-                          str(server.data_dir)], env=server.env, capture_output=True,
-                         check=True, text=True).stdout
+    r = run_stampd(["keys", "show", "--data-dir", server.data_dir], env=server.env,
+                   cwd=Path.cwd())
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     assert f"witness key: {witness_key(server).encode()}\n" in out
 
 
