@@ -52,16 +52,6 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def comm(pid: int) -> str:
-    """A process's name (``/proc/PID/comm``): forked processes keep their parent's command line
-    but may be named (the HTTP manager ``stampd-api``, HTTP processes ``stampd-http-N``)."""
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
 @dataclass
 class ProcInfo:
     pid: int
@@ -69,6 +59,9 @@ class ProcInfo:
     cmdline: bytes
     ticks: int  # utime + stime + cutime + cstime (reaped children count for their parent)
     own: int = 0  # utime + stime: this process alone, what it takes of the core it runs on
+    # its name (/proc/PID/comm): forked processes keep their parent's command line but may be
+    # named (stampd's HTTP manager stampd-api, its HTTP processes stampd-http-N)
+    comm: str = ""
 
     @property
     def exe(self) -> bytes:
@@ -97,7 +90,8 @@ def process_table(marker: bytes | None = None) -> dict[int, ProcInfo]:
             continue
         ticks = sum(int(x) for x in rest[11:15])
         own = sum(int(x) for x in rest[11:13])
-        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks, own)
+        comm = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode("utf-8", "replace")
+        table[int(name)] = ProcInfo(int(name), int(rest[1]), cmdline, ticks, own, comm)
     return table
 
 

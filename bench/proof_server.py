@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procs import comm
+from bench.procs import process_table
 from bench.proof_http import children, cmdline
 from tests.helpers import (
     TEST_FPR,
@@ -211,8 +211,11 @@ class ProofServer:
         """The HTTP processes, with several (``--api-processes``): the children named
         stampd-http-N of the HTTP manager (the API process's child named stampd-api), which
         restarts one that dies."""
-        return [p for m in children(self.api_pid) if comm(m) == "stampd-api"
-                for p in children(m) if comm(p).startswith("stampd-http-")]
+        table = process_table()
+        managers = {p for p, info in table.items()
+                    if info.ppid == self.api_pid and info.comm == "stampd-api"}
+        return [p for p, info in table.items()
+                if info.ppid in managers and info.comm.startswith("stampd-http-")]
 
     def supervisor_pids(self) -> list[int]:
         return [p for p in children(self.api_pid) if b"workers.pool" in cmdline(p)]

@@ -43,7 +43,6 @@ from bench.checks import make_home
 from bench.procs import (
     BIN,
     add_cell_args,
-    comm,
     ensure_tools,
     idle_load,
     int_list,
@@ -259,7 +258,7 @@ class Scale(Measuring):
             return
         procs = server.processes()
         api = [pid for pid, (role, p) in procs.items()
-               if role == "http" and comm(pid).startswith("stampd-http-")]
+               if role == "http" and p.comm.startswith("stampd-http-")]
         pids = api or [pid for pid, (role, _) in procs.items() if role == "http"][:1]
         conns, secs = max(self.args.conns), self.args.duration
         progress(f"profiling {row.label} c={conns} for {secs}s: py-spy --idle on HTTP "

@@ -23,7 +23,6 @@ from bench.procs import (
     CLK_TCK,
     BenchError,
     ProcInfo,
-    comm,
     free_port,
     http_get,
     process_table,
@@ -245,7 +244,7 @@ class Stampd(Server):
         if self.proc is not None and (p.pid == self.proc.pid or (
                 p.ppid == self.proc.pid and p.exe not in (b"gpg-agent", b"ssh-agent")
                 and b"multiprocessing.resource_tracker" not in p.cmdline)
-                or comm(p.pid).startswith("stampd-http-")):
+                or p.comm.startswith("stampd-http-")):
             # the main process, the HTTP manager and the HTTP processes it forks
             # (--api-processes; grandchildren, named stampd-http-N)
             return "http"

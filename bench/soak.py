@@ -39,7 +39,6 @@ from sqlalchemy import Engine, text
 
 from bench.procs import (
     BenchError,
-    comm,
     ensure_wrk,
     keep_or_remove,
     kill_pids,
@@ -127,7 +126,7 @@ def tree(root: int) -> list[tuple[int, str]]:
     while todo:
         pid = todo.pop(0)
         if pid in table:
-            out.append((pid, label(table[pid].cmdline, comm(pid))))
+            out.append((pid, label(table[pid].cmdline, table[pid].comm)))
             todo += sorted(p for p, info in table.items() if info.ppid == pid)
     return out
 
