@@ -36,6 +36,8 @@ import threading
 import time
 from typing import Any
 
+from server.api.processes import Forked
+
 # What `stampd serve` imports before it serves (one HTTP process, SQLite or PostgreSQL).
 PRELOAD = (
     "stampd.cli", "server.commands", "server.supervisor", "server.api.app",
@@ -47,22 +49,10 @@ PRELOAD = (
 )
 
 
-def _status(pid: int, exited: dict[int, int]) -> int | None:
-    if pid not in exited:
-        try:
-            got, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if got == 0:
-            return None
-        exited[pid] = os.waitstatus_to_exitcode(status)
-    return exited[pid]
-
-
 def serve(ctl: socket.socket) -> dict[str, Any] | None:
     """Answer requests until the test process closes the socket (None); in a forked child,
     return what it is to run."""
-    exited: dict[int, int] = {}
+    children: dict[int, Forked] = {}
     reader = ctl.makefile("rb")
     for line in reader:
         request = json.loads(line)
@@ -74,9 +64,11 @@ def serve(ctl: socket.socket) -> dict[str, Any] | None:
                 reader.close()
                 ctl.close()
                 return dict(request["start"])
+            children[pid] = Forked(pid)
             answer: dict[str, Any] = {"pid": pid}
         else:
-            answer = {"status": _status(int(request["poll"]), exited)}
+            child = children.get(int(request["poll"]))
+            answer = {"status": None if child is None else child.poll()}
         ctl.sendall(json.dumps(answer).encode() + b"\n")
     return None
 

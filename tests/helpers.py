@@ -39,7 +39,7 @@ import pygit2
 
 from formats.jobs import Job
 from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
-from server.api.processes import stop_child
+from server.api.processes import Forked, stop_child
 from server.dispatch import Signed
 from server.errors import Unavailable
 from workers.keys.keyset import PRIMARY
@@ -331,38 +331,21 @@ def run_stampd(args: Sequence[str | Path], *, env: Mapping[str, str] | None = No
         return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
 
 
-class ForkedProcess:
+class ForkedProcess(Forked):
     """A server forked by `ForkServer`, with what tests use of a `subprocess.Popen` (the fork
     server is its parent, and waits for it when asked)."""
 
     def __init__(self, server: ForkServer, pid: int, args: list[str]) -> None:
-        self.server, self.pid, self.args = server, pid, args
-        self.returncode: int | None = None
+        super().__init__(pid, args)
+        self.server = server
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self.server.call({"poll": self.pid})["status"]
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def terminate(proc: Process, timeout: float = 30) -> int:

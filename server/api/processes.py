@@ -159,12 +159,14 @@ class Child(Protocol):
 
 class Forked:
     """A child this process forked, with the part of `subprocess.Popen`'s interface that is
-    used here (``returncode`` as Popen gives it: negative for a signal)."""
+    used here (``returncode`` as Popen gives it: negative for a signal; ``args``, what a
+    timeout names)."""
 
-    POLL = 0.05  # seconds between looks in `wait`
+    POLL = 0.05  # seconds between looks in `wait`, at most (the first after 0.5 ms)
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, args: Any = None) -> None:
         self.pid = pid
+        self.args = f"pid {pid}" if args is None else args
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -183,10 +185,12 @@ class Forked:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            time.sleep(self.POLL)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(delay)
+            delay = min(delay * 2, self.POLL)
         return code
 
 
