@@ -8,6 +8,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Connection,
     Float,
     ForeignKey,
     Index,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -251,6 +253,13 @@ class ManifestText(Base):
                                           autoincrement=False)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     piece: Mapped[bytes] = mapped_column(LargeBinary)
+
+    @classmethod
+    def read(cls, conn: Connection, stamp_id: int, seq: int) -> bytes | None:
+        """Piece ``seq`` of stamp ``stamp_id``'s text; None after the last (or with none)."""
+        piece = conn.execute(select(cls.piece).where(
+            cls.stamp_id == stamp_id, cls.seq == seq)).scalar_one_or_none()
+        return None if piece is None else bytes(piece)
 
 
 class TlogEntry(Base):

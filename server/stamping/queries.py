@@ -34,9 +34,7 @@ def manifest_piece(engine: Engine, serial: int, seq: int) -> bytes:
     """Piece ``seq`` of the signed manifest of serial ``serial`` (whose `manifest_size` was
     found), as stored (`server.models.ManifestText`); empty after the last."""
     with reading(engine).connect() as conn:
-        piece = conn.execute(select(ManifestText.piece).where(
-            ManifestText.stamp_id == serial, ManifestText.seq == seq)).scalar_one_or_none()
-        return b"" if piece is None else bytes(piece)
+        return ManifestText.read(conn, serial, seq) or b""
 
 
 @dataclass(frozen=True)

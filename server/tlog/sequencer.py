@@ -391,8 +391,7 @@ def _text_hash(conn: Connection, stamp_id: int) -> str | None:
         return None
     h = hashlib.sha256()
     seq = 0
-    while (piece := conn.execute(select(ManifestText.piece).where(
-            ManifestText.stamp_id == stamp_id, ManifestText.seq == seq)).scalar()) is not None:
+    while (piece := ManifestText.read(conn, stamp_id, seq)) is not None:
         h.update(piece)
         seq += 1
     return h.hexdigest() if seq else None
