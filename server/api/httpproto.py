@@ -177,8 +177,12 @@ class StampdHttpProtocol(HttpToolsProtocol):
             data = self._upgrade_body(data)
             if not data:
                 return
+        # Only bytes that arrive while a head is awaited, before and after parsing them, are
+        # counted as head: a piece that ends a body (answered early, before it all came) is
+        # body, whatever its size.
+        waiting = self._waiting_for_headers()
         self._parse(data)
-        if self._waiting_for_headers():
+        if waiting and self._waiting_for_headers():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD:
                 self._send_error(431, TOO_LARGE)
