@@ -30,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
-from formats.manifests import MalformedManifest, parse_body, utf8_pieces, utf8_size
+from formats.manifests import MalformedManifest, Manifest, parse_body, utf8_pieces, utf8_size
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
 from server.api.services import Services
@@ -47,6 +47,7 @@ from server.settings import Settings
 from server.stamping.queries import manifest_piece, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
 from workers import memory
+from workers.manifest_check import IN_PROCESS_MAX, CheckFailed, check_elsewhere
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
@@ -69,6 +70,12 @@ class RateLimited(Exception):
 
 class ManifestsBusy(Unavailable):
     """More manifest bytes in flight on this host than ``manifest_bytes_in_flight``."""
+
+    retry_after = 10
+
+
+class ManifestCheckFailed(Unavailable):
+    """The process checking a manifest ended without an answer (killed, out of memory)."""
 
     retry_after = 10
 
@@ -250,22 +257,31 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
 
 
 def manifest_request(body: bytearray) -> ManifestRequest:
-    """The checked manifest (run in a thread: a million lines take a while);
-    `BadManifest` names the bad lines. It takes ``body`` (`read_manifest`'s buffer), so that
+    """The checked manifest (run in a thread: a million lines take seconds); `BadManifest`
+    names the bad lines. A body of `IN_PROCESS_MAX` bytes or more is checked, and its digest
+    index built, in a child process (`workers.manifest_check`): in this one it held the GIL,
+    and so the event loop, for as long. It takes ``body`` (`read_manifest`'s buffer), so that
     the process holds as few copies of the manifest as it can: a last line's missing newline
     is added to it in place (not to a copy of its text), and it is emptied once its text is
-    read, before the digest buckets are built."""
+    read, before the digest buckets are built here."""
     try:
         if body and not body.endswith(b"\n"):
             body += b"\n"
-        manifest = parse_body(body)
+        if len(body) < IN_PROCESS_MAX:
+            return ManifestRequest(parse_body(body))
+        checked = check_elsewhere(body)
+        text = body.decode("utf-8")  # (checked: it is UTF-8)
+        body.clear()
+        return ManifestRequest(Manifest(checked.algorithm, text, checked.lines, b""),
+                               checked.rows)
     except MalformedManifest as e:
         if not e.count:  # no line to name (an empty body)
             raise BadRequest(str(e)) from None
         raise BadManifest(str(e), e.bad, e.count) from None
+    except CheckFailed as e:
+        raise ManifestCheckFailed(str(e)) from None
     finally:
         body.clear()
-    return ManifestRequest(manifest)
 
 
 class _Answer(StreamingResponse):

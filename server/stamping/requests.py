@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
@@ -175,6 +175,9 @@ class ManifestRequest:
     kind: ClassVar[str] = "manifest"
     noun: ClassVar[str] = "manifest"
     manifest: Manifest
+    # The index rows when they were built elsewhere (`workers.manifest_check`); else built
+    # here from the manifest's digests.
+    rows: InitVar[list[tuple[int, bytes]] | None] = None
     _buckets: list[tuple[int, bytes]] = field(init=False, repr=False, compare=False)
 
     @property
@@ -187,9 +190,10 @@ class ManifestRequest:
     def digest_buckets(self) -> list[tuple[int, bytes]]:
         return self._buckets
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, rows: list[tuple[int, bytes]] | None) -> None:
         m = self.manifest
-        object.__setattr__(self, "_buckets", buckets(m.digests, m.width))
+        object.__setattr__(self, "_buckets", buckets(m.digests, m.width) if rows is None
+                           else rows)
         object.__setattr__(self, "manifest", replace(m, digests=b""))
 
     def job(self, ctx: StampContext) -> ManifestJob:

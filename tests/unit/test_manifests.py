@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +206,55 @@ def test_the_service_takes_the_body_it_checks() -> None:
     with pytest.raises(BadManifest):
         manifest_request(body)
     assert body == b""
+
+
+def _large(lines: int, algorithm: str = "sha256", bad: tuple[int, ...] = ()) -> bytearray:
+    """A manifest of ``lines`` lines (more than `IN_PROCESS_MAX` bytes for ~14,000 and more),
+    the lines numbered in ``bad`` not checksum lines."""
+    body = bytearray()
+    for i in range(1, lines + 1):
+        digest = hashlib.new(algorithm, b"%d" % i).hexdigest()
+        body += b"no checksum %d\n" % i if i in bad else f"{digest} *file-{i}\n".encode()
+    return body
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha512"])
+def test_a_large_manifest_is_checked_in_a_process_of_its_own(algorithm: str) -> None:
+    """Above `IN_PROCESS_MAX` bytes the manifest is checked, and its index built, by
+    ``python -m workers.manifest_check``: the same manifest and rows as in this process."""
+    from server.api.manifests import manifest_request
+    from workers.manifest_check import IN_PROCESS_MAX, check_elsewhere
+
+    body = _large(20_000, algorithm)
+    del body[-1:]  # (no last newline: the service adds it)
+    assert len(body) > IN_PROCESS_MAX
+    here = parse_body(body)
+    checked = check_elsewhere(body + b"\n")
+    assert (checked.algorithm, checked.lines) == (algorithm, 20_000)
+    assert checked.rows == buckets(here.digests, here.width)
+    req = manifest_request(body)
+    assert body == b"" and req.manifest == replace(here, digests=b"")
+    assert req.digest_buckets() == checked.rows
+
+
+def test_a_large_malformed_manifest_names_its_lines_from_the_other_process() -> None:
+    from server.api.manifests import manifest_request
+    from server.errors import BadManifest
+
+    body = _large(20_000, bad=(3, 19_999))
+    with pytest.raises(BadManifest) as e:
+        manifest_request(body)
+    assert (e.value.lines, e.value.count) == ([3, 19_999], 2)
+    assert body == b""
+
+
+def test_a_check_that_ends_without_an_answer_is_unavailable(tmp_path: Path) -> None:
+    """The checking process killed (here: a "python" that exits at once): a 503 to try
+    again, not a 500."""
+    from workers.manifest_check import CheckFailed, check_elsewhere
+
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 137\n")
+    python.chmod(0o755)
+    with pytest.raises(CheckFailed, match="ended before its answer"):
+        check_elsewhere(_large(20_000), str(python))
