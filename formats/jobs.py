@@ -219,22 +219,27 @@ class ManifestJob:
     server: str
     serial: int
     key: str
-    lines: str
+    lines: manifests.Text  # str as a worker reads it; the service may hold the bytes received
     count: int | None = field(default=None, compare=False)
 
     def header(self, count: int | None = None) -> manifests.Header:
         """The header of ``count`` lines (default `count`, else the lines counted)."""
         count = count if count is not None else self.count
         return manifests.Header(self.algorithm, self.time, self.server, self.serial, self.key,
-                                self.lines.count("\n") if count is None else count)
+                                manifests.count_lines(self.lines) if count is None
+                                else count)
 
-    def signed(self, answer: str) -> tuple[str, str, str]:
+    def signed(self, answer: str) -> tuple[str, manifests.Text, str]:
         """The signed manifest from a worker's ``answer`` to this job, in the three parts
         whose concatenation it is (`manifests.signed_parts`: the lines are not copied)."""
         return manifests.signed_parts(answer, self.header().text(), self.lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.head_dict(), "lines": self.lines}
+        return {**self.head_dict(), "lines": manifests.as_str(self.lines)}
+
+    def text_lines(self) -> str:
+        """The lines as a string (a worker's job holds one already)."""
+        return manifests.as_str(self.lines)
 
     def head_dict(self) -> dict[str, Any]:
         """The job without its lines (the JSON of its frame, `job_frame`)."""

@@ -84,6 +84,11 @@ class MalformedManifest(ValueError):
         self.count = count
 
 
+# A text: as ``str``, or as the UTF-8 bytes it is (a large manifest's lines stay the bytes
+# received, checked UTF-8: decoding 127 MiB into one string held the GIL for 100-150 ms).
+Text = str | bytes | bytearray
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A checked body: its algorithm, its text (LF line ends, a final LF), how many lines it
@@ -92,7 +97,7 @@ class Manifest:
     about 113 MiB, packed they are 32 MiB of sha256)."""
 
     algorithm: str
-    text: str
+    text: Text
     lines: int
     digests: bytes
 
@@ -118,18 +123,34 @@ def _algorithm_of(first: str) -> str | None:
 PIECE = 1 << 20  # characters of a text encoded at a time (`utf8_pieces`)
 
 
-def utf8_pieces(*texts: str) -> Iterator[bytes]:
-    """The concatenated ``texts`` in UTF-8, `PIECE` characters at a time: a manifest is sent
-    and hashed without a copy of it in bytes."""
+def utf8_pieces(*texts: Text) -> Iterator[bytes]:
+    """The concatenated ``texts`` in UTF-8, `PIECE` characters (or bytes) at a time: a
+    manifest is sent and hashed without a copy of it in bytes."""
     for text in texts:
-        for i in range(0, len(text), PIECE):
-            yield text[i:i + PIECE].encode("utf-8")
+        if isinstance(text, str):
+            for i in range(0, len(text), PIECE):
+                yield text[i:i + PIECE].encode("utf-8")
+        else:
+            with memoryview(text) as view:
+                for i in range(0, len(view), PIECE):
+                    yield bytes(view[i:i + PIECE])
 
 
-def utf8_size(*texts: str) -> int:
+def utf8_size(*texts: Text) -> int:
     """Bytes of the concatenated ``texts`` in UTF-8 (an ASCII text's length; else counted a
     piece at a time, not encoded whole)."""
-    return sum(len(t) if t.isascii() else sum(map(len, utf8_pieces(t))) for t in texts)
+    return sum(len(t) if not isinstance(t, str) or t.isascii()
+               else sum(map(len, utf8_pieces(t))) for t in texts)
+
+
+def count_lines(text: Text) -> int:
+    """The lines of ``text`` (its newlines)."""
+    return text.count("\n") if isinstance(text, str) else text.count(b"\n")
+
+
+def as_str(text: Text) -> str:
+    """``text`` as a string."""
+    return text if isinstance(text, str) else text.decode("utf-8")
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -297,7 +318,8 @@ def parse_header(text: str) -> Header:
     return h
 
 
-def signed_parts(signed_without_lines: str, header: str, lines: str) -> tuple[str, str, str]:
+def signed_parts(signed_without_lines: str, header: str, lines: Text
+                 ) -> tuple[str, Text, str]:
     """The signed manifest from a worker's answer, which leaves the lines out (they are long
     and the service has them), as the three parts whose concatenation it is: the answer up to
     the end of the header, the lines, the rest of the answer. The service keeps it in parts:
@@ -312,7 +334,8 @@ def signed_parts(signed_without_lines: str, header: str, lines: str) -> tuple[st
 def splice(signed_without_lines: str, header: str, lines: str) -> str:
     """The signed manifest (`signed_parts`) as one text."""
     # One join: ``a + lines + b`` would make a whole copy of the lines twice.
-    return "".join(signed_parts(signed_without_lines, header, lines))
+    a, text, b = signed_parts(signed_without_lines, header, lines)
+    return "".join((a, as_str(text), b))
 
 
 # -- the index of a manifest's digests ------------------------------------------------------

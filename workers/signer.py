@@ -110,13 +110,14 @@ class Signer:
     def build_manifest(self, job: ManifestJob) -> str:
         """Only a well-formed manifest is signed: its lines are checksum lines of its
         algorithm, its header parses and names this worker's key."""
-        count = manifests.check_structure(job.lines, job.algorithm)
+        lines = job.text_lines()
+        count = manifests.check_structure(lines, job.algorithm)
         header = job.header(count)
         if header.key != self.fingerprint:
             raise MalformedMessage("the manifest names another key")
         text = header.text()
         manifests.parse_header(text)
-        return self.manifest(text, job.lines, job.time)
+        return self.manifest(text, lines, job.time)
 
     def build_timestamp(self, job: TimestampJob) -> str:
         """The RFC 3161 token of ``job`` (DER), in base64."""

@@ -30,7 +30,14 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
-from formats.manifests import MalformedManifest, Manifest, parse_body, utf8_pieces, utf8_size
+from formats.manifests import (
+    MalformedManifest,
+    Manifest,
+    Text,
+    parse_body,
+    utf8_pieces,
+    utf8_size,
+)
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
 from server.api.services import Services
@@ -258,30 +265,34 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
 
 def manifest_request(body: bytearray) -> ManifestRequest:
     """The checked manifest (run in a thread: a million lines take seconds); `BadManifest`
-    names the bad lines. A body of `IN_PROCESS_MAX` bytes or more is checked, and its digest
-    index built, in a child process (`workers.manifest_check`): in this one it held the GIL,
-    and so the event loop, for as long. It takes ``body`` (`read_manifest`'s buffer), so that
-    the process holds as few copies of the manifest as it can: a last line's missing newline
-    is added to it in place (not to a copy of its text), and it is emptied once its text is
-    read, before the digest buckets are built here."""
+    names the bad lines. It takes ``body`` (`read_manifest`'s buffer), so that the process
+    holds as few copies of the manifest as it can; a last line's missing newline is added to
+    it in place (not to a copy of its text). A body of `IN_PROCESS_MAX` bytes or more is
+    checked, and its digest index built, in a child process (`workers.manifest_check`): in
+    this one it held the GIL, and so the event loop, for as long. Its lines are then the body
+    itself, checked UTF-8: it is sent to the worker, the journal and the client as it is (a
+    string of it would be a copy, made in one call that held the GIL for 100-150 ms). A
+    smaller body is checked here and emptied once its text is read."""
     try:
         if body and not body.endswith(b"\n"):
             body += b"\n"
         if len(body) < IN_PROCESS_MAX:
-            return ManifestRequest(parse_body(body))
+            try:
+                return ManifestRequest(parse_body(body))
+            finally:
+                body.clear()
         checked = check_elsewhere(body)
-        text = body.decode("utf-8")  # (checked: it is UTF-8)
-        body.clear()
-        return ManifestRequest(Manifest(checked.algorithm, text, checked.lines, b""),
-                               checked.rows)
     except MalformedManifest as e:
+        body.clear()
         if not e.count:  # no line to name (an empty body)
             raise BadRequest(str(e)) from None
         raise BadManifest(str(e), e.bad, e.count) from None
-    except CheckFailed as e:
-        raise ManifestCheckFailed(str(e)) from None
-    finally:
+    except BaseException as e:
         body.clear()
+        if isinstance(e, CheckFailed):
+            raise ManifestCheckFailed(str(e)) from None
+        raise
+    return ManifestRequest(Manifest(checked.algorithm, body, checked.lines, b""), checked.rows)
 
 
 class _Answer(StreamingResponse):
@@ -301,7 +312,7 @@ class _Answer(StreamingResponse):
             self.done()
 
 
-def answer(parts: tuple[str, ...], done: Callable[[], None]) -> Response:
+def answer(parts: tuple[Text, ...], done: Callable[[], None]) -> Response:
     """The signed manifest (``parts``, whose concatenation it is), sent a piece at a time
     (encoded as it goes: no copy of it in bytes, nor in the transport's buffer). ``done`` (it
     gives back the manifest's bytes in flight: the answer holds the signed text until it is

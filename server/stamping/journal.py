@@ -28,7 +28,7 @@ from typing import Any, Protocol, cast
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, or_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from formats.manifests import key_prefix
+from formats.manifests import Text, key_prefix
 from server import db
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
@@ -46,7 +46,7 @@ OUTCOME_PENDING = (StampState.PENDING, StampState.ORPHANED)
 # A manifest's digest index rows: (bucket key, packed digests) (`formats.manifests.buckets`).
 Buckets = list[tuple[int, bytes]]
 # A signed text in parts, whose concatenation it is (text, or UTF-8 bytes).
-TextParts = Sequence[str | bytes | memoryview]
+TextParts = Sequence[str | bytes | bytearray | memoryview]
 IndexRow = tuple[int, bytes, str, bytes]  # manifest_digests: stamp id, prefix, algorithm, digests
 Piece = tuple[int, int, bytes]  # manifest_texts: stamp id, seq, piece
 
@@ -163,7 +163,7 @@ class JournalApi(Protocol):
     async def failed_durably(self, stamp_id: int, error: str) -> None: ...
 
     async def signed_manifest_durably(self, stamp_id: int, worker: str | None, attempts: int,
-                                      parts: tuple[str, ...]) -> None: ...
+                                      parts: tuple[Text, ...]) -> None: ...
 
 
 def stamp_row(req: Request, t: int, key_id: str | None = None) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from formats.manifests import utf8_pieces, utf8_size
+from formats.manifests import Text, utf8_pieces, utf8_size
 from server.errors import CommandFailed, JournalError
 from server.stamping.journal import Buckets, Journal, stamp_row
 from server.stamping.requests import Request
@@ -376,7 +376,7 @@ class RemoteJournal:
             self._calls.clear()
 
     async def _call(self, op: str, fields: dict[str, Any], buckets: Buckets | None = None,
-                    reply: bool = True, text: tuple[str, ...] | None = None
+                    reply: bool = True, text: tuple[Text, ...] | None = None
                     ) -> JournalReply | None:
         writer = await self._connect()
         call_id = 0
@@ -404,7 +404,7 @@ class RemoteJournal:
             raise JournalError(answer.error)
         return answer
 
-    async def _send_long(self, call: JournalCall, text: tuple[str, ...],
+    async def _send_long(self, call: JournalCall, text: tuple[Text, ...],
                          writer: asyncio.StreamWriter, out: _Coalesced) -> None:
         """A manifest's buckets (megabytes) or signed text (up to 256 MiB), straight to the
         socket: the text a piece at a time in UTF-8 (no copy of it in bytes), waiting for the
@@ -447,7 +447,7 @@ class RemoteJournal:
                                     "object_id": None, "receipt": receipt})
 
     async def signed_manifest_durably(self, stamp_id: int, worker: str | None, attempts: int,
-                                      parts: tuple[str, ...]) -> None:
+                                      parts: tuple[Text, ...]) -> None:
         await self._call("manifest", {"sid": stamp_id, "worker": worker, "attempts": attempts},
                          text=parts)
 

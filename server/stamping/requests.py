@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
 from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob
-from formats.manifests import Manifest, buckets
+from formats.manifests import Manifest, Text, buckets
 from formats.receipts import Statement
 from server.errors import BadRequest, MalformedAnswer
 from workers.keys.keyset import STAMPS, ServedKey
@@ -48,7 +48,7 @@ class Outcome(Generic[A_co]):
 
     answer: A_co
     object_id: str | None = None
-    stored: str | tuple[str, ...] | None = None
+    stored: str | tuple[Text, ...] | None = None
 
 
 class Request(Protocol[J, A_co]):
@@ -201,7 +201,7 @@ class ManifestRequest:
                            ctx.key.fingerprint, self.manifest.text, self.manifest.lines)
 
     def outcome(self, ctx: StampContext, job: ManifestJob, signed: str
-                ) -> Outcome[tuple[str, ...]]:
+                ) -> Outcome[tuple[Text, ...]]:
         """The signed manifest (the header lines, the lines as sent, one signature), which is
         stored: in the parts whose concatenation it is (the lines are not copied)."""
         try:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from formats.jobs import Job
+from formats.manifests import Text
 from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, MalformedAnswer, StampError, Unavailable
 from server.stamping.journal import JournalApi
@@ -55,7 +56,7 @@ class Stamper:
             await self._failed(stamp_id, f"{type(e).__name__}: {e}")
             raise
 
-    async def _store(self, stamp_id: int, signed: Signed, text: str | tuple[str, ...],
+    async def _store(self, stamp_id: int, signed: Signed, text: str | tuple[Text, ...],
                      what: str) -> None:
         """Record a signed stamp with the signed text it answers (a manifest's in parts),
         committed before the answer goes out (so that a GET finds it from then on). A
