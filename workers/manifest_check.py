@@ -33,6 +33,7 @@ from workers.errors import WorkerError
 
 IN_PROCESS_MAX = 1 << 20  # smaller manifests are checked in the HTTP process (~25 ms a MiB)
 WRITE = 1 << 20  # bytes of the body written to the child at a time
+NICE = 10  # the check's niceness above the HTTP process's
 EXIT_WAIT = 10.0  # seconds the child may take to exit once it has answered
 _LENGTH = struct.Struct(">Q")
 _ROW = struct.Struct(">I")
@@ -73,6 +74,9 @@ def _answer(body: bytearray, out: IO[bytes]) -> None:
 
 
 def main() -> int:
+    # Batch work beside the HTTP processes and workers, whose answers are awaited: on a busy
+    # host the scheduler gives them the cores first.
+    os.nice(NICE)
     head = _read_fd(0, _LENGTH.size)
     if head is None:
         return 2  # the HTTP process went away
