@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,7 @@ IndexRow = tuple[int, bytes, str, bytes]  # manifest_digests: stamp id, prefix, 
 Piece = tuple[int, int, bytes]  # manifest_texts: stamp id, seq, piece
 
 BULK_BYTES = 1 << 20  # bytes of bulk rows one group commit takes at most (at least one row)
+CHECKPOINT_EVERY = 0.5  # seconds between the SQLite journal's WAL checkpoints, after commits
 PIECE = 1 << 20  # characters (or bytes) of a signed text stored as one piece
 
 
@@ -213,7 +215,7 @@ class Journal:
         while self._inserts or self._updates or self._bulk:
             if not await self._write_once():
                 break
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.shutdown)
         self._executor.shutdown(wait=True)
 
     async def record(self, req: Request, t: int, key_id: str | None = None) -> int:
@@ -407,6 +409,10 @@ class _Writer:
                 self.conn.close()
         self.conn = None
 
+    def shutdown(self) -> None:
+        """The journal stops: close for good."""
+        self.close()
+
 
 class _SqlAlchemyWriter(_Writer):
     """Any database: one connection kept open by the journal thread (no pool round trip).
@@ -540,14 +546,55 @@ class _SqliteWriter(_Writer):
         self.path = path
         self.conn: sqlite3.Connection | None = None
         self._inserts: dict[int, str] = {}
+        self._written = threading.Event()  # a commit since the last checkpoint
+        self._stopping = threading.Event()
+        self._checkpointer: threading.Thread | None = None
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=30,
                                check_same_thread=False)
+        # No checkpoint in a commit: the commit that filled the WAL past 1000 pages copied
+        # them into the database and synced it (tens of ms more, beside a manifest's bulk
+        # writes), and every stamp's commit waiting behind it waited as long. The
+        # checkpointer thread does it instead, beside the commits (`_checkpoints`).
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON",
-                       "busy_timeout=30000"):
+                       "busy_timeout=30000", "wal_autocheckpoint=0"):
             conn.execute(f"PRAGMA {pragma}")
+        if self._checkpointer is None:
+            self._checkpointer = threading.Thread(target=self._checkpoints, daemon=True,
+                                                  name="journal-checkpoint")
+            self._checkpointer.start()
         return conn
+
+    def _checkpoints(self) -> None:
+        """Every `CHECKPOINT_EVERY` seconds after a commit, a PASSIVE checkpoint on a
+        connection of its own (what SQLite's automatic checkpoint does, out of the commit's
+        way: WAL mode lets a checkpoint run beside a writer). Ends when the journal stops."""
+        conn: sqlite3.Connection | None = None
+        while not self._stopping.wait(CHECKPOINT_EVERY):
+            if not self._written.is_set():
+                continue
+            self._written.clear()
+            try:
+                conn = conn or sqlite3.connect(self.path, isolation_level=None, timeout=30,
+                                               check_same_thread=False)
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as e:
+                log.warning("journal: WAL checkpoint failed (tried again): %s", e)
+                self._written.set()
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                conn = None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(timeout=30)
+        self.close()
 
     def _insert_sql(self, n: int) -> str:
         sql = self._inserts.get(n)
@@ -588,6 +635,7 @@ class _SqliteWriter(_Writer):
                      u["receipt"], u["sid"])
                     for u in updates])
             conn.execute("COMMIT")
+            self._written.set()
             return ids
         except BaseException:
             self.close()

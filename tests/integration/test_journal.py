@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -285,3 +286,44 @@ def test_manifest_texts_move_into_pieces_and_back(engine: Engine) -> None:
     with engine.connect() as conn:
         assert dict(conn.execute(text("SELECT id, receipt FROM stamps")).all()) == {
             ids[0]: signed, ids[1]: "a receipt\n"}
+
+
+def _rows_in_main_file(path: Path) -> int:
+    """Stamps in the database file itself, not counting the WAL (``immutable``: SQLite then
+    reads the file alone): what a checkpoint has copied there."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM stamps").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_the_sqlite_journal_checkpoints_beside_its_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal's writer makes no checkpoint in a commit (one that did waited tens of ms
+    more, and the stamps behind it as long); a thread of its own copies the WAL into the
+    database file after commits."""
+    monkeypatch.setattr(journal_module, "CHECKPOINT_EVERY", 0.01)
+    path = tmp_path / "j.sqlite3"
+    eng = db.make_engine(f"sqlite:///{path}")
+    db.upgrade(eng)
+    eng.dispose()
+
+    async def scenario() -> tuple[int, int]:
+        journal = Journal(eng)
+        journal.start()
+        try:
+            await asyncio.gather(*(journal.record(TagRequest(f"{i:040x}", "t"), 1700000000)
+                                   for i in range(50)))
+            writer = journal._writer
+            assert isinstance(writer.conn, sqlite3.Connection)
+            autocheckpoint = writer.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+            for _ in range(1000):  # at most 10 s
+                if _rows_in_main_file(path) == 50:
+                    break
+                await asyncio.sleep(0.01)
+            return autocheckpoint, _rows_in_main_file(path)
+        finally:
+            await journal.stop()
+
+    assert asyncio.run(scenario()) == (0, 50)
