@@ -558,9 +558,10 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                                    "(STAMPD_MANIFEST_BYTES_PER_HOUR); Retry-After: when "
                                    "the hour ends",
                               s503="more manifest bytes in flight than "
-                                   "STAMPD_MANIFEST_BYTES_IN_FLIGHT, too many stamps "
-                                   "waiting, or no worker signed in time; try again after "
-                                   "Retry-After seconds"),
+                                   "STAMPD_MANIFEST_BYTES_IN_FLIGHT, its checking process "
+                                   "ended without an answer, too many stamps waiting, or no "
+                                   "worker signed in time; try again after Retry-After "
+                                   "seconds"),
                 },
             }},
             "/v1/manifests/{serial}": {"get": {
