@@ -94,8 +94,8 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
     memory.fix_thresholds()  # (freed manifests go back to the system: workers.memory)
     # What is there now (the modules, the app) stays for the process's life: the collector
     # no longer walks it. A full collection walked ~120,000 objects, 80-115 ms holding the
-    # GIL on a busy 2-core host, and a manifest's index rows set one off now and then.
-    gc.collect()
+    # GIL on a busy 2-core host, and a manifest's index rows set one off now and then. (No
+    # collection first: it took 136 ms at every start, for the little garbage of imports.)
     gc.freeze()
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
