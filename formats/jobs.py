@@ -236,11 +236,6 @@ class ManifestJob:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.head_dict(), "lines": manifests.as_str(self.lines)}
-
-    def text_lines(self) -> str:
-        """The lines as a string (a worker's job holds one already)."""
-        return manifests.as_str(self.lines)
-
     def head_dict(self) -> dict[str, Any]:
         """The job without its lines (the JSON of its frame, `job_frame`)."""
         return {"op": self.op, "algorithm": self.algorithm, "time": self.time,

@@ -350,6 +350,8 @@ def splice(signed_without_lines: str, header: str, lines: str) -> str:
 # each manifest, the one row whose prefix the digest starts with (`lookup_prefixes`: a
 # digest's prefixes from 2 bytes to all of it; a manifest has a row on at most one of them).
 BUCKET_HEX = 4  # the shortest prefix: 16 bits
+# A manifest's index rows: (`bucket_key` of a prefix, the packed sorted digests under it).
+Buckets = list[tuple[int, bytes]]
 BUCKET_DIGESTS = 256  # the most digests in one row (8 KiB of sha256, 16 KiB of sha512)
 
 
@@ -399,7 +401,7 @@ def _sorted_distinct(group: bytes | bytearray, width: int) -> bytes:
     return out.getvalue()
 
 
-def _split(prefix: int, packed: bytes, width: int, rows: list[tuple[int, bytes]]) -> None:
+def _split(prefix: int, packed: bytes, width: int, rows: Buckets) -> None:
     """Append the rows of the sorted distinct digests ``packed`` that share their first
     ``prefix`` bytes: one row if they are few enough (or ``prefix`` is whole digests), else
     the rows of each one-byte-longer prefix."""
@@ -413,7 +415,7 @@ def _split(prefix: int, packed: bytes, width: int, rows: list[tuple[int, bytes]]
             start = end
 
 
-def buckets(digests: bytes, width: int) -> list[tuple[int, bytes]]:
+def buckets(digests: bytes, width: int) -> Buckets:
     """The index rows of the packed digests ``digests`` (``width`` bytes each, as
     `Manifest.digests`): (`bucket_key` of the prefix, packed sorted distinct digests that
     start with it), by prefix. No object per digest is kept: the digests are grouped by their
@@ -428,7 +430,7 @@ def buckets(digests: bytes, width: int) -> list[tuple[int, bytes]]:
             groups[d[:head]] = bytearray(d)
         else:
             g += d
-    rows: list[tuple[int, bytes]] = []
+    rows: Buckets = []
     for prefix in sorted(groups):
         _split(head, _sorted_distinct(groups.pop(prefix), width), width, rows)
     return rows

@@ -28,7 +28,14 @@ import sys
 from dataclasses import dataclass
 from typing import IO
 
-from formats.manifests import MalformedManifest, bucket_key, buckets, key_prefix, parse_body
+from formats.manifests import (
+    Buckets,
+    MalformedManifest,
+    bucket_key,
+    buckets,
+    key_prefix,
+    parse_body,
+)
 from workers.errors import WorkerError
 
 IN_PROCESS_MAX = 1 << 20  # smaller manifests are checked in the HTTP process (~25 ms a MiB)
@@ -37,9 +44,6 @@ NICE = 10  # the check's niceness above the HTTP process's
 EXIT_WAIT = 10.0  # seconds the child may take to exit once it has answered
 _LENGTH = struct.Struct(">Q")
 _ROW = struct.Struct(">I")
-
-Rows = list[tuple[int, bytes]]  # (bucket key, packed sorted digests), as `buckets` makes them
-
 
 class CheckFailed(WorkerError):
     """The checking process ended without an answer (killed, out of memory)."""
@@ -51,13 +55,11 @@ class Checked:
 
     algorithm: str
     lines: int
-    rows: Rows
+    rows: Buckets
 
 
 def _answer(body: bytearray, out: IO[bytes]) -> None:
     try:
-        if body and not body.endswith(b"\n"):
-            body += b"\n"
         manifest = parse_body(body)
     except MalformedManifest as e:
         out.write(json.dumps({"error": str(e), "bad": e.bad, "count": e.count}).encode()
@@ -111,7 +113,7 @@ def _exact(f: IO[bytes], n: int) -> bytes:
 def check_elsewhere(body: bytearray, python: str = sys.executable) -> Checked:
     """Check ``body`` in a child process (blocking: call it in a thread). Raises
     `MalformedManifest` as `parse_body` does, `CheckFailed` if the child gave no answer.
-    ``body`` is left as it was (the caller decodes it once it is known to be good)."""
+    ``body`` is left as it was (a good one is then the manifest's lines as they are)."""
     try:
         proc = subprocess.Popen([python, "-m", "workers.manifest_check"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
@@ -147,12 +149,13 @@ def _read_answer(out: IO[bytes]) -> Checked:
         raise CheckFailed("the manifest check ended before its answer")
     if "error" in head:
         raise MalformedManifest(head["error"], head["bad"], head["count"])
-    rows: Rows = []
+    rows: Buckets = []
     for _ in range(head["rows"]):
         prefix = _exact(out, _exact(out, 1)[0])
         (size,) = _ROW.unpack(_exact(out, _ROW.size))
         rows.append((bucket_key(prefix), _exact(out, size)))
     return Checked(head["algorithm"], head["lines"], rows)
+
 
 if __name__ == "__main__":
     try:

@@ -110,7 +110,7 @@ class Signer:
     def build_manifest(self, job: ManifestJob) -> str:
         """Only a well-formed manifest is signed: its lines are checksum lines of its
         algorithm, its header parses and names this worker's key."""
-        lines = job.text_lines()
+        lines = manifests.as_str(job.lines)  # (a worker's job holds a str already)
         count = manifests.check_structure(lines, job.algorithm)
         header = job.header(count)
         if header.key != self.fingerprint:

@@ -272,25 +272,26 @@ def manifest_request(body: bytearray) -> ManifestRequest:
     this one it held the GIL, and so the event loop, for as long. Its lines are then the body
     itself, checked UTF-8: it is sent to the worker, the journal and the client as it is (a
     string of it would be a copy, made in one call that held the GIL for 100-150 ms). A
-    smaller body is checked here and emptied once its text is read."""
+    smaller body is checked here and emptied once its text is read, before the digest
+    buckets are built."""
     try:
         if body and not body.endswith(b"\n"):
             body += b"\n"
         if len(body) < IN_PROCESS_MAX:
-            try:
-                return ManifestRequest(parse_body(body))
-            finally:
-                body.clear()
+            manifest = parse_body(body)
+            body.clear()
+            return ManifestRequest(manifest)
         checked = check_elsewhere(body)
     except MalformedManifest as e:
         body.clear()
         if not e.count:  # no line to name (an empty body)
             raise BadRequest(str(e)) from None
         raise BadManifest(str(e), e.bad, e.count) from None
-    except BaseException as e:
+    except CheckFailed as e:
         body.clear()
-        if isinstance(e, CheckFailed):
-            raise ManifestCheckFailed(str(e)) from None
+        raise ManifestCheckFailed(str(e)) from None
+    except BaseException:
+        body.clear()
         raise
     return ManifestRequest(Manifest(checked.algorithm, body, checked.lines, b""), checked.rows)
 

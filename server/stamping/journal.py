@@ -29,7 +29,7 @@ from typing import Any, Protocol, cast
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, or_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from formats.manifests import Text, key_prefix
+from formats.manifests import Buckets, Text, key_prefix
 from server import db
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
@@ -44,8 +44,6 @@ UPDATE_DELAY = 0.5  # seconds an outcome may wait for the next group commit
 OUTCOME_PENDING = (StampState.PENDING, StampState.ORPHANED)
 
 
-# A manifest's digest index rows: (bucket key, packed digests) (`formats.manifests.buckets`).
-Buckets = list[tuple[int, bytes]]
 # A signed text in parts, whose concatenation it is (text, or UTF-8 bytes).
 TextParts = Sequence[str | bytes | bytearray | memoryview]
 IndexRow = tuple[int, bytes, str, bytes]  # manifest_digests: stamp id, prefix, algorithm, digests
@@ -550,9 +548,12 @@ class _SqliteWriter(_Writer):
         self._stopping = threading.Event()
         self._checkpointer: threading.Thread | None = None
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30,
+    def _open(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, isolation_level=None, timeout=30,
                                check_same_thread=False)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = self._open()
         # No checkpoint in a commit: the commit that filled the WAL past 1000 pages copied
         # them into the database and synced it (tens of ms more, beside a manifest's bulk
         # writes), and every stamp's commit waiting behind it waited as long. The
@@ -576,8 +577,7 @@ class _SqliteWriter(_Writer):
                 continue
             self._written.clear()
             try:
-                conn = conn or sqlite3.connect(self.path, isolation_level=None, timeout=30,
-                                               check_same_thread=False)
+                conn = conn or self._open()
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error as e:
                 log.warning("journal: WAL checkpoint failed (tried again): %s", e)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
 from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob
-from formats.manifests import Manifest, Text, buckets
+from formats.manifests import Buckets, Manifest, Text, buckets
 from formats.receipts import Statement
 from server.errors import BadRequest, MalformedAnswer
 from workers.keys.keyset import STAMPS, ServedKey
@@ -59,7 +59,7 @@ class Request(Protocol[J, A_co]):
 
     def journal_fields(self) -> dict[str, Any]: ...
 
-    def digest_buckets(self) -> list[tuple[int, bytes]] | None: ...
+    def digest_buckets(self) -> Buckets | None: ...
 
     def job(self, ctx: StampContext) -> J: ...
 
@@ -177,8 +177,8 @@ class ManifestRequest:
     manifest: Manifest
     # The index rows when they were built elsewhere (`workers.manifest_check`); else built
     # here from the manifest's digests.
-    rows: InitVar[list[tuple[int, bytes]] | None] = None
-    _buckets: list[tuple[int, bytes]] = field(init=False, repr=False, compare=False)
+    rows: InitVar[Buckets | None] = None
+    _buckets: Buckets = field(init=False, repr=False, compare=False)
 
     @property
     def algorithm(self) -> str:
@@ -187,10 +187,10 @@ class ManifestRequest:
     def journal_fields(self) -> dict[str, Any]:
         return {"algorithm": self.manifest.algorithm}
 
-    def digest_buckets(self) -> list[tuple[int, bytes]]:
+    def digest_buckets(self) -> Buckets:
         return self._buckets
 
-    def __post_init__(self, rows: list[tuple[int, bytes]] | None) -> None:
+    def __post_init__(self, rows: Buckets | None) -> None:
         m = self.manifest
         object.__setattr__(self, "_buckets", buckets(m.digests, m.width) if rows is None
                            else rows)
