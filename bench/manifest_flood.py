@@ -87,10 +87,13 @@ class TreeRss:
         for pid in self.pids():
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
                 continue
-            role = next((a.decode() for a in argv if a.startswith((b"workers.", b"stampd"))),
-                        os.path.basename(argv[0].decode()))
+            # (forked processes, named: the HTTP manager and processes, the workers)
+            role = comm if comm.startswith("stampd-") else next(
+                (a.decode() for a in argv if a.startswith((b"workers.", b"stampd"))),
+                os.path.basename(argv[0].decode()))
             parts.append(f"{role} {rss_bytes(pid) / MIB:.0f}")
         return ", ".join(parts)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from bench.procs import process_table
 from bench.proof_http import children, cmdline
 from tests.helpers import (
+    STARTED_WORKER,
     TEST_FPR,
     Server,
     ThrowawayPostgres,
@@ -38,9 +39,10 @@ from tests.helpers import (
     short_tmpdir,
     start_server,
 )
+from workers.worker import WORKER_NAME
 
 BIN = Path(sys.executable).parent
-TLOG_KEY_ID = "tlog-ed25519"  # the log key's id: its worker is started with --key-id this
+TLOG_KEY_ID = "tlog-ed25519"  # the log key's id
 
 
 def progress(msg: str) -> None:
@@ -221,8 +223,10 @@ class ProofServer:
         return [p for p in children(self.api_pid) if b"workers.pool" in cmdline(p)]
 
     def worker_pids(self) -> list[int]:
-        return [w for s in self.supervisor_pids() for w in children(s)
-                if b"workers.worker" in cmdline(w)]
+        """The supervisor's children named stampd-worker (forked: its command line)."""
+        supervisors = set(self.supervisor_pids())
+        return sorted(p for p, info in process_table().items()
+                      if info.ppid in supervisors and info.comm == WORKER_NAME)
 
     def agent_pids(self) -> list[int]:
         return self.agents_of(self.worker_pids())
@@ -233,15 +237,13 @@ class ProofServer:
                 if os.path.basename(cmdline(a).split(b"\0")[0]) in (b"gpg-agent", b"ssh-agent")]
 
     def key_worker_pids(self, key_id: str | None) -> list[int]:
-        """The workers of the key ``key_id`` (``--key-id`` on their command line); None: of
-        every key but the log key's (``tlog-ed25519``)."""
-        out = []
-        for w in self.worker_pids():
-            argv = cmdline(w).split(b"\0")
-            kid = argv[argv.index(b"--key-id") + 1].decode() if b"--key-id" in argv else ""
-            if kid == key_id or (key_id is None and kid != TLOG_KEY_ID):
-                out.append(w)
-        return out
+        """The workers of the key ``key_id`` (the supervisor's log line that started each
+        names its key); None: of every key but the log key's (``tlog-ed25519``)."""
+        assert self.server is not None
+        key_of = {int(m[1]): m[2]
+                  for m in STARTED_WORKER.finditer(self.server.log_path.read_text())}
+        return [w for w in self.worker_pids()
+                if key_of.get(w) == key_id or (key_id is None and key_of.get(w) != TLOG_KEY_ID)]
 
     def log_lock_holder(self) -> int | None:
         """The process holding ``run/log.lock`` (the one that makes the git log's commits and

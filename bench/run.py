@@ -61,6 +61,7 @@ from bench.procs import (
 from bench.pyspy import py_spy, recording, summarize_profile
 from bench.report import Report
 from bench.servers import Server, Stampd, Zeitgitterd
+from workers.worker import WORKER_NAME
 
 
 class Bench(Measuring, Report):
@@ -141,7 +142,7 @@ class Bench(Measuring, Report):
             return
         assert st.proc is not None
         table = process_table()
-        workers = sorted(p.pid for p in table.values() if b"workers.worker" in p.cmdline
+        workers = sorted(p.pid for p in table.values() if p.comm == WORKER_NAME
                          and str(st.dir).encode() in _read(f"/proc/{p.pid}/environ"))
         targets = [("http", st.proc.pid)] + ([("worker", workers[0])] if workers else [])
         secs = self.args.duration

@@ -30,6 +30,7 @@ from bench.procs import (
     run,
     sweep,
 )
+from workers.worker import WORKER_NAME
 
 
 class Server:
@@ -237,7 +238,7 @@ class Stampd(Server):
         return self.keys
 
     def role(self, p: ProcInfo) -> str:
-        if b"workers.worker" in p.cmdline:
+        if p.comm == WORKER_NAME:  # (forked by the supervisor: its command line)
             return "workers"
         if b"workers.pool" in p.cmdline:
             return "pool"

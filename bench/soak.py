@@ -57,6 +57,7 @@ from tests.helpers import (
     start_server,
     terminate,
 )
+from workers.worker import WORKER_NAME
 
 LUA = Path(__file__).resolve().parent / "soak.lua"
 RSS_EVERY = 5.0  # seconds between RSS samples during the load
@@ -102,9 +103,9 @@ def rss_kib(pid: int) -> int | None:
 
 
 def label(cmdline: bytes, name: str = "") -> str:
-    """What a process is, from its command line; the forked HTTP manager and HTTP processes
-    (which keep stampd serve's command line) by their ``name`` (/proc/PID/comm)."""
-    if name == "stampd-api" or name.startswith("stampd-http-"):
+    """What a process is, from its command line; the forked HTTP manager, HTTP processes and
+    workers (which keep their parent's command line) by their ``name`` (/proc/PID/comm)."""
+    if name in ("stampd-api", WORKER_NAME) or name.startswith("stampd-http-"):
         return name
     argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
     if not argv:

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from server.api.processes import Forked
+from workers.forked import Forked
 
 # What `stampd serve` imports before it serves (one HTTP process, SQLite or PostgreSQL).
 PRELOAD = (

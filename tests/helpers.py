@@ -39,11 +39,12 @@ import pygit2
 
 from formats.jobs import Job
 from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
-from server.api.processes import Forked, stop_child
 from server.dispatch import Signed
 from server.errors import Unavailable
+from workers.forked import Forked, stop_child
 from workers.keys.keyset import PRIMARY
 from workers.signer import OpenPgpSigner
+from workers.worker import WORKER_NAME
 
 if TYPE_CHECKING:
     from workers.agents.gpg import GpgAgent
@@ -135,23 +136,29 @@ def seed_data_dir(data_dir: Path, secret: Path = TEST_SECRET_KEY,
     return data_dir
 
 
-def pids_mentioning(needle: str) -> list[int]:
-    """PIDs of processes whose command line mentions ``needle`` (left-over agents, workers)."""
-    # (called after every test, see tests/conftest.py: plain open() and no pathlib, half the
-    # CPU of Path.read_bytes for the few hundred processes of a whole run)
-    found = []
-    me, want = os.getpid(), needle.encode()
+def cmdlines() -> dict[int, bytes]:
+    """Every other process's command line, its arguments joined by spaces."""
+    # (plain open() and no pathlib: half the CPU of Path.read_bytes for the few hundred
+    # processes of a whole run, read after every module and server)
+    found = {}
+    me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ")
+                found[int(name)] = f.read().replace(b"\0", b" ")
         except OSError:
             continue
-        if want in cmdline:
-            found.append(int(name))
     return found
+
+
+def pids_mentioning(needle: str, table: dict[int, bytes] | None = None) -> list[int]:
+    """PIDs of processes whose command line mentions ``needle`` (left-over agents, workers),
+    in ``table`` (`cmdlines`) when given, else in a fresh look at every process."""
+    want = needle.encode()
+    return [pid for pid, cmdline in (cmdlines() if table is None else table).items()
+            if want in cmdline]
 
 
 class RoutesServer:
@@ -385,6 +392,7 @@ def proc_names() -> dict[int, tuple[str, int]]:
 
 
 HTTP_MANAGER = "stampd-api"  # (server.api.processes: the names it gives)
+STARTED_WORKER = re.compile(r"started worker \d+ \(pid (\d+), key (\S+), home ")  # (workers.pool)
 HTTP_PROCESS = re.compile(r"stampd-http-\d+")
 
 
@@ -397,6 +405,7 @@ class Server:
     log_path: Path
     workers: int
     env: dict[str, str] = field(default_factory=dict)
+    api_processes: int = 1  # (--api-processes)
     http_seen: set[int] = field(default_factory=set)  # (see http_tree)
 
     @property
@@ -422,13 +431,22 @@ class Server:
                 status, body = self.get_json("/readyz")
                 ok = status == 200 and len(body.get("workers", [])) >= want  # type: ignore[arg-type]
             in_a_row = in_a_row + 1 if ok else 0
-            if in_a_row >= (4 if in_a_row and self.http_pids() else 1):
+            if in_a_row >= (4 if self.api_processes > 1 else 1):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"stampd not ready after {timeout}s:\n{self.log()}")
 
-    def worker_pids(self) -> list[int]:
-        return [p for p in pids_mentioning("workers.worker") if self._ours(p)]
+    def key_workers(self, key_id: str) -> list[int]:
+        """The live workers of the key ``key_id``: forked, they have their supervisor's command
+        line; the supervisor's log line that started each names its PID and key."""
+        key_of = {int(m[1]): m[2] for m in STARTED_WORKER.finditer(self.log_path.read_text())}
+        return [p for p in self.worker_pids() if key_of.get(p) == key_id]
+
+    def worker_pids(self, names: dict[int, tuple[str, int]] | None = None) -> list[int]:
+        """The server's workers (forked by its supervisor: found by name, not command line),
+        in ``names`` (`proc_names`) when given."""
+        names = proc_names() if names is None else names
+        return [p for p, (comm, _) in names.items() if comm == WORKER_NAME and self._ours(p)]
 
     def http_pids(self) -> list[int]:
         """The HTTP processes of a server with several (none with one: it is ``proc``)."""
@@ -449,9 +467,10 @@ class Server:
         self.http_seen |= managers | http
         return sorted(managers | http)
 
-    def agent_pids(self) -> list[int]:
-        return [p for p in pids_mentioning(str(self.runtime_dir))
-                if b"gpg-agent" in proc_cmdline(p) or b"ssh-agent" in proc_cmdline(p)]
+    def agent_pids(self, table: dict[int, bytes] | None = None) -> list[int]:
+        table = cmdlines() if table is None else table
+        return [p for p in pids_mentioning(str(self.runtime_dir), table)
+                if b"gpg-agent" in table[p] or b"ssh-agent" in table[p]]
 
     def _ours(self, pid: int) -> bool:
         try:
@@ -481,13 +500,32 @@ class Server:
         deadline = time.monotonic() + grace
         left: list[int] = []
         while time.monotonic() < deadline:
-            left = self.worker_pids() + self.agent_pids() + self.http_tree() + [
-                p for p in pids_mentioning("workers.pool") if self._ours(p)]
+            names, table = proc_names(), cmdlines()  # (one look of each kind for all four)
+            left = self.worker_pids(names) + self.agent_pids(table) + self.http_tree(names) + [
+                p for p in pids_mentioning("workers.pool", table) if self._ours(p)]
             if not left:
                 return []
             time.sleep(0.1)
         kill_pids(left)
         return left
+
+
+def start_stampd(args: Sequence[str | Path], env: dict[str, str], log: Path,
+                 stderr_only: bool = False) -> Process:
+    """``python -m stampd ARGS`` in the background, in ROOT, its output appended to ``log``
+    (with ``stderr_only``, stderr alone: stdout goes to /dev/null): forked from the test
+    process's fork server where the environment fits (about a second of CPU less;
+    tests/forkserver.py), else started."""
+    argv = [str(a) for a in args]
+    if FORK_SERVER is not None and FORK_SERVER.fits(env):
+        log.touch()
+        if stderr_only:
+            return FORK_SERVER.start(argv, env, log, stdout=Path(os.devnull), stderr=log)
+        return FORK_SERVER.start(argv, env, log)
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "stampd", *argv], env=env,
+                                stdout=subprocess.DEVNULL if stderr_only else out,
+                                stderr=out if stderr_only else subprocess.STDOUT, cwd=ROOT)
 
 
 def start_server(
@@ -527,15 +565,8 @@ def start_server(
         cmd += ["--database-url", database_url]
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / f"server-{port}.log"
-    proc: Process
-    if FORK_SERVER is not None and FORK_SERVER.fits(env):
-        log_path.touch()
-        proc = FORK_SERVER.start(cmd[3:], env, log_path)
-    else:
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                    cwd=ROOT)
-    server = Server(proc, port, data_dir, runtime, log_path, workers, env)
+    proc = start_stampd(cmd[3:], env, log_path)
+    server = Server(proc, port, data_dir, runtime, log_path, workers, env, api_processes)
     if wait:
         try:
             server.wait_ready()

@@ -1,8 +1,8 @@
 """One signing worker process: its own gpg-agent, a persistent Assuan connection, one loop.
 
-Started by `workers.pool.WorkerPool` as ``python -m workers.worker`` with its `WorkerConfig` as
-JSON on stdin (never in its command line or environment: it holds the key's passphrase and the
-database DSN) and a private 0700 home directory. The worker
+Forked by `workers.pool.WorkerPool` (`begin`), or started as ``python -m workers.worker`` with its
+`WorkerConfig` as JSON on stdin (`main`): never in its command line or environment, it holds
+the key's passphrase and the database DSN. It has a private 0700 home directory. The worker
 
 1. starts a gpg-agent in that home and imports the secret key from the key store, checking
    that it is the key of the store's public key file (a key it cannot load or that is another
@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from formats.jobs import Hello
+from workers.agents.base import set_process_name
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig
@@ -72,6 +73,8 @@ from workers.status import (
 )
 
 log = logging.getLogger(__name__)
+
+WORKER_NAME = "stampd-worker"  # every worker's /proc/PID/comm, as ps -o comm and top show it
 
 
 def _key_files(config: WorkerConfig) -> tuple[Path, Path]:
@@ -280,7 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workers.worker: {', '.join(wrong)} disagree with the configuration",
               file=sys.stderr)
         return EXIT_CONFIG
-    logging.basicConfig(level=config.log_level,
+    return begin(config, parent)
+
+
+def begin(config: WorkerConfig, parent: int) -> int:
+    """A worker's life once it has its configuration, started as ``python -m workers.worker``
+    (`main`) or forked by its supervisor (`workers.pool`): its name (`WORKER_NAME`), its log
+    lines, SIGTERM as a clean exit, then `run`."""
+    set_process_name(WORKER_NAME)
+    logging.basicConfig(level=config.log_level, force=True,  # (a forked one: the pool's)
                         format=f"%(asctime)s worker[{config.name}] %(levelname)s %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     return run(config, parent if config.supervisor is None else config.supervisor)

@@ -54,13 +54,13 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from server.settings import Settings
 from workers import memory
 from workers.agents.base import die_with_parent, set_process_name
+from workers.forked import Child, Forked, fork_child, stop_child
 
 log = logging.getLogger(__name__)
 
@@ -150,90 +150,6 @@ def listeners(host: str, port: int, count: int) -> list[socket.socket]:
             sock.close()
         raise
     return socks
-
-
-class Child(Protocol):
-    """What is used of a child process: `subprocess.Popen`'s interface, or `Forked`'s."""
-
-    pid: int
-
-    def poll(self) -> int | None: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-
-
-class Forked:
-    """A child this process forked, with the part of `subprocess.Popen`'s interface that is
-    used here (``returncode`` as Popen gives it: negative for a signal; ``args``, what a
-    timeout names)."""
-
-    POLL = 0.05  # seconds between looks in `wait`, at most (the first after 0.5 ms)
-
-    def __init__(self, pid: int, args: Any = None) -> None:
-        self.pid = pid
-        self.args = f"pid {pid}" if args is None else args
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            got, status = os.waitpid(self.pid, os.WNOHANG)
-            if got:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # (not yet reaped: the PID is still this child's)
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            time.sleep(delay)
-            delay = min(delay * 2, self.POLL)
-        return code
-
-
-def fork_child(run: Any) -> Forked:
-    """Fork; the child runs ``run()`` (its exit status) and ends there, never returning into
-    the caller's stack: through ``os._exit``, after its output is flushed. An exception in it
-    is printed, as an interpreter would print it, and exits 1."""
-    pid = os.fork()
-    if pid:
-        return Forked(pid)
-    code = 1
-    try:
-        code = int(run() or 0)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def stop_child(proc: Child, timeout: float) -> None:
-    """SIGTERM, then SIGKILL when it has not exited within ``timeout`` seconds."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 class ApiProcesses:

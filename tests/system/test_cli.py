@@ -7,13 +7,11 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import (
-    ROOT,
     TEST_FPR,
     TEST_UID,
     Server,
@@ -21,6 +19,7 @@ from tests.helpers import (
     run_stampd,
     short_tmpdir,
     stamp_tag,
+    start_stampd,
 )
 
 
@@ -66,15 +65,12 @@ def test_worker_pool_apart_from_api(seeded_dir: Path, server_factory: list[Serve
     env = {**os.environ, "STAMPD_RUNTIME_DIR": str(runtime)}
     port = free_port()
     log_path = seeded_dir.parent / "api.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stampd", "serve", "--no-workers", "--port", str(port),
-             "--data-dir", str(seeded_dir)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = start_stampd(["serve", "--no-workers", "--port", str(port), "--data-dir",
+                         str(seeded_dir)], env, log_path)
     api = Server(proc, port, seeded_dir, runtime, log_path, 2, env)
     server_factory.append(api)
-    pool = subprocess.Popen([sys.executable, "-m", "stampd", "worker", "--data-dir",
-                             str(seeded_dir), "--workers", "2"], env=env, cwd=ROOT)
+    pool = start_stampd(["worker", "--data-dir", str(seeded_dir), "--workers", "2"], env,
+                        seeded_dir.parent / "worker.log")
     try:
         api.wait_ready(workers=2)
         assert stamp_tag(api, "c" * 40).startswith("object " + "c" * 40)

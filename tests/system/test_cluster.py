@@ -6,15 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
 from server import db
 from tests.helpers import (
-    ROOT,
     TEST_FPR,
     Load,
     Server,
@@ -26,6 +23,7 @@ from tests.helpers import (
     seed_data_dir,
     short_tmpdir,
     start_server,
+    start_stampd,
     terminate,
     verify_stamps,
     wait_for,
@@ -36,12 +34,8 @@ class WorkerHost:
     def __init__(self, data: Path, env: dict[str, str], workers: int = 2) -> None:
         self.runtime = short_tmpdir("wh")
         self.env = {**env, "STAMPD_RUNTIME_DIR": str(self.runtime)}
-        log = open(data.parent / f"workerhost-{data.name}.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stampd", "worker", "--data-dir", str(data),
-             "--workers", str(workers)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            cwd=ROOT)
-        log.close()
+        self.proc = start_stampd(["worker", "--data-dir", str(data), "--workers", str(workers)],
+                                 self.env, data.parent / f"workerhost-{data.name}.log")
 
     def stop(self) -> None:
         terminate(self.proc)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,16 +14,15 @@ import pytest
 
 from tests.broken_keys import corrupt_armor, corrupt_ssh_key, wrong_secret
 from tests.helpers import (
-    ROOT,
     TEST_SECRET_KEY,
     KeyMaker,
     Server,
     free_port,
-    proc_cmdline,
     seed_data_dir,
     short_tmpdir,
     stamp_tag,
     start_server,
+    start_stampd,
     wait_for,
 )
 from workers.keys.keyset import SshKeyStore
@@ -43,11 +40,11 @@ def run_stampd(tmp_path: Path) -> Iterator[Started]:
         runtime = short_tmpdir("kf")
         full = {**os.environ, "STAMPD_RUNTIME_DIR": str(runtime), "STAMPD_LOG_LEVEL": "INFO",
                 **(env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "stampd", *args], env=full, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stderr = tmp_path / f"stderr-{len(runs)}"
+        proc = start_stampd(args, full, stderr, stderr_only=True)
         runs.append(Server(proc, 0, tmp_path, runtime, tmp_path / "none.log", 0, full))
-        _, err = proc.communicate(timeout=120)
-        return proc.returncode, err.decode()
+        code = proc.wait(timeout=120)
+        return code, stderr.read_text()
 
     yield run
     for server in runs:
@@ -131,8 +128,7 @@ def test_an_extra_key_broken_while_serving(seeded_dir: Path, server_factory: lis
     store = SshKeyStore(seeded_dir / "keys" / "ssh-ed25519")
     backup = store.private_key_file.read_bytes()
     corrupt_ssh_key(store.private_key_file)
-    ssh_workers = [p for p in server.worker_pids()
-                   if b"--key-id\0ssh-ed25519" in proc_cmdline(p)]
+    ssh_workers = server.key_workers("ssh-ed25519")
     assert len(ssh_workers) == 1
     os.kill(ssh_workers[0], signal.SIGKILL)  # its agent holds the key: it must start anew
 

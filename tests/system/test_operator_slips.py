@@ -6,13 +6,19 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, Server, free_port, seed_data_dir, stamp_tag, start_server
+from tests.helpers import (
+    Server,
+    free_port,
+    run_stampd,
+    seed_data_dir,
+    stamp_tag,
+    start_server,
+)
 
 COMMIT = "a" * 40
 
@@ -29,9 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def stampd(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m stampd ARGS`` with the server's environment (its runtime directory: what
     it starts would be found and stopped with the server's)."""
-    env = {**server.env, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "stampd", *args], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=ROOT, check=False)
+    return run_stampd(args, env=server.env)
 
 
 def test_a_second_server_on_the_same_data_dir_exits_and_the_first_serves_on(
@@ -169,9 +173,7 @@ def test_upgrade_h2c_requests_keep_their_body_and_their_connection(server: Serve
 
 def test_a_typo_in_a_revision_creates_no_database(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    r = subprocess.run([sys.executable, "-m", "stampd", "db", "upgrade", "BADREV",
-                        "--data-dir", str(data)], capture_output=True, text=True, timeout=60,
-                       cwd=ROOT, check=False)
+    r = run_stampd(["db", "upgrade", "BADREV", "--data-dir", data])
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "unknown revision 'BADREV'" in r.stderr
     assert not data.exists()
@@ -184,9 +186,7 @@ def test_keys_import_of_no_key_says_so_in_one_line_and_writes_nothing(
     if content is not None:
         source.write_bytes(content)
     data = tmp_path / "data"
-    r = subprocess.run([sys.executable, "-m", "stampd", "keys", "import", str(source),
-                        "--data-dir", str(data)], capture_output=True, text=True, timeout=60,
-                       cwd=ROOT, check=False)
+    r = run_stampd(["keys", "import", source, "--data-dir", data])
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and "\\n" not in r.stderr, r.stderr
     assert ("No such file" if content is None else "no valid OpenPGP data") in r.stderr

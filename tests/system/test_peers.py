@@ -13,6 +13,7 @@ from tests.helpers import (
     cross_rows,
     cross_stamping_pair,
     free_port,
+    run_stampd,
     seed_data_dir,
     stamp_tag,
     start_server,
@@ -89,8 +90,6 @@ def test_peer_down_then_back(tmp_path: Path, server_factory: list[Server]) -> No
 
 def test_audit_of_cross_stamped_logs(tmp_path: Path, server_factory: list[Server]) -> None:
     """`stampd audit` passes on both servers' logs, from a URL, with keys from the log."""
-    import sys
-
     a, b, a_dir, b_dir = cross_stamping_pair(tmp_path, server_factory, cycles=2)
     # One more stamp so that the newest log commits carry the pinned peer keys.
     stamp_tag(a, "e" * 40)
@@ -98,6 +97,5 @@ def test_audit_of_cross_stamped_logs(tmp_path: Path, server_factory: list[Server
     wait_for(lambda: "peers" in branch(a_dir, "main")[0].tree, timeout=15, what="a's pin")
     wait_for(lambda: "peers" in branch(b_dir, "main")[0].tree, timeout=15, what="b's pin")
     for server in (a, b):
-        r = subprocess.run([sys.executable, "-m", "stampd", "audit", server.url + "log.git"],
-                           capture_output=True, text=True, timeout=120, check=False)
+        r = run_stampd(["audit", server.url + "log.git"], timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr

@@ -70,7 +70,7 @@ def test_kill_the_sequencer_and_the_log_keys_worker_and_agent(
     load.wait_done(200)
     os.kill(sequencer, signal.SIGKILL)  # the HTTP process that sequences and signs
     load.wait_done(150)  # (350 answered: each call waits for as many more)
-    tlog_worker = [p for p in server.worker_pids() if b"tlog-ed25519" in proc_cmdline(p)]
+    tlog_worker = server.key_workers("tlog-ed25519")
     assert len(tlog_worker) == 1, server.worker_pids()
     os.kill(tlog_worker[0], signal.SIGKILL)  # the log key's worker
     server.wait_ready(workers=3)

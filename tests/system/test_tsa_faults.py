@@ -33,7 +33,6 @@ from tests.helpers import (
     branch,
     free_port,
     pid_gone,
-    proc_cmdline,
     run_stampd,
     seed_data_dir,
     stamp_tag,
@@ -353,8 +352,7 @@ THREADS = 8
 
 
 def tsa_workers(server: Server) -> list[int]:
-    return [p for p in server.worker_pids()
-            if f"--key-id\0{TSA_KEY}\0".encode() in proc_cmdline(p)]
+    return server.key_workers(TSA_KEY)
 
 
 def agent_of(server: Server, worker: int) -> int | None:

@@ -31,9 +31,11 @@ from tests.helpers import (
     seed_data_dir,
     short_tmpdir,
     stamp_tag,
+    start_stampd,
     wait_for,
 )
 from workers.config import DispatchConfig, WorkerConfig
+from workers.worker import WORKER_NAME
 
 WORKERS = 2
 
@@ -47,11 +49,8 @@ def default_server() -> Iterator[Server]:
     env = {k: v for k, v in os.environ.items() if k != "STAMPD_RUNTIME_DIR"}
     env.update({"STAMPD_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"})
     log_path = base / "server.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stampd", "serve", "--port", str(port), "--data-dir",
-             str(data), "--workers", str(WORKERS)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = start_stampd(["serve", "--port", str(port), "--data-dir", str(data), "--workers",
+                         str(WORKERS)], env, log_path)
     # runtime_dir: where the homes are expected (Server.agent_pids() looks for it).
     server = Server(proc, port, data, data / "run" / "workers", log_path, WORKERS, env)
     try:
@@ -105,13 +104,24 @@ def supervisor(server: Server) -> int | None:
     return pools[0] if pools else None
 
 
+def is_worker(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == WORKER_NAME
+    except OSError:
+        return False
+
+
 def worker_homes(supervisor_pid: int) -> dict[int, Path]:
-    """The supervisor's workers and their homes (``--home`` on their command lines)."""
+    """The supervisor's workers (forked: named `WORKER_NAME`) that run an agent, and their
+    homes (on the agent's command line: gpg-agent's ``--homedir``)."""
     homes = {}
     for pid in children(supervisor_pid):
-        argv = proc_cmdline(pid).split(b"\0")
-        if b"workers.worker" in argv and b"--home" in argv:
-            homes[pid] = Path(os.fsdecode(argv[argv.index(b"--home") + 1]))
+        if not is_worker(pid):
+            continue
+        for agent in agents_of([pid]):
+            argv = proc_cmdline(agent).split(b"\0")
+            if b"--homedir" in argv:
+                homes[pid] = Path(os.fsdecode(argv[argv.index(b"--homedir") + 1]))
     return homes
 
 
@@ -144,6 +154,14 @@ def test_homes_are_private_in_the_data_dir_and_go_on_shutdown(default_server: Se
         assert mode(home) == 0o700
         assert holds_key(home)
     assert len(agents_of(list(homes))) == WORKERS
+    # Forked by the supervisor, each holds none of its descriptors but stdout and stderr:
+    # not the homes' locks (a worker's own either: the lock is the supervisor's), not its
+    # configuration pipe (stdin is /dev/null).
+    for worker in homes:
+        fds = {int(fd.name): os.readlink(fd) for fd in Path(f"/proc/{worker}/fd").iterdir()}
+        assert fds[0] == os.devnull, fds
+        assert not {str(h) for h in homes.values()} & set(fds.values()), fds
+        assert proc_cmdline(worker) == proc_cmdline(pool)  # (forked, not started anew)
     stamp_tag(server, "a" * 40)
 
     server.proc.send_signal(signal.SIGTERM)
@@ -168,7 +186,8 @@ def test_killed_supervisor_takes_workers_agents_and_homes_along(default_server: 
     # The orphans do not linger: every old worker and agent is gone (a PID still alive is
     # checked against its home, so a reused PID does not count).
     def orphans() -> list[int]:
-        return [p for home in homes.values() for p in pids_with(str(home))]
+        return [p for p in homes if is_worker(p)] + [
+            p for home in homes.values() for p in pids_with(str(home))]
 
     wait_for(lambda: orphans() == [], timeout=10, what="the old workers and agents to die")
 
