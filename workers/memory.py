@@ -14,17 +14,20 @@ stops glibc from moving them. Elsewhere (musl, macOS) both do nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 
 
+def libc() -> ctypes.CDLL:
+    """The C library's functions, as this process has them loaded (``dlopen(NULL)``; not
+    ``ctypes.util.find_library``, which runs ldconfig: ~25 ms of CPU in every process)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        trim: Callable[[int], int] = libc.malloc_trim
+        trim: Callable[[int], int] = libc().malloc_trim
     except (OSError, AttributeError, TypeError):
         return None
     trim.argtypes = [ctypes.c_size_t]  # type: ignore[attr-defined]
@@ -46,10 +49,8 @@ THRESHOLD = 1 << 20  # bytes: blocks from this size are mapped, and a free top b
 
 @functools.cache
 def _mallopt() -> Callable[[int, int], int] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt: Callable[[int, int], int] = libc.mallopt
+        mallopt: Callable[[int, int], int] = libc().mallopt
     except (OSError, AttributeError, TypeError):
         return None
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]  # type: ignore[attr-defined]

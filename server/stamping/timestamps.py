@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import ctypes.util
 import functools
 import logging
 import time
@@ -31,6 +30,7 @@ from formats.jobs import TimestampJob
 from server.errors import ClockUnsynchronised
 from server.signing_keys import registered_certificates
 from server.stamping.requests import Outcome, StampContext
+from workers import memory
 from workers.keys.keyset import ServedKey
 from workers.tsa import TSA_CHAIN_FILE, TsaError, parse_chain
 
@@ -165,12 +165,9 @@ TIME_ERROR = 5  # adjtimex(): the clock is not synchronised
 
 @functools.cache
 def _adjtimex() -> Callable[..., int] | None:
-    """libc's ``adjtimex``, looked up once (finding libc reads the linker cache)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """libc's ``adjtimex``, looked up once."""
     try:
-        function: Callable[..., int] = ctypes.CDLL(name, use_errno=True).adjtimex
+        function: Callable[..., int] = memory.libc().adjtimex
     except (OSError, AttributeError):
         return None
     return function
