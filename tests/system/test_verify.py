@@ -222,7 +222,7 @@ def test_tampered_receipts(live_server: Server, tmp_path: Path,
 def test_signature_time_must_be_the_statement_time(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Receipts clearsigned here with the test key by gpg itself, at a chosen signature time."""
-    home = keyring(TEST_SECRET_KEY, tmp_path / "signer")
+    home = keyring(TEST_SECRET_KEY, tmp_path / "signer", agent=True)
     t = int(time.time()) - 100
     statement = Statement(algorithm="sha256", digest="ab" * 32, time=t,
                           server="http://127.0.0.1:9/", serial=7, key=TEST_FPR).text()
