@@ -39,6 +39,7 @@ from tests.helpers import (
     short_tmpdir,
     start_server,
 )
+from workers.pool import POOL_NAME
 from workers.worker import WORKER_NAME
 
 BIN = Path(sys.executable).parent
@@ -220,7 +221,8 @@ class ProofServer:
                 if info.ppid in managers and info.comm.startswith("stampd-http-")]
 
     def supervisor_pids(self) -> list[int]:
-        return [p for p in children(self.api_pid) if b"workers.pool" in cmdline(p)]
+        return [p for p, info in process_table().items()
+                if info.ppid == self.api_pid and info.comm == POOL_NAME]
 
     def worker_pids(self) -> list[int]:
         """The supervisor's children named stampd-worker (forked: its command line)."""

@@ -30,6 +30,7 @@ from bench.procs import (
     run,
     sweep,
 )
+from workers.pool import POOL_NAME
 from workers.worker import WORKER_NAME
 
 
@@ -240,7 +241,7 @@ class Stampd(Server):
     def role(self, p: ProcInfo) -> str:
         if p.comm == WORKER_NAME:  # (forked by the supervisor: its command line)
             return "workers"
-        if b"workers.pool" in p.cmdline:
+        if p.comm == POOL_NAME:
             return "pool"
         if self.proc is not None and (p.pid == self.proc.pid or (
                 p.ppid == self.proc.pid and p.exe not in (b"gpg-agent", b"ssh-agent")

@@ -57,6 +57,7 @@ from tests.helpers import (
     start_server,
     terminate,
 )
+from workers.pool import POOL_NAME
 from workers.worker import WORKER_NAME
 
 LUA = Path(__file__).resolve().parent / "soak.lua"
@@ -105,7 +106,7 @@ def rss_kib(pid: int) -> int | None:
 def label(cmdline: bytes, name: str = "") -> str:
     """What a process is, from its command line; the forked HTTP manager, HTTP processes and
     workers (which keep their parent's command line) by their ``name`` (/proc/PID/comm)."""
-    if name in ("stampd-api", WORKER_NAME) or name.startswith("stampd-http-"):
+    if name in ("stampd-api", POOL_NAME, WORKER_NAME) or name.startswith("stampd-http-"):
         return name
     argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
     if not argv:

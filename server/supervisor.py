@@ -1,5 +1,6 @@
-"""The worker supervisor as a child of ``stampd serve``: started with its configuration on
-stdin, waited for until every key made a good test signature, restarted when it dies."""
+"""The worker supervisor as a child of ``stampd serve``: forked (or started with its
+configuration on stdin), waited for until every key made a good test signature, restarted
+when it dies."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from server.errors import CommandFailed
 from server.settings import Settings
 from workers.config import LOG_LEVELS, DispatchConfig, PoolConfig
+from workers.forked import Child, fork_child
 
 log = logging.getLogger("stampd")
 
@@ -55,8 +57,8 @@ def pool_config(settings: Settings) -> PoolConfig:
 
 
 class PoolProcess:
-    """Runs the worker supervisor (``python -m workers.pool``, its `PoolConfig` on stdin) as a
-    child process and restarts it if it dies.
+    """Runs the worker supervisor as a child process (forked: `workers.pool.forked_pool`; or
+    ``python -m workers.pool``, its `PoolConfig` on stdin) and restarts it if it dies.
 
     `start` waits until the first supervisor has checked every key (one test signature each,
     made in the supervisor's agents and verified against the key's public key file) and raises
@@ -67,29 +69,44 @@ class PoolProcess:
 
     def __init__(self, settings: Settings) -> None:
         self.config = pool_config(settings)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
 
     def _spawn(self, check_keys: bool = False) -> None:
-        from workers.pool import send_config
+        """Fork the supervisor while this process has one thread (its first start: no
+        interpreter start and imports, ~0.15 s of CPU), else start ``python -m workers.pool``
+        with its configuration on stdin (a restart, from the watching thread)."""
+        from workers.pool import forked_pool, send_config
 
-        argv = [sys.executable, "-m", "workers.pool"]
+        forking = threading.active_count() == 1
         if not check_keys:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=child_env())
-            send_config(self.proc, self.config.to_json())
+            if forking:
+                env, config = child_env(), self.config
+                self.proc = fork_child(lambda: forked_pool(config, env, None))
+                return
+            popen = subprocess.Popen([sys.executable, "-m", "workers.pool"],
+                                     stdin=subprocess.PIPE, env=child_env())
+            self.proc = popen
+            send_config(popen, self.config.to_json())
             return
         read_fd, write_fd = os.pipe()
         try:
-            self.proc = subprocess.Popen([*argv, "--check-keys", "--report-fd", str(write_fd)],
-                                         stdin=subprocess.PIPE, env=child_env(),
-                                         pass_fds=(write_fd,))
+            if forking:
+                env, config = child_env(), self.config
+                self.proc = fork_child(lambda: forked_pool(config, env, write_fd))
+            else:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "workers.pool", "--check-keys", "--report-fd",
+                     str(write_fd)], stdin=subprocess.PIPE, env=child_env(),
+                    pass_fds=(write_fd,))
+                self.proc = popen
+                send_config(popen, self.config.to_json())
         except BaseException:
             os.close(read_fd)
             raise
         finally:
             os.close(write_fd)
-        send_config(self.proc, self.config.to_json())
         line = _read_report(read_fd, self.START_TIMEOUT)
         if line == "ok":
             return

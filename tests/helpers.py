@@ -43,6 +43,7 @@ from server.dispatch import Signed
 from server.errors import Unavailable
 from workers.forked import Forked, stop_child
 from workers.keys.keyset import PRIMARY
+from workers.pool import POOL_NAME
 from workers.signer import OpenPgpSigner
 from workers.worker import WORKER_NAME
 
@@ -407,6 +408,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     api_processes: int = 1  # (--api-processes)
     http_seen: set[int] = field(default_factory=set)  # (see http_tree)
+    signers_seen: set[int] = field(default_factory=set)  # (see signing_tree)
 
     @property
     def url(self) -> str:
@@ -432,6 +434,7 @@ class Server:
                 ok = status == 200 and len(body.get("workers", [])) >= want  # type: ignore[arg-type]
             in_a_row = in_a_row + 1 if ok else 0
             if in_a_row >= (4 if self.api_processes > 1 else 1):
+                self.signing_tree()  # (seen now: found again if orphaned by a kill)
                 return
             time.sleep(0.1)
         raise RuntimeError(f"stampd not ready after {timeout}s:\n{self.log()}")
@@ -443,10 +446,28 @@ class Server:
         return [p for p in self.worker_pids() if key_of.get(p) == key_id]
 
     def worker_pids(self, names: dict[int, tuple[str, int]] | None = None) -> list[int]:
-        """The server's workers (forked by its supervisor: found by name, not command line),
-        in ``names`` (`proc_names`) when given."""
+        """The server's workers (`signing_tree`), in ``names`` (`proc_names`) when given."""
+        return self.signing_tree(names)[1]
+
+    def signing_tree(self, names: dict[int, tuple[str, int]] | None = None
+                     ) -> tuple[list[int], list[int]]:
+        """The server's worker supervisors and workers. Forked (the supervisor by ``stampd
+        serve``, the workers by the supervisor), they keep the command line and environment
+        of the process first started, here often the fork server's, so they are told apart by
+        name (`POOL_NAME`, `WORKER_NAME`) and parent: a supervisor is a child of ``proc``, a
+        worker a child of a supervisor (or of ``proc``: ``stampd worker``); or one seen
+        before, alive under that name (orphaned when its parent died); or one whose
+        environment names this server's runtime directory (started anew by a supervisor
+        that had threads)."""
         names = proc_names() if names is None else names
-        return [p for p, (comm, _) in names.items() if comm == WORKER_NAME and self._ours(p)]
+        self.signers_seen &= set(names)  # (the dead: their PIDs may be another's next)
+        root = self.proc.pid
+        pools = {p for p, (comm, parent) in names.items() if comm == POOL_NAME and (
+            parent == root or p in self.signers_seen or self._ours(p))}
+        workers = {p for p, (comm, parent) in names.items() if comm == WORKER_NAME and (
+            parent in pools or parent == root or p in self.signers_seen or self._ours(p))}
+        self.signers_seen |= pools | workers
+        return sorted(pools), sorted(workers)
 
     def http_pids(self) -> list[int]:
         """The HTTP processes of a server with several (none with one: it is ``proc``)."""
@@ -500,9 +521,9 @@ class Server:
         deadline = time.monotonic() + grace
         left: list[int] = []
         while time.monotonic() < deadline:
-            names, table = proc_names(), cmdlines()  # (one look of each kind for all four)
-            left = self.worker_pids(names) + self.agent_pids(table) + self.http_tree(names) + [
-                p for p in pids_mentioning("workers.pool", table) if self._ours(p)]
+            names, table = proc_names(), cmdlines()  # (one look of each kind for all)
+            pools, workers = self.signing_tree(names)
+            left = workers + self.agent_pids(table) + self.http_tree(names) + pools
             if not left:
                 return []
             time.sleep(0.1)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Protocol
@@ -43,13 +44,15 @@ class Forked:
         self.pid = pid
         self.args = f"pid {pid}" if args is None else args
         self.returncode: int | None = None
+        self._reaping = threading.Lock()  # (one thread may wait while another polls)
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            got, status = os.waitpid(self.pid, os.WNOHANG)
-            if got:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        with self._reaping:
+            if self.returncode is None:
+                got, status = os.waitpid(self.pid, os.WNOHANG)
+                if got:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # (not yet reaped: the PID is still this child's)

@@ -28,8 +28,10 @@ workers with a backoff of at most `MAX_KEY_BACKOFF` seconds, while the other key
 serving. A key whose workers keep dying young for another reason (its agent keeps failing) is
 reported the same way, after `FAILING_AFTER` deaths in a row.
 
-Run as ``python -m workers.pool`` (by ``stampd serve``), the supervisor reads its `PoolConfig`
-as JSON from stdin; ``stampd worker`` runs a `WorkerPool` in its own process. It forks each
+Forked by ``stampd serve`` (`forked_pool`), or run as ``python -m workers.pool`` (by ``stampd
+serve`` when it restarts it), which reads its `PoolConfig` as JSON from stdin, the supervisor
+is named ``stampd-pool`` (`run_pool`); ``stampd worker`` runs a `WorkerPool` in its own
+process. It forks each
 worker, which runs `workers.worker.begin` with its `WorkerConfig` (`_forked_worker`: no
 interpreter start and imports, ~0.2 s of CPU each) while it has one thread; else (forking is
 not safe then) it starts ``python -m workers.worker`` with the configuration on its stdin and
@@ -62,7 +64,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.agents.base import die_with_parent
+from workers.agents.base import die_with_parent, set_process_name
 from workers.config import ConfigError, PoolConfig, WorkerConfig
 from workers.errors import AgentError, WorkerError
 from workers.forked import Child, fork_child
@@ -81,6 +83,7 @@ from workers.worker import begin, check_key
 
 log = logging.getLogger(__name__)
 
+POOL_NAME = "stampd-pool"  # the supervisor's /proc/PID/comm, as ps -o comm and top show it
 STOP_DEADLINE = 10.0
 MAX_BACKOFF = 5.0  # the longest wait before a worker that keeps dying young is restarted
 MAX_KEY_BACKOFF = 30.0  # the same, for a worker that cannot load its key
@@ -525,11 +528,40 @@ def main(argv: list[str] | None = None) -> int:
         if not report(f"bad configuration on stdin: {e}"):
             print(f"workers.pool: bad configuration on stdin: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    logging.basicConfig(level=config.log_level,
+    return run_pool(config, args.check_keys, report)
+
+
+def forked_pool(config: PoolConfig, env: Mapping[str, str], report_fd: int | None) -> int:
+    """In a supervisor forked by ``stampd serve`` (`server.supervisor.PoolProcess`): what
+    ``python -m workers.pool [--check-keys --report-fd N]`` would start with (``env``,
+    ``/dev/null`` on stdin, the default signal handlers, none of the parent's descriptors but
+    stdout, stderr and ``report_fd``: not its listening sockets, journal or data directory
+    locks), then `run_pool`, the keys checked where ``report_fd`` is given."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    keep = report_fd if report_fd is not None and report_fd > 2 else None
+    if keep is None:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    random.seed()
+    return run_pool(config, report_fd is not None, _Report(report_fd))
+
+
+def run_pool(config: PoolConfig, check_keys: bool, report: Callable[[str], bool]) -> int:
+    """The supervisor's life once it has its configuration, started as ``python -m
+    workers.pool`` (`main`) or forked (`forked_pool`): named `POOL_NAME`, the keys checked
+    first with ``check_keys`` (``report`` says ``ok`` or why not), then its workers."""
+    set_process_name(POOL_NAME)
+    logging.basicConfig(level=config.log_level, force=True,  # (a forked one: its parent's)
                         format="%(asctime)s supervisor %(levelname)s %(message)s")
     pool = WorkerPool(config)
     try:
-        pool.prepare(check_keys=args.check_keys)
+        pool.prepare(check_keys=check_keys)
     except (KeyUnusable, TsaError, RuntimeDirError, AgentError) as e:
         if not report(e.message):
             print(f"workers.pool: {' '.join(e.message.split())}", file=sys.stderr)

@@ -3,7 +3,7 @@
     stampd serve ─┬─ its fork "stampd-api" ─┬─ fork "stampd-http-0" ─┐ run/dispatch.sock,
                   │  (starts, restarts and  └─ fork "stampd-http-1" ─┤ run/dispatch-1.sock
                   │   stops the HTTP processes)                       │
-                  └─ python -m workers.pool ─ workers, each connected to every one
+                  └─ fork "stampd-pool" ─ forks "stampd-worker", each connected to every one
 
 - **The port.** The supervisor binds N listening sockets to the same address with
   ``SO_REUSEPORT``; HTTP process *n* serves on socket *n* (and closes the others): the kernel

@@ -35,6 +35,7 @@ from tests.helpers import (
     wait_for,
 )
 from workers.config import DispatchConfig, WorkerConfig
+from workers.pool import POOL_NAME
 from workers.worker import WORKER_NAME
 
 WORKERS = 2
@@ -99,16 +100,21 @@ def pids_with(needle: str) -> list[int]:
 
 
 def supervisor(server: Server) -> int | None:
-    pools = [p for p in children(server.proc.pid) if b"workers.pool" in proc_cmdline(p)]
+    pools = [p for p in children(server.proc.pid) if name_of(p) == POOL_NAME]
     assert len(pools) <= 1, pools
     return pools[0] if pools else None
 
 
-def is_worker(pid: int) -> bool:
+def name_of(pid: int) -> str:
+    """/proc/PID/comm: the supervisor and its workers are forked, told apart by name."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == WORKER_NAME
+        return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
-        return False
+        return ""
+
+
+def is_worker(pid: int) -> bool:
+    return name_of(pid) == WORKER_NAME
 
 
 def worker_homes(supervisor_pid: int) -> dict[int, Path]:
@@ -162,6 +168,12 @@ def test_homes_are_private_in_the_data_dir_and_go_on_shutdown(default_server: Se
         assert fds[0] == os.devnull, fds
         assert not {str(h) for h in homes.values()} & set(fds.values()), fds
         assert proc_cmdline(worker) == proc_cmdline(pool)  # (forked, not started anew)
+    # The supervisor, forked by stampd serve, holds none of its descriptors either (its data
+    # directory's locks, the journal): only the homes' locks are its own.
+    held = [os.readlink(fd) for fd in Path(f"/proc/{pool}/fd").iterdir()]
+    assert [t for t in held if t.startswith(str(server.data_dir))
+            and not t.startswith(str(base))] == [], held
+    assert proc_cmdline(pool) == proc_cmdline(server.proc.pid)
     stamp_tag(server, "a" * 40)
 
     server.proc.send_signal(signal.SIGTERM)
