@@ -8,6 +8,7 @@ that uses the local PostgreSQL (the ``pg_url`` fixture) is marked ``postgres``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -121,6 +122,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tmp = f"{units_file}.{os.getpid()}"
         Path(tmp).write_text(json.dumps(shared))
         os.replace(tmp, units_file)  # (every test process writes the same)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (the test modules and what they import, ~1,400 items) lives as
+    long as the test process: moved out of the garbage collector's sight, so that its full
+    collections, and the five at the end of the session, do not walk it again each time
+    (about a third of a test process's collection time)."""
+    gc.freeze()
 
 
 def pytest_configure(config: pytest.Config) -> None:
