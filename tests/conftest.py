@@ -12,6 +12,9 @@ import gc
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -22,6 +25,7 @@ import pytest
 
 from tests import helpers
 from tests.helpers import (
+    ROOT,
     TEST_UID,
     KeyMaker,
     Server,
@@ -34,6 +38,7 @@ from tests.helpers import (
     seed_data_dir,
     short_tmpdir,
     start_server,
+    terminate,
 )
 
 # RFC 3161 (on by default) adds a key, a worker and an agent to every server and worker host:
@@ -55,6 +60,8 @@ GUESSED_SECONDS = {"system": 8.0, "integration": 1.0, "unit": 0.05}
 DURATIONS_KEY = "stampd/durations"
 SHARED_SCOPES = ("module", "class", "package")
 UNITS_DIR = pytest.StashKey[Path]()
+FORK_SERVER = pytest.StashKey["subprocess.Popen[bytes]"]()
+FORKING = os.environ.get("STAMPD_TEST_FORK", "1") != "0"
 DURATIONS: dict[str, float] = {}  # this run's seconds per test (the controller's reports)
 
 
@@ -134,10 +141,31 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "worksteal":
-        config.stash[UNITS_DIR] = Path(tempfile.mkdtemp(prefix="stampd-units-"))
+        config.stash[UNITS_DIR] = units_dir = Path(tempfile.mkdtemp(prefix="stampd-units-"))
+        if FORKING:
+            config.stash[FORK_SERVER] = _start_fork_server(units_dir / "fork.sock")
+
+
+def _start_fork_server(path: Path) -> subprocess.Popen[bytes]:
+    """The run's one fork server (tests/forkserver.py), listening at ``path`` for every test
+    process (`fork_server`): the socket listens before the process starts, so that none has
+    to wait for it to exist."""
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(str(path))
+        listener.listen(64)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.forkserver", "--listen", str(listener.fileno())],
+            pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        listener.close()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(FORK_SERVER, None)
+    if server is not None:
+        terminate(server, 10)
     units_dir = config.stash.get(UNITS_DIR, None)
     if units_dir is not None:
         shutil.rmtree(units_dir, ignore_errors=True)
@@ -148,6 +176,8 @@ def pytest_configure_node(node: Any) -> None:
     units_dir = node.config.stash.get(UNITS_DIR, None)
     if units_dir is not None:
         node.workerinput["stampd_units_file"] = str(units_dir / "units.json")
+    if node.config.stash.get(FORK_SERVER, None) is not None:
+        node.workerinput["stampd_fork_socket"] = str(units_dir / "fork.sock")
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -192,14 +222,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def fork_server() -> Iterator[None]:
+def fork_server(pytestconfig: pytest.Config) -> Iterator[None]:
     """`start_server` forks its servers from one process that has imported stampd (about 0.9 s
     of CPU less for each of the suite's ~150 server starts; tests/forkserver.py), unless
-    STAMPD_TEST_FORK=0. Stopped by PID after the session."""
-    if os.environ.get("STAMPD_TEST_FORK", "1") == "0":
+    STAMPD_TEST_FORK=0: under ``pytest -n`` the run's one (`pytest_configure`), else this
+    process's own, stopped by PID after the session."""
+    if not FORKING:
         yield
         return
-    helpers.FORK_SERVER = server = helpers.ForkServer()
+    shared = getattr(pytestconfig, "workerinput", {}).get("stampd_fork_socket")
+    helpers.FORK_SERVER = server = helpers.ForkServer(Path(shared) if shared else None)
     try:
         yield
     finally:

@@ -2,25 +2,30 @@
 
 A server start spends most of its CPU importing: fastapi, pydantic, sqlalchemy, uvicorn,
 pygit2 and stampd's modules, about 0.9 s of the 1.3 s its process costs before it is ready, and
-the suite starts about 150 servers on two cores. This process imports all of that once for a
-test process, then forks a child for each server, which runs ``python -m stampd ARGS`` as a
-fresh interpreter would (``runpy``, ``sys.argv``, its own environment, working directory and
-log file, ``/dev/null`` on stdin) and exits through the interpreter as one does: SystemExit's
-code, a traceback and 1 for an uncaught exception, atexit handlers run. Only the serve process
-is forked: its HTTP processes, worker supervisor, workers and agents are started by stampd
+the suite starts about 150 servers on two cores. This process imports all of that once, then
+forks a child for each server, which runs ``python -m stampd ARGS`` as a fresh interpreter
+would (``runpy``, ``sys.argv``, its own environment, working directory and log file,
+``/dev/null`` on stdin) and exits through the interpreter as one does: SystemExit's code, a
+traceback and 1 for an uncaught exception, atexit handlers run. Only the serve process is
+forked: its HTTP processes, worker supervisor, workers and agents are started by stampd
 itself, as in production.
 
     python -m tests.forkserver FD
+    python -m tests.forkserver --listen FD
 
-FD is a Unix stream socket to the test process: one JSON object a line each way, one answer
-for each request. ``{"start": {"args": [...], "env": {...}, "cwd": ..., "log": ...}}`` forks
-``python -m stampd ARGS`` and answers ``{"pid": N}`` (``"stdout"``, ``"stderr"`` and ``"stdin"``,
-files, may replace the log and ``/dev/null``: `tests.helpers.run_stampd`); ``{"poll": N}`` answers
-``{"status": S}``, S null while it runs, else its exit status as `subprocess.Popen.returncode`
-gives it (negative: the signal).
-The fork server reaps only its children that it was asked about (an unpolled one stays a
-zombie, as with Popen), is single-threaded when it forks (it refuses to start otherwise) and
-exits when the test process closes the socket.
+FD is a Unix stream socket to one test process, or (``--listen``) a listening one, to which
+every test process of a ``pytest -n`` run connects (tests/conftest.py: one fork server for the
+run, not one for each test process, each of which cost 1.7 s of CPU preloading). One JSON
+object a line each way, one answer for each request. ``{"start": {"args": [...], "env":
+{...}, "cwd": ..., "log": ...}}`` forks ``python -m stampd ARGS`` and answers ``{"pid": N}``
+(``"stdout"``, ``"stderr"`` and ``"stdin"``, files, may replace the log and ``/dev/null``:
+`tests.helpers.run_stampd`); ``{"poll": N}`` answers ``{"status": S}``, S null while it runs,
+else its exit status as `subprocess.Popen.returncode` gives it (negative: the signal);
+``{"env": 1}`` answers ``{"env": {...}}``, the variables of its environment that Python reads
+when it starts (a child has these, whatever its own say). The fork server reaps only its
+children that it was asked about (an unpolled one stays a zombie, as with Popen), is
+single-threaded when it forks (it refuses to start otherwise) and exits when the test process
+closes the socket (one that listens: when it is stopped).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import importlib
 import json
 import os
 import runpy
+import selectors
 import socket
 import sys
 import threading
@@ -53,28 +59,58 @@ PRELOAD = (
 )
 
 
-def serve(ctl: socket.socket) -> dict[str, Any] | None:
-    """Answer requests until the test process closes the socket (None); in a forked child,
-    return what it is to run."""
+def serve(ctl: socket.socket, listening: bool = False) -> dict[str, Any] | None:
+    """Answer requests until the test process closes the socket (None); with ``listening``,
+    ``ctl`` is a listening socket and every test process that connects to it is answered,
+    until this process is stopped. In a forked child, return what it is to run."""
     children: dict[int, Forked] = {}
-    reader = ctl.makefile("rb")
-    for line in reader:
-        request = json.loads(line)
-        if "start" in request:
-            if threading.active_count() != 1:  # (never: checked before the first request)
-                raise RuntimeError("the fork server has threads: it cannot fork safely")
-            pid = os.fork()
-            if pid == 0:
-                reader.close()
-                ctl.close()
-                return dict(request["start"])
-            children[pid] = Forked(pid)
-            answer: dict[str, Any] = {"pid": pid}
-        else:
-            child = children.get(int(request["poll"]))
-            answer = {"status": None if child is None else child.poll()}
-        ctl.sendall(json.dumps(answer).encode() + b"\n")
-    return None
+    ready = selectors.DefaultSelector()
+    ready.register(ctl, selectors.EVENT_READ)
+    received: dict[socket.socket, bytes] = {} if listening else {ctl: b""}
+    while True:
+        for key, _ in ready.select():
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if listening and sock is ctl:
+                conn, _ = ctl.accept()
+                ready.register(conn, selectors.EVENT_READ)
+                received[conn] = b""
+                continue
+            data = sock.recv(1 << 16)
+            if not data:
+                ready.unregister(sock)
+                sock.close()
+                del received[sock]
+                if not listening:
+                    return None
+                continue
+            received[sock] += data
+            while b"\n" in received[sock]:
+                line, _, received[sock] = received[sock].partition(b"\n")
+                request = json.loads(line)
+                if "start" in request:
+                    if threading.active_count() != 1:  # (never: checked before the first)
+                        raise RuntimeError("the fork server has threads: it cannot fork safely")
+                    pid = os.fork()
+                    if pid == 0:
+                        ready.close()
+                        for other in (*received, ctl):
+                            other.close()
+                        return dict(request["start"])
+                    children[pid] = Forked(pid)
+                    answer: dict[str, Any] = {"pid": pid}
+                elif "env" in request:  # (what the children's interpreter started with)
+                    answer = {"env": {k: v for k, v in os.environ.items() if startup_variable(k)}}
+                else:
+                    child = children.get(int(request["poll"]))
+                    answer = {"status": None if child is None else child.poll()}
+                sock.sendall(json.dumps(answer).encode() + b"\n")
+
+
+def startup_variable(name: str) -> bool:
+    """Whether the environment variable ``name`` is read when Python starts (so that a forked
+    child has the fork server's, whatever its own environment says)."""
+    return name.startswith(("PYTHON", "LC_")) or name in ("LANG", "LANGUAGE")
 
 
 def become(job: dict[str, Any]) -> None:
@@ -93,7 +129,8 @@ def become(job: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    ctl = socket.socket(fileno=int(sys.argv[1]))
+    listening = sys.argv[1] == "--listen"
+    ctl = socket.socket(fileno=int(sys.argv[-1]))
     for name in PRELOAD:
         importlib.import_module(name)
     if threading.active_count() != 1:
@@ -103,7 +140,7 @@ def main() -> None:
     gc.freeze()  # (the children's collections leave the preloaded objects' pages shared)
     sys.stdout.flush()
     sys.stderr.flush()
-    job = serve(ctl)
+    job = serve(ctl, listening)
     if job is None:
         return
     become(job)

@@ -41,6 +41,7 @@ from formats.jobs import Job
 from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
 from server.dispatch import Signed
 from server.errors import Unavailable
+from tests.forkserver import startup_variable
 from workers.forked import Forked, stop_child
 from workers.keys.keyset import PRIMARY
 from workers.pool import POOL_NAME
@@ -246,9 +247,12 @@ class Process(Protocol):
 
 class ForkServer:
     """tests/forkserver.py for this test process: started at its first use, stopped (by PID)
-    by `close` (the session fixture ``fork_server`` in tests/conftest.py)."""
+    by `close` (the session fixture ``fork_server`` in tests/conftest.py); or, given ``path``,
+    the one of the whole ``pytest -n`` run listening there (started and stopped by the
+    controlling process), connected to at the first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}
         self.sock: socket.socket | None = None
@@ -257,6 +261,14 @@ class ForkServer:
         self.failed = False
 
     def _start(self) -> None:
+        if self.path is not None:
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(str(self.path))
+            self.sock, self.file = sock, sock.makefile("rwb")
+            self.file.write(b'{"env": 1}\n')
+            self.file.flush()
+            self.env = dict(json.loads(self.file.readline())["env"])
+            return
         ours, theirs = socket.socketpair()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with theirs:
@@ -281,9 +293,16 @@ class ForkServer:
         are the fork server's."""
         if self.failed:
             return False
+        if self.path is not None and self.file is None:
+            with self.lock:
+                try:
+                    if self.file is None:
+                        self._start()
+                except (OSError, ValueError, KeyError):
+                    self.failed = True
+                    return False
         ours = self.env or {**os.environ, "PYTHONUNBUFFERED": "1"}
-        return all(env.get(k) == ours.get(k) for k in {*env, *ours}
-                   if k.startswith(("PYTHON", "LC_")) or k in ("LANG", "LANGUAGE"))
+        return all(env.get(k) == ours.get(k) for k in {*env, *ours} if startup_variable(k))
 
     def start(self, args: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT,
               **files: Path) -> ForkedProcess:
