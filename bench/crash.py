@@ -253,7 +253,9 @@ async def run_db(db: str, args: argparse.Namespace, workdir: Path) -> DbRun:
                          api_processes=args.api_processes, tlog=args.tlog,
                          env={"STAMPD_REQUEST_TIMEOUT": f"{args.request_timeout:g}",
                               "STAMPD_MAX_QUEUE": str(args.max_queue),
-                              "STAMPD_LOG_LEVEL": "WARNING"})
+                              # (INFO: the supervisor's line that starts a worker names its
+                              # key, by which the log key's worker is found)
+                              "STAMPD_LOG_LEVEL": "INFO"})
         phases = [Phase(f) for f in args.faults]
         try:
             await asyncio.to_thread(ps.start)
