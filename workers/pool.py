@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import gc
 import hashlib
 import logging
 import os
@@ -358,6 +359,7 @@ def _forked_worker(config: WorkerConfig, env: Mapping[str, str],
     with (``env``, ``/dev/null`` on stdin, no descriptor of the supervisor's beyond stdout and
     stderr: the homes' locks stay the supervisor's), then `workers.worker.begin`."""
     preexec()
+    gc.freeze()  # (what it inherited: the collector never walks, and so never copies, it)
     os.environ.clear()
     os.environ.update(env)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -537,6 +539,7 @@ def forked_pool(config: PoolConfig, env: Mapping[str, str], report_fd: int | Non
     ``/dev/null`` on stdin, the default signal handlers, none of the parent's descriptors but
     stdout, stderr and ``report_fd``: not its listening sockets, journal or data directory
     locks), then `run_pool`, the keys checked where ``report_fd`` is given."""
+    gc.freeze()  # (what it inherited: the collector never walks, and so never copies, it)
     os.environ.clear()
     os.environ.update(env)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
