@@ -31,13 +31,12 @@ reported the same way, after `FAILING_AFTER` deaths in a row.
 Forked by ``stampd serve`` (`forked_pool`), or run as ``python -m workers.pool`` (by ``stampd
 serve`` when it restarts it), which reads its `PoolConfig` as JSON from stdin, the supervisor
 is named ``stampd-pool`` (`run_pool`); ``stampd worker`` runs a `WorkerPool` in its own
-process. It forks each
-worker, which runs `workers.worker.begin` with its `WorkerConfig` (`_forked_worker`: no
-interpreter start and imports, ~0.2 s of CPU each) while it has one thread; else (forking is
-not safe then) it starts ``python -m workers.worker`` with the configuration on its stdin and
-``--name``, ``--home``, ``--key-id`` on its command line, for ``ps``. Either way the worker is
-named ``stampd-worker`` (``/proc/PID/comm``), and the INFO line that starts it gives its PID,
-key and home. With
+process. The supervisor forks each worker, which runs `workers.worker.begin` with its
+`WorkerConfig` (`_forked_worker`: no interpreter start and imports, ~0.2 s of CPU each) while
+it has one thread; else (forking is not safe then) it starts ``python -m workers.worker`` with
+the configuration on its stdin and ``--name``, ``--home``, ``--key-id`` on its command line,
+for ``ps``. Either way the worker is named ``stampd-worker`` (``/proc/PID/comm``), and the
+INFO line that starts it gives its PID, key and home. With
 ``--check-keys`` the supervisor checks the keys first, and ``--report-fd N`` has it write one
 line to descriptor N before it starts its workers: ``ok``, or why it does not start (it then
 exits with `EXIT_KEY_UNUSABLE` or `EXIT_CONFIG`).
