@@ -61,9 +61,15 @@ serve: $(STAMP)
 ## The checks (lint, lock-check, client-only) run beside pytest, not before it: they are a
 ## few seconds of mostly waiting (mypy's first run ~20 s) that the test processes' waits absorb.
 ## Their output comes after pytest's; make test fails when either failed.
+## A first run (a fresh clone: no bytecode caches yet) collects once in one process before: it
+## writes the caches (stampd's modules compiled, the test modules' asserts rewritten) that the
+## six test processes would otherwise each make at the same time, ~4 s of CPU apiece (its
+## errors, if any, are the test run's to report).
 ## schemathesis's pytest plugin is not loaded (tests/system/test_openapi.py runs schemathesis's
 ## engine itself, not the plugin): importing it cost each of the pytest processes ~0.65 s.
 test: sysdeps $(STAMP) $(NODE_STAMP)
+	@ls tests/unit/__pycache__/*-pytest-*.pyc >/dev/null 2>&1 || \
+		PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:schemathesis >/dev/null 2>&1 || true
 	@tmp=$$(mktemp -d) || exit 1; trap 'rm -rf "$$tmp"' EXIT; \
 	{ $(MAKE) --no-print-directory -k -j3 --output-sync=target lint lock-check assets-check \
 		client-only >"$$tmp/checks.log" 2>&1; echo $$? >"$$tmp/checks.rc"; } & \
