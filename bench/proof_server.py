@@ -29,7 +29,6 @@ from pathlib import Path
 from bench.procs import process_table
 from bench.proof_http import children, cmdline
 from tests.helpers import (
-    STARTED_WORKER,
     TEST_FPR,
     Server,
     ThrowawayPostgres,
@@ -242,9 +241,9 @@ class ProofServer:
         """The workers of the key ``key_id`` (the supervisor's log line that started each
         names its key); None: of every key but the log key's (``tlog-ed25519``)."""
         assert self.server is not None
-        key_of = {int(m[1]): m[2]
-                  for m in STARTED_WORKER.finditer(self.server.log_path.read_text())}
-        return [w for w in self.worker_pids()
+        workers = self.worker_pids()
+        key_of = self.server.worker_keys(workers)
+        return [w for w in workers
                 if key_of.get(w) == key_id or (key_id is None and key_of.get(w) != TLOG_KEY_ID)]
 
     def log_lock_holder(self) -> int | None:

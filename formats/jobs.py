@@ -236,6 +236,7 @@ class ManifestJob:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.head_dict(), "lines": manifests.as_str(self.lines)}
+
     def head_dict(self) -> dict[str, Any]:
         """The job without its lines (the JSON of its frame, `job_frame`)."""
         return {"op": self.op, "algorithm": self.algorithm, "time": self.time,

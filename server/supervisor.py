@@ -74,34 +74,12 @@ class PoolProcess:
         self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
 
     def _spawn(self, check_keys: bool = False) -> None:
-        """Fork the supervisor while this process has one thread (its first start: no
-        interpreter start and imports, ~0.15 s of CPU), else start ``python -m workers.pool``
-        with its configuration on stdin (a restart, from the watching thread)."""
-        from workers.pool import forked_pool, send_config
-
-        forking = threading.active_count() == 1
         if not check_keys:
-            if forking:
-                env, config = child_env(), self.config
-                self.proc = fork_child(lambda: forked_pool(config, env, None))
-                return
-            popen = subprocess.Popen([sys.executable, "-m", "workers.pool"],
-                                     stdin=subprocess.PIPE, env=child_env())
-            self.proc = popen
-            send_config(popen, self.config.to_json())
+            self.proc = self._start(None)
             return
         read_fd, write_fd = os.pipe()
         try:
-            if forking:
-                env, config = child_env(), self.config
-                self.proc = fork_child(lambda: forked_pool(config, env, write_fd))
-            else:
-                popen = subprocess.Popen(
-                    [sys.executable, "-m", "workers.pool", "--check-keys", "--report-fd",
-                     str(write_fd)], stdin=subprocess.PIPE, env=child_env(),
-                    pass_fds=(write_fd,))
-                self.proc = popen
-                send_config(popen, self.config.to_json())
+            self.proc = self._start(write_fd)
         except BaseException:
             os.close(read_fd)
             raise
@@ -118,6 +96,23 @@ class PoolProcess:
             code = proc.wait(timeout=10)
         raise CommandFailed(line or f"the worker supervisor exited with {code} before it "
                             "started its workers")
+
+    def _start(self, report_fd: int | None) -> Child:
+        """Fork the supervisor while this process has one thread (its first start: no
+        interpreter start and imports, ~0.15 s of CPU), else start ``python -m workers.pool``
+        with its configuration on stdin (a restart, from the watching thread); with
+        ``report_fd``, it checks the keys first and says how that went there."""
+        from workers.pool import forked_pool, send_config
+
+        if threading.active_count() == 1:
+            env, config = child_env(), self.config
+            return fork_child(lambda: forked_pool(config, env, report_fd))
+        report = [] if report_fd is None else ["--check-keys", "--report-fd", str(report_fd)]
+        proc = subprocess.Popen([sys.executable, "-m", "workers.pool", *report],
+                                stdin=subprocess.PIPE, env=child_env(),
+                                pass_fds=() if report_fd is None else (report_fd,))
+        send_config(proc, self.config.to_json())
+        return proc
 
     def start(self) -> None:
         self._spawn(check_keys=True)

@@ -458,11 +458,16 @@ class Server:
             time.sleep(0.1)
         raise RuntimeError(f"stampd not ready after {timeout}s:\n{self.log()}")
 
-    def key_workers(self, key_id: str) -> list[int]:
-        """The live workers of the key ``key_id``: forked, they have their supervisor's command
-        line; the supervisor's log line that started each names its PID and key."""
+    def worker_keys(self, workers: Sequence[int]) -> dict[int, str]:
+        """The key of each of ``workers`` (those the log names): forked, they have their
+        supervisor's command line; the supervisor's INFO line that started each names its PID
+        and key (the newest line for a PID counts)."""
         key_of = {int(m[1]): m[2] for m in STARTED_WORKER.finditer(self.log_path.read_text())}
-        return [p for p in self.worker_pids() if key_of.get(p) == key_id]
+        return {p: key_of[p] for p in workers if p in key_of}
+
+    def key_workers(self, key_id: str) -> list[int]:
+        """The live workers of the key ``key_id``."""
+        return [p for p, key in self.worker_keys(self.worker_pids()).items() if key == key_id]
 
     def worker_pids(self, names: dict[int, tuple[str, int]] | None = None) -> list[int]:
         """The server's workers (`signing_tree`), in ``names`` (`proc_names`) when given."""

@@ -9,14 +9,17 @@ fork stays locked in the child for ever.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 
@@ -97,6 +100,25 @@ def fork_child(run: Any) -> Forked:
         finally:
             os._exit(code)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def start_fresh(env: Mapping[str, str], keep: int | None = None) -> None:
+    """In a forked child (the worker supervisor, a worker): start as a child started anew
+    would. What it inherited is frozen (the collector never walks, and so never copies, its
+    parent's objects); ``env`` is its environment; stdin is ``/dev/null``; every descriptor
+    beyond stderr is closed but ``keep`` (a pipe it reports on); `random` is reseeded (not
+    its parent's sequence, nor every sibling's)."""
+    gc.freeze()
+    os.environ.clear()
+    os.environ.update(env)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    top = os.sysconf("SC_OPEN_MAX")
+    if keep is None or keep < 3:
+        os.closerange(3, top)
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, top)
+    random.seed()
 
 
 def stop_child(proc: Child, timeout: float) -> None:

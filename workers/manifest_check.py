@@ -45,6 +45,7 @@ EXIT_WAIT = 10.0  # seconds the child may take to exit once it has answered
 _LENGTH = struct.Struct(">Q")
 _ROW = struct.Struct(">I")
 
+
 class CheckFailed(WorkerError):
     """The checking process ended without an answer (killed, out of memory)."""
 

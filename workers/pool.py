@@ -47,11 +47,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import gc
 import hashlib
 import logging
 import os
-import random
 import shutil
 import signal
 import stat
@@ -67,7 +65,7 @@ from pathlib import Path
 from workers.agents.base import die_with_parent, set_process_name
 from workers.config import ConfigError, PoolConfig, WorkerConfig
 from workers.errors import AgentError, WorkerError
-from workers.forked import Child, fork_child
+from workers.forked import Child, fork_child, start_fresh
 from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable, TsaError
 from workers.status import (
     AGENT_PID_FILE,
@@ -358,12 +356,7 @@ def _forked_worker(config: WorkerConfig, env: Mapping[str, str],
     with (``env``, ``/dev/null`` on stdin, no descriptor of the supervisor's beyond stdout and
     stderr: the homes' locks stay the supervisor's), then `workers.worker.begin`."""
     preexec()
-    gc.freeze()  # (what it inherited: the collector never walks, and so never copies, it)
-    os.environ.clear()
-    os.environ.update(env)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    random.seed()  # (not the supervisor's sequence, nor every sibling's)
+    start_fresh(env)
     return begin(config, os.getppid())
 
 
@@ -538,19 +531,9 @@ def forked_pool(config: PoolConfig, env: Mapping[str, str], report_fd: int | Non
     ``/dev/null`` on stdin, the default signal handlers, none of the parent's descriptors but
     stdout, stderr and ``report_fd``: not its listening sockets, journal or data directory
     locks), then `run_pool`, the keys checked where ``report_fd`` is given."""
-    gc.freeze()  # (what it inherited: the collector never walks, and so never copies, it)
-    os.environ.clear()
-    os.environ.update(env)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    keep = report_fd if report_fd is not None and report_fd > 2 else None
-    if keep is None:
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    else:
-        os.closerange(3, keep)
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    start_fresh(env, keep=report_fd)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    random.seed()
     return run_pool(config, report_fd is not None, _Report(report_fd))
 
 
