@@ -44,9 +44,15 @@ class Stats:
         default_factory=lambda: defaultdict(Histogram))  # worker -> seconds
     journal_commit: Histogram = field(default_factory=Histogram)
     worker_disconnects: int = 0
+    loop_lag: Histogram = field(default_factory=Histogram)  # server.api.looplag
+    loop_lag_max: float = 0.0  # seconds: the longest lag since the process started
 
     def request(self, kind: str, status: int) -> None:
         self.requests[(kind, status)] += 1
+
+    def loop_lagged(self, seconds: float) -> None:
+        self.loop_lag.observe(seconds)
+        self.loop_lag_max = max(self.loop_lag_max, seconds)
 
     # -- several HTTP processes (server.api.siblings) ---------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -56,6 +62,8 @@ class Stats:
             "signing": {w: [h.counts, h.total] for w, h in list(self.signing.items())},
             "journal_commit": [self.journal_commit.counts, self.journal_commit.total],
             "worker_disconnects": self.worker_disconnects,
+            "loop_lag": [self.loop_lag.counts, self.loop_lag.total],
+            "loop_lag_max": self.loop_lag_max,
         }
 
     def add(self, snapshot: dict[str, Any]) -> None:
@@ -66,6 +74,8 @@ class Stats:
             self.signing[worker].add(counts, total)
         self.journal_commit.add(*snapshot["journal_commit"])
         self.worker_disconnects += snapshot["worker_disconnects"]
+        self.loop_lag.add(*snapshot["loop_lag"])
+        self.loop_lag_max = max(self.loop_lag_max, snapshot["loop_lag_max"])
 
     def plus(self, snapshots: Iterable[dict[str, Any]]) -> Stats:
         """A new `Stats`: these counters and the ``snapshots`` added up."""

@@ -21,7 +21,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from server import db
+from server.api import looplag
 from server.api.health import add_health_routes
+from server.api.httpproto import open_connections
 from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
@@ -207,6 +209,7 @@ def create_app(
         cross.start()
         if siblings is not None:
             siblings.start()
+        lag = asyncio.create_task(looplag.watch(stats, busy=lambda: open_connections() > 0))
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
                              tlog, witness=make_witness(settings, engine, dispatcher, served,
@@ -215,6 +218,7 @@ def create_app(
         try:
             yield
         finally:
+            lag.cancel()
             if before_shutdown is not None:
                 await asyncio.to_thread(before_shutdown)
             if siblings is not None:

@@ -114,19 +114,21 @@ def problem_response(status: int, title: str, detail: object,
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
-def problem_route(on_problem: Callable[[int], None]) -> type[APIRoute]:
+def problem_route(on_problem: Callable[[str, int], None]) -> type[APIRoute]:
     """The route class of the ``/v1`` API: a domain error its handler raises is answered as
-    problem+json (mapped here, once), and ``on_problem`` is told the status sent."""
+    problem+json (mapped here, once), and ``on_problem`` is told the route's path (its
+    template: ``/v1/manifests/{serial}``) and the status sent."""
 
     class ProblemRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
+            path = self.path
 
             async def handle(request: Request) -> Response:
                 try:
                     return await handler(request)
                 except StampError as e:
-                    on_problem(status_of(e, "v1")[0])
+                    on_problem(path, status_of(e, "v1")[0])
                     return problem(e)
 
             return handle

@@ -140,6 +140,11 @@ def _connections_of(state: ServerState) -> _Connections:
     return conns
 
 
+def open_connections() -> int:
+    """The client connections this process holds (over every server it runs)."""
+    return sum(len(state.connections) for state in list(_servers))
+
+
 class StampdHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -65,6 +65,14 @@ class StampdCollector(Collector):
                                   value=total.requeued)
         yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
                          [], {(): st.journal_commit})
+        yield _histogram("stampd_event_loop_lag_seconds",
+                         "How late each HTTP process's event loop ran a timer due every 10 ms "
+                         "while clients are connected, every 250 ms otherwise (a stall of "
+                         "every request it serves, or the host's load)",
+                         [], {(): st.loop_lag})
+        yield GaugeMetricFamily("stampd_event_loop_lag_max_seconds",
+                                "The longest event-loop lag since the HTTP processes started",
+                                value=st.loop_lag_max)
         last = s.committer.last_commit_at
         yield GaugeMetricFamily("stampd_log_last_commit_age_seconds",
                                 "Seconds since the last log commit (-1: none yet)",

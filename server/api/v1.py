@@ -25,8 +25,11 @@ from server.api.tlog import add_proof_routes
 
 
 def add_v1_routes(app: FastAPI, services: Callable[[], Services]) -> None:
-    def count(status: int) -> None:  # every /v1 refusal is counted as a digest request's
-        services().stats.request("digest", status)
+    def count(path: str, status: int) -> None:
+        # A refused manifest is counted as a manifest request (a 503 of a busy host is no
+        # digest stamp refused); every other /v1 refusal as a digest request's.
+        kind = "manifest" if path.startswith("/v1/manifests") else "digest"
+        services().stats.request(kind, status)
 
     router = APIRouter(route_class=problem_route(count))
     add_stamp_routes(router, services)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -56,6 +57,8 @@ def test_metrics_count_requests_and_latency(server: Server) -> None:
     assert value(m, "stampd_log_last_commit_age_seconds") >= 0
     assert value(m, "stampd_peer_last_success_age_seconds", peer="nobody") == -1
     assert "stampd_queue_depth" in m
+    assert value(m, "stampd_event_loop_lag_seconds_count") >= 1  # (a probe every 10 ms)
+    assert "stampd_event_loop_lag_max_seconds" in m
 
 
 def test_readyz_names_each_check(server: Server) -> None:
@@ -71,3 +74,18 @@ def test_readyz_names_each_check(server: Server) -> None:
     wait_for(peer_reported, timeout=20, what="the stale peer in /readyz")
     _, body = server.get_json("/readyz")
     assert body["checks"]["database"]["ok"] and body["checks"]["workers"]["ok"]  # type: ignore[index]
+
+
+def test_a_refused_manifest_is_counted_as_a_manifest_request(server: Server) -> None:
+    def refused() -> tuple[float, float]:
+        m = scrape(server)
+        return (value(m, "stampd_requests_total", type="manifest", status="415"),
+                value(m, "stampd_requests_total", type="digest", status="415"))
+
+    before = refused()
+    req = urllib.request.Request(server.url + "v1/manifests", data=b"x\n", method="POST",
+                                 headers={"Content-Type": "image/png"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 415
+    assert refused() == (before[0] + 1, before[1])  # (a manifest's, not a digest stamp's)

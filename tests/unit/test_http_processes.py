@@ -128,11 +128,16 @@ def test_counters_of_several_processes_add_up() -> None:
     b.signing["w0"].observe(0.002)
     b.journal_commit.observe(0.003)
     b.worker_disconnects = 2
+    a.loop_lagged(0.2)
+    b.loop_lagged(0.03)
+    b.loop_lagged(0.001)
     total = a.plus([b.snapshot()])
     assert dict(total.requests) == {("tag", 200): 2, ("digest", 400): 1}
     assert sum(total.signing["w0"].counts) == 2
     assert total.signing["w0"].total == pytest.approx(0.003)
     assert sum(total.journal_commit.counts) == 1 and total.worker_disconnects == 2
+    assert sum(total.loop_lag.counts) == 3 and total.loop_lag_max == 0.2  # (the max, not a sum)
+    assert total.loop_lag.total == pytest.approx(0.231)
     assert dict(a.requests) == {("tag", 200): 1}  # (unchanged)
 
 
