@@ -9,7 +9,8 @@ What is too big for one group is written a slice per group (`_Bulk`, at most `BU
 commit): a manifest's digest index rows, after its stamp row and before its id is handed back
 (so before it is signed), and its signed text's pieces, before its outcome, which goes into the
 transaction of the last piece. A stamp arriving meanwhile waits for one slice's commit, not for
-a manifest's 256 MiB (its p99 was 673 ms while 127 MiB manifests were stored).
+a manifest's 256 MiB (its p99 was 673 ms while 127 MiB manifests were stored), and its own
+commit takes no slice unless the one before took none (`Journal._write_once`).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ class Journal:
         self._updates: list[dict[str, Any]] = []
         self._update_waiters: list[asyncio.Future[None]] = []
         self._bulk: list[_Bulk] = []  # in the order they are written
+        self._bulk_due = False  # the last commit left the bulk writes out: the next takes a slice
         self._update_timer: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal")
@@ -319,6 +321,16 @@ class Journal:
         bulk = self._bulk = [b for b in self._bulk if not b.future.done()]
         if not inserts and not updates and not bulk:
             return True
+        # A commit that someone waits for (a stamp's row, an outcome awaited) leaves the bulk
+        # writes out, unless the last one did: a stamp waits for the slice being committed
+        # when it came, not for one more in its own commit (a digest stamp's p99 beside 8
+        # manifests of 127 MiB: 92-116 ms in six runs, then 77-91 ms), and the bulk writes
+        # still get every other commit however busy the journal is.
+        if bulk and (inserts or waiters) and not self._bulk_due:
+            bulk = []
+            self._bulk_due = True
+        else:
+            self._bulk_due = False
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:

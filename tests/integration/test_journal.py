@@ -7,8 +7,9 @@ import io
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select, text, update
@@ -263,6 +264,48 @@ def test_a_manifest_is_indexed_and_stored_a_slice_per_commit_while_stamps_go_on(
             == StampState.PENDING
     assert sorted((bytes(p), bytes(d)) for p, d in got) == sorted(
         (key_prefix(k), d) for k, d in req.digest_buckets())
+
+
+def test_a_stamp_waits_for_at_most_one_slice_besides_its_own_commit(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a manifest's index and text are written a slice per commit, a commit that a stamp
+    waits for carries no slice unless the one before it carried none: a stamp waits for the
+    slice being committed when it came, not for one more in its own commit; and the slices
+    still go into every other commit at least, however many stamps come."""
+    monkeypatch.setattr(journal_module, "BULK_BYTES", 16 << 10)
+    monkeypatch.setattr(journal_module, "PIECE", 4096)
+    lines = "".join(f"{i:064x}  f{i}\n" for i in range(5000))
+    req = ManifestRequest(parse_body(lines.encode()))
+    commits: list[tuple[int, bool]] = []  # each commit: its new rows, whether it took a slice
+
+    async def scenario() -> None:
+        journal = Journal(engine)
+        write = journal._write
+
+        def counted(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
+                    bulk: Sequence[Any] = ()) -> Any:
+            commits.append((len(rows), bool(bulk)))
+            return write(rows, updates, bulk)
+
+        journal._write = counted  # type: ignore[method-assign]
+        journal.start()
+        sid = await journal.record(req, 1700000000)
+        text = journal.signed_manifest_durably_nowait(sid, "w1", 1, ("head\n", lines))
+        n = 0
+        while not text.done():
+            await journal.record(DigestRequest("sha256", f"{n:064x}"), 1700000001)
+            n += 1
+        await journal.stop()
+
+    asyncio.run(scenario())
+    took = [slice_ for _rows, slice_ in commits]
+    first, last = took.index(True), len(took) - 1 - took[::-1].index(True)
+    stamped = [i for i, (rows, _) in enumerate(commits) if rows and first < i <= last]
+    assert len(stamped) > 5  # (stamps were recorded while the slices were written)
+    for i in stamped:
+        assert not took[i] or not took[i - 1], commits
+    for i in range(first, last):  # no two commits in a row without a slice
+        assert took[i] or took[i + 1], commits
 
 
 def test_manifest_texts_move_into_pieces_and_back(engine: Engine) -> None:
