@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -335,6 +336,21 @@ def answer(parts: tuple[Text, ...], done: Callable[[], None]) -> Response:
     return _Answer(pieces(), size, done)
 
 
+class OneAtATime:
+    """Calls a blocking function in a thread, one call at a time (those of one HTTP process
+    that share it). For the pieces of stored manifests: the driver copies each MiB read
+    holding the GIL, and 24 readers starting at once had as many threads doing so, the event
+    loop waiting behind them (stalls of 60-195 ms, ``bench.manifest_flood --mode readers``).
+    One thread reads a piece in a few ms: hundreds of MiB a second."""
+
+    def __init__(self) -> None:
+        self._one = asyncio.Semaphore(1)
+
+    async def __call__(self, f: Callable[..., bytes], *args: Any) -> bytes:
+        async with self._one:
+            return await asyncio.to_thread(f, *args)
+
+
 class Budgets:
     """The limits on manifests of one HTTP process (built from the settings on its first
     manifest)."""
@@ -356,6 +372,7 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
     # seconds (a million lines), and each more at once takes that much more from the event
     # loop (and the stamps it serves).
     one_check_at_a_time = asyncio.Semaphore(1)
+    read_piece = OneAtATime()
 
     @router.post("/v1/manifests")
     async def stamp_manifest(request: Request) -> Response:
@@ -407,8 +424,8 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
             # A piece at a time, each read when the last one is sent: a slow reader holds one
             # piece, not the manifest (a signed manifest never changes).
             seq = 0
-            while piece := await asyncio.to_thread(manifest_piece, s.engine, int(serial), seq):
-                yield piece
+            while data := await read_piece(manifest_piece, s.engine, int(serial), seq):
+                yield data
                 seq += 1
 
         return StreamingResponse(pieces(), media_type="text/plain; charset=utf-8",

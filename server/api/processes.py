@@ -81,6 +81,9 @@ def setup_logging(level: str) -> None:
 def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None) -> None:
     """Serve ``app`` with uvicorn as stampd does: on ``sock`` when given (an HTTP process of
     several), else on the settings' host and port."""
+    # anyio's asyncio backend (Starlette's streamed answers and threads use it) is imported
+    # at its first use otherwise: 50 ms holding the event loop at the first manifest answered.
+    import anyio._backends._asyncio  # noqa: F401
     import uvicorn
 
     from server.api.httpproto import InvalidRequestLog, StampdHttpProtocol
