@@ -29,6 +29,7 @@ from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.services import Services
 from server.api.siblings import Siblings
+from server.api.threadpool import started_pool
 from server.api.timestamps import add_timestamp_routes
 from server.api.tlog import add_tlog_routes
 from server.api.v1 import add_v1_routes
@@ -155,6 +156,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(started_pool())
         engine = db.make_engine(settings.db_url)
         served = with_purposes(keys if keys is not None else serving_keys(
             settings.keys_dir, settings.extra_key_specs, settings.dispatch, engine),
