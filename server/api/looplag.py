@@ -6,8 +6,8 @@ for the GIL. `watch` sleeps `INTERVAL` at a time while clients are connected (`I
 when none is: a wake-up costs ~0.2 ms of CPU on a small virtual machine, and an idle server
 should sleep) and records how much later than asked the loop woke it: a stall of the loop
 delays every request it serves by as much, and a lag with no stall behind it is the host's
-load. (A probe from outside, ``GET /healthz``, measures the
-same plus its own round trip and its own wait for a core: `bench.manifest_flood` shows both.)
+load. (A probe from outside, ``GET /healthz``, measures the same plus its own round trip and
+its own wait for a core: `bench.manifest_flood` shows both.)
 """
 
 from __future__ import annotations

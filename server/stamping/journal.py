@@ -324,8 +324,9 @@ class Journal:
         # A commit that someone waits for (a stamp's row, an outcome awaited) leaves the bulk
         # writes out, unless the last one did: a stamp waits for the slice being committed
         # when it came, not for one more in its own commit (a digest stamp's p99 beside 8
-        # manifests of 127 MiB: 92-116 ms in six runs, then 77-91 ms), and the bulk writes
-        # still get every other commit however busy the journal is.
+        # manifests of 127 MiB, bench.manifest_flood: 92-110 ms in six runs before; 77-109
+        # ms in three with this), and the bulk writes still get every other commit however
+        # busy the journal is.
         if bulk and (inserts or waiters) and not self._bulk_due:
             bulk = []
             self._bulk_due = True
