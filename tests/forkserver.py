@@ -133,6 +133,11 @@ def main() -> None:
     ctl = socket.socket(fileno=int(sys.argv[-1]))
     for name in PRELOAD:
         importlib.import_module(name)
+    # The command line's parsers (with the server's commands, and with their names only, for
+    # a client command), built once here for every `stampd` run forked from this process.
+    cli = importlib.import_module("stampd.cli")
+    cli.parser(importlib.import_module("server.commands"))
+    cli.parser(None)
     if threading.active_count() != 1:
         print("tests.forkserver: an import started a thread; not forking", file=sys.stderr)
         sys.exit(1)
