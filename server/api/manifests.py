@@ -24,7 +24,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -42,6 +41,7 @@ from formats.manifests import (
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
 from server.api.services import Services
+from server.api.threadpool import OneAtATime
 from server.errors import (
     BadManifest,
     BadRequest,
@@ -336,21 +336,6 @@ def answer(parts: tuple[Text, ...], done: Callable[[], None]) -> Response:
     return _Answer(pieces(), size, done)
 
 
-class OneAtATime:
-    """Calls a blocking function in a thread, one call at a time (those of one HTTP process
-    that share it). For the pieces of stored manifests: the driver copies each MiB read
-    holding the GIL, and 24 readers starting at once had as many threads doing so, the event
-    loop waiting behind them (stalls of 60-195 ms, ``bench.manifest_flood --mode readers``).
-    One thread reads a piece in a few ms: hundreds of MiB a second."""
-
-    def __init__(self) -> None:
-        self._one = asyncio.Semaphore(1)
-
-    async def __call__(self, f: Callable[..., bytes], *args: Any) -> bytes:
-        async with self._one:
-            return await asyncio.to_thread(f, *args)
-
-
 class Budgets:
     """The limits on manifests of one HTTP process (built from the settings on its first
     manifest)."""
@@ -371,7 +356,11 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
     # One manifest checked at a time in this process: a check holds the GIL in a thread for
     # seconds (a million lines), and each more at once takes that much more from the event
     # loop (and the stamps it serves).
-    one_check_at_a_time = asyncio.Semaphore(1)
+    check = OneAtATime()
+    # One piece of a stored manifest read at a time: the driver copies each MiB read holding
+    # the GIL, and 24 readers starting at once had as many threads doing so, the event loop
+    # waiting behind them (stalls of 60-195 ms, ``bench.manifest_flood --mode readers``). One
+    # thread reads a piece in a few ms: hundreds of MiB a second.
     read_piece = OneAtATime()
 
     @router.post("/v1/manifests")
@@ -395,8 +384,7 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
         try:
             body = await read_manifest(request.scope, request.receive, s.settings,
                                        lambda n: limits.rate.charge(client, n))
-            async with one_check_at_a_time:
-                req = await asyncio.to_thread(manifest_request, body)
+            req = await check(manifest_request, body)
             del body
             response = answer(await s.stamper.stamp(req, key), give)
         except RateLimited as e:

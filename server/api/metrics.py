@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from server.api import looplag
 from server.api.services import Services
 from server.stats import Histogram
 from server.tlog.store import checkpoint_size
@@ -66,9 +67,10 @@ class StampdCollector(Collector):
         yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
                          [], {(): st.journal_commit})
         yield _histogram("stampd_event_loop_lag_seconds",
-                         "How late each HTTP process's event loop ran a timer due every 10 ms "
-                         "while clients are connected, every 250 ms otherwise (a stall of "
-                         "every request it serves, or the host's load)",
+                         "How late each HTTP process's event loop ran a timer due every "
+                         f"{looplag.INTERVAL * 1000:g} ms while clients are connected, every "
+                         f"{looplag.IDLE_INTERVAL * 1000:g} ms otherwise (a stall of every "
+                         "request it serves, or the host's load)",
                          [], {(): st.loop_lag})
         yield GaugeMetricFamily("stampd_event_loop_lag_max_seconds",
                                 "The longest event-loop lag since the HTTP processes started",

@@ -3,21 +3,11 @@ an injected clock: two limiters on one file stand for two HTTP processes of one 
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from server.api.manifests import (
-    ByteRateLimit,
-    InFlight,
-    ManifestsBusy,
-    OneAtATime,
-    RateLimited,
-    client_key,
-)
+from server.api.manifests import ByteRateLimit, InFlight, ManifestsBusy, RateLimited, client_key
 
 HOUR = 1_795_399_200  # a whole hour, Unix seconds
 
@@ -87,28 +77,3 @@ def test_the_default_budget_takes_two_maximal_manifests_at_once() -> None:
           pytest.raises(ManifestsBusy)):
         flight.hold(s.max_manifest_bytes).__enter__()
     assert flight.held == 0
-
-
-def test_stored_pieces_are_read_one_at_a_time() -> None:
-    """24 readers starting at once read their pieces one after the other, in one thread at a
-    time (each holds the GIL while it copies its MiB: the event loop waited behind them)."""
-    read_piece = OneAtATime()
-    lock = threading.Lock()
-    now = [0]
-    most = [0]
-
-    def piece(reader: int, seq: int) -> bytes:
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-        time.sleep(0.002)
-        with lock:
-            now[0] -= 1
-        return bytes([reader, seq])
-
-    async def readers() -> list[bytes]:
-        return await asyncio.gather(*(read_piece(piece, r, 0) for r in range(24)))
-
-    got = asyncio.run(readers())
-    assert got == [bytes([r, 0]) for r in range(24)]
-    assert most[0] == 1
