@@ -1,8 +1,9 @@
 """The whole server under maximal manifests: ``python -m bench.manifest_flood`` (issue 25).
 
-One ``stampd serve`` (the fixed test key, ``--workers 2``, SQLite in a fresh data directory
-under /tmp, as `tests.helpers.start_server` runs it; the hourly manifest byte budgets off, so
-that only memory and the in-flight budget are measured; ``--env NAME=VALUE`` adds settings).
+One ``stampd serve`` (the fixed test key; ``--workers`` 2 and ``--api-processes`` 1 unless told;
+SQLite in a fresh data directory under /tmp, as `tests.helpers.start_server` runs it; the hourly
+manifest byte budgets off, so that only memory and the in-flight budget are measured; ``--env
+NAME=VALUE`` adds settings).
 Two modes (``--mode``, default both, each on a fresh server):
 
 - ``flood``: ``--manifests`` (8) concurrent POSTs of a manifest of ``--mib`` (127) MiB in
@@ -276,7 +277,8 @@ def start(tmp: Path, args: argparse.Namespace, name: str) -> Server:
     for item in args.env:
         k, _, v = item.partition("=")
         env[k] = v
-    return start_server(seed_data_dir(tmp / name), workers=args.workers, extra_env=env)
+    return start_server(seed_data_dir(tmp / name), workers=args.workers, extra_env=env,
+                        api_processes=args.api_processes)
 
 
 def probes(server: Server) -> tuple[Prober, Prober]:
@@ -373,7 +375,8 @@ def flood(tmp: Path, body: Path, args: argparse.Namespace) -> bool:
         dropped = dropped_workers(server)
         other = len(statuses) - signed - statuses.count(503) - statuses.count(RESET)
         table(f"flood: {args.manifests} concurrent manifests of {body.stat().st_size / MIB:.1f} "
-              f"MiB ({args.lines} lines), {args.workers} workers; {took:.1f} s; server PIDs "
+              f"MiB ({args.lines} lines), {args.workers} workers, {args.api_processes} HTTP "
+              f"process(es); {took:.1f} s; server PIDs "
               f"{rss.pids()}", [
                   ("manifests signed", f"{signed} of {args.manifests}",
                    f"{args.manifests}", signed == args.manifests),
@@ -461,6 +464,8 @@ def main() -> int:
     ap.add_argument("--readers", type=int, default=24)
     ap.add_argument("--hold", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--api-processes", type=int, default=1,
+                    help="HTTP processes (stampd's own default: one per three CPUs)")
     ap.add_argument("--tries", type=int, default=20, help="POSTs of one manifest at most")
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")

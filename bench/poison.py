@@ -1,14 +1,13 @@
 """`python -m bench.poison`: digest lookups in a poisoned prefix (issue 25's target).
 
-A client can send manifests whose digests all share their first hex digits, so that the
-receipts index of that prefix grows by millions of rows. This bench does it on purpose: one
-``stampd serve`` (the test key, 2 workers, SQLite in a fresh data directory, or
-``--database-url``; the manifest byte budgets off) takes ``--manifests`` manifests of
+A client can send manifests whose digests all share their first hex digits, so that the receipts
+index of that prefix grows by millions of rows. This bench does it on purpose: one ``stampd serve``
+(the test key; ``--workers`` 2 and ``--api-processes`` 1 unless told; SQLite in a fresh data
+directory, or ``--database-url``; the manifest byte budgets off) takes ``--manifests`` manifests of
 ``--lines`` digests each, every digest starting with ``--prefix``. Then, for ``--seconds``,
-``--clients`` keep-alive clients look up digests of that prefix (each one of the manifests'
-digests: the answer names its manifests) while one more client looks up unrelated digests
-(stamped before, one receipt each). Every answer is checked: 200 and the digest's manifest or
-receipt in it.
+``--clients`` keep-alive clients look up digests of that prefix (each one of the manifests' digests:
+the answer names its manifests) while one more client looks up unrelated digests (stamped before,
+one receipt each). Every answer is checked: 200 and the digest's manifest or receipt in it.
 
 Printed: the latency of each kind of lookup (p50, p99, max, count), beside the targets (a
 lookup in the poisoned prefix <= 20 ms; an unrelated lookup's p99 <= 20 ms under 8 clients).
@@ -103,12 +102,16 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--database-url", default=None, help="PostgreSQL (default: SQLite)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--api-processes", type=int, default=1,
+                    help="HTTP processes (stampd's own default: one per three CPUs)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bp"))
     env = {"STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR": "0", "STAMPD_MANIFEST_BYTES_PER_HOUR": "0"}
     try:
-        server = start_server(seed_data_dir(tmp / "data"), workers=2, extra_env=env,
-                              database_url=args.database_url)
+        server = start_server(seed_data_dir(tmp / "data"), workers=args.workers, extra_env=env,
+                              database_url=args.database_url,
+                              api_processes=args.api_processes)
     except Exception as e:  # the bench cannot run: say why in one line
         print(f"bench.poison: the server did not start: {e}", file=sys.stderr)
         return 2
@@ -146,7 +149,8 @@ def main() -> int:
     total = args.manifests * args.lines
     print(f"\n{total:,} digests under prefix {args.prefix} in {args.manifests} manifests; "
           f"{args.clients} clients in the prefix and 1 outside it for {args.seconds:.0f} s; "
-          f"{'PostgreSQL' if args.database_url else 'SQLite'}, {os.cpu_count()} CPUs")
+          f"{'PostgreSQL' if args.database_url else 'SQLite'}, {os.cpu_count()} CPUs, "
+          f"{args.workers} workers, {args.api_processes} HTTP process(es)")
     print(f"{'lookup':<28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'count':>8}   target")
     print(row(f"in the prefix ({args.clients} clients)", inside, "<= 20 ms"))
     print(row("unrelated (1 client beside)", outside, "p99 <= 20 ms"))
