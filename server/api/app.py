@@ -215,7 +215,7 @@ def create_app(
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
                              tlog, witness=make_witness(settings, engine, dispatcher, served,
-                                                        clock)))
+                                                        clock), process=process))
         app.state.services = cell[0]
         try:
             yield

@@ -22,7 +22,7 @@ import secrets
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -64,6 +64,7 @@ WINDOW = 3600  # seconds of one rate-limit window (fixed windows, aligned to the
 SLOTS = 1 << 16  # client counters of the rate-limit file (a keyed hash of the address picks one)
 _HEAD = struct.Struct("<QQ32s")  # window start, host bytes in it, the hash key
 _SLOT = struct.Struct("<Q")
+_FLIGHT = struct.Struct("<QQQ")  # a slot of the in-flight file: pid, its start time, bytes held
 
 
 class RateLimited(Exception):
@@ -104,6 +105,19 @@ def client_key(host: str | None) -> bytes:
     return addr.packed
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[int]:
+    """``path`` (made if missing, mode 0600) open and under an exclusive ``flock``, which the
+    host's HTTP processes take in turn: the manifest budgets' shared counters."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
 @dataclass
 class ByteRateLimit:
     """Hourly budgets of manifest bytes, per client and per host, shared by every HTTP
@@ -118,16 +132,6 @@ class ByteRateLimit:
     per_host: int
     clock: Callable[[], float]
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[int]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield fd
-        finally:
-            os.close(fd)  # (releases the lock)
-
     def charge(self, client: bytes, n: int) -> None:
         """Count ``n`` bytes of ``client``; `RateLimited` (and nothing counted) if that would
         exceed a budget of this window."""
@@ -136,7 +140,7 @@ class ByteRateLimit:
         now = self.clock()
         window = int(now // WINDOW)
         retry = max(1, int((window + 1) * WINDOW - now + 0.999))
-        with self._locked() as fd:
+        with _locked(self.path) as fd:
             head = os.pread(fd, _HEAD.size, 0)
             if len(head) == _HEAD.size:
                 start, host, key = _HEAD.unpack(head)
@@ -166,33 +170,61 @@ class ByteRateLimit:
 @dataclass
 class InFlight:
     """At most ``limit`` bytes of manifest bodies in flight (read, checked, journalled,
-    signed, answered) on this host: each of the host's ``processes`` HTTP processes holds
-    its share, ``limit // processes`` (counted in the process: nothing to clean up after a
-    crash). A request beyond it is refused before its body is read (`ManifestsBusy`)."""
+    signed, answered) on this host, counted over all its HTTP processes in one small file
+    (``path``, under the data directory's run/): HTTP process ``process`` of ``processes``
+    owns one slot of it, its process id, start time and the bytes it holds, written under an
+    exclusive ``flock``. A slot whose process is no longer running counts nothing: a process
+    killed while holding bytes holds them no more. A request that would exceed the budget is
+    refused before its body is read (`ManifestsBusy`), unless nothing is in flight on the
+    host: one manifest is always taken, whatever its size.
 
+    (Each process once counted its share, ``limit // processes``, and at least one manifest:
+    with five HTTP processes, the default on 16 CPUs, five maximal manifests were in flight
+    where the budget holds two, and the server grew by 2.1 GiB, `bench.manifest_flood
+    --workers 16 --api-processes 5`.)"""
+
+    path: Path
     limit: int
-    processes: int
+    process: int = 0
+    processes: int = 1
     held: int = 0
+    _me: tuple[int, int] = field(init=False, default=(0, 0))  # this process: pid, start time
 
-    @property
-    def share(self) -> int:
-        return self.limit // self.processes
+    def __post_init__(self) -> None:
+        self._me = (os.getpid(), _start_time(os.getpid()))
+
+    def _others(self, fd: int) -> int:
+        """The bytes the host's other live HTTP processes hold."""
+        raw = os.pread(fd, _FLIGHT.size * self.processes, 0)
+        total = 0
+        for i in range(len(raw) // _FLIGHT.size):
+            pid, started, held = _FLIGHT.unpack_from(raw, i * _FLIGHT.size)
+            if i != self.process and held and _start_time(pid) == started:
+                total += held
+        return total
+
+    def _set(self, fd: int, held: int) -> None:
+        self.held = held
+        os.pwrite(fd, _FLIGHT.pack(*self._me, held), _FLIGHT.size * self.process)
 
     def take(self, n: int) -> Callable[[], None]:
-        """Hold ``n`` bytes (`ManifestsBusy` beyond the share); what gives them back (once,
+        """Hold ``n`` bytes (`ManifestsBusy` beyond the budget); what gives them back (once,
         however often it is called)."""
-        if self.held and self.held + n > self.share:
-            raise ManifestsBusy(
-                f"{self.held} bytes of manifests in flight in this process (of "
-                f"{self.share}); try again later")
-        self.held += n
+        with _locked(self.path) as fd:
+            held = self._others(fd) + self.held
+            if held and held + n > self.limit:
+                raise ManifestsBusy(
+                    f"{held} bytes of manifests in flight on this server (of "
+                    f"{self.limit}); try again later")
+            self._set(fd, self.held + n)
         given = False
 
         def give() -> None:
             nonlocal given
             if not given:
                 given = True
-                self.held -= n
+                with _locked(self.path) as fd:
+                    self._set(fd, self.held - n)
 
         return give
 
@@ -336,18 +368,30 @@ def answer(parts: tuple[Text, ...], done: Callable[[], None]) -> Response:
     return _Answer(pieces(), size, done)
 
 
+def _start_time(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat), 0 if it is not
+    running: a process id and its start time name one process, even once the id is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22; the name may hold spaces
+
+
 class Budgets:
-    """The limits on manifests of one HTTP process (built from the settings on its first
-    manifest)."""
+    """The limits on manifests of HTTP process ``process`` (built from the settings on its
+    first manifest)."""
 
     rate: ByteRateLimit
     in_flight: InFlight
 
-    def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float], process: int) -> None:
         self.rate = ByteRateLimit(settings.run_dir / "manifest-bytes",
                                   settings.manifest_bytes_per_client_hour,
                                   settings.manifest_bytes_per_hour, clock)
-        self.in_flight = InFlight(settings.manifest_bytes_in_flight or (1 << 62),
+        self.in_flight = InFlight(settings.run_dir / "manifest-in-flight",
+                                  settings.manifest_bytes_in_flight or (1 << 62), process,
                                   settings.api_process_count)
 
 
@@ -373,7 +417,7 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
                                        if k in request.query_params})
         key = choose_key(s.keys, fmt, fingerprint)
         if not budgets:
-            budgets.append(Budgets(s.settings, s.clock))
+            budgets.append(Budgets(s.settings, s.clock, s.process))
         limits = budgets[0]
         length = manifest_length(request.scope, s.settings)
         client = client_key(request.client.host if request.client else None)

@@ -43,6 +43,7 @@ class Services:
     tlog_reader: TileReader | None = None
     tlog: Tlog | None = None
     witness: Witness | None = None  # this server as a witness of other logs; None: none
+    process: int = 0  # this HTTP process's number among those of `stampd serve`
 
     def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""

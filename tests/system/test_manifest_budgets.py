@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import http.client
 import json
+import select
 import socket
 import sqlite3
 from collections.abc import Iterator
@@ -211,3 +212,44 @@ def test_manifests_beyond_the_budget_wait_for_a_503_and_the_ones_taken_are_all_s
     taken = sum(1 for status, _ in seen if status == 200)
     assert states == [("signed", 2 + taken)], states
     assert "did not answer in time" not in two.log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Two HTTP processes with room for one small manifest in flight between them."""
+    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("pair") / "data"), workers=1,
+                       api_processes=2,
+                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(SIZE + 10),
+                                  "STAMPD_BODY_TIMEOUT": "120"})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_the_bytes_in_flight_are_one_budget_for_the_hosts_http_processes(pair: Server) -> None:
+    # Eight manifests on connections of their own (the kernel spreads them over the two HTTP
+    # processes), each held after one byte of its body: one is taken, whichever process has
+    # it, and the seven others are refused before their bodies are read. (Each process had
+    # a share of its own, and always took one manifest: two were taken, and on 16 CPUs, five
+    # processes, five maximal manifests where the budget holds two.)
+    bodies = [body(30 + i) for i in range(8)]
+    held = [headers_only(pair, len(b)) for b in bodies]
+    for s, b in zip(held, bodies, strict=True):
+        s.sendall(b[:1])
+    refused: dict[int, bytes] = {}
+
+    def seven_refused() -> bool:
+        waiting = [s for i, s in enumerate(held) if i not in refused]
+        for s in select.select(waiting, [], [], 0)[0]:
+            refused[held.index(s)] = answer(s)
+        return len(refused) >= 7
+
+    wait_for(seven_refused, timeout=30, what="seven manifests refused, one in flight")
+    assert len(refused) == 7
+    for text in refused.values():
+        assert text.startswith(b"HTTP/1.1 503 ") and b"in flight on this server" in text
+    (taken,) = set(range(len(held))) - set(refused)
+    held[taken].sendall(bodies[taken][1:])
+    assert answer(held[taken]).startswith(b"HTTP/1.1 200 ")
+    assert manifests(pair) == 1

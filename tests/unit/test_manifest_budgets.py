@@ -1,8 +1,14 @@
-"""The hourly byte budgets of POST /v1/manifests (`server.api.manifests.ByteRateLimit`) with
-an injected clock: two limiters on one file stand for two HTTP processes of one host."""
+"""The budgets of POST /v1/manifests: the hourly bytes (`server.api.manifests.ByteRateLimit`)
+with an injected clock, and the bytes in flight (`InFlight`): two limiters on one file stand
+for two HTTP processes of one host."""
 
 from __future__ import annotations
 
+import os
+import signal
+import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,23 +62,73 @@ def test_an_ipv6_site_is_one_client() -> None:
     assert client_key("::ffff:192.0.2.1") == client_key("192.0.2.1")
 
 
-def test_bytes_in_flight_beyond_the_share_are_refused() -> None:
-    budget = InFlight(limit=1000, processes=2)
-    # One manifest is always taken, whatever its size.
-    with budget.hold(2000), pytest.raises(ManifestsBusy), budget.hold(1):
-        pass
-    with budget.hold(300), budget.hold(200), pytest.raises(ManifestsBusy), budget.hold(1):
-        pass
-    assert budget.held == 0
+def flights(tmp_path: Path, limit: int, processes: int = 2) -> list[InFlight]:
+    """The budgets of a host's HTTP processes (here all in this test's process: each slot
+    names this process, which is running)."""
+    return [InFlight(tmp_path / "run" / "manifest-in-flight", limit, i, processes)
+            for i in range(processes)]
 
 
-def test_the_default_budget_takes_two_maximal_manifests_at_once() -> None:
+def test_bytes_in_flight_are_one_budget_for_all_the_hosts_http_processes(
+        tmp_path: Path) -> None:
+    a, b = flights(tmp_path, 1000)
+    with a.hold(600):
+        with pytest.raises(ManifestsBusy) as e:
+            b.hold(500).__enter__()
+        assert "600 bytes of manifests in flight on this server (of 1000)" in e.value.message
+        with b.hold(400), pytest.raises(ManifestsBusy):
+            a.hold(1).__enter__()
+    with b.hold(1000):  # given back: the whole budget again
+        pass
+    assert a.held == b.held == 0
+
+
+def test_one_manifest_is_always_taken_when_none_is_in_flight_on_the_host(
+        tmp_path: Path) -> None:
+    a, b = flights(tmp_path, 1000)
+    with a.hold(2000), pytest.raises(ManifestsBusy):
+        b.hold(1).__enter__()  # (before, each process took one of its own)
+    with b.hold(2000), pytest.raises(ManifestsBusy):
+        b.hold(1).__enter__()
+
+
+def test_a_slot_of_a_process_no_longer_running_counts_nothing(tmp_path: Path) -> None:
+    # A real process takes bytes in slot 1 and is killed without giving them back.
+    code = ("import sys; from pathlib import Path; from server.api.manifests import InFlight\n"
+            f"f = InFlight(Path({str(tmp_path / 'run' / 'manifest-in-flight')!r}), 1000, 1, 2)\n"
+            "f.take(900); print('held', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"held\n"
+        a = flights(tmp_path, 1000)[0]
+        with pytest.raises(ManifestsBusy):
+            a.hold(200).__enter__()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    with a.hold(1000):
+        pass
+
+
+def test_a_slot_whose_process_id_was_reused_counts_nothing(tmp_path: Path) -> None:
+    # Slot 1 names this (running) process, with a start time that is not its own: the process
+    # that held the bytes is gone and its id was given to another.
+    path = tmp_path / "run" / "manifest-in-flight"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(struct.pack("<QQQ", 0, 0, 0) + struct.pack("<QQQ", os.getpid(), 1, 900))
+    a = flights(tmp_path, 1000)[0]
+    with a.hold(1000):
+        pass
+
+
+def test_the_default_budget_takes_two_maximal_manifests_at_once(tmp_path: Path) -> None:
     # The whole server holds about 4.5 times the bytes in flight at its peak (docs/manifests.md):
     # two maximal manifests keep it within 1.5 GiB (bench.manifest_flood); a third waits.
     from server.settings import Settings
 
-    s = Settings()
-    flight = InFlight(s.manifest_bytes_in_flight, 1)
+    s = Settings(data_dir=tmp_path)
+    flight = InFlight(s.run_dir / "manifest-in-flight", s.manifest_bytes_in_flight)
     with (flight.hold(s.max_manifest_bytes), flight.hold(s.max_manifest_bytes),
           pytest.raises(ManifestsBusy)):
         flight.hold(s.max_manifest_bytes).__enter__()
