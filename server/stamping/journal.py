@@ -30,7 +30,7 @@ from typing import Any, Protocol, cast
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, or_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from formats.manifests import Buckets, Text, key_prefix
+from formats.manifests import Text, key_prefix
 from server import db
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
@@ -53,13 +53,17 @@ Piece = tuple[int, int, bytes]  # manifest_texts: stamp id, seq, piece
 BULK_BYTES = 1 << 20  # bytes of bulk rows one group commit takes at most (at least one row)
 CHECKPOINT_EVERY = 0.5  # seconds between the SQLite journal's WAL checkpoints, after commits
 PIECE = 1 << 20  # characters (or bytes) of a signed text stored as one piece
+# A manifest's index rows, (`formats.manifests.bucket_key`, packed digests): a list
+# (`formats.manifests.Buckets`), or rows made one at a time as they are written
+# (`server.stamping.journal_host.FrameBuckets`).
+IndexRows = Sequence[tuple[int, bytes]]
 
 
 @dataclass
 class _Pending:
     row: dict[str, Any]
     future: asyncio.Future[int]
-    buckets: Buckets | None = None  # manifests: written after the row, a slice per commit
+    buckets: IndexRows | None = None  # manifests: written after the row, a slice per commit
 
 
 @dataclass(eq=False)
@@ -86,7 +90,7 @@ class _IndexRows(_Bulk):
     """A manifest's digest index rows; its ``future`` gets the stamp id once all are in."""
 
     algorithm: str = ""
-    rows: Buckets = field(default_factory=list)
+    rows: IndexRows = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -97,8 +101,10 @@ class _IndexRows(_Bulk):
         their bytes."""
         out: list[IndexRow] = []
         size, i = 0, self.done
-        while i < len(self.rows) and (not out or size + len(self.rows[i][1]) <= budget):
-            key, packed = self.rows[i]
+        while i < len(self.rows):
+            key, packed = self.rows[i]  # (once: a `FrameBuckets` row is made when asked for)
+            if out and size + len(packed) > budget:
+                break
             out.append((self.sid, key_prefix(key), self.algorithm, packed))
             size += len(packed)
             i += 1
@@ -222,12 +228,12 @@ class Journal:
         """Commit the request durably; return its stamp id. Raises `JournalError`."""
         return await self.record_row(stamp_row(req, t, key_id), req.digest_buckets())
 
-    async def record_row(self, row: dict[str, Any], buckets: Buckets | None = None) -> int:
+    async def record_row(self, row: dict[str, Any], buckets: IndexRows | None = None) -> int:
         """Commit a stamp row (`stamp_row`) and, for a manifest, its digest buckets durably;
         return its stamp id. Raises `JournalError`."""
         return await self.record_row_nowait(row, buckets)
 
-    def record_row_nowait(self, row: dict[str, Any], buckets: Buckets | None = None
+    def record_row_nowait(self, row: dict[str, Any], buckets: IndexRows | None = None
                           ) -> asyncio.Future[int]:
         """`record_row` without waiting: the future of its stamp id (or `JournalError`), set
         once the row and its buckets are committed."""
