@@ -6,11 +6,12 @@ A job is one object for a worker to build and sign: a git tag (`TagJob`), a git 
 transparency log's checkpoint note (`NoteJob`, the log key's only kind) or a witness's
 cosignature of another log's checkpoint (`CosignJob`, the witness key's only kind). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
-`Result`. A worker first introduces itself with a `Hello`. Each job class names its ``op`` (its
-type on the wire) and its ``kind``: what a worker builds of it, tag and commit jobs both git
-objects (a worker looks up what builds each kind, and signs the jobs of one kind together where
-its agent can). Every message is a JSON object; each
-type encodes and decodes itself here and nowhere else.
+`Result`. A worker first introduces itself with a `Hello`; with several dispatchers it tells the
+others when a manifest keeps it busy (`Busy`, answered `Paused`). Each job class names its
+``op`` (its type on the wire) and its ``kind``: what a worker builds of it, tag and commit jobs
+both git objects (a worker looks up what builds each kind, and signs the jobs of one kind
+together where its agent can). Every message is a JSON object; each type encodes and decodes
+itself here and nowhere else.
 
 Over the dispatcher's Unix socket (one host) a message travels as a frame: a 4-byte big-endian
 length, then that many bytes of UTF-8 JSON. A manifest job's lines are not in its JSON: they
@@ -447,6 +448,42 @@ class Result:
         return result
 
 
+@dataclass(frozen=True)
+class Busy:
+    """A worker's word to a dispatcher of another HTTP process than the one whose manifest it
+    is about to sign (socket dispatch, several HTTP processes): ``busy`` True, it signs for
+    seconds and takes nothing more from this dispatcher until it says False. The dispatcher
+    takes back the jobs it has in flight with it (other workers sign them, the attempt not
+    counted), sends it none meanwhile and answers `Paused`; the worker drops the jobs that
+    reach it before that answer (they were taken back). Each dispatcher knows only the jobs
+    it sent: without this, the stamps it gave a worker waited behind another process's
+    manifest (a second and more)."""
+
+    busy: bool
+
+    def frame(self) -> bytes:
+        return frame({"busy": self.busy})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Busy:
+        busy = d.get("busy")
+        if not isinstance(busy, bool):
+            raise MalformedMessage("busy must be true or false")
+        return cls(busy)
+
+
+@dataclass(frozen=True)
+class Paused:
+    """A dispatcher's answer to `Busy` (True): the jobs it sent before are taken back."""
+
+    def frame(self) -> bytes:
+        return frame({"paused": True})
+
+    @staticmethod
+    def is_one(d: dict[str, Any]) -> bool:
+        return d.get("paused") is True and "id" not in d
+
+
 def job_frame_parts(job_id: int, job: Job) -> tuple[bytes, Iterator[bytes]]:
     """What hands ``job`` to a worker over the dispatcher socket: its frame, then the raw bytes
     that follow it, a piece at a time (a manifest's lines, announced as ``lines_bytes``;
@@ -539,6 +576,11 @@ class FrameBuffer:
         self._job: dict[str, Any] | None = None  # a manifest job waiting for its lines
         self._lines = bytearray()
         self._filled = 0
+
+    @property
+    def awaiting_lines(self) -> bool:
+        """A manifest job's frame has come (`next` read it) and its lines are still coming."""
+        return self._job is not None
 
     def feed(self, data: bytes) -> None:
         if self._job is not None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from formats.jobs import FrameBuffer
+from formats.jobs import Busy, FrameBuffer, Paused
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,13 @@ class Dispatchers:
         self.links: dict[Path, tuple[socket.socket, FrameBuffer]] = {}
         self.lost: dict[Path, float] = {}  # path -> when to try it again (monotonic)
         self._turn = 0
+        # While this worker signs a manifest of one dispatcher, the others are told (`Busy`)
+        # and take back the jobs they had sent it: ``told`` are those connections, and
+        # ``dropping`` the ones whose jobs are dropped until their `Paused` arrives (how many
+        # are still to come: each `Busy` is answered with one).
+        self.told: set[Path] = set()
+        self.dropping: dict[Path, int] = {}
+        self.busy_with: Path | None = None  # whose manifest (told from its frame's head on)
 
     def connect(self, deadline: float) -> None:
         """Connect to every dispatcher; wait (bounded) until at least one answers. Those that
@@ -75,10 +82,16 @@ class Dispatchers:
             raise
         self.lost.pop(path, None)
         self.links[path] = (sock, FrameBuffer())
+        self.told.discard(path)  # (a new connection: its dispatcher knows nothing of before)
+        self.dropping.pop(path, None)
 
     def drop(self, path: Path, why: str, expected: bool = False) -> None:
         sock, _ = self.links.pop(path)
         sock.close()
+        self.told.discard(path)
+        self.dropping.pop(path, None)
+        if path == self.busy_with:  # (its manifest will not come: the others may send)
+            self.free()
         self.lost[path] = time.monotonic() + self.RETRY
         if expected:
             log.info("worker %s: dispatcher %s stopped (%s)", self.name, path.name, why)
@@ -104,7 +117,20 @@ class Dispatchers:
             frames = self.links[path][1]
             messages = []
             while (message := frames.next()) is not None:
-                messages.append(message)
+                if Paused.is_one(message):
+                    if self.dropping.get(path, 0) > 1:
+                        self.dropping[path] -= 1
+                    else:
+                        self.dropping.pop(path, None)
+                elif path not in self.dropping:
+                    messages.append(message)
+                # (else a job its dispatcher took back when told `Busy`: another worker
+                # signs it)
+            if frames.awaiting_lines and path not in self.dropping:
+                # A manifest's head has come, its lines are coming: the other dispatchers
+                # hear it now, not once its lines are in (127 MiB take a while, and another
+                # process's manifest could be sent to the last free worker meanwhile).
+                self.busy_for(path)
             if messages:
                 self._turn = (self._turn + i + 1) % len(paths)
                 return path, messages
@@ -147,6 +173,23 @@ class Dispatchers:
             link[0].sendall(frame)
         except OSError as e:
             self.drop(path, f"cannot be written to ({e.strerror})")
+
+    def busy_for(self, path: Path) -> None:
+        """A manifest of ``path``'s dispatcher is about to keep this worker busy: tell every
+        other dispatcher (`Busy`), which takes back the jobs it sent here."""
+        self.busy_with = path
+        for other in list(self.links):
+            if other != path and other not in self.told:
+                self.told.add(other)
+                self.dropping[other] = self.dropping.get(other, 0) + 1
+                self.answer(other, Busy(True).frame())
+
+    def free(self) -> None:
+        """The manifest is signed: the dispatchers told `busy_for` may send jobs again."""
+        self.busy_with = None
+        for path in list(self.told):
+            self.told.discard(path)
+            self.answer(path, Busy(False).frame())
 
     def close(self) -> None:
         for sock, _ in self.links.values():

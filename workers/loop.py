@@ -96,6 +96,8 @@ def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, 
             continue
         path, messages = found
         large = any(m.get("op") == ManifestJob.op for m in messages)
+        if large:  # the other dispatchers' jobs go to other workers meanwhile
+            dispatchers.busy_for(path)
         try:
             replies = sign_many(signer, messages)
         except AgentError as e:
@@ -104,6 +106,7 @@ def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, 
             return EXIT_AGENT_DIED
         dispatchers.answer(path, b"".join(reply.frame() for reply in replies))
         if large:  # what held the manifest is free: give its pages back to the system
+            dispatchers.free()
             del found, messages, replies
             memory.trim()
 

@@ -22,10 +22,12 @@ from typing import Any
 
 from formats.jobs import (
     HEADER,
+    Busy,
     Hello,
     Job,
     MalformedMessage,
     ManifestJob,
+    Paused,
     Result,
     decode_frame,
     frame_size,
@@ -94,6 +96,7 @@ class SocketDispatcher:
         self._manifests_out: dict[str, int] = {}
         self._held_back: dict[str, list[tuple[int, int, Pending]]] = {}
         self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
+        self.taken_back = 0  # jobs taken back from a worker busy with another's manifest
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -242,10 +245,15 @@ class SocketDispatcher:
         slots: dict[int, int] = {}
         queue = self.queue(info.key)
         freed = asyncio.Event()
+        # The worker signs a manifest of another HTTP process's dispatcher (`Busy`): it gets
+        # nothing from here until it says it is free.
+        busy = [False]
+        writing = asyncio.Lock()  # one frame at a time: a job (with its pieces), a `Paused`
+        acks: set[asyncio.Task[None]] = set()
 
         async def feed() -> None:
             while True:
-                while free[0] <= 0:
+                while free[0] <= 0 or busy[0]:
                     freed.clear()
                     await freed.wait()
                 # (the jobs are held by `send` alone: while this waits for the next one it
@@ -257,36 +265,75 @@ class SocketDispatcher:
             # Hand over every job that is ready and fits, in one write; a manifest's lines
             # (raw bytes after its frame) a piece at a time, each written when the last one
             # has gone (the transport holds a piece, not a copy of the manifest).
-            frames = []
-            now = loop.time()
-            t0 = time.perf_counter()
-            while True:
-                job = item[2]
-                # (a job whose future is done: its client went away or timed out)
-                if not job.future.done() and not self._hold_back(info.key, item):
-                    job_id = next(self._ids)
-                    job.attempts += 1
-                    inflight[job_id] = job
-                    deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
-                    sent[job_id] = t0
-                    head, pieces = job_frame_parts(job_id, job.job)
-                    frames.append(head)
-                    slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
-                    free[0] -= slots[job_id]
-                    for piece in pieces:
-                        frames.append(piece)
-                        writer.write(b"".join(frames))
-                        frames = []
-                        await writer.drain()
-                        # A turn of the loop per piece, whether drain() waited or not: in a
-                        # loaded server a manifest's pieces were seen going out in one
-                        # callback that held the loop for 90-120 ms.
-                        await asyncio.sleep(0)
-                if free[0] <= 0 or queue.empty():
-                    break
-                item = queue.get_nowait()
-            if frames:
-                writer.write(b"".join(frames))
+            async with writing:
+                frames = []
+                now = loop.time()
+                t0 = time.perf_counter()
+                while True:
+                    job = item[2]
+                    if busy[0]:  # (said while this waited: the job is another worker's)
+                        queue.put_nowait(item)
+                        break
+                    # (a job whose future is done: its client went away or timed out)
+                    if not job.future.done() and not self._hold_back(info.key, item):
+                        job_id = next(self._ids)
+                        job.attempts += 1
+                        inflight[job_id] = job
+                        deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
+                        sent[job_id] = t0
+                        head, pieces = job_frame_parts(job_id, job.job)
+                        frames.append(head)
+                        slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
+                        free[0] -= slots[job_id]
+                        for piece in pieces:
+                            frames.append(piece)
+                            writer.write(b"".join(frames))
+                            frames = []
+                            await writer.drain()
+                            # A turn of the loop per piece, whether drain() waited or not: in
+                            # a loaded server a manifest's pieces were seen going out in one
+                            # callback that held the loop for 90-120 ms.
+                            await asyncio.sleep(0)
+                    if free[0] <= 0 or queue.empty() or busy[0]:
+                        break
+                    item = queue.get_nowait()
+                if frames:
+                    writer.write(b"".join(frames))
+
+        async def paused() -> None:
+            async with writing:  # (after a job being written: its frame stays whole)
+                writer.write(Paused().frame())
+
+        def told(now_busy: bool) -> None:
+            """The worker is busy with another dispatcher's manifest (or free again)."""
+            if not now_busy:
+                if busy[0]:
+                    busy[0] = False
+                    self._manifest_done(info.key)
+                    freed.set()
+                return
+            if not busy[0]:
+                busy[0] = True
+                # A manifest signed by one of this key's workers, as one of ours would be:
+                # at most all but one of them sign manifests, whichever process sent them.
+                self._manifests_out[info.key] = self._manifests_out.get(info.key, 0) + 1
+            # Every job in flight with it goes back to the front of the queue, for another
+            # worker; it was never signed, so the attempt is not counted. The worker drops
+            # what it gets from here before the `Paused` that follows.
+            for job_id in list(inflight):
+                job = inflight.pop(job_id)
+                deadlines.pop(job_id, None)
+                sent.pop(job_id, None)
+                free[0] += slots.pop(job_id, 0)
+                if isinstance(job.job, ManifestJob):
+                    self._manifest_done(info.key)
+                if not job.future.done():
+                    job.attempts -= 1
+                    self.taken_back += 1
+                    self.queue(job.key).put_nowait((RETRY, next(self._seq), job))
+            ack = asyncio.create_task(paused())
+            acks.add(ack)
+            ack.add_done_callback(acks.discard)
 
         async def watchdog() -> None:
             while True:
@@ -301,7 +348,11 @@ class SocketDispatcher:
         dog = asyncio.create_task(watchdog())
         try:
             while True:
-                result = Result.from_dict(await _read_frame(reader))
+                message = await _read_frame(reader)
+                if "busy" in message:
+                    told(Busy.from_dict(message).busy)
+                    continue
+                result = Result.from_dict(message)
                 job_id = result.id
                 job = inflight.pop(job_id, None)
                 deadlines.pop(job_id, None)
@@ -320,9 +371,11 @@ class SocketDispatcher:
                         job.future.set_exception(SigningFailed(str(result.error)))
                 job = None  # (not held while the next answer is awaited: see feed)
         finally:
-            feeder.cancel()
-            dog.cancel()
-            await asyncio.gather(feeder, dog, return_exceptions=True)
+            if busy[0]:
+                self._manifest_done(info.key)
+            for task in (feeder, dog, *acks):
+                task.cancel()
+            await asyncio.gather(feeder, dog, *acks, return_exceptions=True)
 
 
 MANIFEST_RATE = 1 << 20  # bytes per second a worker gets, on top of the signing timeout

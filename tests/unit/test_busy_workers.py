@@ -1,0 +1,241 @@
+"""A worker signing one HTTP process's manifest tells the other processes' dispatchers (socket
+dispatch, docs/jobs.md "Transports"): each takes back the jobs it had sent that worker, which
+other workers then sign, and sends it none until it is free. Without it, a stamp handed to a
+worker that had just taken another process's 127 MiB manifest waited behind it (a second and
+more: `bench.manifest_flood --api-processes 3`, digest stamp max 1.5 s).
+
+Both sides over real Unix sockets: the dispatcher (`SocketDispatcher`) with workers played by
+the test, and the worker's connections (`workers.link.Dispatchers`) with dispatchers played by
+the test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from formats.jobs import (
+    HEADER,
+    Busy,
+    FrameBuffer,
+    Hello,
+    ManifestJob,
+    Paused,
+    ReceiptJob,
+    Result,
+    decode_frame,
+    frame_size,
+    job_frame,
+)
+from server.dispatch.socket import SocketDispatcher
+from tests.helpers import short_tmpdir
+from workers.keys.keyset import PRIMARY
+from workers.link import Dispatchers
+
+
+@pytest.fixture
+def run() -> Iterator[Path]:
+    path = short_tmpdir("bw")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class FakeWorker:
+    """A worker on the dispatcher's socket, driven by the test: it reads job frames and
+    answers only when told."""
+
+    def __init__(self, name: str, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.name, self.reader, self.writer = name, reader, writer
+
+    @classmethod
+    async def connect(cls, sock: Path, name: str, dispatcher: SocketDispatcher) -> FakeWorker:
+        reader, writer = await asyncio.open_unix_connection(str(sock))
+        writer.write(Hello(name, os.getpid(), "F" * 40, PRIMARY).frame())
+        await writer.drain()
+        while name not in dispatcher.workers:
+            await asyncio.sleep(0.01)
+        return cls(name, reader, writer)
+
+    async def next_message(self) -> dict[str, Any]:
+        head = await self.reader.readexactly(HEADER.size)
+        return decode_frame(await self.reader.readexactly(frame_size(head)))
+
+    async def say(self, frame: bytes) -> None:
+        self.writer.write(frame)
+        await self.writer.drain()
+
+    async def answer_all(self) -> None:
+        """Answer every job as it comes (a free worker)."""
+        while True:
+            message = await self.next_message()
+            await self.say(Result(int(message["id"]), f"signed by {self.name}").frame())
+
+
+def receipt(n: int) -> ReceiptJob:
+    return ReceiptJob(f"statement {n}", 1_800_000_000)
+
+
+def test_a_busy_worker_gives_back_its_jobs_and_gets_none_until_it_is_free(run: Path) -> None:
+    async def scenario() -> None:
+        sock = run / "dispatch-1.sock"
+        dispatcher = SocketDispatcher(sock, sign_timeout=60, max_attempts=1)
+        await dispatcher.start()
+        try:
+            async with asyncio.timeout(30):
+                busy = await FakeWorker.connect(sock, "w:1:0", dispatcher)
+                first = [asyncio.create_task(dispatcher.sign(receipt(i))) for i in range(2)]
+                got = [await busy.next_message() for _ in first]  # in flight with it
+                assert {m["text"] for m in got} == {"statement 0", "statement 1"}
+                # Another process's manifest keeps it busy: the two go to another worker,
+                # with one attempt each (max_attempts=1: a counted attempt would fail them).
+                await busy.say(Busy(True).frame())
+                assert Paused.is_one(await busy.next_message())
+                free = await FakeWorker.connect(sock, "w:2:0", dispatcher)
+                answering = asyncio.create_task(free.answer_all())
+                for task in first:
+                    signed = await task
+                    assert (signed.text, signed.attempts) == ("signed by w:2:0", 1)
+                assert dispatcher.taken_back == 2
+                # Nothing more for the busy one meanwhile: these too are signed by the other.
+                more = await asyncio.gather(*(dispatcher.sign(receipt(i)) for i in range(2, 6)))
+                assert {s.worker for s in more} == {"w:2:0"}
+                # Free again, and the other one gone: the next job is the first one's.
+                await busy.say(Busy(False).frame())
+                answering.cancel()
+                free.writer.close()
+                while "w:2:0" in dispatcher.workers:
+                    await asyncio.sleep(0.01)
+                later = asyncio.create_task(dispatcher.sign(receipt(6)))
+                message = await busy.next_message()
+                assert message["text"] == "statement 6"
+                await busy.say(Result(int(message["id"]), "late").frame())
+                assert (await later).worker == "w:1:0"
+                busy.writer.close()
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())
+
+
+class FakeDispatcher:
+    """A dispatcher's socket, played by the test: it accepts the worker's connection."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(1)
+        self.conn: socket.socket | None = None
+        self.frames = FrameBuffer()
+
+    def accept(self) -> None:
+        self.listener.settimeout(10)
+        self.conn, _ = self.listener.accept()
+        self.conn.settimeout(10)
+        assert "hello" in self.next_message()
+
+    def next_message(self) -> dict[str, Any]:
+        assert self.conn is not None
+        while (message := self.frames.next()) is None:
+            data = self.conn.recv(65536)
+            assert data, "the worker hung up"
+            self.frames.feed(data)
+        return message
+
+    def send(self, frame: bytes) -> None:
+        assert self.conn is not None
+        self.conn.sendall(frame)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.listener.close()
+
+
+def test_a_worker_tells_the_other_dispatchers_and_drops_what_they_took_back(
+        run: Path) -> None:
+    a, b = FakeDispatcher(run / "dispatch.sock"), FakeDispatcher(run / "dispatch-1.sock")
+    links = Dispatchers((a.path, b.path), Hello("w:1:0", os.getpid(), "F" * 40,
+                                                PRIMARY).frame(), "w:1:0")
+    try:
+        links.connect(deadline=0)
+        a.accept()
+        b.accept()
+        b.send(job_frame(1, receipt(1)))  # sent before b hears the worker is busy
+        links.busy_for(a.path)  # (a manifest of a's)
+        links.busy_for(a.path)  # (said once)
+        assert b.next_message() == {"busy": True}
+        b.send(job_frame(2, receipt(2)) + Paused().frame() + job_frame(3, receipt(3)))
+        links.free()
+        assert b.next_message() == {"busy": False}
+        # Jobs 1 and 2 came before b's Paused: b took them back, and they are dropped here.
+        found = None
+        for _ in range(100):  # (each call reads what one socket has, waiting 0.1 s at most)
+            found = links.next_jobs(0.1)
+            if found is not None:
+                break
+        assert found is not None
+        path, messages = found
+        assert path == b.path and [m["id"] for m in messages] == [3]
+        assert not links.dropping and not links.told
+        # a was not told: it sent the manifest.
+        a.send(job_frame(4, receipt(4)))
+        found = links.next_jobs(5.0)
+        assert found is not None and found[0] == a.path and found[1][0]["id"] == 4
+    finally:
+        links.close()
+        a.close()
+        b.close()
+
+
+def test_the_others_hear_it_when_a_manifests_head_comes_and_again_if_it_never_ends(
+        run: Path) -> None:
+    a, b = FakeDispatcher(run / "dispatch.sock"), FakeDispatcher(run / "dispatch-1.sock")
+    links = Dispatchers((a.path, b.path), Hello("w:1:0", os.getpid(), "F" * 40,
+                                                PRIMARY).frame(), "w:1:0")
+    lines = "".join(f"{i:064x}  f{i}\n" for i in range(1000))
+    frame = job_frame(1, ManifestJob("sha256", 1, "u", 1, "F" * 40, lines))
+    try:
+        links.connect(deadline=0)
+        a.accept()
+        b.accept()
+        a.send(frame[:-100])  # the head and most of the lines
+        for _ in range(100):  # (until the worker has read what was sent)
+            assert links.next_jobs(0.05) is None
+            if links.busy_with == a.path:
+                break
+        assert b.next_message() == {"busy": True}  # before the lines are all in
+        a.send(frame[-100:])
+        found = links.next_jobs(5.0)
+        assert found is not None and found[0] == a.path and found[1][0]["lines"] == lines
+        links.free()
+        assert b.next_message() == {"busy": False}
+        b.send(Paused().frame())
+        # A manifest whose dispatcher hangs up before its lines are in: the others may send
+        # again.
+        a.send(frame[:-100])
+        for _ in range(100):
+            links.next_jobs(0.05)
+            if links.busy_with == a.path:
+                break
+        assert b.next_message() == {"busy": True}
+        assert a.conn is not None
+        a.conn.close()
+        for _ in range(100):
+            links.next_jobs(0.05)
+            if a.path not in links.links:
+                break
+        assert b.next_message() == {"busy": False} and links.busy_with is None
+    finally:
+        links.close()
+        a.close()
+        b.close()
