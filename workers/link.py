@@ -84,6 +84,10 @@ class Dispatchers:
         self.links[path] = (sock, FrameBuffer())
         self.told.discard(path)  # (a new connection: its dispatcher knows nothing of before)
         self.dropping.pop(path, None)
+        if self.busy_with is not None and path != self.busy_with:  # (back while we are busy)
+            self.told.add(path)
+            self.dropping[path] = 1
+            self.answer(path, Busy(True).frame())
 
     def drop(self, path: Path, why: str, expected: bool = False) -> None:
         sock, _ = self.links.pop(path)

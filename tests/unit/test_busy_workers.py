@@ -159,6 +159,7 @@ class FakeDispatcher:
         if self.conn is not None:
             self.conn.close()
         self.listener.close()
+        self.path.unlink(missing_ok=True)
 
 
 def test_a_worker_tells_the_other_dispatchers_and_drops_what_they_took_back(
@@ -235,6 +236,31 @@ def test_the_others_hear_it_when_a_manifests_head_comes_and_again_if_it_never_en
             if a.path not in links.links:
                 break
         assert b.next_message() == {"busy": False} and links.busy_with is None
+    finally:
+        links.close()
+        a.close()
+        b.close()
+
+
+def test_a_dispatcher_that_comes_back_while_the_worker_is_busy_is_told(run: Path) -> None:
+    a, b = FakeDispatcher(run / "dispatch.sock"), FakeDispatcher(run / "dispatch-1.sock")
+    links = Dispatchers((a.path, b.path), Hello("w:1:0", os.getpid(), "F" * 40,
+                                                PRIMARY).frame(), "w:1:0")
+    try:
+        links.connect(deadline=0)
+        a.accept()
+        b.accept()
+        links.busy_for(a.path)
+        assert b.next_message() == {"busy": True}
+        links.drop(b.path, "test")  # (its HTTP process restarted)
+        b.close()
+        b = FakeDispatcher(run / "dispatch-1.sock")
+        links.lost[b.path] = 0.0
+        links.next_jobs(0.05)  # tries it again
+        b.accept()
+        assert b.next_message() == {"busy": True}
+        links.free()
+        assert b.next_message() == {"busy": False}
     finally:
         links.close()
         a.close()
