@@ -5,11 +5,14 @@ and /readyz add them up. (Faults: tests/system/test_faults.py.)"""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import http.client
 import json
 import os
 import re
 import signal
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.helpers import (
@@ -148,3 +151,42 @@ def test_http_processes_are_forked_by_a_manager_that_comes_back(seeded_dir: Path
 
 def pids_alive(pids: set[int]) -> list[int]:
     return [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def _post(server: Server, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    try:  # (a connection of its own: the kernel picks the HTTP process)
+        conn.request("POST", path, body, {"Content-Type": content_type, "Connection": "close"})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_manifests_of_both_processes_and_stamps_beside_them_are_all_signed_quietly(
+        seeded_dir: Path, server_factory: list[Server]) -> None:
+    """Manifests taken by both HTTP processes at once, digest stamps beside them: a worker
+    given one process's manifest tells the other's dispatcher, which takes back what it had
+    sent that worker (docs/jobs.md, "Transports"). Every answer is right, and nothing warns
+    (a message a side did not expect drops the connection, with a warning)."""
+    server = start_server(seeded_dir, workers=2, api_processes=2)
+    server_factory.append(server)
+    lines = 30_000  # ~2.3 MB each: checked in a process of its own, sent a MiB at a time
+    bodies = ["".join(f"{hashlib.sha256(f'{m}/{n}'.encode()).hexdigest()} *f{n}\n"
+                      for n in range(lines)).encode() for m in range(8)]
+    digests = [hashlib.sha256(b"beside %d" % i).hexdigest() for i in range(40)]
+    with ThreadPoolExecutor(16) as pool:
+        signed = [pool.submit(_post, server, "/v1/manifests", b, "text/plain") for b in bodies]
+        stamps = [pool.submit(_post, server, "/v1/stamps", f"sha256={d}".encode(),
+                              "application/x-www-form-urlencoded") for d in digests]
+        for body, answer in zip(bodies, signed, strict=True):
+            status, text = answer.result()
+            assert status == 200, text[:300]
+            assert f"\n# lines: {lines}\n".encode() in text and body in text
+            assert text.count(b"-----BEGIN PGP SIGNATURE-----") == 1
+        for digest, answer in zip(digests, stamps, strict=True):
+            status, text = answer.result()
+            assert status == 200 and digest.encode() in text, text[:300]
+    loud = [line for line in server.log().splitlines()
+            if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line)]
+    assert not loud, "\n".join(loud)
