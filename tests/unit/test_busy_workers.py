@@ -265,3 +265,40 @@ def test_a_dispatcher_that_comes_back_while_the_worker_is_busy_is_told(run: Path
         links.close()
         a.close()
         b.close()
+
+
+def test_a_worker_busy_elsewhere_counts_among_its_keys_manifest_signers(run: Path) -> None:
+    """Of a key's two workers, one busy with another process's manifest: this dispatcher's
+    own manifest waits (one worker stays free for stamps) until that one is free, or gone."""
+    lines = "".join(f"{i:064x}  f{i}\n" for i in range(100))
+
+    async def scenario() -> None:
+        sock = run / "dispatch-1.sock"
+        dispatcher = SocketDispatcher(sock, sign_timeout=60, max_attempts=1)
+        await dispatcher.start()
+        try:
+            async with asyncio.timeout(30):
+                busy = await FakeWorker.connect(sock, "w:1:0", dispatcher)
+                free = await FakeWorker.connect(sock, "w:2:0", dispatcher)
+                await busy.say(Busy(True).frame())
+                assert Paused.is_one(await busy.next_message())
+                manifest = asyncio.create_task(dispatcher.sign(
+                    ManifestJob("sha256", 1, "u", 1, "F" * 40, lines)))
+                # Held back: a stamp still goes to the free worker, and is all it gets.
+                stamp = asyncio.create_task(dispatcher.sign(receipt(1)))
+                message = await free.next_message()
+                assert message["op"] == "receipt"
+                await free.say(Result(int(message["id"]), "stamp").frame())
+                assert (await stamp).worker == "w:2:0" and not manifest.done()
+                # The busy one is gone (killed while signing): the manifest goes out.
+                busy.writer.close()
+                message = await free.next_message()
+                assert message["op"] == "manifest"
+                await free.reader.readexactly(int(message["lines_bytes"]))
+                await free.say(Result(int(message["id"]), "manifest").frame())
+                assert (await manifest).text == "manifest"
+                free.writer.close()
+        finally:
+            await dispatcher.stop()
+
+    asyncio.run(scenario())
