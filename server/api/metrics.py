@@ -64,6 +64,10 @@ class StampdCollector(Collector):
         yield CounterMetricFamily("stampd_requeued_jobs",
                                   "Jobs handed to another worker after a fault",
                                   value=total.requeued)
+        yield CounterMetricFamily("stampd_taken_back_jobs",
+                                  "Jobs taken back from a worker that another HTTP process's "
+                                  "manifest keeps busy, and signed by another",
+                                  value=total.taken_back)
         yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
                          [], {(): st.journal_commit})
         yield _histogram("stampd_event_loop_lag_seconds",

@@ -55,6 +55,7 @@ class Overview:
     own: Stats
     queue: int  # jobs waiting for a worker
     requeued: int  # jobs handed to another worker after a fault
+    taken_back: int  # jobs taken back from a worker busy with another process's manifest
     others: list[Sibling]
 
     def stats(self) -> Stats:
@@ -67,7 +68,9 @@ def overview(stats: Stats, dispatcher: Dispatcher, siblings: Siblings | None) ->
     others = [] if siblings is None else siblings.others()
     records = [o.record for o in others if o.record is not None]
     return Overview(stats, dispatcher.queue_depth + sum(r["queue"] for r in records),
-                    dispatcher.requeued + sum(r["requeued"] for r in records), others)
+                    dispatcher.requeued + sum(r["requeued"] for r in records),
+                    dispatcher.taken_back + sum(r.get("taken_back", 0) for r in records),
+                    others)
 
 
 class Siblings:
@@ -90,6 +93,7 @@ class Siblings:
         return {"index": self.index, "pid": os.getpid(), "time": self.clock(),
                 "stats": self.stats.snapshot(), "queue": self.dispatcher.queue_depth,
                 "requeued": self.dispatcher.requeued,
+                "taken_back": self.dispatcher.taken_back,
                 "workers": sorted(self.dispatcher.workers)}
 
     def write(self, record: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ class Dispatcher(Protocol):
     """Hands jobs to workers and their answers back (`SocketDispatcher`, `DbDispatcher`)."""
 
     requeued: int  # jobs handed to another worker after a fault
+    taken_back: int  # jobs taken back from a worker another HTTP process's manifest keeps busy
 
     async def start(self) -> None: ...
 

@@ -187,6 +187,14 @@ def test_manifests_of_both_processes_and_stamps_beside_them_are_all_signed_quiet
         for digest, answer in zip(digests, stamps, strict=True):
             status, text = answer.result()
             assert status == 200 and digest.encode() in text, text[:300]
+    # Jobs taken back from busy workers (how many depends on timing): /metrics adds up the
+    # processes' counts, as each reports its own.
+    def reported() -> int:
+        return sum(json.loads((server.data_dir / "run" / "api" / f"{i}.json").read_text())
+                   ["taken_back"] for i in range(2))
+
+    wait_for(lambda: metric(server, "stampd_taken_back_jobs_total") == reported(),
+             timeout=10, what="the taken-back jobs in /metrics")
     loud = [line for line in server.log().splitlines()
             if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line)]
     assert not loud, "\n".join(loud)
