@@ -321,9 +321,10 @@ class Settings(BaseSettings):
     manifest_bytes_in_flight: int = Field(
         default=256 << 20, ge=0,
         description="manifest bytes being read, signed and answered at once on this host "
-        "(each HTTP process its share, at least one manifest); beyond them 503; 0 = no limit. "
+        "(all its HTTP processes together; one manifest whatever its size when none is in "
+        "flight); beyond them 503; 0 = no limit. "
         "The whole server holds about 4.5 times them above its idle size at its peak: the "
-        "default, two maximal manifests, keeps it within 1.5 GiB",
+        "default, two maximal manifests, about 0.9 GiB (a 2-core host's within 1.5 GiB)",
     )
     keepalive_timeout: float = Field(
         default=15.0, gt=0, description="seconds an idle connection may stay open"
