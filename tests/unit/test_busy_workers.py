@@ -14,7 +14,7 @@ import asyncio
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,8 @@ class FakeWorker:
         self.name, self.reader, self.writer = name, reader, writer
 
     @classmethod
-    async def connect(cls, sock: Path, name: str, dispatcher: SocketDispatcher) -> FakeWorker:
-        reader, writer = await asyncio.open_unix_connection(str(sock))
+    async def connect(cls, dispatcher: SocketDispatcher, name: str) -> FakeWorker:
+        reader, writer = await asyncio.open_unix_connection(str(dispatcher.socket_path))
         writer.write(Hello(name, os.getpid(), "F" * 40, PRIMARY).frame())
         await writer.drain()
         while name not in dispatcher.workers:
@@ -84,46 +84,55 @@ def receipt(n: int) -> ReceiptJob:
     return ReceiptJob(f"statement {n}", 1_800_000_000)
 
 
-def test_a_busy_worker_gives_back_its_jobs_and_gets_none_until_it_is_free(run: Path) -> None:
-    async def scenario() -> None:
-        sock = run / "dispatch-1.sock"
-        dispatcher = SocketDispatcher(sock, sign_timeout=60, max_attempts=1)
+def with_dispatcher(run: Path, scenario: Callable[[SocketDispatcher],
+                                                  Coroutine[Any, Any, None]]) -> None:
+    """``scenario`` against a started dispatcher (one attempt a job: a counted attempt of a
+    job taken back would fail it), within 30 s; the dispatcher stopped after it."""
+    async def main() -> None:
+        dispatcher = SocketDispatcher(run / "dispatch-1.sock", sign_timeout=60, max_attempts=1)
         await dispatcher.start()
         try:
             async with asyncio.timeout(30):
-                busy = await FakeWorker.connect(sock, "w:1:0", dispatcher)
-                first = [asyncio.create_task(dispatcher.sign(receipt(i))) for i in range(2)]
-                got = [await busy.next_message() for _ in first]  # in flight with it
-                assert {m["text"] for m in got} == {"statement 0", "statement 1"}
-                # Another process's manifest keeps it busy: the two go to another worker,
-                # with one attempt each (max_attempts=1: a counted attempt would fail them).
-                await busy.say(Busy(True).frame())
-                assert Paused.is_one(await busy.next_message())
-                free = await FakeWorker.connect(sock, "w:2:0", dispatcher)
-                answering = asyncio.create_task(free.answer_all())
-                for task in first:
-                    signed = await task
-                    assert (signed.text, signed.attempts) == ("signed by w:2:0", 1)
-                assert dispatcher.taken_back == 2
-                # Nothing more for the busy one meanwhile: these too are signed by the other.
-                more = await asyncio.gather(*(dispatcher.sign(receipt(i)) for i in range(2, 6)))
-                assert {s.worker for s in more} == {"w:2:0"}
-                # Free again, and the other one gone: the next job is the first one's.
-                await busy.say(Busy(False).frame())
-                answering.cancel()
-                free.writer.close()
-                while "w:2:0" in dispatcher.workers:
-                    await asyncio.sleep(0.01)
-                later = asyncio.create_task(dispatcher.sign(receipt(6)))
-                message = await busy.next_message()
-                assert message["text"] == "statement 6"
-                await busy.say(Result(int(message["id"]), "late").frame())
-                assert (await later).worker == "w:1:0"
-                busy.writer.close()
+                await scenario(dispatcher)
         finally:
             await dispatcher.stop()
 
-    asyncio.run(scenario())
+    asyncio.run(main())
+
+
+def test_a_busy_worker_gives_back_its_jobs_and_gets_none_until_it_is_free(run: Path) -> None:
+    async def scenario(dispatcher: SocketDispatcher) -> None:
+        busy = await FakeWorker.connect(dispatcher, "w:1:0")
+        first = [asyncio.create_task(dispatcher.sign(receipt(i))) for i in range(2)]
+        got = [await busy.next_message() for _ in first]  # in flight with it
+        assert {m["text"] for m in got} == {"statement 0", "statement 1"}
+        # Another process's manifest keeps it busy: the two go to another worker,
+        # with one attempt each (max_attempts=1: a counted attempt would fail them).
+        await busy.say(Busy(True).frame())
+        assert Paused.is_one(await busy.next_message())
+        free = await FakeWorker.connect(dispatcher, "w:2:0")
+        answering = asyncio.create_task(free.answer_all())
+        for task in first:
+            signed = await task
+            assert (signed.text, signed.attempts) == ("signed by w:2:0", 1)
+        assert dispatcher.taken_back == 2
+        # Nothing more for the busy one meanwhile: these too are signed by the other.
+        more = await asyncio.gather(*(dispatcher.sign(receipt(i)) for i in range(2, 6)))
+        assert {s.worker for s in more} == {"w:2:0"}
+        # Free again, and the other one gone: the next job is the first one's.
+        await busy.say(Busy(False).frame())
+        answering.cancel()
+        free.writer.close()
+        while "w:2:0" in dispatcher.workers:
+            await asyncio.sleep(0.01)
+        later = asyncio.create_task(dispatcher.sign(receipt(6)))
+        message = await busy.next_message()
+        assert message["text"] == "statement 6"
+        await busy.say(Result(int(message["id"]), "late").frame())
+        assert (await later).worker == "w:1:0"
+        busy.writer.close()
+
+    with_dispatcher(run, scenario)
 
 
 class FakeDispatcher:
@@ -162,8 +171,13 @@ class FakeDispatcher:
         self.path.unlink(missing_ok=True)
 
 
-def test_a_worker_tells_the_other_dispatchers_and_drops_what_they_took_back(
-        run: Path) -> None:
+Found = tuple[Path, list[dict[str, Any]]]
+
+
+@pytest.fixture
+def linked(run: Path) -> Iterator[tuple[FakeDispatcher, FakeDispatcher, Dispatchers]]:
+    """A worker's connections to two dispatchers played by the test, ``a`` and ``b``, both
+    accepted."""
     a, b = FakeDispatcher(run / "dispatch.sock"), FakeDispatcher(run / "dispatch-1.sock")
     links = Dispatchers((a.path, b.path), Hello("w:1:0", os.getpid(), "F" * 40,
                                                 PRIMARY).frame(), "w:1:0")
@@ -171,100 +185,91 @@ def test_a_worker_tells_the_other_dispatchers_and_drops_what_they_took_back(
         links.connect(deadline=0)
         a.accept()
         b.accept()
-        b.send(job_frame(1, receipt(1)))  # sent before b hears the worker is busy
-        links.busy_for(a.path)  # (a manifest of a's)
-        links.busy_for(a.path)  # (said once)
-        assert b.next_message() == {"busy": True}
-        b.send(job_frame(2, receipt(2)) + Paused().frame() + job_frame(3, receipt(3)))
-        links.free()
-        assert b.next_message() == {"busy": False}
-        # Jobs 1 and 2 came before b's Paused: b took them back, and they are dropped here.
-        found = None
-        for _ in range(100):  # (each call reads what one socket has, waiting 0.1 s at most)
-            found = links.next_jobs(0.1)
-            if found is not None:
-                break
-        assert found is not None
-        path, messages = found
-        assert path == b.path and [m["id"] for m in messages] == [3]
-        assert not links.dropping and not links.told
-        # a was not told: it sent the manifest.
-        a.send(job_frame(4, receipt(4)))
-        found = links.next_jobs(5.0)
-        assert found is not None and found[0] == a.path and found[1][0]["id"] == 4
+        yield a, b, links
     finally:
         links.close()
         a.close()
         b.close()
+
+
+def turns(links: Dispatchers, until: Callable[[Found | None], bool]) -> Found | None:
+    """Turns of the worker's loop (each reads what one socket has, waiting 0.05 s at most)
+    until ``until`` holds of what one returned: that; 100 turns at most."""
+    for _ in range(100):
+        found = links.next_jobs(0.05)
+        if until(found):
+            return found
+    raise AssertionError("not within 100 turns of the worker's loop")
+
+
+def test_a_worker_tells_the_other_dispatchers_and_drops_what_they_took_back(
+        linked: tuple[FakeDispatcher, FakeDispatcher, Dispatchers]) -> None:
+    a, b, links = linked
+    b.send(job_frame(1, receipt(1)))  # sent before b hears the worker is busy
+    links.busy_for(a.path)  # (a manifest of a's)
+    links.busy_for(a.path)  # (said once)
+    assert b.next_message() == {"busy": True}
+    b.send(job_frame(2, receipt(2)) + Paused().frame() + job_frame(3, receipt(3)))
+    links.free()
+    assert b.next_message() == {"busy": False}
+    # Jobs 1 and 2 came before b's Paused: b took them back, and they are dropped here.
+    found = turns(links, lambda found: found is not None)
+    assert found is not None
+    path, messages = found
+    assert path == b.path and [m["id"] for m in messages] == [3]
+    assert not links.dropping and not links.told
+    # a was not told: it sent the manifest.
+    a.send(job_frame(4, receipt(4)))
+    found = links.next_jobs(5.0)
+    assert found is not None and found[0] == a.path and found[1][0]["id"] == 4
 
 
 def test_the_others_hear_it_when_a_manifests_head_comes_and_again_if_it_never_ends(
-        run: Path) -> None:
-    a, b = FakeDispatcher(run / "dispatch.sock"), FakeDispatcher(run / "dispatch-1.sock")
-    links = Dispatchers((a.path, b.path), Hello("w:1:0", os.getpid(), "F" * 40,
-                                                PRIMARY).frame(), "w:1:0")
+        linked: tuple[FakeDispatcher, FakeDispatcher, Dispatchers]) -> None:
+    a, b, links = linked
     lines = "".join(f"{i:064x}  f{i}\n" for i in range(1000))
     frame = job_frame(1, ManifestJob("sha256", 1, "u", 1, "F" * 40, lines))
-    try:
-        links.connect(deadline=0)
-        a.accept()
-        b.accept()
-        a.send(frame[:-100])  # the head and most of the lines
-        for _ in range(100):  # (until the worker has read what was sent)
-            assert links.next_jobs(0.05) is None
-            if links.busy_with == a.path:
-                break
-        assert b.next_message() == {"busy": True}  # before the lines are all in
-        a.send(frame[-100:])
-        found = links.next_jobs(5.0)
-        assert found is not None and found[0] == a.path and found[1][0]["lines"] == lines
-        links.free()
-        assert b.next_message() == {"busy": False}
-        b.send(Paused().frame())
-        # A manifest whose dispatcher hangs up before its lines are in: the others may send
-        # again.
-        a.send(frame[:-100])
-        for _ in range(100):
-            links.next_jobs(0.05)
-            if links.busy_with == a.path:
-                break
-        assert b.next_message() == {"busy": True}
-        assert a.conn is not None
-        a.conn.close()
-        for _ in range(100):
-            links.next_jobs(0.05)
-            if a.path not in links.links:
-                break
-        assert b.next_message() == {"busy": False} and links.busy_with is None
-    finally:
-        links.close()
-        a.close()
-        b.close()
+
+    def quiet_until_busy(found: Found | None) -> bool:
+        assert found is None  # (the lines are not all in)
+        return links.busy_with == a.path
+
+    a.send(frame[:-100])  # the head and most of the lines
+    turns(links, quiet_until_busy)  # (until the worker has read what was sent)
+    assert b.next_message() == {"busy": True}  # before the lines are all in
+    a.send(frame[-100:])
+    found = links.next_jobs(5.0)
+    assert found is not None and found[0] == a.path and found[1][0]["lines"] == lines
+    links.free()
+    assert b.next_message() == {"busy": False}
+    b.send(Paused().frame())
+    # A manifest whose dispatcher hangs up before its lines are in: the others may send again.
+    a.send(frame[:-100])
+    turns(links, quiet_until_busy)
+    assert b.next_message() == {"busy": True}
+    assert a.conn is not None
+    a.conn.close()
+    turns(links, lambda _: a.path not in links.links)
+    assert b.next_message() == {"busy": False} and links.busy_with is None
 
 
-def test_a_dispatcher_that_comes_back_while_the_worker_is_busy_is_told(run: Path) -> None:
-    a, b = FakeDispatcher(run / "dispatch.sock"), FakeDispatcher(run / "dispatch-1.sock")
-    links = Dispatchers((a.path, b.path), Hello("w:1:0", os.getpid(), "F" * 40,
-                                                PRIMARY).frame(), "w:1:0")
+def test_a_dispatcher_that_comes_back_while_the_worker_is_busy_is_told(
+        linked: tuple[FakeDispatcher, FakeDispatcher, Dispatchers]) -> None:
+    a, b, links = linked
+    links.busy_for(a.path)
+    assert b.next_message() == {"busy": True}
+    links.drop(b.path, "test")  # (its HTTP process restarted)
+    b.close()
+    again = FakeDispatcher(b.path)
     try:
-        links.connect(deadline=0)
-        a.accept()
-        b.accept()
-        links.busy_for(a.path)
-        assert b.next_message() == {"busy": True}
-        links.drop(b.path, "test")  # (its HTTP process restarted)
-        b.close()
-        b = FakeDispatcher(run / "dispatch-1.sock")
         links.lost[b.path] = 0.0
         links.next_jobs(0.05)  # tries it again
-        b.accept()
-        assert b.next_message() == {"busy": True}
+        again.accept()
+        assert again.next_message() == {"busy": True}
         links.free()
-        assert b.next_message() == {"busy": False}
+        assert again.next_message() == {"busy": False}
     finally:
-        links.close()
-        a.close()
-        b.close()
+        again.close()
 
 
 def test_a_worker_busy_elsewhere_counts_among_its_keys_manifest_signers(run: Path) -> None:
@@ -272,33 +277,26 @@ def test_a_worker_busy_elsewhere_counts_among_its_keys_manifest_signers(run: Pat
     own manifest waits (one worker stays free for stamps) until that one is free, or gone."""
     lines = "".join(f"{i:064x}  f{i}\n" for i in range(100))
 
-    async def scenario() -> None:
-        sock = run / "dispatch-1.sock"
-        dispatcher = SocketDispatcher(sock, sign_timeout=60, max_attempts=1)
-        await dispatcher.start()
-        try:
-            async with asyncio.timeout(30):
-                busy = await FakeWorker.connect(sock, "w:1:0", dispatcher)
-                free = await FakeWorker.connect(sock, "w:2:0", dispatcher)
-                await busy.say(Busy(True).frame())
-                assert Paused.is_one(await busy.next_message())
-                manifest = asyncio.create_task(dispatcher.sign(
-                    ManifestJob("sha256", 1, "u", 1, "F" * 40, lines)))
-                # Held back: a stamp still goes to the free worker, and is all it gets.
-                stamp = asyncio.create_task(dispatcher.sign(receipt(1)))
-                message = await free.next_message()
-                assert message["op"] == "receipt"
-                await free.say(Result(int(message["id"]), "stamp").frame())
-                assert (await stamp).worker == "w:2:0" and not manifest.done()
-                # The busy one is gone (killed while signing): the manifest goes out.
-                busy.writer.close()
-                message = await free.next_message()
-                assert message["op"] == "manifest"
-                await free.reader.readexactly(int(message["lines_bytes"]))
-                await free.say(Result(int(message["id"]), "manifest").frame())
-                assert (await manifest).text == "manifest"
-                free.writer.close()
-        finally:
-            await dispatcher.stop()
+    async def scenario(dispatcher: SocketDispatcher) -> None:
+        busy = await FakeWorker.connect(dispatcher, "w:1:0")
+        free = await FakeWorker.connect(dispatcher, "w:2:0")
+        await busy.say(Busy(True).frame())
+        assert Paused.is_one(await busy.next_message())
+        manifest = asyncio.create_task(dispatcher.sign(
+            ManifestJob("sha256", 1, "u", 1, "F" * 40, lines)))
+        # Held back: a stamp still goes to the free worker, and is all it gets.
+        stamp = asyncio.create_task(dispatcher.sign(receipt(1)))
+        message = await free.next_message()
+        assert message["op"] == "receipt"
+        await free.say(Result(int(message["id"]), "stamp").frame())
+        assert (await stamp).worker == "w:2:0" and not manifest.done()
+        # The busy one is gone (killed while signing): the manifest goes out.
+        busy.writer.close()
+        message = await free.next_message()
+        assert message["op"] == "manifest"
+        await free.reader.readexactly(int(message["lines_bytes"]))
+        await free.say(Result(int(message["id"]), "manifest").frame())
+        assert (await manifest).text == "manifest"
+        free.writer.close()
 
-    asyncio.run(scenario())
+    with_dispatcher(run, scenario)
