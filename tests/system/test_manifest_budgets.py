@@ -63,17 +63,23 @@ def answer(s: socket.socket) -> bytes:
     return out
 
 
-@pytest.fixture(scope="module")
-def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Two HTTP processes; the host takes 3 bodies an hour, a client any number."""
-    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("rate") / "data"), workers=1,
-                       api_processes=2,
-                       extra_env={"STAMPD_MANIFEST_BYTES_PER_HOUR": str(3 * SIZE),
-                                  "STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR": "0"})
+def serving(factory: pytest.TempPathFactory, name: str, env: dict[str, str],
+            api_processes: int = 1) -> Iterator[Server]:
+    """A module's server (one worker, the settings ``env``), stopped when it is done."""
+    srv = start_server(seed_data_dir(factory.mktemp(name) / "data"), workers=1,
+                       api_processes=api_processes, extra_env=env)
     try:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Two HTTP processes; the host takes 3 bodies an hour, a client any number."""
+    yield from serving(tmp_path_factory, "rate",
+                       {"STAMPD_MANIFEST_BYTES_PER_HOUR": str(3 * SIZE),
+                        "STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR": "0"}, api_processes=2)
 
 
 def test_the_hosts_hourly_bytes_hold_across_its_http_processes(limited: Server) -> None:
@@ -98,12 +104,8 @@ def test_the_hosts_hourly_bytes_hold_across_its_http_processes(limited: Server) 
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One HTTP process with room for one small manifest in flight."""
-    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("flight") / "data"), workers=1,
-                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(SIZE + 10)})
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from serving(tmp_path_factory, "flight",
+                       {"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(SIZE + 10)})
 
 
 def test_manifest_bytes_in_flight_beyond_the_budget_are_refused_with_503(
@@ -151,14 +153,10 @@ BIG = len(body(0, 20_000))  # about 1.5 MiB: more than a frame may hold (formats
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One HTTP process with room for two 1.5 MiB manifests in flight."""
-    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("two") / "data"), workers=1,
+    yield from serving(tmp_path_factory, "two",
                        # (the held bodies must not time out while the third is tried)
-                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(2 * BIG + 10),
-                                  "STAMPD_BODY_TIMEOUT": "120"})
-    try:
-        yield srv
-    finally:
-        srv.stop()
+                       {"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(2 * BIG + 10),
+                        "STAMPD_BODY_TIMEOUT": "120"})
 
 
 
@@ -217,14 +215,9 @@ def test_manifests_beyond_the_budget_wait_for_a_503_and_the_ones_taken_are_all_s
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Two HTTP processes with room for one small manifest in flight between them."""
-    srv = start_server(seed_data_dir(tmp_path_factory.mktemp("pair") / "data"), workers=1,
-                       api_processes=2,
-                       extra_env={"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(SIZE + 10),
-                                  "STAMPD_BODY_TIMEOUT": "120"})
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from serving(tmp_path_factory, "pair",
+                       {"STAMPD_MANIFEST_BYTES_IN_FLIGHT": str(SIZE + 10),
+                        "STAMPD_BODY_TIMEOUT": "120"}, api_processes=2)
 
 
 def test_the_bytes_in_flight_are_one_budget_for_the_hosts_http_processes(pair: Server) -> None:
