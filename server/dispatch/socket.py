@@ -304,6 +304,16 @@ class SocketDispatcher:
             async with writing:  # (after a job being written: its frame stays whole)
                 writer.write(Paused().frame())
 
+        def release(job_id: int) -> tuple[Pending | None, float | None]:
+            """Job ``job_id`` is with this worker no more (answered, or taken back): its
+            slots are free again; the job, and when it was sent."""
+            job = inflight.pop(job_id, None)
+            deadlines.pop(job_id, None)
+            free[0] += slots.pop(job_id, 0)
+            if job is not None and isinstance(job.job, ManifestJob):
+                self._manifest_done(info.key)
+            return job, sent.pop(job_id, None)
+
         def told(now_busy: bool) -> None:
             """The worker is busy with another dispatcher's manifest (or free again)."""
             if not now_busy:
@@ -321,13 +331,8 @@ class SocketDispatcher:
             # worker; it was never signed, so the attempt is not counted. The worker drops
             # what it gets from here before the `Paused` that follows.
             for job_id in list(inflight):
-                job = inflight.pop(job_id)
-                deadlines.pop(job_id, None)
-                sent.pop(job_id, None)
-                free[0] += slots.pop(job_id, 0)
-                if isinstance(job.job, ManifestJob):
-                    self._manifest_done(info.key)
-                if not job.future.done():
+                job, _ = release(job_id)
+                if job is not None and not job.future.done():
                     job.attempts -= 1
                     self.taken_back += 1
                     self.queue(job.key).put_nowait((RETRY, next(self._seq), job))
@@ -353,15 +358,10 @@ class SocketDispatcher:
                     told(Busy.from_dict(message).busy)
                     continue
                 result = Result.from_dict(message)
-                job_id = result.id
-                job = inflight.pop(job_id, None)
-                deadlines.pop(job_id, None)
+                job, sent_at = release(result.id)
                 t1 = time.perf_counter()
-                signing.observe(t1 - sent.pop(job_id, t1))
-                free[0] += slots.pop(job_id, 0)
+                signing.observe(t1 - (t1 if sent_at is None else sent_at))
                 freed.set()
-                if job is not None and isinstance(job.job, ManifestJob):
-                    self._manifest_done(info.key)
                 if job is not None and not job.future.done():
                     if result.object is not None:
                         job.future.set_result(Signed(result.object, info.name, job.attempts))
