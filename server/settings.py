@@ -329,6 +329,17 @@ class Settings(BaseSettings):
     keepalive_timeout: float = Field(
         default=15.0, gt=0, description="seconds an idle connection may stay open"
     )
+    # GET /v1/proofs/...?wait= (docs/transparency.md, "Waiting for a proof").
+    proof_waiters: int = Field(
+        default=2000, gt=0,
+        description="proof requests that may wait (?wait=) at once in each HTTP process; "
+        "beyond them 503 with Retry-After",
+    )
+    proof_waiters_per_client: int = Field(
+        default=32, gt=0,
+        description="proof requests one client address (IPv6: its /64) may have waiting at "
+        "once in each HTTP process; beyond them 503 with Retry-After",
+    )
     max_queue: int = Field(default=5000, gt=0, description="waiting stamps before 503")
     sign_timeout: float = Field(default=10.0, gt=0, description="seconds per signing attempt")
     request_timeout: float = Field(

@@ -46,6 +46,8 @@ class Stats:
     worker_disconnects: int = 0
     loop_lag: Histogram = field(default_factory=Histogram)  # server.api.looplag
     loop_lag_max: float = 0.0  # seconds: the longest lag since the process started
+    proof_waiters: int = 0  # GET /v1/proofs ?wait= requests waiting now (server.tlog.waiters)
+    proof_waiters_refused: int = 0  # ... refused (503) for want of room
 
     def request(self, kind: str, status: int) -> None:
         self.requests[(kind, status)] += 1
@@ -64,6 +66,8 @@ class Stats:
             "worker_disconnects": self.worker_disconnects,
             "loop_lag": [self.loop_lag.counts, self.loop_lag.total],
             "loop_lag_max": self.loop_lag_max,
+            "proof_waiters": self.proof_waiters,
+            "proof_waiters_refused": self.proof_waiters_refused,
         }
 
     def add(self, snapshot: dict[str, Any]) -> None:
@@ -76,6 +80,8 @@ class Stats:
         self.worker_disconnects += snapshot["worker_disconnects"]
         self.loop_lag.add(*snapshot["loop_lag"])
         self.loop_lag_max = max(self.loop_lag_max, snapshot["loop_lag_max"])
+        self.proof_waiters += snapshot.get("proof_waiters", 0)
+        self.proof_waiters_refused += snapshot.get("proof_waiters_refused", 0)
 
     def plus(self, snapshots: Iterable[dict[str, Any]]) -> Stats:
         """A new `Stats`: these counters and the ``snapshots`` added up."""

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from server import db
 from server.api import looplag
 from server.api.health import add_health_routes
-from server.api.httpproto import open_connections
+from server.api.httpproto import on_shutdown, open_connections
 from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
@@ -51,8 +51,11 @@ from server.stamping.journal_host import RemoteJournal
 from server.stamping.stamper import Stamper
 from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
+from server.tlog.proofs import locate_many
+from server.tlog.published import CheckpointWatch
 from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, fingerprints_of
 from server.tlog.store import TileReader, checkpoint_file
+from server.tlog.waiters import ProofWaiters
 from server.tlog.witnesses import STATE_FILE, Backoff, WitnessSender
 from workers.keys.keyset import TLOG_KEY, ServedKey, allowed_signers, tlog_vkey, with_purposes
 
@@ -124,7 +127,28 @@ def _transparency_log(
     return key, reader, tlog
 
 
+def _proof_waiters(settings: Settings, engine: db.Engine, reader: TileReader | None,
+                   stats: Stats) -> tuple[ProofWaiters | None, CheckpointWatch | None]:
+    """The proof requests that wait, and the watch that wakes them when a checkpoint is
+    published (started; None, None without a transparency log)."""
+    if reader is None:
+        return None, None
+
+    def size() -> int | None:
+        published = reader.published()
+        return None if published is None else published[1]
+
+    waiters = ProofWaiters(size, lambda serials, objects: locate_many(engine, serials, objects),
+                           limit=settings.proof_waiters,
+                           per_client=settings.proof_waiters_per_client, stats=stats)
+    watch = CheckpointWatch(reader.root, waiters.published)
+    watch.start()
+    waiters.published()  # (the size there is now)
+    return waiters, watch
+
+
 log = logging.getLogger(__name__)
+
 
 def _server_gone() -> None:
     """The journal host (in ``stampd serve``) closed this HTTP process's link: the server
@@ -212,15 +236,22 @@ def create_app(
         if siblings is not None:
             siblings.start()
         lag = asyncio.create_task(looplag.watch(stats, busy=lambda: open_connections() > 0))
+        waiters, watch = _proof_waiters(settings, engine, tlog_reader, stats)
+        unhook = on_shutdown(waiters.close) if waiters is not None else None
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
                              tlog, witness=make_witness(settings, engine, dispatcher, served,
-                                                        clock), process=process))
+                                                        clock), process=process,
+                             proof_waiters=waiters))
         app.state.services = cell[0]
         try:
             yield
         finally:
             lag.cancel()
+            if watch is not None:
+                await watch.stop()
+            if unhook is not None:
+                unhook()
             if before_shutdown is not None:
                 await asyncio.to_thread(before_shutdown)
             if siblings is not None:

@@ -68,6 +68,14 @@ class StampdCollector(Collector):
                                   "Jobs taken back from a worker that another HTTP process's "
                                   "manifest keeps busy, and signed by another",
                                   value=total.taken_back)
+        yield GaugeMetricFamily("stampd_proof_waiters",
+                                "Proof requests (GET /v1/proofs ?wait=) waiting for a checkpoint",
+                                value=st.proof_waiters)
+        yield CounterMetricFamily("stampd_proof_waiters_refused",
+                                  "Proof requests answered 503 because as many were waiting "
+                                  "as the limits let (STAMPD_PROOF_WAITERS, "
+                                  "STAMPD_PROOF_WAITERS_PER_CLIENT)",
+                                  value=st.proof_waiters_refused)
         yield _histogram("stampd_journal_commit_seconds", "Duration of grouped journal commits",
                          [], {(): st.journal_commit})
         yield _histogram("stampd_event_loop_lag_seconds",

@@ -91,11 +91,15 @@ def _proof_operation(operation_id: str, summary: str, description: str, path: Js
         "parameters": [
             path,
             {"name": "wait", "in": "query", "required": False,
-             "description": "seconds (0 to 60) to wait until a checkpoint covers it",
+             "description": "seconds (0 to 60) to wait until a checkpoint covers it (the "
+                            "answer comes as soon as one does)",
              "schema": {"type": "string"}}],
         "responses": {
             "200": {**_text("the proof"), "headers": PROOF_HEADERS},
-            **_errors(PROBLEM, [400], s400=s400),
+            **_errors(PROBLEM, [400, 503], s400=s400,
+                      s503="as many proof requests wait already as this server lets wait "
+                           "(in all, or from this client), or the server is stopping; try "
+                           "again after Retry-After seconds"),
             "404": {**_errors(PROBLEM, [404], s404=PROOF_404)["404"],
                     "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"],
                                                 "required": False}}},

@@ -18,6 +18,7 @@ from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from server.tlog.sequencer import LogKey, Tlog
 from server.tlog.store import TileReader
+from server.tlog.waiters import ProofWaiters
 from server.tlog.witnesses import STATE_FILE, WitnessState, read_states
 from server.witness.service import Witness
 from workers.keys.keyset import ServedKey
@@ -43,6 +44,7 @@ class Services:
     tlog_reader: TileReader | None = None
     tlog: Tlog | None = None
     witness: Witness | None = None  # this server as a witness of other logs; None: none
+    proof_waiters: ProofWaiters | None = None  # GET /v1/proofs ?wait= (None: no log)
     process: int = 0  # this HTTP process's number among those of `stampd serve`
 
     def overview(self) -> Overview:

@@ -14,38 +14,33 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
-from sqlalchemy import Engine
+from starlette.types import Receive
 
 from formats.tlog.errors import TlogError
-from formats.tlog.merkle import inclusion_proof
-from formats.tlog.proof import TlogProof
 from formats.tlog.tiles import parse_entries_path, parse_tile_path
+from server.api.manifests import client_key
 from server.api.services import Services
-from server.db import reading
-from server.errors import BadRequest, NotFound, NotInLogYet
-from server.models import StampState
+from server.errors import BadRequest, NotFound, NotInLogYet, RequestTimeout
+from server.tlog.proofs import (
+    Located,
+    UnknownGitObject,
+    failed,
+    locate_and_prove,
+    prove,
+    unknown_serial,
+)
 from server.tlog.store import TileReader
+from server.tlog.waiters import Stopping
 from server.tlog.witnesses import policy_text
 
 MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
-POLL = 0.1  # seconds between looks while it waits
 IMMUTABLE = "public, max-age=31536000, immutable"
 _GIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 PROOF_TYPE = "text/plain; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class _Located:
-    serial: int
-    index: int | None  # None: not sequenced yet
-    entry: bytes | None = None
 
 
 def _off() -> NotFound:
@@ -119,112 +114,103 @@ def _wait_of(value: str | None) -> float:
     return wait
 
 
-_LOCATE = ("SELECT s.id, s.state, s.tlog_index, e.entry FROM stamps s "
-           "LEFT JOIN tlog_entries e ON e.idx = s.tlog_index WHERE ")
-# (SQL written out and run by the driver: a proof is served in a few milliseconds, of which
-# SQLAlchemy's statement handling would take a tenth)
-_BY = {
-    "serial": "s.id = {p}",
-    "object": "s.object_id = {p} ORDER BY s.id LIMIT 1",
-    # the commit stamped: its first stamp in the log
-    "commit": 's."commit" = {p} AND s.tlog_index IS NOT NULL ORDER BY s.tlog_index LIMIT 1',
-}
+async def _gone(receive: Receive) -> None:
+    """Returns when the client has gone away (its request's body, if any, is dropped)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
-def _locate(engine: Engine, serial: int | None, object_id: str | None) -> _Located:
-    """The stamp asked for: its serial, and its index and entry once it is sequenced."""
-    with reading(engine).connect() as conn:
-        p = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-
-        def first(by: str, value: object) -> Any:
-            return conn.exec_driver_sql(_LOCATE + _BY[by].format(p=p), (value,)).first()
-
-        if serial is not None:
-            row = first("serial", serial)
-            what = f"stamp {serial}"
-        else:
-            row = first("object", object_id) or first("commit", object_id)
-            what = f"git object {object_id}"
-    if row is None:
-        if object_id is not None:
-            raise NotFound(f"no stamp with the git object {object_id} (a signed tag or commit "
-                           "this server answered, or a commit it stamped); a stamp whose "
-                           "answer was never journalled is found by the commit it stamped")
-        raise NotFound(f"no stamp {what} on this server")
-    sid, state, index, entry = row
-    if index is None and state in (StampState.FAILED, StampState.FAILED_UNLOGGED):
-        raise NotFound(f"{what} failed (the client got an error): it is not in the log")
-    return _Located(sid, index, None if entry is None else bytes(entry))
-
-
-def _proof(r: TileReader, index: int, entry: bytes | None = None) -> bytes | None:
-    """The proof of entry ``index`` (``entry``: its bytes, else read from its bundle) at the
-    published checkpoint; None while no checkpoint covers it."""
-    published = r.published()
-    if published is None or index >= published[1]:
-        return None
-    note, size = published
-    hashes = inclusion_proof(index, size, r.node_reader(size))
-    if entry is None:
-        entry = r.entry(index, size)
-    return TlogProof(index, tuple(hashes), note, extra=entry).encode()
-
-
-def _locate_and_prove(engine: Engine, r: TileReader, serial: int | None, object_id: str | None,
-                      located: _Located | None) -> tuple[_Located, bytes | None]:
-    """(the stamp, its proof or None): one thread hop for both."""
-    if located is None or located.index is None:
-        located = _locate(engine, serial, object_id)
-    if located.index is None:
-        return located, None
-    return located, _proof(r, located.index, located.entry)
+def _not_yet(located: Located | None, object_id: str | None) -> NotFound:
+    """What a proof request is answered while its stamp has no covered entry."""
+    if located is None:
+        return UnknownGitObject(object_id or "")
+    if located.failed:
+        return failed(located)
+    state = ("has no entry in the log yet" if located.index is None else
+             f"is entry {located.index}, not covered by a checkpoint yet")
+    return NotInLogYet(f"stamp {located.serial} {state}; ask again in a second "
+                       "(or with ?wait=SECONDS)")
 
 
 def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> None:
-    async def answer(serial: int | None, object_id: str | None, wait: str | None) -> Response:
+    async def answer(request: Request, serial: int | None, object_id: str | None,
+                     wait: str | None) -> Response:
         s = services()
-        r = s.tlog_reader
-        if r is None:
+        r, waiters = s.tlog_reader, s.proof_waiters
+        if r is None or waiters is None:
             raise _off()
-        deadline = time.monotonic() + _wait_of(wait)
-        located: _Located | None = None
-        while True:
-            try:
-                found, proof = await asyncio.to_thread(_locate_and_prove, s.engine, r,
-                                                       serial, object_id, located)
-            except NotFound:
-                # A git stamp's object id is journalled just after its answer: wait for it.
-                if object_id is None or time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(POLL)
-                continue
-            located = found
+        seconds = _wait_of(wait)
+
+        def ok(found: Located, proof: bytes) -> Response:
+            return Response(proof, media_type=PROOF_TYPE,
+                            headers={"X-Stampd-Serial": str(found.serial),
+                                     "X-Stampd-Log-Index": str(found.index)})
+
+        async def look(located: Located | None) -> tuple[Located, bytes | None]:
+            return await asyncio.to_thread(locate_and_prove, s.engine, r, serial, object_id,
+                                           located)
+
+        if seconds == 0:
+            found, proof = await look(None)
             if proof is not None:
-                return Response(proof, media_type=PROOF_TYPE,
-                                headers={"X-Stampd-Serial": str(found.serial),
-                                         "X-Stampd-Log-Index": str(found.index)})
-            if time.monotonic() >= deadline:
-                state = ("has no entry in the log yet" if found.index is None else
-                         f"is entry {found.index}, not covered by a checkpoint yet")
-                raise NotInLogYet(f"stamp {found.serial} {state}; ask again in a second "
-                                  "(or with ?wait=SECONDS)")
-            await asyncio.sleep(POLL)
+                return ok(found, proof)
+            raise _not_yet(found, object_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        client = client_key(request.client.host if request.client else None)
+        # Looked up with the other waiters that arrive meanwhile, then woken when there is
+        # news (server.tlog.waiters): no query of its own.
+        with waiters.waiting(client, serial, object_id) as w:
+            gone = asyncio.ensure_future(_gone(request.receive))
+            try:
+                while True:
+                    await asyncio.wait((w.woken, gone), timeout=max(0.0, deadline - loop.time()),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if gone.done():
+                        raise RequestTimeout("the client went away while waiting for a proof")
+                    if not w.looked:  # (the waiters' look failed, or time is up before it)
+                        w.looked = True
+                        try:
+                            w.located, proof = await look(None)
+                        except UnknownGitObject:
+                            w.located, proof = None, None
+                        if w.located is not None and proof is not None:
+                            return ok(w.located, proof)
+                    elif w.woken.done():
+                        w.rearm()
+                        if w.unknown:
+                            raise unknown_serial(serial or 0)
+                        located = w.located
+                        if located is not None and located.index is not None:
+                            proof = await asyncio.to_thread(prove, r, located.index,
+                                                            located.entry)
+                            if proof is not None:
+                                return ok(located, proof)
+                    if w.located is not None and w.located.failed:
+                        raise failed(w.located)
+                    if waiters.closing:
+                        raise Stopping
+                    if loop.time() >= deadline:
+                        raise _not_yet(w.located, object_id)
+            finally:
+                gone.cancel()
 
     @router.get("/v1/proofs/{serial}")
-    async def proof(serial: str, wait: str | None = None) -> Response:
+    async def proof(request: Request, serial: str, wait: str | None = None) -> Response:
         """The ``c2sp.org/tlog-proof@v1`` of stamp ``serial`` (the serial of a receipt, a
         manifest or an RFC 3161 token): its entry (the ``extra`` line), its index, its inclusion
         proof and the signed checkpoint. 404 while the stamp is unknown or not yet covered (with
-        ``Retry-After``); ``?wait=SECONDS`` (at most 60) waits until it is."""
+        ``Retry-After``); ``?wait=SECONDS`` (at most 60) waits until it is; 503 (with
+        ``Retry-After``) when too many requests wait already."""
         if not serial.isascii() or not serial.isdigit() or len(serial) > 18:
             raise BadRequest("serial must be a decimal number")
-        return await answer(int(serial), None, wait)
+        return await answer(request, int(serial), None, wait)
 
     @router.get("/v1/proofs/git/{object_id}")
-    async def git_proof(object_id: str, wait: str | None = None) -> Response:
+    async def git_proof(request: Request, object_id: str, wait: str | None = None) -> Response:
         """The proof of a git stamp, by the id of the signed tag or commit the server answered
         (``git rev-parse <tag>``); or by the id of the commit stamped, the first of its
         stamps in the log."""
         if not _GIT_ID.fullmatch(object_id):
             raise BadRequest("object id must be 40 or 64 lowercase hex digits")
-        return await answer(None, object_id, wait)
+        return await answer(request, None, object_id, wait)
