@@ -127,6 +127,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.manifest
 	$(BIN)/python -m bench.manifest_flood
 	$(BIN)/python -m bench.poison
+	$(BIN)/python -m bench.longpoll
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
