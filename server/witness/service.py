@@ -8,11 +8,14 @@ The order is what makes a witness safe against a crash (kill -9) at any point:
    `formats.tlog.witness.WitnessError`);
 3. **in one transaction**, compare and set the row: insert it when the log has none, else
    update it only where it still holds the size and root checked against. A request that
-   lost a race to another of the same log re-reads the row and is refused with its size (409);
+   lost a race to another of the same log re-reads the row and is refused with its size (409).
+   The note stored is the checkpoint with the log's signatures only, each verified
+   (`formats.tlog.witness.log_signed_note`): any other line of the request is dropped;
 4. commit, and only then have a worker cosign the checkpoint with the witness key
    (`formats.jobs.CosignJob`); a cosignature is never made of a tree that is not stored;
-5. store the cosigned note for the monitoring endpoint (best effort: the row's size and root
-   are what counts; until then the row holds the log's checkpoint as it came).
+5. store the cosigned note (that note and this witness's cosignature, nothing else) for the
+   monitoring endpoint (best effort: the row's size and root are what counts; until then the
+   row holds the log-signed checkpoint).
 
 Requests that arrive together are stored together (group commit, as a journal does): one
 writer task takes every request waiting, reads, checks and compares-and-sets each in turn in
@@ -49,6 +52,7 @@ from formats.tlog.witness import (
     WitnessError,
     WitnessRecord,
     check_add_checkpoint,
+    log_signed_note,
 )
 from server.dispatch import Dispatcher
 from server.errors import Unavailable
@@ -172,7 +176,16 @@ def _record_in(conn: Connection, origin: str | None) -> WitnessRecord | None:
     return None if row is None else WitnessRecord(row.size, bytes(row.root_hash))
 
 
-_Waiting = tuple[AddCheckpoint, "asyncio.Future[Checkpoint]"]
+@dataclass(frozen=True)
+class Accepted:
+    """A request's checkpoint as checked and stored: the checkpoint, and its note with the
+    log's signatures only (`log_signed_note`), which the cosignature is appended to."""
+
+    checkpoint: Checkpoint
+    note: bytes
+
+
+_Waiting = tuple[AddCheckpoint, "asyncio.Future[Accepted]"]
 
 
 class Witness:
@@ -199,12 +212,12 @@ class Witness:
         ``body``, stored before it is cosigned; a `WitnessError` for each refusal,
         `CosignUnavailable` when it was stored but cannot be cosigned now."""
         request = AddCheckpoint.parse(body)
-        future: asyncio.Future[Checkpoint] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Accepted] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
-        checkpoint = await future
-        return await self.cosign(checkpoint, request.checkpoint)
+        accepted = await future
+        return await self.cosign(accepted.checkpoint, accepted.note)
 
     async def _write(self) -> None:
         """Store the waiting requests, batch after batch, until none waits."""
@@ -227,10 +240,10 @@ class Witness:
                     future.set_result(result)
 
     def _store_batch(self, requests: list[AddCheckpoint], notes: list[tuple[Checkpoint, str]]
-                     ) -> list[Checkpoint | Exception]:
+                     ) -> list[Accepted | Exception]:
         """Check and compare-and-set each request in turn in one transaction, and write the
-        cosigned ``notes``: each request's checkpoint, or its refusal."""
-        out: list[Checkpoint | Exception] = []
+        cosigned ``notes``: each request's checkpoint as stored, or its refusal."""
+        out: list[Accepted | Exception] = []
         now = self._now()
         with self.engine.begin() as conn:
             for checkpoint, cosigned in notes:
@@ -241,11 +254,12 @@ class Witness:
                 checked = _record_in(conn, _origin_of(request))
                 try:
                     checkpoint = check_add_checkpoint(request, self.trusted, checked)
+                    note = log_signed_note(request.checkpoint, self.trusted[checkpoint.origin])
                 except WitnessError as e:
                     out.append(e)
                     continue
-                if _set_row(conn, checkpoint, request.checkpoint, checked, now):
-                    out.append(checkpoint)
+                if _set_row(conn, checkpoint, note, checked, now):
+                    out.append(Accepted(checkpoint, note))
                 else:  # (another process of this host set it meanwhile)
                     known = _record_in(conn, checkpoint.origin)
                     out.append(SizeConflict(0 if known is None else known.size))
@@ -258,12 +272,14 @@ class Witness:
         stored = None if origin is None else read_record(self.engine, origin)
         checked = None if stored is None else stored.record
         checkpoint = check_add_checkpoint(request, self.trusted, checked)
-        store_checkpoint(self.engine, checkpoint, request.checkpoint, checked, self._now())
+        note = log_signed_note(request.checkpoint, self.trusted[checkpoint.origin])
+        store_checkpoint(self.engine, checkpoint, note, checked, self._now())
         return checkpoint
 
     async def cosign(self, checkpoint: Checkpoint, note: bytes) -> bytes:
-        """Have the witness key cosign the stored ``checkpoint`` (its log-signed ``note``):
-        the signature line; the cosigned note is kept for the monitoring endpoint."""
+        """Have the witness key cosign the stored ``checkpoint`` (its ``note`` as stored, the
+        log's signatures only): the signature line; the cosigned note (that note and the
+        line) is kept for the monitoring endpoint."""
         timestamp = self._now()
         body = parse_note(note).text  # (the text as the log signed it, checked before)
         try:

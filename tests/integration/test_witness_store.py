@@ -25,8 +25,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from formats.jobs import CosignJob, Job
-from formats.note import Ed25519Verifier
-from formats.tlog.checkpoint import cosignature_message
+from formats.note import (
+    ED25519_COSIGNATURE,
+    Ed25519Verifier,
+    Note,
+    Signature,
+    VerifierKey,
+    open_note,
+    parse_note,
+)
+from formats.tlog.checkpoint import CosignatureVerifier, cosignature_message
 from formats.tlog.witness import AddCheckpoint, SizeConflict
 from server import db
 from server.dispatch import Signed
@@ -237,3 +245,46 @@ def test_a_failed_cosignature_keeps_the_stored_row(tmp_path: Path) -> None:
         assert line.startswith(f"\u2014 {NAME} ".encode())
     finally:
         w.engine.dispose()
+
+
+def poisoned(note: bytes, *lines: Signature) -> bytes:
+    """``note`` with more signature lines after the log's."""
+    parsed = parse_note(note)
+    return Note(parsed.text, (*parsed.signatures, *lines)).encode()
+
+
+def test_only_what_was_verified_or_signed_is_stored_and_served(tmp_path: Path) -> None:
+    """A checkpoint sent with more signature lines than the log's (a line under the witness's
+    own name and key ID that does not verify, a line of a key it does not know) is cosigned,
+    but stored and served as the log's signature and the witness's own cosignature only: the
+    view opens with the log key and the witness key (what `stampd audit` does)."""
+    w = witness(sqlite_url(tmp_path))
+    key = VerifierKey(NAME, ED25519_COSIGNATURE, w.public_key)
+    verifiers = [Ed25519Verifier.from_vkey(LOG.vkey), CosignatureVerifier(key)]
+    bogus = Signature(NAME, key.key_id, bytes(72))
+    stranger = Signature("stranger.example/w", 0x01020304, bytes(72))
+
+    async def run() -> None:
+        for old, new in ((0, 7), (7, 9)):
+            checkpoint = poisoned(LOG.checkpoint(new), bogus, stranger)
+            line = await w.add_checkpoint(LOG.request(old, new, checkpoint=checkpoint))
+            # (the cosigned note is written just after the answer)
+            note = await cosigned_note(w, line)
+            assert note == LOG.checkpoint(new) + line
+            opened = open_note(note, verifiers)
+            assert not opened.unverified and len(opened.verified) == 2
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.engine.dispose()
+
+
+async def cosigned_note(w: Witness, line: bytes) -> bytes:
+    """The note stored for `LOG` once it ends in the cosignature ``line`` (bounded wait)."""
+    for _ in range(500):
+        stored = read_record(w.engine, LOG.origin)
+        if stored is not None and stored.note.encode().endswith(line):
+            return stored.note.encode()
+        await asyncio.sleep(0.02)
+    raise AssertionError("the cosigned note was not stored")
