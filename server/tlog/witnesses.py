@@ -4,9 +4,10 @@ to the configured witnesses, and their cosignatures onto the published checkpoin
 Each witness has a task of its own in the process that sequences (`server.tlog.sequencer`):
 
 - it sends the newest checkpoint the witness has not cosigned, ``POST <url>/add-checkpoint``
-  with ``old <the size the witness last cosigned>`` (0 at first) and the consistency proof
-  from that size, read from the tiles; on 409 it takes the witness's size and tries once more
-  from it;
+  with ``old <the size the witness last cosigned for this log>`` (0 at first: the size of its
+  last valid cosignature, never a size it only claimed) and the consistency proof from that
+  size, read from the tiles; on 409 it tries once more from the witness's size, a hint for
+  that one request: a size above the checkpoint's fails the attempt and is not kept;
 - one request at a time: a witness still busy with a checkpoint gets the newest one when it
   answers (a slow witness is caught up, not queued up);
 - a failure (no answer within ``timeout``, a refusal, an answer without a valid cosignature)
@@ -94,7 +95,6 @@ class WitnessState:
     cosigned_size: int | None = None  # the size of the last checkpoint it cosigned for us
     cosigned_root: str | None = None  # (base64; with the size: which checkpoint)
     cosigned_at: float | None = None  # when its last valid cosignature came in (our clock)
-    known_size: int = 0  # the size the witness says it last cosigned: the next request's old
     errors: int = 0  # failed attempts since this process began sending
     consecutive_errors: int = 0
     last_error: str | None = None
@@ -275,7 +275,7 @@ class WitnessSender:
             if any(s.name == w.verifier.name and s.key_id == w.verifier.key_id
                    and w.verifier.verify(parsed.text.encode(), s.signature)
                    for s in parsed.signatures):
-                w.state.cosigned_size = w.state.known_size = cp.size
+                w.state.cosigned_size = cp.size
                 w.state.cosigned_root = base64.b64encode(cp.root).decode("ascii")
 
     def poke(self) -> None:
@@ -339,7 +339,6 @@ class WitnessSender:
             self._failed(w, _describe(e, self.timeout))
             return False
         s = w.state
-        s.known_size = offered.checkpoint.size  # (what it keeps now, published or not)
         # Published first: if that fails, the witness counts as not having cosigned, and is
         # asked again (it cosigns the same checkpoint again).
         await self.on_cosigned(offered, cosignatures)
@@ -351,12 +350,15 @@ class WitnessSender:
         return True
 
     async def _add_checkpoint(self, w: _Witness, offered: Offered) -> list[Signature]:
+        """Send ``offered`` from the size ``w`` last cosigned for this log (a valid
+        cosignature's, 0 if none), and once more from the size a 409 names: a hint for that
+        request only, never kept, and never above the checkpoint's size."""
         size = offered.checkpoint.size
+        old = w.state.cosigned_size or 0
+        if old > size:
+            raise WitnessFailed(f"it has cosigned size {old}, above this checkpoint's "
+                                f"size {size}")
         for attempt in range(2):
-            old = w.state.known_size
-            if old > size:
-                raise WitnessFailed(f"it has cosigned size {old}, above this checkpoint's "
-                                    f"size {size}")
             proof: list[bytes] = []
             if 0 < old < size:
                 proof = await asyncio.to_thread(consistency_proof, old, size,
@@ -365,15 +367,19 @@ class WitnessSender:
             status, answer = await self._post(w.config.url + "/add-checkpoint", body)
             if status == 409 and attempt == 0:
                 try:
-                    w.state.known_size = parse_size(answer)
+                    old = parse_size(answer)
                 except WitnessError as e:
                     raise WitnessFailed(f"409 without a tree size: {e}") from None
+                if old > size:
+                    raise WitnessFailed(f"409: it says it cosigned size {old}, above this "
+                                        f"log's size {size} (another tree of this origin?); "
+                                        "asked again from its last cosignature next time")
                 continue
             if status != 200:
                 text = answer[:200].decode("utf-8", "replace").strip()
                 raise WitnessFailed(f"HTTP {status}" + (f": {text}" if text else ""))
             return verified_cosignatures(answer, offered.text, w.verifier)
-        raise WitnessFailed(f"409 twice: it has cosigned size {w.state.known_size}")
+        raise WitnessFailed(f"409 twice: it says it cosigned size {old}")
 
     async def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
         assert self._client is not None

@@ -29,6 +29,7 @@ from formats.note import (
     sign_note,
 )
 from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
+from formats.tlog.witness import SIZE_CONTENT_TYPE, encode_size
 from server.settings import Settings, WitnessConfig, parse_witnesses
 from server.tlog.store import TileReader, TileWriter
 from server.tlog.witnesses import (
@@ -347,6 +348,52 @@ def test_a_failing_witness_waits_its_backoff_then_gets_the_newest(
     assert w1.requests == [(0, 4)]
     assert {s[0].name for o, s in log.published if o.checkpoint.size == 4} == {"w1.test",
                                                                                "w2.test"}
+
+
+class Ahead(LocalWitness):
+    """A witness whose first answers are 409s naming the sizes ``claims`` (a size above the
+    log's: a witness that lies, or was fed another tree of the origin), then as the spec
+    says."""
+
+    claims: list[int]
+
+    def add_checkpoint(self, body: bytes) -> tuple[int, str, bytes]:
+        if self.claims:
+            return 409, SIZE_CONTENT_TYPE, encode_size(self.claims.pop(0))
+        return super().add_checkpoint(body)
+
+
+def test_a_size_above_the_logs_is_a_hint_not_a_state(tmp_path: Path) -> None:
+    """A 409 naming a size above the checkpoint's fails that attempt, and nothing of it is
+    kept: the next attempt is sent from the size the witness cosigned for this log (here 0),
+    and cosigned."""
+    clock = Clock()
+    w = Ahead("w1.test")
+    w.clock, w.claims = clock, [2**63 - 1]
+    w.trust(LOG_VKEY)
+    log = Log(tmp_path / "tlog")
+
+    async def run() -> None:
+        sender = WitnessSender([WitnessConfig(w.url, w.vkey)], log.reader.node_reader,
+                               log.on_cosigned, timeout=0.5, backoff=Backoff(10, 40),
+                               clock=clock)
+        state = sender.states()[0]
+        try:
+            sender.offer(log.grow(3))
+            await _until(lambda: state.errors == 1, "the refused attempt")
+            assert state.last_error is not None and "above" in state.last_error
+            clock.now += 10
+            sender.poke()  # its backoff is over: the same checkpoint again, from 0
+            await _until(lambda: state.cosigned_size == 3, "a cosignature")
+        finally:
+            await sender.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.close()
+    assert w.requests == [(0, 3)]
+    assert [o.checkpoint.size for o, _ in log.published] == [3]
 
 
 def test_offered_keeps_only_the_log_signature() -> None:
