@@ -50,7 +50,7 @@ from formats.tlog.witness import (
     parse_cosignatures,
     parse_size,
 )
-from server.settings import WitnessConfig
+from server.settings import WitnessConfig, redact_userinfo
 from server.tlog.store import write_whole
 
 if TYPE_CHECKING:  # (httpx is imported when the witnesses are first sent to: not at start)
@@ -91,7 +91,7 @@ class WitnessState:
     """What the log knows of one witness (shown on /readyz, /metrics, the status page)."""
 
     name: str
-    url: str
+    url: str  # (without credentials: `WitnessConfig.public_url`)
     cosigned_size: int | None = None  # the size of the last checkpoint it cosigned for us
     cosigned_root: str | None = None  # (base64; with the size: which checkpoint)
     cosigned_at: float | None = None  # when its last valid cosignature came in (our clock)
@@ -160,11 +160,12 @@ def merge_cosignatures(note: bytes, cosignatures: Sequence[Signature], log_key: 
 
 def policy_text(log_vkey: str, log_url: str, witnesses: Sequence[WitnessConfig],
                 quorum: int) -> str:
-    """The server's verification policy (c2sp.org/tlog-policy): its log, its witnesses and
-    the quorum of them a checkpoint needs (``quorum none`` without witnesses)."""
+    """The server's verification policy (c2sp.org/tlog-policy): its log, its witnesses (their
+    URLs without credentials) and the quorum of them a checkpoint needs (``quorum none``
+    without witnesses)."""
     lines = [f"log {log_vkey} {log_url}"]
     for w in witnesses:
-        lines.append(f"witness {w.name} {w.vkey} {w.url}")
+        lines.append(f"witness {w.name} {w.vkey} {w.public_url}")
     if witnesses:
         lines.append(f"group witnesses {quorum} " + " ".join(w.name for w in witnesses))
         lines.append("quorum witnesses")
@@ -191,12 +192,12 @@ def read_states(path: Path, witnesses: Sequence[WitnessConfig]) -> list[WitnessS
     out = []
     names = set(WitnessState.__dataclass_fields__)
     for w in witnesses:
-        item = stored.get((w.name, w.url))
+        item = stored.get((w.name, w.public_url))
         state = None
         if item is not None:
             with contextlib.suppress(TypeError):
                 state = WitnessState(**{k: v for k, v in item.items() if k in names})
-        out.append(state or WitnessState(w.name, w.url))
+        out.append(state or WitnessState(w.name, w.public_url))
     return out
 
 
@@ -236,7 +237,7 @@ class WitnessSender:
         self.backoff = backoff or Backoff()
         self.clock = clock
         self._transport = transport
-        self._witnesses = [_Witness(w, w.verifier, WitnessState(w.name, w.url))
+        self._witnesses = [_Witness(w, w.verifier, WitnessState(w.name, w.public_url))
                            for w in witnesses]
         self._latest: Offered | None = None
         self._client: httpx.AsyncClient | None = None
@@ -364,7 +365,8 @@ class WitnessSender:
                 proof = await asyncio.to_thread(consistency_proof, old, size,
                                                 self.node_reader(size))
             body = AddCheckpoint(old, tuple(proof), offered.note).encode()
-            status, answer = await self._post(w.config.url + "/add-checkpoint", body)
+            status, answer = await self._post(w.config.public_url + "/add-checkpoint", body,
+                                              w.config.credentials)
             if status == 409 and attempt == 0:
                 try:
                     old = parse_size(answer)
@@ -381,9 +383,11 @@ class WitnessSender:
             return verified_cosignatures(answer, offered.text, w.verifier)
         raise WitnessFailed(f"409 twice: it says it cosigned size {old}")
 
-    async def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
+    async def _post(self, url: str, body: bytes, credentials: tuple[str, str] | None
+                    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url`` (with HTTP basic authentication by ``credentials``)."""
         assert self._client is not None
-        async with self._client.stream("POST", url, content=body) as r:
+        async with self._client.stream("POST", url, content=body, auth=credentials) as r:
             chunks: list[bytes] = []
             total = 0
             async for chunk in r.aiter_bytes():
@@ -397,8 +401,9 @@ class WitnessSender:
         s = w.state
         s.errors += 1
         s.consecutive_errors += 1
+        error = redact_userinfo(error)  # (shown and logged: in case it quotes the URL)
         if s.last_error != error:
-            log.warning("witness %s (%s): %s", w.config.name, w.config.url, error)
+            log.warning("witness %s (%s): %s", w.config.name, s.url, error)
         s.last_error = error
         s.next_attempt_at = self.clock() + self.backoff.delay(s.consecutive_errors)
         self._save()

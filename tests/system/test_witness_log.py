@@ -4,10 +4,12 @@ LocalWitness: the pure protocol checks, a `cryptography` key), publishes their c
 the checkpoint and so in every proof, checked by `cryptography` on the spec's message; one
 witness down, slow, answering garbage or refusing never stops stamping or readiness, shows on
 /readyz, /metrics and the status page, and is caught up when it returns. And the published
-policy (/tlog/policy)."""
+policy (/tlog/policy). The third witness's URL carries credentials, which go with each request
+to it and are published nowhere."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
@@ -25,6 +27,7 @@ from formats.tlog.proof import TlogProof, verify_proof
 from tests.helpers import LocalWitness, Server, seed_data_dir, start_server, wait_for
 
 NAMES = ("a.witness.test", "b.witness.test", "c.witness.test")
+SECRET = "s3cret-T0KEN"  # the password in the third witness's URL
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +42,9 @@ def witnesses() -> Iterator[list[LocalWitness]]:
 def server(tmp_path_factory: pytest.TempPathFactory,
            witnesses: list[LocalWitness]) -> Iterator[Server]:
     data = seed_data_dir(tmp_path_factory.mktemp("witnessed"))
-    args: tuple[str, ...] = ()
-    for w in witnesses:
-        args += ("--witness", w.spec)
+    a, b, c = witnesses
+    args = ("--witness", a.spec, "--witness", b.spec, "--witness",
+            f"http://ops:{SECRET}@127.0.0.1:{c.port}={c.vkey}")
     s = start_server(data, workers=1, api_processes=2, args=args, extra_env={
         "STAMPD_TLOG": "on", "STAMPD_WITNESS_TIMEOUT": "1",
         "STAMPD_WITNESS_RETRY_BASE": "0.2", "STAMPD_WITNESS_RETRY_MAX": "1"})
@@ -233,3 +236,21 @@ def test_a_failing_witness_never_stops_stamping_and_is_named(
              what=f"{c.name} ok again")
     assert witness_metrics(server)[("stampd_witness_last_cosigned_timestamp_seconds",
                                     c.name)] > 0
+
+
+def test_credentials_in_a_witness_url_are_sent_and_published_nowhere(
+        server: Server, witnesses: list[LocalWitness]) -> None:
+    c = witnesses[2]
+    cp, _ = checkpoint(server)
+    wait_cosigned(server, witnesses, {c.name}, cp.size)
+    assert c.authorizations[-1] == "Basic " + base64.b64encode(f"ops:{SECRET}".encode()).decode()
+    for path, accept in (("/tlog/policy", "*/*"), ("/readyz", "*/*"), ("/metrics", "*/*"),
+                         ("/", "text/html"), ("/stamp", "text/html"), ("/verify", "text/html")):
+        status, _, body = get(server, path, accept)
+        assert status == 200, path
+        assert SECRET.encode() not in body and b"ops:" not in body, path
+    assert readyz(server)["witnesses"][c.name]["url"] == c.url
+    assert f"witness {c.name} {c.vkey} {c.url}\n".encode() in get(server, "/tlog/policy")[2]
+    assert SECRET not in (server.data_dir / "run" / "witnesses.json").read_text()
+    # (c failed in every way above: each failure was logged, by name and URL)
+    assert c.name in server.log_path.read_text() and SECRET not in server.log_path.read_text()

@@ -30,7 +30,7 @@ from formats.note import (
 )
 from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
 from formats.tlog.witness import SIZE_CONTENT_TYPE, encode_size
-from server.settings import Settings, WitnessConfig, parse_witnesses
+from server.settings import Settings, WitnessConfig, parse_witnesses, redact_userinfo
 from server.tlog.store import TileReader, TileWriter
 from server.tlog.witnesses import (
     Backoff,
@@ -127,6 +127,64 @@ def test_the_witness_option_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> No
         ["serve", "--witness", f"http://a.test={W1_VKEY}", "--witness",
          f"http://b.test={W2_VKEY}", "--data-dir", "/nonexistent"])
     assert [w.name for w in commands.build_settings(args).witness_list] == ["w1.test", "w2.test"]
+
+
+SECRET = "s3cret-T0KEN"
+
+
+def test_a_witness_url_is_published_and_logged_without_its_credentials(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``https://user:password@host/`` as a witness's URL: the credentials go with each request
+    (HTTP basic authentication) and nowhere else: not in the policy, the states (/readyz, the
+    status page, the state file), the log's warnings, nor a settings error's message."""
+    spec = f"https://ops:{SECRET}@w1.example/sub={W1_VKEY}"
+    (w,) = parse_witnesses(spec)
+    assert w.public_url == "https://w1.example/sub" and w.credentials == ("ops", SECRET)
+    assert WitnessConfig("http://h.test", W1_VKEY).credentials is None
+    assert redact_userinfo("GET https://a:b@c@h.test:8/x?y=z@ and http://h.test/") == (
+        "GET https://h.test:8/x?y=z@ and http://h.test/")
+    assert policy_text(LOG_VKEY, "http://log.test/tlog", [w], 1) == (
+        f"log {LOG_VKEY} http://log.test/tlog\n"
+        f"witness w1.test {W1_VKEY} https://w1.example/sub\n"
+        "group witnesses 1 w1.test\nquorum witnesses\n")
+    for bad in (f"https://ops:{SECRET}@w1.example", f"ftp://ops:{SECRET}@w1.example={W1_VKEY}",
+                f"https://ops:{SECRET}@w1.example=w1+12345678+AAAA",
+                f"{spec},https://ops:{SECRET}@w2.example={W1_VKEY}"):
+        with pytest.raises(ValueError) as e:
+            parse_witnesses(bad)
+        assert SECRET not in str(e.value)
+
+    witness = LocalWitness("w1.test")
+    witness.trust(LOG_VKEY)
+    log = Log(tmp_path / "tlog")
+    configs = [WitnessConfig(f"http://ops:{SECRET}@127.0.0.1:{witness.port}", witness.vkey)]
+    state_file = tmp_path / "witnesses.json"
+
+    async def run() -> None:
+        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned, state_file,
+                               timeout=0.5)
+        state = sender.states()[0]
+        try:
+            sender.offer(log.grow(2))
+            await _until(lambda: state.cosigned_size == 2, "a cosignature")
+            witness.set_mode("refusing")
+            sender.offer(log.grow(1))
+            await _until(lambda: state.errors == 1, "a refusal")
+        finally:
+            await sender.stop()
+
+    try:
+        with caplog.at_level("INFO"):  # (httpx logs each request's URL at INFO)
+            asyncio.run(run())
+    finally:
+        witness.close()
+    expected = "Basic " + base64.b64encode(f"ops:{SECRET}".encode()).decode()
+    assert witness.authorizations and set(witness.authorizations) == {expected}
+    assert "w1.test" in caplog.text and "HTTP Request: POST" in caplog.text
+    assert SECRET not in caplog.text
+    assert SECRET not in state_file.read_text()
+    (state,) = read_states(state_file, configs)
+    assert state.url == f"http://127.0.0.1:{witness.port}" and state.cosigned_size == 2
 
 
 # -- pure pieces --------------------------------------------------------------------------------
