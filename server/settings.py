@@ -308,6 +308,10 @@ class Settings(BaseSettings):
         default=0, ge=0, description="cosignatures the published policy (/tlog/policy) asks "
         "for; 0 = a majority of the witnesses")
     witness_timeout: float = Field(default=5.0, gt=0, description="seconds per witness request")
+    witness_clock_skew: float = Field(
+        default=60.0, gt=0, description="seconds a witness's cosignature time may lie before or "
+        "after this server's clock when it comes in; a cosignature dated outside is refused "
+        "(its time is an upper bound verifiers rely on)")
 
     # This server as a witness of other logs (docs/witness.md): its own key, the logs it
     # cosigns for.

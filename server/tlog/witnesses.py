@@ -14,8 +14,11 @@ Each witness has a task of its own in the process that sequences (`server.tlog.s
   holds the witness back for a delay that doubles from ``retry_base`` to ``retry_max``; after
   it the current checkpoint goes again, new stamps or not, so a witness that comes back is
   caught up;
-- the cosignatures that verify with the witness's key over this very checkpoint go to
-  ``on_cosigned``, which adds them to the published note if it is still the newest.
+- the cosignatures that verify with the witness's key over this very checkpoint, dated
+  within ``cosignature_skew`` seconds of this log's clock, go to ``on_cosigned``, which adds
+  them to the published note if it is still the newest. A cosignature's time is an upper
+  bound verifiers rely on (the checkpoint existed by then): one dated outside the window
+  (2**63 - 1, 1970) is refused, counted per witness and shown with the reason.
 
 Nothing here holds the sequencer up: it only hands the newest checkpoint over (`offer`).
 
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from formats.note import Note, NoteError, Signature, Verifier, parse_note
-from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier
+from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosignature_timestamp
 from formats.tlog.errors import TlogError
 from formats.tlog.merkle import NodeReader, consistency_proof
 from formats.tlog.witness import (
@@ -66,6 +69,11 @@ USER_AGENT = "stampd-log"
 class WitnessFailed(Exception):
     """A witness did not cosign: no answer, a refusal, or an answer without a valid
     cosignature. The message says which, for the operator."""
+
+
+class CosignatureRefused(WitnessFailed):
+    """The witness's cosignature verifies, but is dated outside the window around this log's
+    clock (``STAMPD_WITNESS_CLOCK_SKEW``): its time cannot be relied on, it is not published."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class WitnessState:
     cosigned_root: str | None = None  # (base64; with the size: which checkpoint)
     cosigned_at: float | None = None  # when its last valid cosignature came in (our clock)
     errors: int = 0  # failed attempts since this process began sending
+    refused_cosignatures: int = 0  # of them, valid cosignatures dated outside the window
     consecutive_errors: int = 0
     last_error: str | None = None
     next_attempt_at: float = 0.0  # not before (a failing witness's backoff)
@@ -125,11 +134,13 @@ class Backoff:
         return float(min(self.limit, self.base * 2 ** min(failures - 1, 62)))
 
 
-def verified_cosignatures(answer: bytes, text: str, verifier: CosignatureVerifier,
-                          ) -> list[Signature]:
+def verified_cosignatures(answer: bytes, text: str, verifier: CosignatureVerifier, *,
+                          now: float, skew: float) -> list[Signature]:
     """The cosignatures of a 200 answer that verify with the witness's key over the
-    checkpoint ``text``; the others (other keys, other types) are ignored, as the spec says.
-    `WitnessFailed` when the answer is not signature lines or none of them verifies."""
+    checkpoint ``text`` and are dated at most ``skew`` seconds from ``now`` (this log's
+    clock); the others (other keys, other types) are ignored, as the spec says.
+    `WitnessFailed` when the answer is not signature lines or none of them verifies,
+    `CosignatureRefused` when those that verify are all dated outside the window."""
     try:
         lines = parse_cosignatures(answer)
     except WitnessError as e:
@@ -139,7 +150,14 @@ def verified_cosignatures(answer: bytes, text: str, verifier: CosignatureVerifie
     if not good:
         raise WitnessFailed(f"no valid cosignature by {verifier.name} of this checkpoint in "
                             f"its answer ({len(lines)} signature lines)")
-    return good[-1:]  # (one per key: the note keeps one)
+    timely = [s for s in good if abs(cosignature_timestamp(s.signature) - now) <= skew]
+    if not timely:
+        t = cosignature_timestamp(good[-1].signature)
+        off = f"{now - t:.0f} s before" if t < now else f"{t - now:.0f} s after"
+        raise CosignatureRefused(f"its cosignature is dated {t}, {off} this server's clock: "
+                                 f"outside the {skew:g} s allowed (STAMPD_WITNESS_CLOCK_SKEW); "
+                                 "refused")
+    return timely[-1:]  # (one per key: the note keeps one)
 
 
 def merge_cosignatures(note: bytes, cosignatures: Sequence[Signature], log_key: Verifier,
@@ -226,6 +244,7 @@ class WitnessSender:
         state_file: Path | None = None,
         *,
         timeout: float = 5.0,
+        cosignature_skew: float = 60.0,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -234,6 +253,7 @@ class WitnessSender:
         self.on_cosigned = on_cosigned
         self.state_file = state_file
         self.timeout = timeout
+        self.cosignature_skew = cosignature_skew
         self.backoff = backoff or Backoff()
         self.clock = clock
         self._transport = transport
@@ -337,6 +357,8 @@ class WitnessSender:
             async with asyncio.timeout(self.timeout * 2 + 1):
                 cosignatures = await self._add_checkpoint(w, offered)
         except (WitnessFailed, TimeoutError, httpx.HTTPError) as e:
+            if isinstance(e, CosignatureRefused):
+                w.state.refused_cosignatures += 1
             self._failed(w, _describe(e, self.timeout))
             return False
         s = w.state
@@ -380,7 +402,8 @@ class WitnessSender:
             if status != 200:
                 text = answer[:200].decode("utf-8", "replace").strip()
                 raise WitnessFailed(f"HTTP {status}" + (f": {text}" if text else ""))
-            return verified_cosignatures(answer, offered.text, w.verifier)
+            return verified_cosignatures(answer, offered.text, w.verifier, now=self.clock(),
+                                         skew=self.cosignature_skew)
         raise WitnessFailed(f"409 twice: it says it cosigned size {old}")
 
     async def _post(self, url: str, body: bytes, credentials: tuple[str, str] | None

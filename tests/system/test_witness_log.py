@@ -15,6 +15,7 @@ import json
 import re
 import secrets
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -236,6 +237,37 @@ def test_a_failing_witness_never_stops_stamping_and_is_named(
              what=f"{c.name} ok again")
     assert witness_metrics(server)[("stampd_witness_last_cosigned_timestamp_seconds",
                                     c.name)] > 0
+
+
+def test_a_witness_dating_its_cosignatures_1970_is_refused_and_named(
+        server: Server, witnesses: list[LocalWitness]) -> None:
+    """Its cosignatures verify but are dated 1 (1970): none is published, /readyz says why
+    and /metrics counts them; with its clock right again it is caught up."""
+    a, b, c = witnesses
+    before = witness_metrics(server).get(
+        ("stampd_witness_refused_cosignatures_total", c.name), 0)
+    c.clock = lambda: 1
+    try:
+        serial = stamp(server)
+        status, headers, _ = get(server, f"/v1/proofs/{serial}?wait=10")
+        assert status == 200
+        size = int(headers["x-stampd-log-index"]) + 1
+        wait_cosigned(server, witnesses, {a.name, b.name}, size)
+
+        def named() -> bool:
+            state = readyz(server)["witnesses"][c.name]
+            return not state["ok"] and "outside" in state["detail"] and state["lag"] > 0
+
+        wait_for(named, timeout=30, what=f"readyz naming {c.name}'s cosignature time")
+        assert readyz(server)["witnesses"][c.name]["refused_cosignatures"] > 0
+        assert witness_metrics(server)[("stampd_witness_refused_cosignatures_total",
+                                        c.name)] > before
+        assert c.name not in cosigners(checkpoint(server)[1], witnesses)
+    finally:
+        c.clock = time.time
+    cp, _ = checkpoint(server)
+    note = wait_cosigned(server, witnesses, set(NAMES), cp.size)
+    assert cosigners(note, witnesses)[c.name] > 1
 
 
 def test_credentials_in_a_witness_url_are_sent_and_published_nowhere(

@@ -34,6 +34,7 @@ from server.settings import Settings, WitnessConfig, parse_witnesses, redact_use
 from server.tlog.store import TileReader, TileWriter
 from server.tlog.witnesses import (
     Backoff,
+    CosignatureRefused,
     Offered,
     WitnessFailed,
     WitnessSender,
@@ -220,19 +221,42 @@ def test_cosignatures_go_after_the_log_signature_one_per_key() -> None:
     assert merge_cosignatures(again, [a2], LOG) == again
 
 
+NOW = 1700000000  # the log's clock in the pure tests (the time `cosig` dates by default)
+
+
 def test_an_answer_counts_only_valid_cosignatures_of_this_checkpoint() -> None:
     v1 = CosignatureVerifier.from_vkey(W1_VKEY)
     good = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT)
     other = cosig(W2_KEY, W2_PUBLIC, "w2.test", TEXT)
-    assert verified_cosignatures((other.line() + good.line()).encode(), TEXT, v1) == [good]
+    assert verified_cosignatures((other.line() + good.line()).encode(), TEXT, v1,
+                                 now=NOW, skew=60) == [good]
     with pytest.raises(WitnessFailed, match=r"no valid cosignature by w1\.test"):
-        verified_cosignatures(other.line().encode(), TEXT, v1)
+        verified_cosignatures(other.line().encode(), TEXT, v1, now=NOW, skew=60)
     stale = cosig(W1_KEY, W1_PUBLIC, "w1.test",
                   Checkpoint(ORIGIN, 2, hashlib.sha256(b"two").digest()).body())
     with pytest.raises(WitnessFailed, match="no valid cosignature"):
-        verified_cosignatures(stale.line().encode(), TEXT, v1)
+        verified_cosignatures(stale.line().encode(), TEXT, v1, now=NOW, skew=60)
     with pytest.raises(WitnessFailed, match="not cosignature lines"):
-        verified_cosignatures(b"\x00garbage\n", TEXT, v1)
+        verified_cosignatures(b"\x00garbage\n", TEXT, v1, now=NOW, skew=60)
+
+
+def test_a_cosignature_dated_outside_the_window_is_refused() -> None:
+    """A cosignature's time is an upper bound verifiers rely on: one dated more than ``skew``
+    seconds from the log's clock (2**63 - 1, 1970, a minute and a second off) is refused,
+    though its signature verifies; one within the window is taken."""
+    v1 = CosignatureVerifier.from_vkey(W1_VKEY)
+    for t in (2**63 - 1, 1, 0, NOW - 61, NOW + 61):
+        line = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, t).line().encode()
+        with pytest.raises(CosignatureRefused, match="outside"):
+            verified_cosignatures(line, TEXT, v1, now=NOW, skew=60)
+    for t in (NOW - 60, NOW + 60):
+        ok = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, t)
+        assert verified_cosignatures(ok.line().encode(), TEXT, v1, now=NOW, skew=60) == [ok]
+    # of several, the one in the window
+    far = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, 1)
+    near = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, NOW)
+    assert verified_cosignatures((near.line() + far.line()).encode(), TEXT, v1, now=NOW,
+                                 skew=60) == [near]
 
 
 def test_the_state_file_is_read_back_for_the_configured_witnesses(tmp_path: Path) -> None:
@@ -370,6 +394,7 @@ def test_a_failing_witness_waits_its_backoff_then_gets_the_newest(
     w2.set_mode("slow")  # (1 s, past the sender's timeout)
     log = Log(tmp_path / "tlog")
     clock = Clock()
+    w1.clock = w2.clock = clock  # (their cosignatures are dated by the log's clock)
     configs = [WitnessConfig(w.url, w.vkey) for w in witnesses]
 
     async def run() -> None:
@@ -452,6 +477,44 @@ def test_a_size_above_the_logs_is_a_hint_not_a_state(tmp_path: Path) -> None:
         w.close()
     assert w.requests == [(0, 3)]
     assert [o.checkpoint.size for o, _ in log.published] == [3]
+
+
+def test_cosignatures_dated_outside_the_window_are_refused_and_counted(
+        tmp_path: Path, witnesses: list[LocalWitness]) -> None:
+    """A witness dating its cosignatures 2**63 - 1, then 1 (1970): each answer is a failure
+    that says why, counted in ``refused_cosignatures``, and nothing is published; once its
+    clock is right it is cosigned."""
+    w1 = witnesses[0]
+    clock = Clock()
+    log = Log(tmp_path / "tlog")
+
+    async def run() -> None:
+        sender = WitnessSender([WitnessConfig(w1.url, w1.vkey)], log.reader.node_reader,
+                               log.on_cosigned, timeout=0.5, backoff=Backoff(10, 40),
+                               clock=clock, cosignature_skew=60)
+        state = sender.states()[0]
+        try:
+            sender.offer(log.grow(3))
+            for n, t in enumerate((2**63 - 1, 1), start=1):
+                w1.clock = lambda t=t: t
+                if n > 1:
+                    clock.now += 40  # (past its backoff)
+                    sender.poke()
+                await _until(lambda n=n: state.errors == n, f"refusal {n}")
+                assert state.refused_cosignatures == n and state.cosigned_size is None
+                assert state.last_error is not None and "outside" in state.last_error
+                assert str(t) in state.last_error
+            w1.clock = clock
+            clock.now += 40
+            sender.poke()
+            await _until(lambda: state.cosigned_size == 3, "a cosignature")
+            assert state.refused_cosignatures == 2 and state.consecutive_errors == 0
+        finally:
+            await sender.stop()
+
+    asyncio.run(run())
+    ((offered, (sig,)),) = log.published
+    assert _verify_cosignature(w1, offered.text, sig) == clock.now
 
 
 def test_offered_keeps_only_the_log_signature() -> None:
