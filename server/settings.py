@@ -319,9 +319,10 @@ class Settings(BaseSettings):
         default=False, description="be a witness (c2sp.org/tlog-witness): serve POST "
         "/add-checkpoint with a witness key of its own (keys/witness-ed25519/); on whenever "
         "STAMPD_WITNESS_FOR lists a log")
-    witness_for: str = Field(
-        default="", description="the logs this witness cosigns for: their checkpoint verifier "
-        "keys (vkeys, origin+keyid+key), comma-separated")
+    witness_for: str | None = Field(
+        default=None, description="the logs this witness cosigns for: their checkpoint "
+        "verifier keys (vkeys, origin+keyid+key), comma-separated; set but naming no log "
+        "(empty) is an error")
     witness_name: str = Field(
         default="", description="the witness's name, the name of its cosignature verifier key "
         "(no white space, no '+'); default the public URL without its scheme, then /witness")
@@ -441,11 +442,21 @@ class Settings(BaseSettings):
             self.tlog_origin = origin
         return self
 
+    @field_validator("witness_for")
+    @classmethod
+    def _names_a_log(cls, v: str | None) -> str | None:
+        """Set, it names a log: set to nothing (``--witness-for ""``) is a mistake to report,
+        never quietly no witness."""
+        if v is not None and not any(item.strip() for item in v.split(",")):
+            raise ValueError("names no log: give each log's checkpoint verifier key, or "
+                             "unset it (STAMPD_WITNESS=on serves a witness of no log yet)")
+        return v
+
     @model_validator(mode="after")
     def _witness_settings(self) -> Settings:
         """The logs witnessed (``witness_for``), which turn the witness on, and the witness's
         name (by default of the public URL, as the log's origin)."""
-        self._witnessed = parse_witnessed(self.witness_for)
+        self._witnessed = parse_witnessed(self.witness_for or "")
         if self._witnessed:
             self.witness = True
         if not self.witness_name:
