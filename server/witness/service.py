@@ -26,6 +26,12 @@ or cosigned. One commit (one fsync on SQLite) carries many checkpoints.
 When the cosignature cannot be made (no worker), the request is answered `CosignUnavailable`
 (503): the stored row stays, and the log's retry is answered 409 with the new size, then, with
 that size as its old size, the cosignature.
+
+A request for the checkpoint already stored (old size = its size = the stored size, the same
+root: a replay) changes nothing stored: it is answered with the stored cosignature while that
+is at most `REPLAY_REUSE` seconds old, else cosigned afresh (the new cosigned note written as
+after any cosignature). Replaying the current checkpoint makes the witness sign and write at
+most once per `REPLAY_REUSE` per log.
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from formats.jobs import CosignJob
-from formats.note import Verifier, parse_note
-from formats.tlog.checkpoint import Checkpoint, cosign
+from formats.note import ED25519_COSIGNATURE, NoteError, Verifier, VerifierKey, parse_note
+from formats.tlog.checkpoint import Checkpoint, cosign, cosignature_timestamp
 from formats.tlog.errors import TlogError
 from formats.tlog.witness import (
     AddCheckpoint,
@@ -61,6 +67,12 @@ from workers.keys.keyset import WITNESS_KEY
 
 log = logging.getLogger(__name__)
 SIGN_TIMEOUT = 30.0  # seconds a cosignature may take before the request is answered 503
+# Seconds the stored cosignature of a log's checkpoint answers a request for that same
+# checkpoint (a replay: anyone can send it, it is public) without signing or writing again.
+# Older, it is cosigned afresh, at most once per REPLAY_REUSE per log however many replay it:
+# a log takes a cosignature's time only near its own clock (a stampd log within
+# STAMPD_WITNESS_CLOCK_SKEW, 60 s by default).
+REPLAY_REUSE = 30
 _LOGS: Table = WitnessLog.__table__  # type: ignore[assignment]
 
 
@@ -176,13 +188,19 @@ def _record_in(conn: Connection, origin: str | None) -> WitnessRecord | None:
     return None if row is None else WitnessRecord(row.size, bytes(row.root_hash))
 
 
+def _note_in(conn: Connection, origin: str) -> str | None:
+    return conn.execute(select(_LOGS.c.note).where(_LOGS.c.origin == origin)).scalar()
+
+
 @dataclass(frozen=True)
 class Accepted:
     """A request's checkpoint as checked and stored: the checkpoint, and its note with the
-    log's signatures only (`log_signed_note`), which the cosignature is appended to."""
+    log's signatures only (`log_signed_note`), which the cosignature is appended to; for a
+    replay answered from the store, the stored cosignature ``line`` (nothing to sign)."""
 
     checkpoint: Checkpoint
     note: bytes
+    line: bytes | None = None
 
 
 _Waiting = tuple[AddCheckpoint, "asyncio.Future[Accepted]"]
@@ -203,6 +221,7 @@ class Witness:
         self.public_key = public_key
         self.clock = clock
         self.key_id = key_id
+        self._note_key_id = VerifierKey(name, ED25519_COSIGNATURE, public_key).key_id
         self._waiting: list[_Waiting] = []
         self._notes: list[tuple[Checkpoint, str]] = []  # cosigned notes not yet written
         self._writer: asyncio.Task[None] | None = None
@@ -217,6 +236,8 @@ class Witness:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
         accepted = await future
+        if accepted.line is not None:  # (a replay, answered from the store)
+            return accepted.line
         return await self.cosign(accepted.checkpoint, accepted.note)
 
     async def _write(self) -> None:
@@ -258,7 +279,11 @@ class Witness:
                 except WitnessError as e:
                     out.append(e)
                     continue
-                if _set_row(conn, checkpoint, note, checked, now):
+                if checked is not None and checked.size == checkpoint.size:
+                    # a replay (the check compared the roots): nothing to store
+                    out.append(Accepted(checkpoint, note,
+                                        self._fresh_line(_note_in(conn, checkpoint.origin), now)))
+                elif _set_row(conn, checkpoint, note, checked, now):
                     out.append(Accepted(checkpoint, note))
                 else:  # (another process of this host set it meanwhile)
                     known = _record_in(conn, checkpoint.origin)
@@ -311,6 +336,24 @@ class Witness:
             log.warning("witness: %d cosigned notes not kept: %s", len(notes), e)
         if self._waiting:
             await self._write()
+
+    def _fresh_line(self, note: str | None, now: int) -> bytes | None:
+        """This witness's cosignature line of the stored ``note``, if it is at most
+        `REPLAY_REUSE` seconds old at ``now``; None (cosign afresh) otherwise."""
+        if note is None:
+            return None
+        try:
+            signatures = parse_note(note.encode("utf-8")).signatures
+        except NoteError:
+            return None
+        for sig in signatures:
+            if (sig.name, sig.key_id) == (self.name, self._note_key_id):
+                try:
+                    age = now - cosignature_timestamp(sig.signature)
+                except TlogError:
+                    return None
+                return sig.line().encode("utf-8") if 0 <= age <= REPLAY_REUSE else None
+        return None
 
     def _now(self) -> int:
         t = int(self.clock())

@@ -39,7 +39,7 @@ from formats.tlog.witness import AddCheckpoint, SizeConflict
 from server import db
 from server.dispatch import Signed
 from server.errors import SigningFailed
-from server.witness.service import CosignUnavailable, Witness, read_record
+from server.witness.service import REPLAY_REUSE, CosignUnavailable, Witness, read_record
 from tests.helpers import WitnessedLog
 
 LOG = WitnessedLog("example.org/stored", leaves=4096, seed=bytes(range(32)))
@@ -288,3 +288,50 @@ async def cosigned_note(w: Witness, line: bytes) -> bytes:
             return stored.note.encode()
         await asyncio.sleep(0.02)
     raise AssertionError("the cosigned note was not stored")
+
+
+class CountingCosigner(LocalCosigner):
+    """`LocalCosigner`, counting the cosignatures it makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signed = 0
+
+    async def sign(self, job: Job, key: str = "") -> Signed:
+        self.signed += 1
+        return await super().sign(job, key)
+
+
+def test_a_replay_of_what_was_cosigned_is_answered_from_the_store(tmp_path: Path) -> None:
+    """The checkpoint last cosigned, sent again (anyone can: it is public), is answered with
+    the cosignature stored, neither signed nor written again, while that cosignature is at
+    most `REPLAY_REUSE` seconds old by the witness's clock; later it is cosigned afresh (a
+    log's window for a cosignature's time is around its own clock)."""
+    url = sqlite_url(tmp_path)
+    now = [1_800_000_000]
+    cosigner = CountingCosigner()
+    w = Witness(db.make_engine(url), cosigner,  # type: ignore[arg-type]
+                {LOG.origin: [Ed25519Verifier.from_vkey(LOG.vkey)]}, NAME, cosigner.public,
+                clock=lambda: now[0])
+
+    async def run() -> None:
+        first = await w.add_checkpoint(LOG.request(0, 7))
+        await cosigned_note(w, first)
+        row = read_record(w.engine, LOG.origin)
+        now[0] += 1  # (a cosignature made now would differ)
+        replays = await asyncio.gather(*(w.add_checkpoint(LOG.request(7, 7))
+                                         for _ in range(20)))
+        assert set(replays) == {first}
+        now[0] += REPLAY_REUSE - 1  # (the stored one is REPLAY_REUSE s old: still answered)
+        assert await w.add_checkpoint(LOG.request(7, 7)) == first
+        assert cosigner.signed == 1 and read_record(w.engine, LOG.origin) == row
+        now[0] += 1
+        again = await w.add_checkpoint(LOG.request(7, 7))
+        assert again != first and cosigner.signed == 2
+        assert await cosigned_note(w, again) == LOG.checkpoint(7) + again
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.engine.dispose()
+
