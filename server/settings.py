@@ -326,6 +326,10 @@ class Settings(BaseSettings):
     witness_name: str = Field(
         default="", description="the witness's name, the name of its cosignature verifier key "
         "(no white space, no '+'); default the public URL without its scheme, then /witness")
+    witness_requests_per_client_minute: int = Field(
+        default=600, ge=0, description="POST /add-checkpoint requests one client address "
+        "(IPv6: its /64) may send this witness per clock minute, all HTTP processes together; "
+        "beyond them 429; 0 = no limit")
     witness_retry_base: float = Field(
         default=1.0, gt=0, description="first retry delay after a witness failed, seconds")
     witness_retry_max: float = Field(

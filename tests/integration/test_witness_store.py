@@ -335,3 +335,45 @@ def test_a_replay_of_what_was_cosigned_is_answered_from_the_store(tmp_path: Path
     finally:
         w.engine.dispose()
 
+
+def test_a_client_over_its_minute_is_answered_429_and_changes_nothing(tmp_path: Path) -> None:
+    """``POST /add-checkpoint`` (server.api.witness, in this process) counts each client's
+    requests a minute (STAMPD_WITNESS_REQUESTS_PER_CLIENT_MINUTE, here 3): beyond them 429,
+    with Retry-After the rest of the minute, before the body is read; another client has a
+    budget of its own, and the next minute the first one is answered again."""
+    from types import SimpleNamespace
+
+    import httpx
+    from fastapi import FastAPI
+
+    from server.api.witness import add_witness_routes
+    from server.settings import Settings
+
+    now = [1_800_000_030.0]  # (30 s into a minute)
+    w = witness(sqlite_url(tmp_path))
+    settings = Settings(data_dir=tmp_path / "data", witness_requests_per_client_minute=3)
+    app = FastAPI()
+    add_witness_routes(app, lambda: SimpleNamespace(  # type: ignore[arg-type,return-value]
+        witness=w, settings=settings, clock=lambda: now[0], engine=w.engine))
+
+    def client(address: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(address, 1)),
+                                 base_url="http://witness.test")
+
+    async def run() -> None:
+        async with client("192.0.2.1") as a, client("192.0.2.2") as b:
+            for old, new in ((0, 5), (5, 5), (5, 6)):
+                r = await a.post("/add-checkpoint", content=LOG.request(old, new))
+                assert r.status_code == 200, r.text
+            r = await a.post("/add-checkpoint", content=LOG.request(6, 9))
+            assert r.status_code == 429 and r.headers["retry-after"] == "30"
+            assert "3 of its 3 add-checkpoint requests this minute" in r.text
+            assert read_record(w.engine, LOG.origin).size == 6  # type: ignore[union-attr]
+            assert (await b.post("/add-checkpoint", content=LOG.request(6, 9))).status_code == 200
+            now[0] += 30
+            assert (await a.post("/add-checkpoint", content=LOG.request(9, 10))).status_code == 200
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.engine.dispose()
