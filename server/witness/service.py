@@ -50,7 +50,12 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from formats.jobs import CosignJob
 from formats.note import ED25519_COSIGNATURE, NoteError, Verifier, VerifierKey, parse_note
-from formats.tlog.checkpoint import Checkpoint, cosign, cosignature_timestamp
+from formats.tlog.checkpoint import (
+    Checkpoint,
+    CosignatureVerifier,
+    cosign,
+    cosignature_timestamp,
+)
 from formats.tlog.errors import TlogError
 from formats.tlog.witness import (
     AddCheckpoint,
@@ -221,7 +226,7 @@ class Witness:
         self.public_key = public_key
         self.clock = clock
         self.key_id = key_id
-        self._note_key_id = VerifierKey(name, ED25519_COSIGNATURE, public_key).key_id
+        self._own = CosignatureVerifier(VerifierKey(name, ED25519_COSIGNATURE, public_key))
         self._waiting: list[_Waiting] = []
         self._notes: list[tuple[Checkpoint, str]] = []  # cosigned notes not yet written
         self._writer: asyncio.Task[None] | None = None
@@ -338,22 +343,21 @@ class Witness:
             await self._write()
 
     def _fresh_line(self, note: str | None, now: int) -> bytes | None:
-        """This witness's cosignature line of the stored ``note``, if it is at most
-        `REPLAY_REUSE` seconds old at ``now``; None (cosign afresh) otherwise."""
+        """This witness's cosignature line of the stored ``note`` (the last one, verified),
+        if it is at most `REPLAY_REUSE` seconds old at ``now``; None (cosign afresh)
+        otherwise."""
         if note is None:
             return None
         try:
-            signatures = parse_note(note.encode("utf-8")).signatures
+            parsed = parse_note(note.encode("utf-8"))
         except NoteError:
             return None
-        for sig in signatures:
-            if (sig.name, sig.key_id) == (self.name, self._note_key_id):
-                try:
-                    age = now - cosignature_timestamp(sig.signature)
-                except TlogError:
-                    return None
-                return sig.line().encode("utf-8") if 0 <= age <= REPLAY_REUSE else None
-        return None
+        own = [s for s in parsed.signatures
+               if (s.name, s.key_id) == (self._own.name, self._own.key_id)]
+        if not own or not self._own.verify(parsed.text.encode("utf-8"), own[-1].signature):
+            return None
+        age = now - cosignature_timestamp(own[-1].signature)  # (it verified: a valid time)
+        return own[-1].line().encode("utf-8") if 0 <= age <= REPLAY_REUSE else None
 
     def _now(self) -> int:
         t = int(self.clock())
