@@ -35,7 +35,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
     if getattr(args, "witness", None):  # (--witness, repeatable: the list STAMPD_WITNESSES)
         overrides["witnesses"] = ",".join(args.witness)
     if getattr(args, "witness_for", None):  # (--witness-for: STAMPD_WITNESS_FOR, overridden)
-        overrides["witness_for"] = ",".join(args.witness_for)
+        given = [v.strip() for v in args.witness_for]
+        # (an empty one is refused as the setting would be, not dropped by the join)
+        overrides["witness_for"] = ",".join(given) if all(given) else ""
     try:
         return Settings(**overrides)
     except ValidationError as e:

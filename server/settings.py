@@ -113,13 +113,42 @@ def parse_peers(spec: str) -> list[PeerConfig]:
     return peers
 
 
+# The user information of a URL (``user:password@``), up to the authority's last ``@``.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def redact_userinfo(text: str) -> str:
+    """``text`` with the user name and password of every URL in it removed
+    (``https://ops:TOKEN@host/`` becomes ``https://host/``): a URL, or a message naming one,
+    as it may be published or logged. The configured URL keeps them, to send with."""
+    return _USERINFO.sub(r"\1", text)
+
+
 @dataclass(frozen=True)
 class WitnessConfig:
     """A witness the log sends its checkpoints to: its submission prefix (requests go to
-    ``<url>/add-checkpoint``) and its cosignature verifier key (type 0x04)."""
+    ``<url>/add-checkpoint``, with the credentials it may hold) and its cosignature verifier
+    key (type 0x04)."""
 
     url: str
     vkey: str
+
+    @property
+    def public_url(self) -> str:
+        """The URL without its credentials: what is published (the policy, /readyz, the
+        status page), logged, and requested (the credentials go in a header of their own,
+        `credentials`, so that no URL a library logs holds them)."""
+        return redact_userinfo(self.url)
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        """The user name and password of the URL (percent-decoded), for HTTP basic
+        authentication; None when it holds none."""
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.username is None and parts.password is None:
+            return None
+        return (urllib.parse.unquote(parts.username or ""),
+                urllib.parse.unquote(parts.password or ""))
 
     @property
     def verifier(self) -> CosignatureVerifier:
@@ -157,17 +186,18 @@ def parse_witnesses(spec: str) -> list[WitnessConfig]:
     witnesses: list[WitnessConfig] = []
     for item in filter(None, (i.strip() for i in spec.split(","))):
         url, sep, vkey = item.partition("=")
+        shown = redact_userinfo(url)  # (an error names the URL without its credentials)
         if not sep or not vkey:
-            raise ValueError(f"witness {item[:80]!r}: use URL=VKEY")
+            raise ValueError(f"witness {redact_userinfo(item)[:80]!r}: use URL=VKEY")
         if not re.fullmatch(r"https?://[!-~]+", url):
-            raise ValueError(f"witness {url[:80]!r}: URL must start with http:// or https://")
+            raise ValueError(f"witness {shown[:80]!r}: URL must start with http:// or https://")
         try:
             name = CosignatureVerifier.from_vkey(vkey).name
         except NoteError as e:
-            raise ValueError(f"witness {url}: not a cosignature verifier key (type 0x04, "
+            raise ValueError(f"witness {shown}: not a cosignature verifier key (type 0x04, "
                              f"name+id+base64): {e}") from None
         if name in _POLICY_NAMES:
-            raise ValueError(f"witness {url}: its key name {name!r} is reserved in the "
+            raise ValueError(f"witness {shown}: its key name {name!r} is reserved in the "
                              "published policy")
         w = WitnessConfig(url.rstrip("/"), vkey)
         for other in witnesses:
@@ -272,11 +302,16 @@ class Settings(BaseSettings):
     # Witnesses that cosign the transparency log's checkpoints (docs/witness-log.md).
     witnesses: str = Field(
         default="", description="witnesses the log sends its checkpoints to: URL=VKEY,... "
-        "(URL the witness's submission prefix, VKEY its cosignature verifier key)")
+        "(URL the witness's submission prefix, VKEY its cosignature verifier key); a URL's "
+        "user:password@ goes as HTTP basic authentication, published and logged nowhere")
     witness_quorum: int = Field(
         default=0, ge=0, description="cosignatures the published policy (/tlog/policy) asks "
         "for; 0 = a majority of the witnesses")
     witness_timeout: float = Field(default=5.0, gt=0, description="seconds per witness request")
+    witness_clock_skew: float = Field(
+        default=60.0, gt=0, description="seconds a witness's cosignature time may lie before or "
+        "after this server's clock when it comes in; a cosignature dated outside is refused "
+        "(its time is an upper bound verifiers rely on)")
 
     # This server as a witness of other logs (docs/witness.md): its own key, the logs it
     # cosigns for.
@@ -284,12 +319,17 @@ class Settings(BaseSettings):
         default=False, description="be a witness (c2sp.org/tlog-witness): serve POST "
         "/add-checkpoint with a witness key of its own (keys/witness-ed25519/); on whenever "
         "STAMPD_WITNESS_FOR lists a log")
-    witness_for: str = Field(
-        default="", description="the logs this witness cosigns for: their checkpoint verifier "
-        "keys (vkeys, origin+keyid+key), comma-separated")
+    witness_for: str | None = Field(
+        default=None, description="the logs this witness cosigns for: their checkpoint "
+        "verifier keys (vkeys, origin+keyid+key), comma-separated; set but naming no log "
+        "(empty) is an error")
     witness_name: str = Field(
         default="", description="the witness's name, the name of its cosignature verifier key "
         "(no white space, no '+'); default the public URL without its scheme, then /witness")
+    witness_requests_per_client_minute: int = Field(
+        default=600, ge=0, description="POST /add-checkpoint requests one client address "
+        "(IPv6: its /64) may send this witness per clock minute, all HTTP processes together; "
+        "beyond them 429; 0 = no limit")
     witness_retry_base: float = Field(
         default=1.0, gt=0, description="first retry delay after a witness failed, seconds")
     witness_retry_max: float = Field(
@@ -417,11 +457,21 @@ class Settings(BaseSettings):
             self.tlog_origin = origin
         return self
 
+    @field_validator("witness_for")
+    @classmethod
+    def _names_a_log(cls, v: str | None) -> str | None:
+        """Set, it names a log: set to nothing (``--witness-for ""``) is a mistake to report,
+        never quietly no witness."""
+        if v is not None and not any(item.strip() for item in v.split(",")):
+            raise ValueError("names no log: give each log's checkpoint verifier key, or "
+                             "unset it (STAMPD_WITNESS=on serves a witness of no log yet)")
+        return v
+
     @model_validator(mode="after")
     def _witness_settings(self) -> Settings:
         """The logs witnessed (``witness_for``), which turn the witness on, and the witness's
         name (by default of the public URL, as the log's origin)."""
-        self._witnessed = parse_witnessed(self.witness_for)
+        self._witnessed = parse_witnessed(self.witness_for or "")
         if self._witnessed:
             self.witness = True
         if not self.witness_name:

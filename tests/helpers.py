@@ -1245,7 +1245,8 @@ class LocalWitness:
     closed, open connections dropped), ``slow`` (sleeps ``slow_seconds`` first), ``garbage``
     (200 with junk), ``refusing`` (403). ``trust(vkey)`` names the log it accepts; until then
     every request is 404 (unknown log). ``requests`` lists (old size, new size) of each
-    request it checked."""
+    request it checked; ``authorizations`` the Authorization header of each request (None
+    without one)."""
 
     def __init__(self, name: str, port: int | None = None, slow_seconds: float = 3.0) -> None:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -1263,6 +1264,7 @@ class LocalWitness:
         self.trusted: dict[str, list[Any]] = {}
         self.records: dict[str, Any] = {}  # origin -> WitnessRecord
         self.requests: list[tuple[int, int]] = []
+        self.authorizations: list[str | None] = []
         self.lock = threading.Lock()
         self.clock: Callable[[], float] = time.time
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -1304,6 +1306,7 @@ class LocalWitness:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
+                witness.authorizations.append(self.headers.get("Authorization"))
                 mode = witness.mode
                 if mode == "down":  # (a connection kept alive from before: dropped)
                     self.close_connection = True

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from formats.note import (
+    Note,
     NoteError,
     Signature,
     UnverifiedNote,
@@ -61,6 +62,7 @@ __all__ = [
     "WitnessRecord",
     "check_add_checkpoint",
     "encode_size",
+    "log_signed_note",
     "parse_cosignatures",
     "parse_size",
 ]
@@ -194,6 +196,19 @@ def check_add_checkpoint(
         raise InconsistentCheckpoint(f"not consistent with the checkpoint of size "
                                      f"{record.size} cosigned before: {e}") from None
     return checkpoint
+
+
+def log_signed_note(note: bytes, keys: Sequence[Verifier]) -> bytes:
+    """The checkpoint ``note`` with only its signatures by the log's ``keys``, each verified:
+    what a witness stores and serves beside its own cosignature. Every other line of the
+    request (another witness's cosignature, a line under the witness's own name, a key it
+    does not know) is dropped, unverified: the witness vouches for nothing it did not check.
+    `BadLogSignature` when none verifies (`check_add_checkpoint` refused it already)."""
+    try:
+        opened = open_note(note, keys)
+    except NoteError as e:
+        raise BadLogSignature(f"the checkpoint's signature does not verify: {e}") from None
+    return Note(opened.text, opened.verified).encode()
 
 
 def encode_size(size: int) -> bytes:

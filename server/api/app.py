@@ -117,6 +117,7 @@ def _transparency_log(
         return WitnessSender(
             settings.witness_list, reader.node_reader, tlog.add_cosignatures,
             settings.run_dir / STATE_FILE, timeout=settings.witness_timeout,
+            cosignature_skew=settings.witness_clock_skew,
             backoff=Backoff(settings.witness_retry_base, settings.witness_retry_max),
             clock=clock)
 

@@ -89,7 +89,8 @@ def witness_report(s: Services) -> dict[str, dict[str, Any]]:
         out[w.name] = {"ok": w.consecutive_errors == 0, "detail": detail, "url": w.url,
                        "cosigned_size": w.cosigned_size, "lag": w.lag(published),
                        "last_cosigned_at": w.cosigned_at, "errors": w.errors,
-                       "consecutive_errors": w.consecutive_errors, "last_error": w.last_error}
+                       "consecutive_errors": w.consecutive_errors, "last_error": w.last_error,
+                       "refused_cosignatures": w.refused_cosignatures}
     return out
 
 

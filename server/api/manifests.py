@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import hashlib
-import ipaddress
 import os
-import secrets
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -40,6 +36,7 @@ from formats.manifests import (
 )
 from server.api.body import checked_length, content_type
 from server.api.errors import problem_response
+from server.api.ratelimit import RateLimited, WindowBudget, client_key, locked
 from server.api.services import Services
 from server.api.threadpool import OneAtATime
 from server.errors import (
@@ -61,20 +58,7 @@ from workers.manifest_check import IN_PROCESS_MAX, CheckFailed, check_elsewhere
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
 RATE = 1 << 20  # bytes per second a body must at least arrive at, past STAMPD_BODY_TIMEOUT
 WINDOW = 3600  # seconds of one rate-limit window (fixed windows, aligned to the hour)
-SLOTS = 1 << 16  # client counters of the rate-limit file (a keyed hash of the address picks one)
-_HEAD = struct.Struct("<QQ32s")  # window start, host bytes in it, the hash key
-_SLOT = struct.Struct("<Q")
 _FLIGHT = struct.Struct("<QQQ")  # a slot of the in-flight file: pid, its start time, bytes held
-
-
-class RateLimited(Exception):
-    """A manifest over an hourly byte budget; the client may come back in ``retry_after``
-    seconds (when the window ends). Answered 429 (`stamp_manifest`)."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after = retry_after
 
 
 class ManifestsBusy(Unavailable):
@@ -89,82 +73,15 @@ class ManifestCheckFailed(Unavailable):
     retry_after = 10
 
 
-def client_key(host: str | None) -> bytes:
-    """What the per-client budget counts by: the IPv4 address, or the IPv6 /64 (one site's
-    addresses; a client holding a /64 must not get 2**64 budgets)."""
-    if host is None:
-        return b"?"
-    try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        return host.encode("utf-8", "replace")  # a Unix socket's name, a proxy's token
-    if isinstance(addr, ipaddress.IPv6Address):
-        if addr.ipv4_mapped is not None:
-            return addr.ipv4_mapped.packed
-        return ipaddress.IPv6Network((addr, 64), strict=False).network_address.packed
-    return addr.packed
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[int]:
-    """``path`` (made if missing, mode 0600) open and under an exclusive ``flock``, which the
-    host's HTTP processes take in turn: the manifest budgets' shared counters."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
-    finally:
-        os.close(fd)  # (releases the lock)
-
-
 @dataclass
-class ByteRateLimit:
+class ByteRateLimit(WindowBudget):
     """Hourly budgets of manifest bytes, per client and per host, shared by every HTTP
-    process of the host: the counters live in one small file (``path``, under the data
-    directory's run/), read and written under an exclusive ``flock``. Fixed windows aligned
-    to the hour (``clock() // 3600``): a window's counters start at 0. A client's counter is
-    one of `SLOTS`, picked by a hash of its address keyed with a secret the file holds (two
-    clients may share one by chance, never by choice). 0 = no limit."""
+    process of the host (`server.api.ratelimit.WindowBudget`): fixed windows aligned to the
+    hour, 0 = no limit."""
 
-    path: Path
-    per_client: int
-    per_host: int
-    clock: Callable[[], float]
-
-    def charge(self, client: bytes, n: int) -> None:
-        """Count ``n`` bytes of ``client``; `RateLimited` (and nothing counted) if that would
-        exceed a budget of this window."""
-        if not (self.per_client or self.per_host) or n <= 0:
-            return
-        now = self.clock()
-        window = int(now // WINDOW)
-        retry = max(1, int((window + 1) * WINDOW - now + 0.999))
-        with _locked(self.path) as fd:
-            head = os.pread(fd, _HEAD.size, 0)
-            if len(head) == _HEAD.size:
-                start, host, key = _HEAD.unpack(head)
-            else:
-                start, host, key = window, 0, secrets.token_bytes(32)
-                os.ftruncate(fd, 0)
-            if start != window:  # a new window: every counter from 0
-                os.ftruncate(fd, 0)
-                host = 0
-            slot = _HEAD.size + _SLOT.size * (
-                int.from_bytes(hashlib.blake2b(client, key=key, digest_size=8).digest())
-                % SLOTS)
-            raw = os.pread(fd, _SLOT.size, slot)
-            used = _SLOT.unpack(raw)[0] if len(raw) == _SLOT.size else 0
-            if self.per_client and used + n > self.per_client:
-                raise RateLimited(
-                    f"this client sent {used} of its {self.per_client} manifest bytes this "
-                    f"hour; {n} more would exceed them", retry)
-            if self.per_host and host + n > self.per_host:
-                raise RateLimited(
-                    f"this server took {host} of its {self.per_host} manifest bytes this "
-                    f"hour; {n} more would exceed them", retry)
-            os.pwrite(fd, _SLOT.pack(used + n), slot)
-            os.pwrite(fd, _HEAD.pack(window, host + n, key), 0)
+    window: int = WINDOW
+    unit: str = "manifest bytes"
+    period: str = "this hour"
 
 
 @dataclass
@@ -210,7 +127,7 @@ class InFlight:
     def take(self, n: int) -> Callable[[], None]:
         """Hold ``n`` bytes (`ManifestsBusy` beyond the budget); what gives them back (once,
         however often it is called)."""
-        with _locked(self.path) as fd:
+        with locked(self.path) as fd:
             held = self._others(fd) + self.held
             if held and held + n > self.limit:
                 raise ManifestsBusy(
@@ -223,7 +140,7 @@ class InFlight:
             nonlocal given
             if not given:
                 given = True
-                with _locked(self.path) as fd:
+                with locked(self.path) as fd:
                     self._set(fd, self.held - n)
 
         return give

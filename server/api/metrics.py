@@ -129,6 +129,10 @@ def _witness_metrics(s: Services) -> Iterator[Metric]:
     errors = CounterMetricFamily("stampd_witness_errors",
                                  "Failed add-checkpoint attempts (since the sending process "
                                  "started)", labels=["witness"])
+    refused = CounterMetricFamily("stampd_witness_refused_cosignatures",
+                                  "Valid cosignatures refused for their time, outside "
+                                  "STAMPD_WITNESS_CLOCK_SKEW of this server's clock (since the "
+                                  "sending process started)", labels=["witness"])
     last = GaugeMetricFamily("stampd_witness_last_cosigned_timestamp_seconds",
                              "When the witness's last valid cosignature came in, Unix time "
                              "(0: never)", labels=["witness"])
@@ -137,8 +141,9 @@ def _witness_metrics(s: Services) -> Iterator[Metric]:
         size.add_metric([w.name], -1 if w.cosigned_size is None else w.cosigned_size)
         lag.add_metric([w.name], -1 if behind is None else behind)
         errors.add_metric([w.name], w.errors)
+        refused.add_metric([w.name], w.refused_cosignatures)
         last.add_metric([w.name], w.cosigned_at or 0)
-    yield from (size, lag, errors, last)
+    yield from (size, lag, errors, refused, last)
 
 
 def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:

@@ -631,7 +631,9 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                 "summary": "Have this witness cosign a log's checkpoint (C2SP tlog-witness)",
                 "description": "`old <size>`, the consistency proof (one base64 hash a line), "
                                "an empty line, then the signed checkpoint; at most 65536 bytes. "
-                               "The checkpoint is stored before it is cosigned.",
+                               "The checkpoint is stored before it is cosigned; the checkpoint "
+                               "already cosigned, sent again, is answered with the stored "
+                               "cosignature while it is at most 30 s old.",
                 "requestBody": {"required": True, "content": {TEXT: {"schema": {
                     "type": "string", "maxLength": 65536}}}},
                 "responses": {
@@ -645,6 +647,9 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                     "413": _text("a body over 65536 bytes"),
                     "422": _text("the consistency proof does not verify, or another tree of "
                                  "the size cosigned"),
+                    "429": _text("this client sent its requests of the minute "
+                                 "(STAMPD_WITNESS_REQUESTS_PER_CLIENT_MINUTE): retry after "
+                                 "Retry-After seconds"),
                     "503": _text("stored but not cosigned now: retry after Retry-After "
                                  "seconds"),
                 },
@@ -660,7 +665,7 @@ def openapi_document(keys: Sequence[ServedKey]) -> Json:
                 "summary": "The checkpoint of a log last cosigned (monitoring)",
                 "description": "By the lowercase hex SHA-256 of the log's origin: the "
                                "checkpoint with the log's signature and this witness's "
-                               "cosignature.",
+                               "cosignature, nothing else.",
                 "parameters": [{"name": "origin_hash", "in": "path", "required": True,
                                 "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}],
                 "responses": {"200": _text("the cosigned checkpoint note"),

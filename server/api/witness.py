@@ -3,7 +3,8 @@
     POST /add-checkpoint
         a log's checkpoint, its old size and consistency proof: 200 and the cosignature line(s);
         each refusal its status (400, 403, 404, 409 with the size as text/x.tlog.size, 422),
-        413 for a body over the limit, 503 (Retry-After) when it was stored but not cosigned
+        413 for a body over the limit, 429 (Retry-After) for a client over its requests of
+        the minute (`witness_budget`), 503 (Retry-After) when it was stored but not cosigned
     GET /tlog/witness-vkey
         the witness key's cosignature verifier key, one line
     GET /<hex SHA-256 of a log's origin>/checkpoint
@@ -37,6 +38,7 @@ from formats.tlog.witness import (
 )
 from server.api.body import checked_length
 from server.api.errors import plain
+from server.api.ratelimit import RateLimited, WindowBudget, client_key
 from server.api.services import Services
 from server.dispatch import Dispatcher
 from server.errors import BodyTooLarge, RequestTimeout, StampError
@@ -67,6 +69,16 @@ def make_witness(settings: Settings, engine: Engine, dispatcher: Dispatcher,
                          "its key: start `stampd serve` or a `stampd worker` host with it")
     return Witness(engine, dispatcher, settings.witnessed, settings.witness_name,
                    ed25519_public_key(public), clock)
+
+
+def witness_budget(settings: Settings, clock: Callable[[], float]) -> WindowBudget:
+    """The ``add-checkpoint`` requests each client may send a clock minute
+    (``witness_requests_per_client_minute``), counted over every HTTP process of the host.
+    An honest log sends at most a few a second (a checkpoint, and once more after a 409);
+    a replay costs a read (`server.witness.service.REPLAY_REUSE`), and this bounds those."""
+    return WindowBudget(settings.run_dir / "witness-requests",
+                        settings.witness_requests_per_client_minute, 0, clock, window=60,
+                        unit="add-checkpoint requests", period="this minute")
 
 
 def witness_response(exc: WitnessError) -> Response:
@@ -104,11 +116,20 @@ def add_witness_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         return PlainTextResponse("this server is no witness (STAMPD_WITNESS=off)\n",
                                  status_code=404)
 
+    budgets: list[WindowBudget] = []  # one, once the first request comes
+
     @app.post("/add-checkpoint")
     async def add_checkpoint(request: Request) -> Response:
         s = services()
         if s.witness is None:
             return not_witness()
+        if not budgets:
+            budgets.append(witness_budget(s.settings, s.clock))
+        try:  # (before the body is read: a refused request costs nothing more)
+            budgets[0].charge(client_key(request.client.host if request.client else None), 1)
+        except RateLimited as e:
+            return PlainTextResponse(e.message + "\n", status_code=429,
+                                     headers={"Retry-After": str(e.retry_after)})
         try:
             body = await read_witness_body(request, s.settings.body_timeout)
             lines = await s.witness.add_checkpoint(body)

@@ -4,17 +4,21 @@ to the configured witnesses, and their cosignatures onto the published checkpoin
 Each witness has a task of its own in the process that sequences (`server.tlog.sequencer`):
 
 - it sends the newest checkpoint the witness has not cosigned, ``POST <url>/add-checkpoint``
-  with ``old <the size the witness last cosigned>`` (0 at first) and the consistency proof
-  from that size, read from the tiles; on 409 it takes the witness's size and tries once more
-  from it;
+  with ``old <the size the witness last cosigned for this log>`` (0 at first: the size of its
+  last valid cosignature, never a size it only claimed) and the consistency proof from that
+  size, read from the tiles; on 409 it tries once more from the witness's size, a hint for
+  that one request: a size above the checkpoint's fails the attempt and is not kept;
 - one request at a time: a witness still busy with a checkpoint gets the newest one when it
   answers (a slow witness is caught up, not queued up);
 - a failure (no answer within ``timeout``, a refusal, an answer without a valid cosignature)
   holds the witness back for a delay that doubles from ``retry_base`` to ``retry_max``; after
   it the current checkpoint goes again, new stamps or not, so a witness that comes back is
   caught up;
-- the cosignatures that verify with the witness's key over this very checkpoint go to
-  ``on_cosigned``, which adds them to the published note if it is still the newest.
+- the cosignatures that verify with the witness's key over this very checkpoint, dated
+  within ``cosignature_skew`` seconds of this log's clock, go to ``on_cosigned``, which adds
+  them to the published note if it is still the newest. A cosignature's time is an upper
+  bound verifiers rely on (the checkpoint existed by then): one dated outside the window
+  (2**63 - 1, 1970) is refused, counted per witness and shown with the reason.
 
 Nothing here holds the sequencer up: it only hands the newest checkpoint over (`offer`).
 
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from formats.note import Note, NoteError, Signature, Verifier, parse_note
-from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier
+from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosignature_timestamp
 from formats.tlog.errors import TlogError
 from formats.tlog.merkle import NodeReader, consistency_proof
 from formats.tlog.witness import (
@@ -49,7 +53,7 @@ from formats.tlog.witness import (
     parse_cosignatures,
     parse_size,
 )
-from server.settings import WitnessConfig
+from server.settings import WitnessConfig, redact_userinfo
 from server.tlog.store import write_whole
 
 if TYPE_CHECKING:  # (httpx is imported when the witnesses are first sent to: not at start)
@@ -65,6 +69,11 @@ USER_AGENT = "stampd-log"
 class WitnessFailed(Exception):
     """A witness did not cosign: no answer, a refusal, or an answer without a valid
     cosignature. The message says which, for the operator."""
+
+
+class CosignatureRefused(WitnessFailed):
+    """The witness's cosignature verifies, but is dated outside the window around this log's
+    clock (``STAMPD_WITNESS_CLOCK_SKEW``): its time cannot be relied on, it is not published."""
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,12 @@ class WitnessState:
     """What the log knows of one witness (shown on /readyz, /metrics, the status page)."""
 
     name: str
-    url: str
+    url: str  # (without credentials: `WitnessConfig.public_url`)
     cosigned_size: int | None = None  # the size of the last checkpoint it cosigned for us
     cosigned_root: str | None = None  # (base64; with the size: which checkpoint)
     cosigned_at: float | None = None  # when its last valid cosignature came in (our clock)
-    known_size: int = 0  # the size the witness says it last cosigned: the next request's old
     errors: int = 0  # failed attempts since this process began sending
+    refused_cosignatures: int = 0  # of them, valid cosignatures dated outside the window
     consecutive_errors: int = 0
     last_error: str | None = None
     next_attempt_at: float = 0.0  # not before (a failing witness's backoff)
@@ -125,11 +134,13 @@ class Backoff:
         return float(min(self.limit, self.base * 2 ** min(failures - 1, 62)))
 
 
-def verified_cosignatures(answer: bytes, text: str, verifier: CosignatureVerifier,
-                          ) -> list[Signature]:
+def verified_cosignatures(answer: bytes, text: str, verifier: CosignatureVerifier, *,
+                          now: float, skew: float) -> list[Signature]:
     """The cosignatures of a 200 answer that verify with the witness's key over the
-    checkpoint ``text``; the others (other keys, other types) are ignored, as the spec says.
-    `WitnessFailed` when the answer is not signature lines or none of them verifies."""
+    checkpoint ``text`` and are dated at most ``skew`` seconds from ``now`` (this log's
+    clock); the others (other keys, other types) are ignored, as the spec says.
+    `WitnessFailed` when the answer is not signature lines or none of them verifies,
+    `CosignatureRefused` when those that verify are all dated outside the window."""
     try:
         lines = parse_cosignatures(answer)
     except WitnessError as e:
@@ -139,7 +150,14 @@ def verified_cosignatures(answer: bytes, text: str, verifier: CosignatureVerifie
     if not good:
         raise WitnessFailed(f"no valid cosignature by {verifier.name} of this checkpoint in "
                             f"its answer ({len(lines)} signature lines)")
-    return good[-1:]  # (one per key: the note keeps one)
+    timely = [s for s in good if abs(cosignature_timestamp(s.signature) - now) <= skew]
+    if not timely:
+        t = cosignature_timestamp(good[-1].signature)
+        off = f"{now - t:.0f} s before" if t < now else f"{t - now:.0f} s after"
+        raise CosignatureRefused(f"its cosignature is dated {t}, {off} this server's clock: "
+                                 f"outside the {skew:g} s allowed (STAMPD_WITNESS_CLOCK_SKEW); "
+                                 "refused")
+    return timely[-1:]  # (one per key: the note keeps one)
 
 
 def merge_cosignatures(note: bytes, cosignatures: Sequence[Signature], log_key: Verifier,
@@ -160,11 +178,12 @@ def merge_cosignatures(note: bytes, cosignatures: Sequence[Signature], log_key: 
 
 def policy_text(log_vkey: str, log_url: str, witnesses: Sequence[WitnessConfig],
                 quorum: int) -> str:
-    """The server's verification policy (c2sp.org/tlog-policy): its log, its witnesses and
-    the quorum of them a checkpoint needs (``quorum none`` without witnesses)."""
+    """The server's verification policy (c2sp.org/tlog-policy): its log, its witnesses (their
+    URLs without credentials) and the quorum of them a checkpoint needs (``quorum none``
+    without witnesses)."""
     lines = [f"log {log_vkey} {log_url}"]
     for w in witnesses:
-        lines.append(f"witness {w.name} {w.vkey} {w.url}")
+        lines.append(f"witness {w.name} {w.vkey} {w.public_url}")
     if witnesses:
         lines.append(f"group witnesses {quorum} " + " ".join(w.name for w in witnesses))
         lines.append("quorum witnesses")
@@ -191,12 +210,12 @@ def read_states(path: Path, witnesses: Sequence[WitnessConfig]) -> list[WitnessS
     out = []
     names = set(WitnessState.__dataclass_fields__)
     for w in witnesses:
-        item = stored.get((w.name, w.url))
+        item = stored.get((w.name, w.public_url))
         state = None
         if item is not None:
             with contextlib.suppress(TypeError):
                 state = WitnessState(**{k: v for k, v in item.items() if k in names})
-        out.append(state or WitnessState(w.name, w.url))
+        out.append(state or WitnessState(w.name, w.public_url))
     return out
 
 
@@ -225,6 +244,7 @@ class WitnessSender:
         state_file: Path | None = None,
         *,
         timeout: float = 5.0,
+        cosignature_skew: float = 60.0,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -233,10 +253,11 @@ class WitnessSender:
         self.on_cosigned = on_cosigned
         self.state_file = state_file
         self.timeout = timeout
+        self.cosignature_skew = cosignature_skew
         self.backoff = backoff or Backoff()
         self.clock = clock
         self._transport = transport
-        self._witnesses = [_Witness(w, w.verifier, WitnessState(w.name, w.url))
+        self._witnesses = [_Witness(w, w.verifier, WitnessState(w.name, w.public_url))
                            for w in witnesses]
         self._latest: Offered | None = None
         self._client: httpx.AsyncClient | None = None
@@ -275,7 +296,7 @@ class WitnessSender:
             if any(s.name == w.verifier.name and s.key_id == w.verifier.key_id
                    and w.verifier.verify(parsed.text.encode(), s.signature)
                    for s in parsed.signatures):
-                w.state.cosigned_size = w.state.known_size = cp.size
+                w.state.cosigned_size = cp.size
                 w.state.cosigned_root = base64.b64encode(cp.root).decode("ascii")
 
     def poke(self) -> None:
@@ -336,10 +357,11 @@ class WitnessSender:
             async with asyncio.timeout(self.timeout * 2 + 1):
                 cosignatures = await self._add_checkpoint(w, offered)
         except (WitnessFailed, TimeoutError, httpx.HTTPError) as e:
+            if isinstance(e, CosignatureRefused):
+                w.state.refused_cosignatures += 1
             self._failed(w, _describe(e, self.timeout))
             return False
         s = w.state
-        s.known_size = offered.checkpoint.size  # (what it keeps now, published or not)
         # Published first: if that fails, the witness counts as not having cosigned, and is
         # asked again (it cosigns the same checkpoint again).
         await self.on_cosigned(offered, cosignatures)
@@ -351,33 +373,44 @@ class WitnessSender:
         return True
 
     async def _add_checkpoint(self, w: _Witness, offered: Offered) -> list[Signature]:
+        """Send ``offered`` from the size ``w`` last cosigned for this log (a valid
+        cosignature's, 0 if none), and once more from the size a 409 names: a hint for that
+        request only, never kept, and never above the checkpoint's size."""
         size = offered.checkpoint.size
+        old = w.state.cosigned_size or 0
+        if old > size:
+            raise WitnessFailed(f"it has cosigned size {old}, above this checkpoint's "
+                                f"size {size}")
         for attempt in range(2):
-            old = w.state.known_size
-            if old > size:
-                raise WitnessFailed(f"it has cosigned size {old}, above this checkpoint's "
-                                    f"size {size}")
             proof: list[bytes] = []
             if 0 < old < size:
                 proof = await asyncio.to_thread(consistency_proof, old, size,
                                                 self.node_reader(size))
             body = AddCheckpoint(old, tuple(proof), offered.note).encode()
-            status, answer = await self._post(w.config.url + "/add-checkpoint", body)
+            status, answer = await self._post(w.config.public_url + "/add-checkpoint", body,
+                                              w.config.credentials)
             if status == 409 and attempt == 0:
                 try:
-                    w.state.known_size = parse_size(answer)
+                    old = parse_size(answer)
                 except WitnessError as e:
                     raise WitnessFailed(f"409 without a tree size: {e}") from None
+                if old > size:
+                    raise WitnessFailed(f"409: it says it cosigned size {old}, above this "
+                                        f"log's size {size} (another tree of this origin?); "
+                                        "asked again from its last cosignature next time")
                 continue
             if status != 200:
                 text = answer[:200].decode("utf-8", "replace").strip()
                 raise WitnessFailed(f"HTTP {status}" + (f": {text}" if text else ""))
-            return verified_cosignatures(answer, offered.text, w.verifier)
-        raise WitnessFailed(f"409 twice: it has cosigned size {w.state.known_size}")
+            return verified_cosignatures(answer, offered.text, w.verifier, now=self.clock(),
+                                         skew=self.cosignature_skew)
+        raise WitnessFailed(f"409 twice: it says it cosigned size {old}")
 
-    async def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
+    async def _post(self, url: str, body: bytes, credentials: tuple[str, str] | None
+                    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url`` (with HTTP basic authentication by ``credentials``)."""
         assert self._client is not None
-        async with self._client.stream("POST", url, content=body) as r:
+        async with self._client.stream("POST", url, content=body, auth=credentials) as r:
             chunks: list[bytes] = []
             total = 0
             async for chunk in r.aiter_bytes():
@@ -391,8 +424,9 @@ class WitnessSender:
         s = w.state
         s.errors += 1
         s.consecutive_errors += 1
+        error = redact_userinfo(error)  # (shown and logged: in case it quotes the URL)
         if s.last_error != error:
-            log.warning("witness %s (%s): %s", w.config.name, w.config.url, error)
+            log.warning("witness %s (%s): %s", w.config.name, s.url, error)
         s.last_error = error
         s.next_attempt_at = self.clock() + self.backoff.delay(s.consecutive_errors)
         self._save()

@@ -8,11 +8,14 @@ The order is what makes a witness safe against a crash (kill -9) at any point:
    `formats.tlog.witness.WitnessError`);
 3. **in one transaction**, compare and set the row: insert it when the log has none, else
    update it only where it still holds the size and root checked against. A request that
-   lost a race to another of the same log re-reads the row and is refused with its size (409);
+   lost a race to another of the same log re-reads the row and is refused with its size (409).
+   The note stored is the checkpoint with the log's signatures only, each verified
+   (`formats.tlog.witness.log_signed_note`): any other line of the request is dropped;
 4. commit, and only then have a worker cosign the checkpoint with the witness key
    (`formats.jobs.CosignJob`); a cosignature is never made of a tree that is not stored;
-5. store the cosigned note for the monitoring endpoint (best effort: the row's size and root
-   are what counts; until then the row holds the log's checkpoint as it came).
+5. store the cosigned note (that note and this witness's cosignature, nothing else) for the
+   monitoring endpoint (best effort: the row's size and root are what counts; until then the
+   row holds the log-signed checkpoint).
 
 Requests that arrive together are stored together (group commit, as a journal does): one
 writer task takes every request waiting, reads, checks and compares-and-sets each in turn in
@@ -23,6 +26,12 @@ or cosigned. One commit (one fsync on SQLite) carries many checkpoints.
 When the cosignature cannot be made (no worker), the request is answered `CosignUnavailable`
 (503): the stored row stays, and the log's retry is answered 409 with the new size, then, with
 that size as its old size, the cosignature.
+
+A request for the checkpoint already stored (old size = its size = the stored size, the same
+root: a replay) changes nothing stored: it is answered with the stored cosignature while that
+is at most `REPLAY_REUSE` seconds old, else cosigned afresh (the new cosigned note written as
+after any cosignature). Replaying the current checkpoint makes the witness sign and write at
+most once per `REPLAY_REUSE` per log.
 """
 
 from __future__ import annotations
@@ -40,8 +49,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from formats.jobs import CosignJob
-from formats.note import Verifier, parse_note
-from formats.tlog.checkpoint import Checkpoint, cosign
+from formats.note import ED25519_COSIGNATURE, NoteError, Verifier, VerifierKey, parse_note
+from formats.tlog.checkpoint import (
+    Checkpoint,
+    CosignatureVerifier,
+    cosign,
+    cosignature_timestamp,
+)
 from formats.tlog.errors import TlogError
 from formats.tlog.witness import (
     AddCheckpoint,
@@ -49,6 +63,7 @@ from formats.tlog.witness import (
     WitnessError,
     WitnessRecord,
     check_add_checkpoint,
+    log_signed_note,
 )
 from server.dispatch import Dispatcher
 from server.errors import Unavailable
@@ -57,6 +72,12 @@ from workers.keys.keyset import WITNESS_KEY
 
 log = logging.getLogger(__name__)
 SIGN_TIMEOUT = 30.0  # seconds a cosignature may take before the request is answered 503
+# Seconds the stored cosignature of a log's checkpoint answers a request for that same
+# checkpoint (a replay: anyone can send it, it is public) without signing or writing again.
+# Older, it is cosigned afresh, at most once per REPLAY_REUSE per log however many replay it:
+# a log takes a cosignature's time only near its own clock (a stampd log within
+# STAMPD_WITNESS_CLOCK_SKEW, 60 s by default).
+REPLAY_REUSE = 30
 _LOGS: Table = WitnessLog.__table__  # type: ignore[assignment]
 
 
@@ -172,7 +193,22 @@ def _record_in(conn: Connection, origin: str | None) -> WitnessRecord | None:
     return None if row is None else WitnessRecord(row.size, bytes(row.root_hash))
 
 
-_Waiting = tuple[AddCheckpoint, "asyncio.Future[Checkpoint]"]
+def _note_in(conn: Connection, origin: str) -> str | None:
+    return conn.execute(select(_LOGS.c.note).where(_LOGS.c.origin == origin)).scalar()
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A request's checkpoint as checked and stored: the checkpoint, and its note with the
+    log's signatures only (`log_signed_note`), which the cosignature is appended to; for a
+    replay answered from the store, the stored cosignature ``line`` (nothing to sign)."""
+
+    checkpoint: Checkpoint
+    note: bytes
+    line: bytes | None = None
+
+
+_Waiting = tuple[AddCheckpoint, "asyncio.Future[Accepted]"]
 
 
 class Witness:
@@ -190,6 +226,7 @@ class Witness:
         self.public_key = public_key
         self.clock = clock
         self.key_id = key_id
+        self._own = CosignatureVerifier(VerifierKey(name, ED25519_COSIGNATURE, public_key))
         self._waiting: list[_Waiting] = []
         self._notes: list[tuple[Checkpoint, str]] = []  # cosigned notes not yet written
         self._writer: asyncio.Task[None] | None = None
@@ -199,12 +236,14 @@ class Witness:
         ``body``, stored before it is cosigned; a `WitnessError` for each refusal,
         `CosignUnavailable` when it was stored but cannot be cosigned now."""
         request = AddCheckpoint.parse(body)
-        future: asyncio.Future[Checkpoint] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Accepted] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
-        checkpoint = await future
-        return await self.cosign(checkpoint, request.checkpoint)
+        accepted = await future
+        if accepted.line is not None:  # (a replay, answered from the store)
+            return accepted.line
+        return await self.cosign(accepted.checkpoint, accepted.note)
 
     async def _write(self) -> None:
         """Store the waiting requests, batch after batch, until none waits."""
@@ -227,10 +266,10 @@ class Witness:
                     future.set_result(result)
 
     def _store_batch(self, requests: list[AddCheckpoint], notes: list[tuple[Checkpoint, str]]
-                     ) -> list[Checkpoint | Exception]:
+                     ) -> list[Accepted | Exception]:
         """Check and compare-and-set each request in turn in one transaction, and write the
-        cosigned ``notes``: each request's checkpoint, or its refusal."""
-        out: list[Checkpoint | Exception] = []
+        cosigned ``notes``: each request's checkpoint as stored, or its refusal."""
+        out: list[Accepted | Exception] = []
         now = self._now()
         with self.engine.begin() as conn:
             for checkpoint, cosigned in notes:
@@ -241,11 +280,16 @@ class Witness:
                 checked = _record_in(conn, _origin_of(request))
                 try:
                     checkpoint = check_add_checkpoint(request, self.trusted, checked)
+                    note = log_signed_note(request.checkpoint, self.trusted[checkpoint.origin])
                 except WitnessError as e:
                     out.append(e)
                     continue
-                if _set_row(conn, checkpoint, request.checkpoint, checked, now):
-                    out.append(checkpoint)
+                if checked is not None and checked.size == checkpoint.size:
+                    # a replay (the check compared the roots): nothing to store
+                    out.append(Accepted(checkpoint, note,
+                                        self._fresh_line(_note_in(conn, checkpoint.origin), now)))
+                elif _set_row(conn, checkpoint, note, checked, now):
+                    out.append(Accepted(checkpoint, note))
                 else:  # (another process of this host set it meanwhile)
                     known = _record_in(conn, checkpoint.origin)
                     out.append(SizeConflict(0 if known is None else known.size))
@@ -258,12 +302,14 @@ class Witness:
         stored = None if origin is None else read_record(self.engine, origin)
         checked = None if stored is None else stored.record
         checkpoint = check_add_checkpoint(request, self.trusted, checked)
-        store_checkpoint(self.engine, checkpoint, request.checkpoint, checked, self._now())
+        note = log_signed_note(request.checkpoint, self.trusted[checkpoint.origin])
+        store_checkpoint(self.engine, checkpoint, note, checked, self._now())
         return checkpoint
 
     async def cosign(self, checkpoint: Checkpoint, note: bytes) -> bytes:
-        """Have the witness key cosign the stored ``checkpoint`` (its log-signed ``note``):
-        the signature line; the cosigned note is kept for the monitoring endpoint."""
+        """Have the witness key cosign the stored ``checkpoint`` (its ``note`` as stored, the
+        log's signatures only): the signature line; the cosigned note (that note and the
+        line) is kept for the monitoring endpoint."""
         timestamp = self._now()
         body = parse_note(note).text  # (the text as the log signed it, checked before)
         try:
@@ -295,6 +341,23 @@ class Witness:
             log.warning("witness: %d cosigned notes not kept: %s", len(notes), e)
         if self._waiting:
             await self._write()
+
+    def _fresh_line(self, note: str | None, now: int) -> bytes | None:
+        """This witness's cosignature line of the stored ``note`` (the last one, verified),
+        if it is at most `REPLAY_REUSE` seconds old at ``now``; None (cosign afresh)
+        otherwise."""
+        if note is None:
+            return None
+        try:
+            parsed = parse_note(note.encode("utf-8"))
+        except NoteError:
+            return None
+        own = [s for s in parsed.signatures
+               if (s.name, s.key_id) == (self._own.name, self._own.key_id)]
+        if not own or not self._own.verify(parsed.text.encode("utf-8"), own[-1].signature):
+            return None
+        age = now - cosignature_timestamp(own[-1].signature)  # (it verified: a valid time)
+        return own[-1].line().encode("utf-8") if 0 <= age <= REPLAY_REUSE else None
 
     def _now(self) -> int:
         t = int(self.clock())

@@ -25,13 +25,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from formats.jobs import CosignJob, Job
-from formats.note import Ed25519Verifier
-from formats.tlog.checkpoint import cosignature_message
+from formats.note import (
+    ED25519_COSIGNATURE,
+    Ed25519Verifier,
+    Note,
+    Signature,
+    VerifierKey,
+    open_note,
+    parse_note,
+)
+from formats.tlog.checkpoint import CosignatureVerifier, cosignature_message
 from formats.tlog.witness import AddCheckpoint, SizeConflict
 from server import db
 from server.dispatch import Signed
 from server.errors import SigningFailed
-from server.witness.service import CosignUnavailable, Witness, read_record
+from server.witness.service import REPLAY_REUSE, CosignUnavailable, Witness, read_record
 from tests.helpers import WitnessedLog
 
 LOG = WitnessedLog("example.org/stored", leaves=4096, seed=bytes(range(32)))
@@ -235,5 +243,137 @@ def test_a_failed_cosignature_keeps_the_stored_row(tmp_path: Path) -> None:
         w.dispatcher = LocalCosigner()  # type: ignore[assignment]
         line = asyncio.run(w.add_checkpoint(LOG.request(12, 12)))
         assert line.startswith(f"\u2014 {NAME} ".encode())
+    finally:
+        w.engine.dispose()
+
+
+def poisoned(note: bytes, *lines: Signature) -> bytes:
+    """``note`` with more signature lines after the log's."""
+    parsed = parse_note(note)
+    return Note(parsed.text, (*parsed.signatures, *lines)).encode()
+
+
+def test_only_what_was_verified_or_signed_is_stored_and_served(tmp_path: Path) -> None:
+    """A checkpoint sent with more signature lines than the log's (a line under the witness's
+    own name and key ID that does not verify, a line of a key it does not know) is cosigned,
+    but stored and served as the log's signature and the witness's own cosignature only: the
+    view opens with the log key and the witness key (what `stampd audit` does)."""
+    w = witness(sqlite_url(tmp_path))
+    key = VerifierKey(NAME, ED25519_COSIGNATURE, w.public_key)
+    verifiers = [Ed25519Verifier.from_vkey(LOG.vkey), CosignatureVerifier(key)]
+    bogus = Signature(NAME, key.key_id, bytes(72))
+    stranger = Signature("stranger.example/w", 0x01020304, bytes(72))
+
+    async def run() -> None:
+        for old, new in ((0, 7), (7, 9)):
+            checkpoint = poisoned(LOG.checkpoint(new), bogus, stranger)
+            line = await w.add_checkpoint(LOG.request(old, new, checkpoint=checkpoint))
+            # (the cosigned note is written just after the answer)
+            note = await cosigned_note(w, line)
+            assert note == LOG.checkpoint(new) + line
+            opened = open_note(note, verifiers)
+            assert not opened.unverified and len(opened.verified) == 2
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.engine.dispose()
+
+
+async def cosigned_note(w: Witness, line: bytes) -> bytes:
+    """The note stored for `LOG` once it ends in the cosignature ``line`` (bounded wait)."""
+    for _ in range(500):
+        stored = read_record(w.engine, LOG.origin)
+        if stored is not None and stored.note.encode().endswith(line):
+            return stored.note.encode()
+        await asyncio.sleep(0.02)
+    raise AssertionError("the cosigned note was not stored")
+
+
+class CountingCosigner(LocalCosigner):
+    """`LocalCosigner`, counting the cosignatures it makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signed = 0
+
+    async def sign(self, job: Job, key: str = "") -> Signed:
+        self.signed += 1
+        return await super().sign(job, key)
+
+
+def test_a_replay_of_what_was_cosigned_is_answered_from_the_store(tmp_path: Path) -> None:
+    """The checkpoint last cosigned, sent again (anyone can: it is public), is answered with
+    the cosignature stored, neither signed nor written again, while that cosignature is at
+    most `REPLAY_REUSE` seconds old by the witness's clock; later it is cosigned afresh (a
+    log's window for a cosignature's time is around its own clock)."""
+    url = sqlite_url(tmp_path)
+    now = [1_800_000_000]
+    cosigner = CountingCosigner()
+    w = Witness(db.make_engine(url), cosigner,  # type: ignore[arg-type]
+                {LOG.origin: [Ed25519Verifier.from_vkey(LOG.vkey)]}, NAME, cosigner.public,
+                clock=lambda: now[0])
+
+    async def run() -> None:
+        first = await w.add_checkpoint(LOG.request(0, 7))
+        await cosigned_note(w, first)
+        row = read_record(w.engine, LOG.origin)
+        now[0] += 1  # (a cosignature made now would differ)
+        replays = await asyncio.gather(*(w.add_checkpoint(LOG.request(7, 7))
+                                         for _ in range(20)))
+        assert set(replays) == {first}
+        now[0] += REPLAY_REUSE - 1  # (the stored one is REPLAY_REUSE s old: still answered)
+        assert await w.add_checkpoint(LOG.request(7, 7)) == first
+        assert cosigner.signed == 1 and read_record(w.engine, LOG.origin) == row
+        now[0] += 1
+        again = await w.add_checkpoint(LOG.request(7, 7))
+        assert again != first and cosigner.signed == 2
+        assert await cosigned_note(w, again) == LOG.checkpoint(7) + again
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.engine.dispose()
+
+
+def test_a_client_over_its_minute_is_answered_429_and_changes_nothing(tmp_path: Path) -> None:
+    """``POST /add-checkpoint`` (server.api.witness, in this process) counts each client's
+    requests a minute (STAMPD_WITNESS_REQUESTS_PER_CLIENT_MINUTE, here 3): beyond them 429,
+    with Retry-After the rest of the minute, before the body is read; another client has a
+    budget of its own, and the next minute the first one is answered again."""
+    from types import SimpleNamespace
+
+    import httpx
+    from fastapi import FastAPI
+
+    from server.api.witness import add_witness_routes
+    from server.settings import Settings
+
+    now = [1_800_000_030.0]  # (30 s into a minute)
+    w = witness(sqlite_url(tmp_path))
+    settings = Settings(data_dir=tmp_path / "data", witness_requests_per_client_minute=3)
+    app = FastAPI()
+    add_witness_routes(app, lambda: SimpleNamespace(  # type: ignore[arg-type,return-value]
+        witness=w, settings=settings, clock=lambda: now[0], engine=w.engine))
+
+    def client(address: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(address, 1)),
+                                 base_url="http://witness.test")
+
+    async def run() -> None:
+        async with client("192.0.2.1") as a, client("192.0.2.2") as b:
+            for old, new in ((0, 5), (5, 5), (5, 6)):
+                r = await a.post("/add-checkpoint", content=LOG.request(old, new))
+                assert r.status_code == 200, r.text
+            r = await a.post("/add-checkpoint", content=LOG.request(6, 9))
+            assert r.status_code == 429 and r.headers["retry-after"] == "30"
+            assert "3 of its 3 add-checkpoint requests this minute" in r.text
+            assert read_record(w.engine, LOG.origin).size == 6  # type: ignore[union-attr]
+            assert (await b.post("/add-checkpoint", content=LOG.request(6, 9))).status_code == 200
+            now[0] += 30
+            assert (await a.post("/add-checkpoint", content=LOG.request(9, 10))).status_code == 200
+
+    try:
+        asyncio.run(run())
     finally:
         w.engine.dispose()

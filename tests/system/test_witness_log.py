@@ -4,15 +4,18 @@ LocalWitness: the pure protocol checks, a `cryptography` key), publishes their c
 the checkpoint and so in every proof, checked by `cryptography` on the spec's message; one
 witness down, slow, answering garbage or refusing never stops stamping or readiness, shows on
 /readyz, /metrics and the status page, and is caught up when it returns. And the published
-policy (/tlog/policy)."""
+policy (/tlog/policy). The third witness's URL carries credentials, which go with each request
+to it and are published nowhere."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
 import secrets
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +28,7 @@ from formats.tlog.proof import TlogProof, verify_proof
 from tests.helpers import LocalWitness, Server, seed_data_dir, start_server, wait_for
 
 NAMES = ("a.witness.test", "b.witness.test", "c.witness.test")
+SECRET = "s3cret-T0KEN"  # the password in the third witness's URL
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +43,9 @@ def witnesses() -> Iterator[list[LocalWitness]]:
 def server(tmp_path_factory: pytest.TempPathFactory,
            witnesses: list[LocalWitness]) -> Iterator[Server]:
     data = seed_data_dir(tmp_path_factory.mktemp("witnessed"))
-    args: tuple[str, ...] = ()
-    for w in witnesses:
-        args += ("--witness", w.spec)
+    a, b, c = witnesses
+    args = ("--witness", a.spec, "--witness", b.spec, "--witness",
+            f"http://ops:{SECRET}@127.0.0.1:{c.port}={c.vkey}")
     s = start_server(data, workers=1, api_processes=2, args=args, extra_env={
         "STAMPD_TLOG": "on", "STAMPD_WITNESS_TIMEOUT": "1",
         "STAMPD_WITNESS_RETRY_BASE": "0.2", "STAMPD_WITNESS_RETRY_MAX": "1"})
@@ -233,3 +237,52 @@ def test_a_failing_witness_never_stops_stamping_and_is_named(
              what=f"{c.name} ok again")
     assert witness_metrics(server)[("stampd_witness_last_cosigned_timestamp_seconds",
                                     c.name)] > 0
+
+
+def test_a_witness_dating_its_cosignatures_1970_is_refused_and_named(
+        server: Server, witnesses: list[LocalWitness]) -> None:
+    """Its cosignatures verify but are dated 1 (1970): none is published, /readyz says why
+    and /metrics counts them; with its clock right again it is caught up."""
+    a, b, c = witnesses
+    before = witness_metrics(server).get(
+        ("stampd_witness_refused_cosignatures_total", c.name), 0)
+    c.clock = lambda: 1
+    try:
+        serial = stamp(server)
+        status, headers, _ = get(server, f"/v1/proofs/{serial}?wait=10")
+        assert status == 200
+        size = int(headers["x-stampd-log-index"]) + 1
+        wait_cosigned(server, witnesses, {a.name, b.name}, size)
+
+        def named() -> bool:
+            state = readyz(server)["witnesses"][c.name]
+            return not state["ok"] and "outside" in state["detail"] and state["lag"] > 0
+
+        wait_for(named, timeout=30, what=f"readyz naming {c.name}'s cosignature time")
+        assert readyz(server)["witnesses"][c.name]["refused_cosignatures"] > 0
+        assert witness_metrics(server)[("stampd_witness_refused_cosignatures_total",
+                                        c.name)] > before
+        assert c.name not in cosigners(checkpoint(server)[1], witnesses)
+    finally:
+        c.clock = time.time
+    cp, _ = checkpoint(server)
+    note = wait_cosigned(server, witnesses, set(NAMES), cp.size)
+    assert cosigners(note, witnesses)[c.name] > 1
+
+
+def test_credentials_in_a_witness_url_are_sent_and_published_nowhere(
+        server: Server, witnesses: list[LocalWitness]) -> None:
+    c = witnesses[2]
+    cp, _ = checkpoint(server)
+    wait_cosigned(server, witnesses, {c.name}, cp.size)
+    assert c.authorizations[-1] == "Basic " + base64.b64encode(f"ops:{SECRET}".encode()).decode()
+    for path, accept in (("/tlog/policy", "*/*"), ("/readyz", "*/*"), ("/metrics", "*/*"),
+                         ("/", "text/html"), ("/stamp", "text/html"), ("/verify", "text/html")):
+        status, _, body = get(server, path, accept)
+        assert status == 200, path
+        assert SECRET.encode() not in body and b"ops:" not in body, path
+    assert readyz(server)["witnesses"][c.name]["url"] == c.url
+    assert f"witness {c.name} {c.vkey} {c.url}\n".encode() in get(server, "/tlog/policy")[2]
+    assert SECRET not in (server.data_dir / "run" / "witnesses.json").read_text()
+    # (c failed in every way above: each failure was logged, by name and URL)
+    assert c.name in server.log_path.read_text() and SECRET not in server.log_path.read_text()

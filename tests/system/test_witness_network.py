@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from client.audit.state import SeenCheckpoints, SeenLog
-from formats.note import ed25519_signer, parse_note, sign_note
+from formats.note import Note, Signature, VerifierKey, ed25519_signer, parse_note, sign_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.proof import TlogProof
 from stampd import cli
@@ -274,3 +274,41 @@ def test_a_second_history_is_refused_by_the_witness_and_caught_by_verify_and_aud
                      "--upgrade-proof"])
     out, err = capsys.readouterr()
     assert code == 1 and "cannot both hold" in err and forged.decode() in err, out + err
+
+
+def test_attacks_on_a_witness_leave_its_view_and_the_audit_as_they_were(
+        hosts: list[Host], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Anyone may send b the checkpoint of a's log that b cosigned, again and again, with
+    more signature lines than the log's: a line under b's own name and key ID that does not
+    verify, and a line of a key b does not know. b answers each (its cosignature) but keeps
+    and serves the checkpoint with the log's signature and its own valid cosignature only, and
+    `stampd audit` of a's log (which opens b's view with both keys) passes."""
+    a, b, _ = hosts
+    wait_cosigned_proof(a, stamp_digest(a, b"before the attacks"), hosts)
+    origin = f"127.0.0.1:{a.port}/tlog"
+    view_url = f"{b.url}/{hashlib.sha256(origin.encode()).hexdigest()}/checkpoint"
+    deadline = time.monotonic() + WAIT
+    while b.url not in cosigners(view := get(view_url), hosts):  # (written after its answer)
+        assert time.monotonic() < deadline, "b's view of a's log is not cosigned"
+        time.sleep(0.2)
+    parsed = parse_note(view)
+    log_signature = parsed.signatures[0]
+    assert log_signature.name == origin
+    b_name = f"127.0.0.1:{b.port}/witness"
+    b_key = VerifierKey.parse(b.witness_vkey)
+    bogus = Signature(b_name, b_key.key_id, bytes(72))
+    stranger = Signature("stranger.example/witness", 0x01020304, bytes(72))
+    size = Checkpoint.parse(parsed.text).size
+    body = b"old %d\n\n" % size + Note(parsed.text, (log_signature, bogus, stranger)).encode()
+    for _ in range(5):
+        req = urllib.request.Request(f"{b.url}/add-checkpoint", method="POST", data=body)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+    served = parse_note(get(view_url))
+    assert served.text == parsed.text
+    assert [(s.name, s.key_id) for s in served.signatures] == [
+        (origin, log_signature.key_id), (b_name, b_key.key_id)]
+    assert b.url in cosigners(get(view_url), hosts)  # (its own, valid)
+    code, out, err = audit(a, tmp_path / "state.json", capsys)
+    assert code == 0, out + err
+    assert "2 witnesses' consistent" in out, out

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+from pathlib import Path
 
 import pytest
 
@@ -194,6 +196,38 @@ def test_witness_settings() -> None:
             Settings(witness_for=bad)
     with pytest.raises(ValueError, match="witness_name"):
         Settings(witness=True, witness_name="has space")
+
+
+def test_an_empty_witness_for_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--witness-for ""`` and STAMPD_WITNESS_FOR="" name no log: one line naming the option
+    or the variable, exit status 2, nothing made; an unset variable is no witness, as
+    before."""
+    from server.settings import Settings
+    from stampd.cli import EXIT_USAGE, main
+
+    for name in [n for n in os.environ if n.startswith("STAMPD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "d"
+    for argv, where in ((["--witness-for", ""], "--witness-for"),
+                        (["--witness-for", LOG.vkey, "--witness-for", " "], "--witness-for"),
+                        ([], "STAMPD_WITNESS_FOR")):
+        if not argv:
+            monkeypatch.setenv("STAMPD_WITNESS_FOR", "")
+        code = main(["serve", "--data-dir", str(data), *argv])
+        err = capsys.readouterr().err
+        assert code == EXIT_USAGE, err
+        assert err.startswith(f"stampd serve: invalid setting: {where}: ") and \
+            err.count("\n") == 1 and "no log" in err, err
+        assert not data.exists()
+    with pytest.raises(ValueError, match="no log"):
+        Settings(witness_for=" , ")
+    monkeypatch.delenv("STAMPD_WITNESS_FOR")
+    settings = Settings()
+    assert not settings.witness and settings.witness_for is None
+    assert Settings.model_validate(settings.model_dump(mode="json")) == settings
 
 
 def test_the_witness_vkey_is_a_cosignature_key() -> None:

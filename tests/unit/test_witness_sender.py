@@ -29,10 +29,12 @@ from formats.note import (
     sign_note,
 )
 from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
-from server.settings import Settings, WitnessConfig, parse_witnesses
+from formats.tlog.witness import SIZE_CONTENT_TYPE, encode_size
+from server.settings import Settings, WitnessConfig, parse_witnesses, redact_userinfo
 from server.tlog.store import TileReader, TileWriter
 from server.tlog.witnesses import (
     Backoff,
+    CosignatureRefused,
     Offered,
     WitnessFailed,
     WitnessSender,
@@ -128,6 +130,64 @@ def test_the_witness_option_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> No
     assert [w.name for w in commands.build_settings(args).witness_list] == ["w1.test", "w2.test"]
 
 
+SECRET = "s3cret-T0KEN"
+
+
+def test_a_witness_url_is_published_and_logged_without_its_credentials(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``https://user:password@host/`` as a witness's URL: the credentials go with each request
+    (HTTP basic authentication) and nowhere else: not in the policy, the states (/readyz, the
+    status page, the state file), the log's warnings, nor a settings error's message."""
+    spec = f"https://ops:{SECRET}@w1.example/sub={W1_VKEY}"
+    (w,) = parse_witnesses(spec)
+    assert w.public_url == "https://w1.example/sub" and w.credentials == ("ops", SECRET)
+    assert WitnessConfig("http://h.test", W1_VKEY).credentials is None
+    assert redact_userinfo("GET https://a:b@c@h.test:8/x?y=z@ and http://h.test/") == (
+        "GET https://h.test:8/x?y=z@ and http://h.test/")
+    assert policy_text(LOG_VKEY, "http://log.test/tlog", [w], 1) == (
+        f"log {LOG_VKEY} http://log.test/tlog\n"
+        f"witness w1.test {W1_VKEY} https://w1.example/sub\n"
+        "group witnesses 1 w1.test\nquorum witnesses\n")
+    for bad in (f"https://ops:{SECRET}@w1.example", f"ftp://ops:{SECRET}@w1.example={W1_VKEY}",
+                f"https://ops:{SECRET}@w1.example=w1+12345678+AAAA",
+                f"{spec},https://ops:{SECRET}@w2.example={W1_VKEY}"):
+        with pytest.raises(ValueError) as e:
+            parse_witnesses(bad)
+        assert SECRET not in str(e.value)
+
+    witness = LocalWitness("w1.test")
+    witness.trust(LOG_VKEY)
+    log = Log(tmp_path / "tlog")
+    configs = [WitnessConfig(f"http://ops:{SECRET}@127.0.0.1:{witness.port}", witness.vkey)]
+    state_file = tmp_path / "witnesses.json"
+
+    async def run() -> None:
+        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned, state_file,
+                               timeout=0.5)
+        state = sender.states()[0]
+        try:
+            sender.offer(log.grow(2))
+            await _until(lambda: state.cosigned_size == 2, "a cosignature")
+            witness.set_mode("refusing")
+            sender.offer(log.grow(1))
+            await _until(lambda: state.errors == 1, "a refusal")
+        finally:
+            await sender.stop()
+
+    try:
+        with caplog.at_level("INFO"):  # (httpx logs each request's URL at INFO)
+            asyncio.run(run())
+    finally:
+        witness.close()
+    expected = "Basic " + base64.b64encode(f"ops:{SECRET}".encode()).decode()
+    assert witness.authorizations and set(witness.authorizations) == {expected}
+    assert "w1.test" in caplog.text and "HTTP Request: POST" in caplog.text
+    assert SECRET not in caplog.text
+    assert SECRET not in state_file.read_text()
+    (state,) = read_states(state_file, configs)
+    assert state.url == f"http://127.0.0.1:{witness.port}" and state.cosigned_size == 2
+
+
 # -- pure pieces --------------------------------------------------------------------------------
 def test_backoff_doubles_to_its_limit() -> None:
     assert [Backoff(1, 30).delay(n) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
@@ -161,19 +221,42 @@ def test_cosignatures_go_after_the_log_signature_one_per_key() -> None:
     assert merge_cosignatures(again, [a2], LOG) == again
 
 
+NOW = 1700000000  # the log's clock in the pure tests (the time `cosig` dates by default)
+
+
 def test_an_answer_counts_only_valid_cosignatures_of_this_checkpoint() -> None:
     v1 = CosignatureVerifier.from_vkey(W1_VKEY)
     good = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT)
     other = cosig(W2_KEY, W2_PUBLIC, "w2.test", TEXT)
-    assert verified_cosignatures((other.line() + good.line()).encode(), TEXT, v1) == [good]
+    assert verified_cosignatures((other.line() + good.line()).encode(), TEXT, v1,
+                                 now=NOW, skew=60) == [good]
     with pytest.raises(WitnessFailed, match=r"no valid cosignature by w1\.test"):
-        verified_cosignatures(other.line().encode(), TEXT, v1)
+        verified_cosignatures(other.line().encode(), TEXT, v1, now=NOW, skew=60)
     stale = cosig(W1_KEY, W1_PUBLIC, "w1.test",
                   Checkpoint(ORIGIN, 2, hashlib.sha256(b"two").digest()).body())
     with pytest.raises(WitnessFailed, match="no valid cosignature"):
-        verified_cosignatures(stale.line().encode(), TEXT, v1)
+        verified_cosignatures(stale.line().encode(), TEXT, v1, now=NOW, skew=60)
     with pytest.raises(WitnessFailed, match="not cosignature lines"):
-        verified_cosignatures(b"\x00garbage\n", TEXT, v1)
+        verified_cosignatures(b"\x00garbage\n", TEXT, v1, now=NOW, skew=60)
+
+
+def test_a_cosignature_dated_outside_the_window_is_refused() -> None:
+    """A cosignature's time is an upper bound verifiers rely on: one dated more than ``skew``
+    seconds from the log's clock (2**63 - 1, 1970, a minute and a second off) is refused,
+    though its signature verifies; one within the window is taken."""
+    v1 = CosignatureVerifier.from_vkey(W1_VKEY)
+    for t in (2**63 - 1, 1, 0, NOW - 61, NOW + 61):
+        line = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, t).line().encode()
+        with pytest.raises(CosignatureRefused, match="outside"):
+            verified_cosignatures(line, TEXT, v1, now=NOW, skew=60)
+    for t in (NOW - 60, NOW + 60):
+        ok = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, t)
+        assert verified_cosignatures(ok.line().encode(), TEXT, v1, now=NOW, skew=60) == [ok]
+    # of several, the one in the window
+    far = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, 1)
+    near = cosig(W1_KEY, W1_PUBLIC, "w1.test", TEXT, NOW)
+    assert verified_cosignatures((near.line() + far.line()).encode(), TEXT, v1, now=NOW,
+                                 skew=60) == [near]
 
 
 def test_the_state_file_is_read_back_for_the_configured_witnesses(tmp_path: Path) -> None:
@@ -311,6 +394,7 @@ def test_a_failing_witness_waits_its_backoff_then_gets_the_newest(
     w2.set_mode("slow")  # (1 s, past the sender's timeout)
     log = Log(tmp_path / "tlog")
     clock = Clock()
+    w1.clock = w2.clock = clock  # (their cosignatures are dated by the log's clock)
     configs = [WitnessConfig(w.url, w.vkey) for w in witnesses]
 
     async def run() -> None:
@@ -347,6 +431,90 @@ def test_a_failing_witness_waits_its_backoff_then_gets_the_newest(
     assert w1.requests == [(0, 4)]
     assert {s[0].name for o, s in log.published if o.checkpoint.size == 4} == {"w1.test",
                                                                                "w2.test"}
+
+
+class Ahead(LocalWitness):
+    """A witness whose first answers are 409s naming the sizes ``claims`` (a size above the
+    log's: a witness that lies, or was fed another tree of the origin), then as the spec
+    says."""
+
+    claims: list[int]
+
+    def add_checkpoint(self, body: bytes) -> tuple[int, str, bytes]:
+        if self.claims:
+            return 409, SIZE_CONTENT_TYPE, encode_size(self.claims.pop(0))
+        return super().add_checkpoint(body)
+
+
+def test_a_size_above_the_logs_is_a_hint_not_a_state(tmp_path: Path) -> None:
+    """A 409 naming a size above the checkpoint's fails that attempt, and nothing of it is
+    kept: the next attempt is sent from the size the witness cosigned for this log (here 0),
+    and cosigned."""
+    clock = Clock()
+    w = Ahead("w1.test")
+    w.clock, w.claims = clock, [2**63 - 1]
+    w.trust(LOG_VKEY)
+    log = Log(tmp_path / "tlog")
+
+    async def run() -> None:
+        sender = WitnessSender([WitnessConfig(w.url, w.vkey)], log.reader.node_reader,
+                               log.on_cosigned, timeout=0.5, backoff=Backoff(10, 40),
+                               clock=clock)
+        state = sender.states()[0]
+        try:
+            sender.offer(log.grow(3))
+            await _until(lambda: state.errors == 1, "the refused attempt")
+            assert state.last_error is not None and "above" in state.last_error
+            clock.now += 10
+            sender.poke()  # its backoff is over: the same checkpoint again, from 0
+            await _until(lambda: state.cosigned_size == 3, "a cosignature")
+        finally:
+            await sender.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        w.close()
+    assert w.requests == [(0, 3)]
+    assert [o.checkpoint.size for o, _ in log.published] == [3]
+
+
+def test_cosignatures_dated_outside_the_window_are_refused_and_counted(
+        tmp_path: Path, witnesses: list[LocalWitness]) -> None:
+    """A witness dating its cosignatures 2**63 - 1, then 1 (1970): each answer is a failure
+    that says why, counted in ``refused_cosignatures``, and nothing is published; once its
+    clock is right it is cosigned."""
+    w1 = witnesses[0]
+    clock = Clock()
+    log = Log(tmp_path / "tlog")
+
+    async def run() -> None:
+        sender = WitnessSender([WitnessConfig(w1.url, w1.vkey)], log.reader.node_reader,
+                               log.on_cosigned, timeout=0.5, backoff=Backoff(10, 40),
+                               clock=clock, cosignature_skew=60)
+        state = sender.states()[0]
+        try:
+            sender.offer(log.grow(3))
+            for n, t in enumerate((2**63 - 1, 1), start=1):
+                w1.clock = lambda t=t: t
+                if n > 1:
+                    clock.now += 40  # (past its backoff)
+                    sender.poke()
+                await _until(lambda n=n: state.errors == n, f"refusal {n}")
+                assert state.refused_cosignatures == n and state.cosigned_size is None
+                assert state.last_error is not None and "outside" in state.last_error
+                assert str(t) in state.last_error
+            w1.clock = clock
+            clock.now += 40
+            sender.poke()
+            await _until(lambda: state.cosigned_size == 3, "a cosignature")
+            assert state.refused_cosignatures == 2 and state.consecutive_errors == 0
+        finally:
+            await sender.stop()
+
+    asyncio.run(run())
+    ((offered, (sig,)),) = log.published
+    assert _verify_cosignature(w1, offered.text, sig) == clock.now
 
 
 def test_offered_keeps_only_the_log_signature() -> None:
