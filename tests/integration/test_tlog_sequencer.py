@@ -22,7 +22,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
 from server import db
-from server.api.tlog import _proof
+from server.tlog.proofs import prove
 from server.log.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog
@@ -108,7 +108,7 @@ def digest_row(n: int, **kw: object) -> dict[str, object]:
 def checked_proof(reader: TileReader, index: int, key: LogKey) -> tuple[Entry, int]:
     """The proof of entry ``index``, verified by stampd's code and by code that is not ours:
     the checkpoint's Ed25519 signature with cryptography, the root with pymerkle."""
-    proof = _proof(reader, index)
+    proof = prove(reader, index)
     assert proof is not None
     parsed = TlogProof.parse(proof)
     assert parsed.extra is not None
