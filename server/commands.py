@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 from collections.abc import Collection
 from pathlib import Path
@@ -735,7 +736,9 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_USAGE, _one_line(f"invalid STAMPD_DATABASE_URL: {exc}")
     if isinstance(exc, DBAPIError):
         first = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc) else ""
-        if "does not exist" in first:
+        if re.search(r'\brole "[^"]*" does not exist', first):
+            first += " (create it first, e.g. `createuser -h HOST -U postgres USER`)"
+        elif "does not exist" in first:
             first += " (create it first, e.g. `createdb -h HOST -U USER NAME`)"
         # (a refused statement, e.g. a constraint, is no outage)
         what = "unavailable" if isinstance(exc, OperationalError | InterfaceError) else "error"

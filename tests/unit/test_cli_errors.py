@@ -164,3 +164,17 @@ def test_client_commands_leave_the_server_unimported(tmp_path: Path) -> None:
     assert lines[3] == "0 True"
     assert all(line.startswith(("stampd verify: ", "stampd audit: ", "stampd hook uninstall: "))
                for line in r.stderr.splitlines()), r.stderr
+
+
+def test_a_missing_role_or_database_names_the_command_that_makes_it(
+        pg_admin_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    host = pg_admin_url.split("@", 1)[1].rsplit("/", 1)[0]
+    no_role = f"postgresql://stampd_no_such_role@{host}/postgres"
+    assert main(["db", "--database-url", no_role, "check"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert 'role "stampd_no_such_role" does not exist' in err and err.count("\n") == 1, err
+    assert "createuser" in err and "createdb" not in err, err
+    no_db = f"postgresql://postgres@{host}/stampd_no_such_db"
+    assert main(["db", "--database-url", no_db, "check"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert 'database "stampd_no_such_db" does not exist' in err and "createdb" in err, err
