@@ -178,3 +178,28 @@ def test_a_missing_role_or_database_names_the_command_that_makes_it(
     assert main(["db", "--database-url", no_db, "check"]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert 'database "stampd_no_such_db" does not exist' in err and "createdb" in err, err
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_help_of_the_server_commands_shows_each_settings_default(
+        command: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An option that sets STAMPD_<NAME> says its default (the embedded one; the variable
+    overrides it)."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    options = [line for line in out.splitlines() if re.search(r"\(STAMPD_[A-Z_]+", line)]
+    assert len(options) >= 3, out
+    for line in options:
+        assert "default" in line, line
+    assert re.search(r"--data-dir .*\(STAMPD_DATA_DIR; default: \./var\)", out), out
+    assert re.search(r"--workers .*default: 0, one per CPU", out), out
+    if command == "serve":
+        assert re.search(r"--port .*\(STAMPD_PORT; default: 8080\)", out), out
+        assert re.search(r"--host .*\(STAMPD_HOST; default: 127\.0\.0\.1\)", out), out
+        assert re.search(r"--commit-interval COMMIT_INTERVAL\s+seconds between log commits "
+                         r"\(STAMPD_COMMIT_INTERVAL; default: 3600\)", out), out
