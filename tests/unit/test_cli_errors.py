@@ -203,3 +203,33 @@ def test_help_of_the_server_commands_shows_each_settings_default(
         assert re.search(r"--host .*\(STAMPD_HOST; default: 127\.0\.0\.1\)", out), out
         assert re.search(r"--commit-interval COMMIT_INTERVAL\s+seconds between log commits "
                          r"\(STAMPD_COMMIT_INTERVAL; default: 3600\)", out), out
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"stampd {version('stampd')}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["serve", "--help"],
+                                  ["verify", "--help"], ["keys", "show"]])
+def test_a_closed_stdout_ends_the_command_quietly(argv: list[str], tmp_path: Path) -> None:
+    """`stampd keys show | head -1`: when the reader is gone, the command exits as Unix tools
+    do, quietly (141, as the shell shows a tool that SIGPIPE ended), not with "Broken pipe"."""
+    import os
+
+    from tests.helpers import seed_data_dir
+
+    if argv[0] == "keys":
+        argv = ["keys", "--data-dir", str(seed_data_dir(tmp_path / "d")), "show"]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        r = subprocess.run([sys.executable, "-m", "stampd", *argv], cwd=ROOT, stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r.stderr
