@@ -18,6 +18,7 @@ import pygit2
 from pygit2.enums import RepositoryOpenFlag
 
 from client.audit.errors import EmptyLog, TargetError
+from client.fetch import tls_problem
 
 MAIN = "main"
 PEER_SUFFIX = "-timestamps"
@@ -154,7 +155,8 @@ def local_copy(target: str) -> Iterator[Path]:
         except subprocess.TimeoutExpired:
             raise TargetError(f"cloning {target} timed out") from None
         if r.returncode != 0:
-            raise TargetError(f"cannot clone {target}: {r.stderr.strip()}")
+            raise TargetError(f"cannot clone {target}: "
+                              f"{tls_problem(target, r.stderr) or r.stderr.strip()}")
         yield dest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

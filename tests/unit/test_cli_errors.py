@@ -233,3 +233,72 @@ def test_a_closed_stdout_ends_the_command_quietly(argv: list[str], tmp_path: Pat
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (141, ""), r.stderr
+
+
+def _tls_server(tmp_path: Path) -> tuple[str, object]:
+    """An https server on loopback with a self-signed certificate (trusted by nobody)."""
+    import datetime as dt
+    import http.server
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem = tmp_path / "tls.pem"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pem)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                            http.server.BaseHTTPRequestHandler)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"https://127.0.0.1:{httpd.server_address[1]}", httpd
+
+
+def test_tls_failures_are_one_line_saying_what_is_wrong(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """https:// against an http:// server, and a certificate nobody trusts: one line that
+    says so (and which URL to give), never OpenSSL's or GnuTLS's words."""
+    from tests.helpers import RoutesServer, make_repo
+
+    plain = RoutesServer({})
+    tls, httpd = _tls_server(tmp_path)
+    repo = make_repo(tmp_path / "repo")
+    (repo / "a.txt").write_text("a\n")
+    monkeypatch.chdir(repo)
+    try:
+        address = plain.url.removeprefix("http://")
+        wrong = f"https://{address}"
+        for argv, code in ((["stamp", "a.txt", "--server", wrong], 1),
+                           (["hook", "install", "--server", wrong], 1),
+                           (["audit", f"{wrong}/log.git", "--no-tlog"], 2)):
+            assert main(argv) == code, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"{address} does not speak TLS; use http://{address}" in err, err
+            assert "SSL" not in err and "gnutls" not in err and "_ssl.c" not in err, err
+        untrusted = tls.removeprefix("https://")
+        for argv, code in ((["stamp", "a.txt", "--server", tls], 1),
+                           (["audit", f"{tls}/log.git", "--no-tlog"], 2)):
+            assert main(argv) == code, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"the TLS certificate of {untrusted} is not trusted" in err, err
+            assert "SSL:" not in err and "gnutls" not in err and "_ssl.c" not in err, err
+    finally:
+        plain.close()
+        httpd.shutdown()  # type: ignore[attr-defined]
+        httpd.server_close()  # type: ignore[attr-defined]
