@@ -40,6 +40,7 @@ from client.verify.manifest import MAX_MANIFEST, ManifestResult, is_manifest, ve
 from client.verify.receipt import ReceiptResult, receipt_text, server_error, verify_receipt
 from client.verify.tlog import (
     DEFAULT_WAIT,
+    PROOF_SUFFIX,
     Held,
     ProofUnavailable,
     check_proof,
@@ -76,7 +77,7 @@ from formats.note import NoteError, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.errors import TlogError
 from formats.tlog.policy import Policy
-from formats.tlog.proof import ProvenEntry, TlogProof
+from formats.tlog.proof import PROOF_HEADER, ProvenEntry, TlogProof
 
 
 @dataclass(frozen=True)
@@ -399,6 +400,17 @@ def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
     return 0
 
 
+def _a_proof(target: str) -> str:
+    """What to say of a target that is a transparency-log proof (``X.tlog-proof``)."""
+    if target == "-":
+        target = "standard input"
+    stamp = target.removesuffix(PROOF_SUFFIX) if target.endswith(PROOF_SUFFIX) else None
+    where = (f"stampd verify {stamp} finds it beside it" if stamp else
+             "stampd verify RECEIPT finds RECEIPT.tlog-proof beside it")
+    return (f"{target} is the transparency-log proof of a stamp, not a stamp: verify the "
+            f"receipt or manifest it belongs to ({where}; or give it with --proof FILE)")
+
+
 def git_server(repo: Path) -> str | None:
     """The server a repository's git stamps come from: the hook's ``stampd.server``, else
     ``timestamp.server`` (its first)."""
@@ -439,6 +451,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if token_only:
             raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
                             "to receipts")
+        if data.startswith(PROOF_HEADER.encode() + b"\n"):
+            raise Malformed(_a_proof(args.target))
         said = server_error(data)
         if said is not None:
             raise Malformed(f"{args.target} holds {said} (saved by curl without --fail?)")

@@ -61,6 +61,12 @@ def test_files_stamped_with_their_proof(server: Server, tmp_path: Path,
     code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", ".")
     assert code == 0, err
     assert "in the log at index" in log_line(out) and "pinned log key" in log_line(out)
+    # The proof is no stamp of its own: the message says what to give instead.
+    code, out, err = run(capsys, "verify", "SHA256SUMS.asc.tlog-proof")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("stampd verify: malformed: SHA256SUMS.asc.tlog-proof is the "
+                          "transparency-log proof of a stamp, not a stamp: verify the receipt "
+                          "or manifest it belongs to (stampd verify SHA256SUMS.asc"), err
     # a wrong log key: refused
     other = vkey.split("+")[0] + "+00000000+AQ" + "A" * 42 + "="
     code, out, err = run(capsys, "verify", "SHA256SUMS.asc", "--dir", ".", "--log-key", other)
