@@ -265,8 +265,8 @@ def verify_manifest_command(args: argparse.Namespace, data: bytes) -> int:
     """The manifest branch of `cmd_verify`: print the report; raise for files that do not
     match (`Invalid`) or could not be checked (`Unsupported`)."""
     res = verify_manifest(data, key_file=args.key, directory=getattr(args, "dir", None),
-                          file=args.file, digest=args.digest)
-    if args.key is None:
+                          file=args.file, digest=args.digest, repo=args.repo)
+    if res.fetched:
         print(f"note: the server key was {res.key_origin} (trusting that server); "
               "use --key KEYFILE to check against a key you hold", file=sys.stderr)
     h = res.manifest.header
@@ -457,8 +457,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if said is not None:
             raise Malformed(f"{args.target} holds {said} (saved by curl without --fail?)")
         res = verify_receipt(receipt_text(data), key_file=args.key, file=args.file,
-                             digest=args.digest)
-        if args.key is None:
+                             digest=args.digest, repo=args.repo)
+        if res.fetched:
             print(f"note: the server key was {res.key_origin} (trusting that server); "
                   "use --key KEYFILE to check against a key you hold", file=sys.stderr)
         st = res.statement
@@ -478,8 +478,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if token_only:
             raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
                             "to git stamps")
-        if args.key is None:
-            raise Usage("a git stamp is checked against the server's key: give --key FILE")
         git_res = verify_git(args.repo, args.target, args.key)
         held = held_git(git_res.kind, git_res.oid, git_res.stamped, git_res.time,
                         [git_res.signature.primary, git_res.signature.fingerprint])
