@@ -104,7 +104,8 @@ def add_commands(sub: Any) -> None:
         "of the git log, of an earlier audit or of a witness that is not a prefix of today's "
         "tree; both checkpoints are printed). "
         "A server without a transparency log (404 on /tlog/vkey) is no failure.")
-    audit.add_argument("target", help="path of a log clone, or its http(s) URL")
+    audit.add_argument("target", help="path of a log clone, its http(s) URL (.../log.git), "
+                       "or the server's URL (as stampd stamp --server takes it)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")

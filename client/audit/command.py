@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from client.audit.auditor import audit
-from client.audit.repository import local_copy
+from client.audit.repository import cloned
 from client.audit.state import default_state_file
 from client.audit.tlog import TlogOptions
 
@@ -25,8 +25,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         state = getattr(args, "state", None)
         tlog = TlogOptions(server=getattr(args, "server", None),
                            state=Path(state) if state else default_state_file())
-    with local_copy(target) as path:
-        report = audit(path, Path(peer_keys) if peer_keys else None, target=target, tlog=tlog)
+    with cloned(target) as (path, name):
+        report = audit(path, Path(peer_keys) if peer_keys else None, target=name, tlog=tlog)
     if tlog is None:
         report.tlog.warnings.append("--no-tlog")
     if getattr(args, "json", False):

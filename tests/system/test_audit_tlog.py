@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -186,3 +187,46 @@ def test_an_entry_missing_from_the_git_log_fails(server: Server, tmp_path: Path)
     report = audit(log, tlog=TlogOptions(server=base(server), slack=1))
     missing = [f for f in report.failures_of(TLOG_CHECK) if f.rule == "not-in-git-log"]
     assert len(missing) == 1 and TAG_COMMIT in missing[0].message, report.render()
+
+
+def test_the_servers_url_is_audited_as_its_log(server: Server, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`stampd audit URL`, URL as `stampd stamp --server` takes it: its log.git and its
+    transparency log are audited."""
+    for i, url in enumerate((base(server), base(server).rstrip("/"))):
+        state = tmp_path / str(i) / "seen.json"
+        assert cli.main(["audit", url, "--json", "--state", str(state)]) == 0, \
+            capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert report["target"] == base(server) + "log.git"
+        assert report["ok"] and report["log"] and report["tlog"]["status"] == "checked"
+
+
+def test_a_log_url_without_git_is_cloned_as_it_is(server: Server, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A log served at a URL that does not end in .git (a mirror) is still audited: only a
+    URL that is no log is taken as a server's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    snapshot(server.data_dir / "log.git", site / "mirror")
+    subprocess.run(["git", "--git-dir", str(site / "mirror"), "update-server-info"],
+                   check=True, timeout=60)
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/mirror"
+        assert cli.main(["audit", url, "--json", "--no-tlog"]) == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert report["target"] == url and report["ok"] and report["log"]
+        # Neither a log nor a server's: one line naming both URLs tried.
+        assert cli.main(["audit", f"{url}-gone", "--no-tlog"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{url}-gone/log.git" in err, err
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
