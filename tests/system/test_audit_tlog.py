@@ -230,3 +230,41 @@ def test_a_log_url_without_git_is_cloned_as_it_is(server: Server, tmp_path: Path
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_before_the_first_log_commit_the_transparency_log_is_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new server's git log waits an hour for its first commit, its transparency log has
+    entries from the first second: the audit checks the transparency log, prints its report,
+    and exits 3 (the git log: nothing to check yet) when it passes, 1 when it fails."""
+    from tests.helpers import RoutesServer
+
+    s = start_server(seed_data_dir(tmp_path / "data"), workers=1,
+                     extra_env={"STAMPD_TLOG": "on"})
+    bad = RoutesServer({"/tlog/vkey": (200, b"not a key\n", {})})
+    try:
+        serial = post_digest(s, hashlib.sha256(b"before the first log commit").hexdigest())
+        assert get(s, f"/v1/proofs/{serial}?wait=20")[0] == 200
+        assert log_commits(s.data_dir) == []
+        state = ["--state", str(tmp_path / "seen.json")]
+        assert cli.main(["audit", base(s), *state]) == 3
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "nothing to check yet" in err, err
+        assert "the transparency log (size 1) was checked meanwhile: ok" in err, err
+        assert f"tlog: 127.0.0.1:{s.port}/tlog at size 1: signed checkpoint" in out, out
+        assert "no log commit yet" in out and "OK" in out, out
+        assert cli.main(["audit", base(s), "--json", *state]) == 3
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] and report["head"] is None and report["log"] == []
+        assert report["tlog"]["status"] == "checked" and report["tlog"]["seen"] == 1
+        # A transparency log that fails fails the audit, log commit or none.
+        assert cli.main(["audit", base(s), "--server", bad.url, *state]) == 1
+        out, err = capsys.readouterr()
+        assert "[tlog/vkey]" in out and "FAILED" in out, out
+        # --no-tlog: nothing is checked, as before.
+        assert cli.main(["audit", base(s), "--no-tlog"]) == 3
+        out, err = capsys.readouterr()
+        assert out == "" and "nothing to check yet" in err, err
+    finally:
+        bad.close()
+        s.stop()
