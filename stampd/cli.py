@@ -10,6 +10,7 @@ documented exit code."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -209,13 +210,12 @@ def main(argv: list[str] | None = None) -> int:
             return _main(argv)
         finally:
             sys.stdout.flush()
-    except BrokenPipeError:
-        if not _stdout_closed():
-            raise
+    except BrokenPipeError:  # (standard output's: the flush, or passed on by _main)
         # The rest of what is buffered goes nowhere, also when Python flushes it at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):  # (no real file: nothing to redirect)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
         return EXIT_PIPE
 
 
