@@ -31,7 +31,8 @@ def add_commands(sub: Any) -> None:
         "time-stamp token, or a git tag/commit stamp in a repository",
         description="Exit status: 0 valid, 1 invalid (bad signature, wrong key, wrong time, "
         "digest mismatch, a manifest's files missing or changed (--dir), a token not from the "
-        "--chain TSA) or could not be checked (server key not obtainable, gpg missing, a token "
+        "--chain TSA) or could not be checked (server key neither given, pinned nor obtainable: "
+        "one line says which option to give; gpg missing, a token "
         "checked without --chain, unsupported), 2 malformed (not a "
         "receipt, token or stamp of a known format, or an unusable argument), 3 a valid RFC "
         "3161 token whose imprint is not in the --log yet (or the log has no commit yet). "
@@ -46,10 +47,12 @@ def add_commands(sub: Any) -> None:
                       "file's")
     what.add_argument("--digest", help="check that the receipt or token is for this hex digest")
     verify.add_argument("--key", type=Path,
-                        help="public key file of the server (offline); default: fetch it "
-                        "from the server URL in the receipt")
+                        help="public key file of the server (offline); default: the key "
+                        "`stampd stamp` or `stampd hook install` pinned in --repo (offline), "
+                        "else fetched from the server URL in the receipt or manifest")
     verify.add_argument("--repo", type=Path, default=Path("."),
-                        help="git repository holding a tag/commit target (default: .)")
+                        help="git repository holding a tag/commit target, and the pinned keys "
+                        "(default: .)")
     verify.add_argument("--chain", type=Path,
                         help="RFC 3161 token: the certificates to trust (PEM: the TSA's "
                         "GET /tsa.pem, or its CA's certificate)")
@@ -96,12 +99,14 @@ def add_commands(sub: Any) -> None:
         "run (the target is not a readable log repository, cannot be cloned or has no main "
         "branch; gpg missing; the state file is unreadable), 3 nothing to check yet (the log "
         "has no commit yet: a new "
-        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default), 4 "
+        "server commits its log every STAMPD_COMMIT_INTERVAL seconds, 3600 by default; its "
+        "transparency log is checked meanwhile, and a failure there is 1 or 4), 4 "
         "a check failed that shows two histories of the transparency log (a fork: a checkpoint "
         "of the git log, of an earlier audit or of a witness that is not a prefix of today's "
         "tree; both checkpoints are printed). "
         "A server without a transparency log (404 on /tlog/vkey) is no failure.")
-    audit.add_argument("target", help="path of a log clone, or its http(s) URL")
+    audit.add_argument("target", help="path of a log clone, its http(s) URL (.../log.git), "
+                       "or the server's URL (as stampd stamp --server takes it)")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.add_argument("--peer-keys", type=Path,
                        help="directory of <peer>.asc keys, overriding peers/<peer>.asc in the log")

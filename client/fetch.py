@@ -1,9 +1,12 @@
 """HTTP for talking to a Zeitgitter server, written once: a GET or a form POST with a timeout,
 a size limit, and no redirects (a Zeitgitter server must not redirect; a redirect is an answer
-like any other non-200 status)."""
+like any other non-200 status). A TLS failure is said in one line of our own (`tls_problem`,
+for git's words too), never OpenSSL's."""
 
 from __future__ import annotations
 
+import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -62,4 +65,40 @@ def http_request(url: str, *, form: Mapping[str, str] | None = None, data: bytes
                          retry_after=e.headers.get("Retry-After") if e.headers else None
                          ) from None
     except (urllib.error.URLError, OSError) as e:
+        cause = e.reason if isinstance(e, urllib.error.URLError) else e
+        if isinstance(cause, ssl.SSLError):
+            said = tls_problem(url, cause)
+            raise FetchError(url, said, reason=said) from None
         raise FetchError(url, str(e), reason=str(getattr(e, "reason", e))) from None
+
+
+# OpenSSL's reasons for a first answer that is no TLS record: an http:// server's "HTTP/1.1 400"
+NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL",
+                     "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"})
+# git's words (over libcurl with GnuTLS or OpenSSL) for the same, and for a certificate
+_GIT_NOT_TLS = re.compile(r"unexpected TLS packet|wrong version number|record layer failure|"
+                          r"unknown protocol|packet length too long", re.IGNORECASE)
+_GIT_CERTIFICATE = re.compile(r"certificate verification failed|SSL certificate problem|"
+                              r"certificate verify failed", re.IGNORECASE)
+
+
+def tls_problem(url: str, error: ssl.SSLError | str) -> str:
+    """One line saying what went wrong with TLS talking to ``url``: an ``ssl.SSLError``, or
+    git's error output (``str``, for which an empty string comes back when it is not about
+    TLS). ``https://`` against an http:// server: ``HOST:PORT does not speak TLS; use
+    http://HOST:PORT``; a certificate: ``the TLS certificate of HOST:PORT is not trusted``."""
+    address = urllib.parse.urlsplit(url).netloc
+    if isinstance(error, str):
+        if _GIT_NOT_TLS.search(error):
+            return f"{address} does not speak TLS; use http://{address}"
+        if _GIT_CERTIFICATE.search(error):
+            return (f"the TLS certificate of {address} is not trusted (git could not verify "
+                    "it against the system's certificate authorities)")
+        return ""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"the TLS certificate of {address} is not trusted ({error.verify_message})"
+    if error.reason in NOT_TLS:
+        return f"{address} does not speak TLS; use http://{address}"
+    if isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return f"{address} closed the connection during the TLS handshake (not a TLS server?)"
+    return f"TLS with {address} failed ({(error.reason or str(error)).lower()})"

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 from collections.abc import Collection
 from pathlib import Path
@@ -611,9 +612,26 @@ def _common(p: argparse.ArgumentParser, inner: bool = False) -> None:
     D`` (an inner option only overrides when given)."""
     default = argparse.SUPPRESS if inner else None
     p.add_argument("--data-dir", type=Path, default=default,
-                   help="data directory (STAMPD_DATA_DIR)")
+                   help=_setting("data_dir", "data directory", "./var"))
     p.add_argument("--database-url", default=default,
-                   help="SQLAlchemy URL (STAMPD_DATABASE_URL)")
+                   help=_setting("database_url", "SQLAlchemy URL",
+                                 "sqlite:///DATA_DIR/stampd.sqlite3"))
+
+
+def _setting(name: str, text: str, default: str | None = None) -> str:
+    """The help of an option that overrides the setting ``name``: ``TEXT (STAMPD_NAME;
+    default: D)``, D its embedded default (`Settings`), or ``default`` where that says more
+    (a default computed at start, a 0 that means one per CPU)."""
+    if default is None:
+        value = Settings.model_fields[name].default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        default = str(value) if value not in (None, "") else "none"
+    return f"{text} (STAMPD_{name.upper()}; default: {default})"
+
+
+WORKERS_DEFAULT = "0, one per CPU it may run on"
+API_PROCESSES_DEFAULT = "0, one per three CPUs, at least one"
 
 
 def add_commands(sub: Any) -> None:
@@ -622,34 +640,38 @@ def add_commands(sub: Any) -> None:
     common = _common
     serve = sub.add_parser("serve", help="HTTP API, worker pool and log committer")
     common(serve)
-    serve.add_argument("--host", help="listen address (STAMPD_HOST)")
-    serve.add_argument("--port", type=int, help="listen port (STAMPD_PORT)")
-    serve.add_argument("--workers", type=int, help="signing processes, 0 = CPUs (STAMPD_WORKERS)")
+    serve.add_argument("--host", help=_setting("host", "listen address"))
+    serve.add_argument("--port", type=int, help=_setting("port", "listen port"))
+    serve.add_argument("--workers", type=int,
+                       help=_setting("workers", "signing processes", WORKERS_DEFAULT))
     serve.add_argument("--api-processes", type=int,
-                       help="HTTP processes sharing the port, 0 = one per three CPUs "
-                       "(STAMPD_API_PROCESSES)")
+                       help=_setting("api_processes", "HTTP processes sharing the port",
+                                     API_PROCESSES_DEFAULT))
     serve.add_argument("--commit-interval", type=float,
-                       help="seconds between log commits (STAMPD_COMMIT_INTERVAL)")
-    serve.add_argument("--own-url", help="public URL written into stamps (STAMPD_OWN_URL)")
-    serve.add_argument("--peers", help="peers stamping our log: name=URL[#FPR],... "
-                       "(STAMPD_PEERS)")
+                       help=_setting("commit_interval", "seconds between log commits"))
+    serve.add_argument("--own-url", help=_setting("own_url", "public URL written into stamps",
+                                                  "http://HOST:PORT/"))
+    serve.add_argument("--peers", help=_setting("peers", "peers stamping our log: "
+                                                "name=URL[#FPR],..."))
     serve.add_argument("--witness", action="append", metavar="URL=VKEY",
-                       help="a witness the transparency log sends its checkpoints to, by its "
-                       "submission prefix and cosignature verifier key; repeatable "
-                       "(STAMPD_WITNESSES)")
+                       help=_setting("witnesses", "a witness the transparency log sends its "
+                                     "checkpoints to, by its submission prefix and cosignature "
+                                     "verifier key; repeatable"))
     serve.add_argument("--witness-for", action="append", metavar="VKEY",
-                       help="be a witness of the log of this checkpoint verifier key; "
-                       "repeatable, replaces STAMPD_WITNESS_FOR")
+                       help=_setting("witness_for", "be a witness of the log of this checkpoint "
+                                     "verifier key; repeatable, replaces the variable"))
     serve.add_argument("--no-workers", action="store_true",
                        help="run no worker pool here (workers come from `stampd worker`)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="only the signing worker pool")
     common(worker)
-    worker.add_argument("--workers", type=int, help="signing processes (STAMPD_WORKERS)")
+    worker.add_argument("--workers", type=int,
+                        help=_setting("workers", "signing processes", WORKERS_DEFAULT))
     worker.add_argument("--api-processes", type=int,
-                        help="HTTP processes of the stampd serve --no-workers whose dispatchers "
-                        "the workers serve; give it the same value (STAMPD_API_PROCESSES)")
+                        help=_setting("api_processes", "HTTP processes of the stampd serve "
+                                      "--no-workers whose dispatchers the workers serve; give "
+                                      "it the same value", API_PROCESSES_DEFAULT))
     worker.set_defaults(func=cmd_worker)
 
     dbp = sub.add_parser("db", help="database migrations")
@@ -671,8 +693,12 @@ def add_commands(sub: Any) -> None:
     show.add_argument("--ssh", action="store_true",
                       help="print the allowed-signers lines of the SSH keys")
     gen = keysub.add_parser("generate", help="generate a new key (STAMPD_KEY_UID, _KEY_ALGO)")
-    gen.add_argument("--key-uid", help="user id, 'Name <email>'")
-    gen.add_argument("--key-algo", help="gpg algorithm name, e.g. ed25519, rsa4096")
+    gen.add_argument("--key-uid", help=_setting(
+        "key_uid", "user id, 'Name <email>'",
+        "'stampd Timestamping Service <stampd@HOST>', HOST the host of STAMPD_OWN_URL, else "
+        "this machine's name"))
+    gen.add_argument("--key-algo", help=_setting("key_algo", "gpg algorithm name, e.g. ed25519, "
+                                                 "rsa4096"))
     gen.add_argument("--force", action="store_true")
     imp = keysub.add_parser("import", help="import a secret key file")
     imp.add_argument("file", type=Path)
@@ -737,7 +763,9 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_USAGE, _one_line(f"invalid STAMPD_DATABASE_URL: {exc}")
     if isinstance(exc, DBAPIError):
         first = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc) else ""
-        if "does not exist" in first:
+        if re.search(r'\brole "[^"]*" does not exist', first):
+            first += " (create it first, e.g. `createuser -h HOST -U postgres USER`)"
+        elif "does not exist" in first:
             first += " (create it first, e.g. `createdb -h HOST -U USER NAME`)"
         # (a refused statement, e.g. a constraint, is no outage)
         what = "unavailable" if isinstance(exc, OperationalError | InterfaceError) else "error"

@@ -10,21 +10,64 @@ documented exit code."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
+import select
+import signal
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client import cli as client_cli
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 EXIT_FAILED = 1  # the command failed (a client command's own code where it has one)
 EXIT_USAGE = 2  # bad arguments or settings (argparse uses 2 as well)
+EXIT_PIPE = 128 + signal.SIGPIPE  # standard output's reader went away (what a shell shows for
+# a tool that SIGPIPE ended: `stampd keys show | head -1` ends as `yes | head -1` does)
 
 SERVER_COMMANDS = ("serve", "worker", "db", "keys", "tsa")
 INSTALL_SERVER = "pip install 'stampd[server]'"
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's when installed from a clone)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("stampd")
+    except PackageNotFoundError:  # (run from a checkout that was never installed)
+        return "(not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but help and usage written to a standard output whose reader has gone
+    raise `BrokenPipeError` (argparse ignores it), so that `main` ends every command alike."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None
+                       ) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
+class _Version(argparse.Action):
+    """``--version``: print ``stampd VERSION`` and exit 0 (the version looked up only then)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str = "print the version and exit"
+                 ) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"stampd {version()}")
+        parser.exit()
 
 
 class BadLogLevel(ValueError):
@@ -57,14 +100,16 @@ def parser(server: ModuleType | None) -> argparse.ArgumentParser:
     (None). Built once a process: it reads nothing from the environment, and building it takes
     ~20 ms (argparse looks a translation up for each of its ~70 strings, and it has 22
     parsers); parsing leaves it as it was."""
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="stampd",
         description="stampd: a timestamping server for git (Zeitgitter protocol) and digests. "
         "`stampd serve` runs it (data in ./var by default); `stampd stamp`, `verify`, "
         "`audit` and `hook` are for users of any stampd server. Every setting is also an "
         "environment variable STAMPD_<NAME>.",
         epilog="Exit status: 0 success; 1 the command failed (one line on stderr says why); "
-        "2 bad arguments or settings. stamp, verify and audit have their own (see their --help).")
+        "2 bad arguments or settings; 141 standard output was closed by its reader (`| head`), "
+        "quietly. stamp, verify and audit have their own (see their --help).")
+    ap.add_argument("--version", action=_Version)
     ap.add_argument("--log-level", default=None, type=_log_level,
                     help="DEBUG, INFO, WARNING, ERROR (STAMPD_LOG_LEVEL)")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -145,8 +190,37 @@ def _names_client_command(argv: list[str]) -> bool:
     return bool(rest) and rest[0] in _client_commands()
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (Linux reports POLLERR for
+    the writing end of a pipe without readers), so that a `BrokenPipeError` was its."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # (no real file: captured, closed)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status.
+    """Run one command; its exit status. Standard output is flushed before returning: when its
+    reader has gone (``stampd keys show | head -1``), the command ends quietly, as Unix tools
+    do, with `EXIT_PIPE`, whichever command it was, and nothing more is written to it."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:  # (standard output's: the flush, or passed on by _main)
+        # The rest of what is buffered goes nowhere, also when Python flushes it at exit.
+        with contextlib.suppress(OSError, ValueError):  # (no real file: nothing to redirect)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return EXIT_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
+    """Run one command (`main`).
 
     A client command (verify, audit, stamp, hook) does not import `server.commands`: that
     import (settings, pydantic-settings, the supervisor) is ~0.3 s of CPU, most of what
@@ -170,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(func(args))
     except Exception as e:
+        if isinstance(e, BrokenPipeError) and _stdout_closed():
+            raise  # (`main` ends quietly)
         status = exit_status(e, server)
         if status is None:
             raise

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pygit2
 
-from client.audit.errors import KeyFileError, TargetError
+from client.audit.errors import EmptyLog, KeyFileError, TargetError
 from client.audit.logfiles import DIGEST_LINE, HASH_LINE, check_lines
 from client.audit.report import (
     FILES_CHECK,
@@ -392,13 +392,13 @@ class _Auditor:
                 read_blob(self.repo, c.tree, "tlog-checkpoint")))
         return out
 
-    def check_tlog(self, chain: Sequence[pygit2.Commit], refs: AuditedRefs,
+    def check_tlog(self, chain: Sequence[pygit2.Commit], refs: AuditedRefs | None,
                    options: TlogOptions) -> TlogSummary:
         server = options.server
         if server is None:
             server = server_of(self.target)
         if server is None:
-            remote = refs.remote or REMOTE
+            remote = (refs.remote if refs is not None else None) or REMOTE
             with contextlib.suppress(KeyError, ValueError, pygit2.GitError):
                 server = server_of(self.repo.remotes[remote].url or "")
         if server is None:
@@ -431,13 +431,23 @@ class _Auditor:
         report.failures = self.failures
         return report
 
+    def run_empty(self, tlog: TlogOptions) -> AuditReport:
+        """A log with no commit yet (a new server's, for its first STAMPD_COMMIT_INTERVAL):
+        its transparency log, which has entries from the first stamp on, is checked alone."""
+        report = AuditReport(self.target, None, None)
+        report.tlog = self.check_tlog([], None, tlog)
+        report.failures = self.failures
+        return report
+
 
 def audit(repo_path: Path | str, peer_keys: Path | None = None, *,
           target: str | None = None, jobs: int | None = None,
           tlog: TlogOptions | None = None) -> AuditReport:
     """Audit the log repository at ``repo_path`` (bare or not); raise `TargetError` if it is
     not a readable git repository or has no main branch, `EmptyLog` if it has no branch at all
-    (no log commit yet). Errors name ``target`` (the URL of a cloned log) if given.
+    (no log commit yet) and ``tlog`` is None; with ``tlog``, the report of such a log is of its
+    transparency log alone (``head`` None, `AuditReport.empty`). Errors name ``target`` (the
+    URL of a cloned log) if given.
 
     ``peer_keys``: a directory of ``<name>.asc`` files, the auditor's own copies of peer keys.
     For a peer, such a file takes precedence over the log's pin ``peers/<name>.asc`` (a
@@ -446,12 +456,21 @@ def audit(repo_path: Path | str, peer_keys: Path | None = None, *,
     ``tlog``: check the server's transparency log too (`client.audit.tlog`); None: not
     checked."""
     repo = open_repository(repo_path)
-    refs = audited_refs(list(repo.references), upstream_remote(repo), target or str(repo_path))
-    head = ref_commit(repo, refs.main)
-    if head is None:
+    try:
+        refs = audited_refs(list(repo.references), upstream_remote(repo),
+                            target or str(repo_path))
+    except EmptyLog:
+        if tlog is None:
+            raise
+        refs = None
+    head = ref_commit(repo, refs.main) if refs is not None else None
+    if refs is not None and head is None:
         raise TargetError(f"{repo_path}: {refs.main} does not point to a commit")
     with Keyrings() as keyrings:
         auditor = _Auditor(repo, target or str(repo_path), peer_keys, keyrings,
                            jobs or min(8, os.cpu_count() or 1), tlog)
+        if refs is None or head is None:
+            assert tlog is not None
+            return auditor.run_empty(tlog)
         return auditor.run(head, refs)
 

@@ -31,11 +31,13 @@ COMMIT_SCHEDULE = ("a stampd server makes a log commit every STAMPD_COMMIT_INTER
 
 class EmptyLog(AuditError):
     """The log has no commit yet (a new server's log, before its first log commit): nothing to
-    check yet, not a failure. ``stampd audit: <message>``, exit status 3."""
+    check yet, not a failure. ``stampd audit: <message>``, exit status 3; ``meanwhile``: what
+    was checked all the same (its transparency log), said after."""
 
     exit_code = 3
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, meanwhile: str = "") -> None:
         self.target = target
         super().__init__(f"{target}: the log has no commit yet, so there is nothing to check "
-                         f"yet; {COMMIT_SCHEDULE}: audit again after that")
+                         f"yet; {COMMIT_SCHEDULE}: audit again after that"
+                         + (f"; {meanwhile}" if meanwhile else ""))

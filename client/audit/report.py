@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from client.audit.errors import COMMIT_SCHEDULE
 from client.audit.repository import MAIN
 
 # Checks (groups of failures), in report order.
@@ -112,10 +113,11 @@ class PeerSummary:
 
 @dataclass
 class AuditReport:
-    """The result of `audit`: the log (oldest commit first), the peers and all failures."""
+    """The result of `audit`: the log (oldest commit first), the peers and all failures; of a
+    log with no commit yet (``head`` None: `empty`), the transparency log's alone."""
 
     target: str
-    head: str
+    head: str | None
     fingerprint: str | None
     log: list[LogEntry] = field(default_factory=list)
     peers: list[PeerSummary] = field(default_factory=list)
@@ -126,6 +128,11 @@ class AuditReport:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @property
+    def empty(self) -> bool:
+        """Whether the log has no commit yet (its transparency log alone was checked)."""
+        return self.head is None
 
     @property
     def forked(self) -> bool:
@@ -155,6 +162,8 @@ class AuditReport:
 
     def render(self) -> str:
         """Human-readable report: one line per check group, the window table, the failures."""
+        if self.empty:
+            return self._render_empty()
         out = [f"audit of {self.target}: main ({self.main_ref}) at {self.head}, "
                f"{len(self.log)} log commits, server key {self.fingerprint or 'unknown'}"]
         out.append(_status_line(
@@ -206,7 +215,22 @@ class AuditReport:
         return "\n".join(out)
 
 
-def _tlog_lines(t: TlogSummary, failures: Sequence[Failure]) -> list[str]:
+    def _render_empty(self) -> str:
+        out = [f"audit of {self.target}: no log commit yet ({COMMIT_SCHEDULE})",
+               "main, files, peers: no log commit yet: nothing to check yet"]
+        out.extend(_tlog_lines(self.tlog, self.failures_of(TLOG_CHECK), empty=True))
+        out.append("")
+        if self.failures:
+            out.append(f"FAILED: {len(self.failures)} problem(s)")
+            out.extend("  " + str(f).replace("\n", "\n    ") for f in self.failures)
+        else:
+            out.append("OK: no problems found in the transparency log; the git log has no "
+                       "commit to check yet")
+        return "\n".join(out)
+
+
+def _tlog_lines(t: TlogSummary, failures: Sequence[Failure], empty: bool = False
+                ) -> list[str]:
     if t.status == TLOG_NOT_CHECKED:
         why = "; ".join(t.warnings) or "not asked for"
         return [_status_line(f"tlog: not checked ({why})", failures)]
@@ -220,10 +244,16 @@ def _tlog_lines(t: TlogSummary, failures: Sequence[Failure]) -> list[str]:
         f"tlog: {t.origin} at size {t.size}: signed checkpoint, tree rebuilt from the entry "
         f"bundles ({kinds}), {t.tiles} hash tiles match, {t.git_checkpoints} git-log "
         f"checkpoints, {t.seen} seen before and {t.witnesses} witnesses' consistent", failures)]
-    out.append(f"tlog: stamps matched between the git log and the transparency log "
-               f"({t.manifests} manifest entries cannot be)"
-               + (f"; seen checkpoints kept in {t.state}" if t.state else ""))
-    if t.not_in_git_log:
+    if not empty:
+        out.append(f"tlog: stamps matched between the git log and the transparency log "
+                   f"({t.manifests} manifest entries cannot be)"
+                   + (f"; seen checkpoints kept in {t.state}" if t.state else ""))
+    elif t.state:
+        out.append(f"tlog: seen checkpoints kept in {t.state}")
+    if t.not_in_git_log and empty:
+        out.append(f"tlog: {t.not_in_git_log} entries not in the git log yet (it has no "
+                   "commit yet)")
+    elif t.not_in_git_log:
         out.append(f"tlog: {t.not_in_git_log} entries newer than the newest log commit: not in "
                    "the git log yet")
     if t.not_in_tlog:

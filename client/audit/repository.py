@@ -1,6 +1,6 @@
-"""The log repository: opened (`open_repository`) or cloned from a URL (`local_copy`), the refs
-an audit reads (`audited_refs`), and what is read from its objects (blobs of a tree, the
-signature headers of a raw commit)."""
+"""The log repository: opened (`open_repository`) or cloned from a URL, a log's or a stampd
+server's (`cloned`, `local_copy`), the refs an audit reads (`audited_refs`), and what is read
+from its objects (blobs of a tree, the signature headers of a raw commit)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pygit2
 from pygit2.enums import RepositoryOpenFlag
 
 from client.audit.errors import EmptyLog, TargetError
+from client.fetch import tls_problem
 
 MAIN = "main"
 PEER_SUFFIX = "-timestamps"
@@ -137,25 +138,60 @@ def upstream_remote(repo: pygit2.Repository) -> str | None:
 
 
 
+def clone_urls(target: str) -> list[str]:
+    """The URLs to try to clone for the http(s) URL ``target``: a log's URL (ending in
+    ``.git``) as it is; any other URL first as a stampd server's (the URL ``stampd stamp
+    --server`` takes), whose log is ``<URL>/log.git``, then as it is (a log served without
+    ``.git``)."""
+    stripped = target.rstrip("/")
+    if stripped.lower().endswith(".git"):
+        return [target]
+    return [f"{stripped}/log.git", target]
+
+
+def _clone(url: str, dest: Path) -> str | None:
+    """Clone ``url`` bare into ``dest``; None, or why it failed (one line of our own for
+    TLS)."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    try:
+        r = subprocess.run(["git", "clone", "--bare", "--quiet", "--", url, str(dest)],
+                           capture_output=True, text=True, env=env, timeout=CLONE_TIMEOUT,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        return f"cloning {url} timed out"
+    if r.returncode == 0:
+        return None
+    shutil.rmtree(dest, ignore_errors=True)
+    return tls_problem(url, r.stderr) or " ".join(r.stderr.split())
+
+
 @contextlib.contextmanager
-def local_copy(target: str) -> Iterator[Path]:
-    """The target as a local path: itself, or a temporary bare clone of an http(s) URL."""
+def cloned(target: str) -> Iterator[tuple[Path, str]]:
+    """(the target as a local path, what it is called): a path itself, or a temporary bare
+    clone of an http(s) URL (`clone_urls`), called by the URL cloned."""
     if not URL.match(target):
-        yield Path(target)
+        yield Path(target), target
         return
     tmp = Path(tempfile.mkdtemp(prefix="stampd-audit-clone-"))
     try:
         dest = tmp / "log.git"
-        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-        try:
-            r = subprocess.run(["git", "clone", "--bare", "--quiet", "--", target, str(dest)],
-                               capture_output=True, text=True, env=env,
-                               timeout=CLONE_TIMEOUT, check=False)
-        except subprocess.TimeoutExpired:
-            raise TargetError(f"cloning {target} timed out") from None
-        if r.returncode != 0:
-            raise TargetError(f"cannot clone {target}: {r.stderr.strip()}")
-        yield dest
+        urls = clone_urls(target)
+        url, why = urls[0], _clone(urls[0], dest)
+        if why is not None and len(urls) > 1:
+            if _clone(urls[1], dest) is not None:  # (no log there either: the first reason)
+                raise TargetError(f"cannot clone {url} (the log of a stampd server at "
+                                  f"{target}), nor {target} itself: {why}")
+            url, why = urls[1], None
+        if why is not None:
+            raise TargetError(f"cannot clone {url}: {why}")
+        yield dest, url
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+
+@contextlib.contextmanager
+def local_copy(target: str) -> Iterator[Path]:
+    """The target as a local path: itself, or a temporary bare clone of an http(s) URL (of a
+    log, or of a stampd server: `clone_urls`)."""
+    with cloned(target) as (path, _url):
+        yield path

@@ -32,7 +32,13 @@ from client.stamp.answers import check_branch_answer, check_tag_answer
 from client.stamp.errors import StampFailed, UsageError
 from client.stamp.git import git, resolve
 from client.stamp.remote import post, server_url
-from client.stamp.trust import openpgp_trust, ssh_trust, verify_openpgp, verify_ssh
+from client.stamp.trust import (
+    openpgp_trust,
+    pin_keys,
+    ssh_trust,
+    verify_openpgp,
+    verify_ssh,
+)
 from formats.gitobjects import OBJECT_FORMATS, SHA1
 
 _NAME = re.compile(r"[_a-zA-Z][-._a-zA-Z0-9]{0,99}")
@@ -131,9 +137,8 @@ def stamp(repo: Path, *, server: str | None, tag: str | None, branch: str | None
             git(repo, "update-ref", "-m", f"stampd: timestamp of {target}", ref, oid, old or "")
         except StampFailed as e:
             raise StampFailed(f"{name} moved meanwhile; nothing stored ({e.message})") from None
-    # Trust on first use: the keys are pinned once a stamp they signed is stored.
-    for variable, value in pgp.pins + (ssh.pins if ssh is not None else ()):
-        git(repo, "config", "--local", variable, value)
+    # Trust on first use: the keys are pinned (and kept) once a stamp they signed is stored.
+    pin_keys(repo, pgp, ssh)
     return Stored(kind="tag" if tag else "branch", ref=ref, oid=oid, old=old, commit=target,
                   time=checked.time, signer=signer, origin=origin, server=url)
 

@@ -15,7 +15,7 @@ from client.stamp.answers import check_manifest_answer
 from client.stamp.errors import StampFailed, UsageError
 from client.stamp.git import git
 from client.stamp.remote import post_manifest, server_url
-from client.stamp.trust import openpgp_trust, ssh_trust
+from client.stamp.trust import OpenPgpTrust, SshTrust, openpgp_trust, pin_keys, ssh_trust
 from client.verify.tlog import write_publishable
 from formats.manifests import Header
 from formats.sshsig import SshPublicKey
@@ -68,16 +68,17 @@ def stamp_files(paths: list[Path], *, server: str | None, output: Path | None = 
     body = "\n".join(lines) + "\n"
 
     query: dict[str, str] = {}
-    pins: tuple[tuple[str, str], ...] = ()
     openpgp: bytes | None = None
     ssh: SshPublicKey | None = None
+    trust: OpenPgpTrust | SshTrust
     if fmt == "ssh":
         trust = ssh_trust(repo, url, key)
-        ssh, origin, pins = trust.key, trust.origin, trust.pins
+        ssh = trust.key
         query = {"format": "ssh", "key": trust.key.fingerprint}
     else:
-        pgp = openpgp_trust(repo, url, Path(key) if key else None)
-        openpgp, origin, pins = pgp.armored, pgp.origin, pgp.pins
+        trust = openpgp_trust(repo, url, Path(key) if key else None)
+        openpgp = trust.armored
+    origin = trust.origin
 
     asked = int(clock())
     answer = post_manifest(url, body.encode("utf-8"), query)
@@ -91,12 +92,12 @@ def stamp_files(paths: list[Path], *, server: str | None, output: Path | None = 
                           f"GET {url.rstrip('/')}/v1/manifests/{manifest.header.serial})"
                           ) from None
     # Trust on first use, as for git stamps: the key is pinned in the repository's config (a
-    # pin in any git config scope is honoured); outside a repository nothing is pinned.
+    # pin in any git config scope is honoured) and kept beside it; outside a repository
+    # nothing is pinned.
     in_repository = _in_repository(repo)
-    if pins and in_repository:
-        for variable, value in pins:
-            git(repo, "config", "--local", variable, value)
-    elif pins:
+    if in_repository:
+        pin_keys(repo, trust)
+    elif trust.pins:
         origin = (origin.split(", now pinned")[0] + " (not pinned: no git repository here; "
                   "give --key to trust a key you hold)")
     return Written(output, len(files), skipped, manifest.header, signer, origin, url, answer,

@@ -4,8 +4,10 @@ The server's OpenPGP key comes from
 ``get-public-key-v1``; its fingerprint is pinned in the repository's git config as
 ``timestamper.<server>.keyid`` (the name and variable ``git timestamp`` uses, read from any git
 config scope, so a pin ``git timestamp`` made is honoured), and a later key that does not match
-the pin is refused. ``--key FILE`` trusts that key file instead (OpenPGP: an armored public key;
-SSH: a ``.pub`` or allowed-signers file) and fetches no key. SSH stamps use the server's SSH key
+the pin is refused. The pinned key itself is kept beside the pin in the git directory
+(`pin_keys`, `client.verify.trust`), so that ``stampd verify`` checks offline. ``--key FILE``
+trusts that key file instead (OpenPGP: an armored public key; SSH: a ``.pub`` or
+allowed-signers file) and fetches no key. SSH stamps use the server's SSH key
 named by ``--key SHA256:...``, else the one pinned as ``timestamper.<server>.sshkey``, else its
 first (which is then pinned); its allowed-signers line comes from ``GET
 /v1/keys/allowed_signers`` and must have that fingerprint.
@@ -21,16 +23,16 @@ from pathlib import Path
 from client.gpg import GpgError, TempGpgHome
 from client.stamp.answers import CLOCK_SKEW, Checked
 from client.stamp.errors import AnswerRefused, StampFailed, UsageError
-from client.stamp.git import git_config
+from client.stamp.git import git, git_config
 from client.verify.errors import CannotCheck, VerifyError
 from client.verify.keys import (
     KEYRING_PREFIX,
     fetch_allowed_signers,
     fetch_public_key,
-    pin_name,
     ssh_keygen_verify,
 )
 from client.verify.keys import ssh_keys_from as _ssh_keys_from
+from client.verify.trust import keep_key, pin_name
 from formats.sshsig import SshPublicKey, SshSigError, SshSignature
 
 SSH_NAMESPACE = "git"
@@ -44,6 +46,7 @@ class OpenPgpTrust:
     armored: bytes
     origin: str
     pins: tuple[tuple[str, str], ...] = ()  # git config to write once a stamp is stored
+    server: str | None = None  # the server it is (to be) pinned for; None: a --key file
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class SshTrust:
     key: SshPublicKey
     origin: str
     pins: tuple[tuple[str, str], ...] = ()
+    server: str | None = None  # as for OpenPgpTrust
 
 
 def describe_openpgp(armored: bytes, origin: str) -> OpenPgpTrust:
@@ -89,14 +93,14 @@ def openpgp_trust(repo: Path, server: str, key_file: Path | None) -> OpenPgpTrus
     if pinned is None:
         pins = ((variable, trust.primary), (f"timestamper.{pin_name(server)}.name", trust.uid))
         return OpenPgpTrust(trust.fingerprints, trust.primary, trust.uid, armored,
-                            f"key of {server}, now pinned as {variable}", pins)
+                            f"key of {server}, now pinned as {variable}", pins, server)
     if not trust.primary.endswith(pinned.upper()) or len(pinned) < 16:
         raise StampFailed(f"the key of {server} is {trust.primary}, not the pinned {pinned} "
                           f"(git config {variable}); if you trust the new key, remove the pin "
                           f"with git config --unset {variable} (add --global where it is "
                           "set there)")
     return OpenPgpTrust(trust.fingerprints, trust.primary, trust.uid, armored,
-                        f"key of {server}, pinned as {variable}")
+                        f"key of {server}, pinned as {variable}", server=server)
 
 
 def ssh_keys_in_file(path: Path) -> list[SshPublicKey]:
@@ -126,12 +130,36 @@ def ssh_trust(repo: Path, server: str, key: str | None) -> SshTrust:
         raise StampFailed(f"{server} has no SSH key (GET /v1/keys/allowed_signers)")
     if wanted is None:
         return SshTrust(served[0], f"first SSH key of {server}, now pinned as {variable}",
-                        ((variable, served[0].fingerprint),))
+                        ((variable, served[0].fingerprint),), server)
     found = next((k for k in served if k.fingerprint == wanted), None)
     if found is None:
         where = "given" if key else f"pinned as {variable}"
         raise StampFailed(f"{server} does not serve the SSH key {wanted} ({where})")
-    return SshTrust(found, f"SSH key of {server}, {'given' if key else 'pinned'}")
+    pinned = git_config(repo, variable) == found.fingerprint
+    return SshTrust(found, f"SSH key of {server}, {'given' if key else 'pinned'}",
+                    server=server if pinned else None)
+
+
+def pin_keys(repo: Path, *trusted: OpenPgpTrust | SshTrust | None) -> None:
+    """Trust on first use, once a stamp the keys signed is stored in ``repo``: write the pins
+    of keys first fetched now (``pins``) to its git config, and keep each key pinned for its
+    server beside the pin (`client.verify.trust.keep_key`), for ``stampd verify`` offline."""
+    for trust in trusted:
+        if trust is None:
+            continue
+        for variable, value in trust.pins:
+            git(repo, "config", "--local", variable, value)
+        if trust.server is None:
+            continue
+        if isinstance(trust, OpenPgpTrust):
+            fmt, key = "openpgp", trust.armored
+        else:
+            fmt, key = "ssh", (trust.key.to_line(comment=False) + "\n").encode("ascii")
+        try:
+            keep_key(repo, trust.server, fmt, key)
+        except OSError as e:
+            raise StampFailed(f"the stamp is stored, but the server key could not be kept in "
+                              f"the repository: {e.strerror or e}") from None
 
 
 def verify_openpgp(checked: Checked, trust: OpenPgpTrust, now: int) -> str:

@@ -1,7 +1,7 @@
 """``stampd verify``: digest receipts, signed manifests, RFC 3161 tokens and git stamps, checked
 with the real gpg, git and ssh-keygen; one module per kind of target (`receipt`, `manifest`,
-`token`, `gitstamp`), the keys they check with (`keys`), the errors (`errors`), and the command
-(`command`).
+`token`, `gitstamp`), the keys they check with (`keys`; `trust`: those pinned in the repository,
+else fetched), the errors (`errors`), and the command (`command`).
 
 Importing this package is cheap: `cmd_verify` is imported from `client.verify.command` only
 when it is asked for.

@@ -40,6 +40,7 @@ from client.verify.manifest import MAX_MANIFEST, ManifestResult, is_manifest, ve
 from client.verify.receipt import ReceiptResult, receipt_text, server_error, verify_receipt
 from client.verify.tlog import (
     DEFAULT_WAIT,
+    PROOF_SUFFIX,
     Held,
     ProofUnavailable,
     check_proof,
@@ -76,7 +77,7 @@ from formats.note import NoteError, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.errors import TlogError
 from formats.tlog.policy import Policy
-from formats.tlog.proof import ProvenEntry, TlogProof
+from formats.tlog.proof import PROOF_HEADER, ProvenEntry, TlogProof
 
 
 @dataclass(frozen=True)
@@ -264,8 +265,8 @@ def verify_manifest_command(args: argparse.Namespace, data: bytes) -> int:
     """The manifest branch of `cmd_verify`: print the report; raise for files that do not
     match (`Invalid`) or could not be checked (`Unsupported`)."""
     res = verify_manifest(data, key_file=args.key, directory=getattr(args, "dir", None),
-                          file=args.file, digest=args.digest)
-    if args.key is None:
+                          file=args.file, digest=args.digest, repo=args.repo)
+    if res.fetched:
         print(f"note: the server key was {res.key_origin} (trusting that server); "
               "use --key KEYFILE to check against a key you hold", file=sys.stderr)
     h = res.manifest.header
@@ -399,6 +400,17 @@ def verify_token_command(args: argparse.Namespace, data: bytes) -> int:
     return 0
 
 
+def _a_proof(target: str) -> str:
+    """What to say of a target that is a transparency-log proof (``X.tlog-proof``)."""
+    if target == "-":
+        target = "standard input"
+    stamp = target.removesuffix(PROOF_SUFFIX) if target.endswith(PROOF_SUFFIX) else None
+    where = (f"stampd verify {stamp} finds it beside it" if stamp else
+             "stampd verify RECEIPT finds RECEIPT.tlog-proof beside it")
+    return (f"{target} is the transparency-log proof of a stamp, not a stamp: verify the "
+            f"receipt or manifest it belongs to ({where}; or give it with --proof FILE)")
+
+
 def git_server(repo: Path) -> str | None:
     """The server a repository's git stamps come from: the hook's ``stampd.server``, else
     ``timestamp.server`` (its first)."""
@@ -439,12 +451,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if token_only:
             raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
                             "to receipts")
+        if data.startswith(PROOF_HEADER.encode() + b"\n"):
+            raise Malformed(_a_proof(args.target))
         said = server_error(data)
         if said is not None:
             raise Malformed(f"{args.target} holds {said} (saved by curl without --fail?)")
         res = verify_receipt(receipt_text(data), key_file=args.key, file=args.file,
-                             digest=args.digest)
-        if args.key is None:
+                             digest=args.digest, repo=args.repo)
+        if res.fetched:
             print(f"note: the server key was {res.key_origin} (trusting that server); "
                   "use --key KEYFILE to check against a key you hold", file=sys.stderr)
         st = res.statement
@@ -464,8 +478,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if token_only:
             raise Malformed(f"{' and '.join(token_only)} {verb} to RFC 3161 tokens, not "
                             "to git stamps")
-        if args.key is None:
-            raise Usage("a git stamp is checked against the server's key: give --key FILE")
         git_res = verify_git(args.repo, args.target, args.key)
         held = held_git(git_res.kind, git_res.oid, git_res.stamped, git_res.time,
                         [git_res.signature.primary, git_res.signature.fingerprint])

@@ -1,12 +1,14 @@
 """Tag and commit stamps in a git repository, checked with the real git and gpg.
 
 A git target (a tag or commit in ``--repo``) is checked with ``git verify-tag --raw`` or
-``git verify-commit --raw`` against the ``--key`` file only. OpenPGP: the tagger/committer time
-must be the signature's creation time. SSH (``-----BEGIN SSH SIGNATURE-----``): ``--key`` is a
-``.pub`` or allowed-signers file, git checks with ``gpg.format=ssh`` and an allowed-signers file
-of only those keys (namespace ``git``); the signature, which carries no time, covers the
-tagger/committer time. A stamp signed in any other way (X.509, an OpenPGP message) is
-"unsupported".
+``git verify-commit --raw`` against the ``--key`` file only, else against the keys pinned in
+the repository by ``stampd stamp`` or ``stampd hook install`` (`client.verify.trust`: a git
+stamp names no server, so every server's pinned key counts; none is fetched). OpenPGP: the
+tagger/committer time must be the signature's creation time. SSH (``-----BEGIN SSH
+SIGNATURE-----``): ``--key`` is a ``.pub`` or allowed-signers file, git checks with
+``gpg.format=ssh`` and an allowed-signers file of only those keys (namespace ``git``); the
+signature, which carries no time, covers the tagger/committer time. A stamp signed in any
+other way (X.509, an OpenPGP message) is "unsupported".
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from client.verify.keys import (
     only_signature,
     ssh_keys_from,
 )
+from client.verify.trust import repository_keys
 from formats.gpgstatus import ValidSig
 
 
@@ -140,17 +143,21 @@ def describe_git_object(kind: str, body: str) -> GitObject:
 _GOOD_SSH = re.compile(r'Good "git" signature for \S+ with \S+ key (SHA256:[A-Za-z0-9+/=]+)')
 
 
-def verify_git_ssh(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Path
+def verify_git_ssh(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Path | None
                    ) -> tuple[ValidSig, str]:
     """An SSH-signed tag or commit: ``git verify-tag|verify-commit`` with ``gpg.format=ssh``
-    and an allowed-signers file holding only the SSH keys of ``key_file`` (namespace git).
-    An SSH signature carries no time: the tagger/committer time, which it covers, is the
-    stamp's."""
-    try:
-        text = key_file.read_text(encoding="ascii", errors="replace")[:MAX_KEY + 1]
-    except OSError as e:
-        raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
-    keys = ssh_keys_from(text)
+    and an allowed-signers file holding only the SSH keys of ``key_file`` (else those pinned
+    in ``repo``; namespace git). An SSH signature carries no time: the tagger/committer time,
+    which it covers, is the stamp's."""
+    if key_file is None:
+        trusted = repository_keys("ssh", repo)
+        keys, origin = list(trusted.ssh), trusted.origin
+    else:
+        try:
+            text = key_file.read_text(encoding="ascii", errors="replace")[:MAX_KEY + 1]
+        except OSError as e:
+            raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+        keys, origin = ssh_keys_from(text), f"key file {key_file}"
     if not keys:
         raise Malformed(f"the {kind} is SSH-signed, and {key_file} holds no SSH public key "
                         "(give the server's allowed-signers line, GET /v1/keys/allowed_signers, "
@@ -168,18 +175,19 @@ def verify_git_ssh(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Pa
     good = _GOOD_SSH.findall(output)
     if r.returncode != 0 or len(good) != 1:
         detail = output.strip().splitlines()
-        raise Invalid("the SSH signature does not verify with a key of "
-                      f"{key_file}: {detail[-1][:200] if detail else r.returncode}")
+        raise Invalid(f"the SSH signature does not verify with a key of the {origin}: "
+                      f"{detail[-1][:200] if detail else r.returncode}")
     fingerprint = good[0]
     if fingerprint not in {k.fingerprint for k in keys}:
-        raise Invalid(f"signed by {fingerprint}, which is not in the key file {key_file}")
+        raise Invalid(f"signed by {fingerprint}, which is not in the {origin}")
     sig = ValidSig(fingerprint=fingerprint, created=obj.time, sig_class="ssh",
                    primary=fingerprint)
-    return sig, f"key file {key_file}"
+    return sig, origin
 
 
-def verify_git(repo: Path, target: str, key_file: Path) -> GitResult:
-    """Check a tag or commit stamp with git against the key file only."""
+def verify_git(repo: Path, target: str, key_file: Path | None) -> GitResult:
+    """Check a tag or commit stamp with git against the key file only (None: the keys pinned
+    in ``repo``)."""
     oid, kind = resolve_git_object(repo, target)
     body = _git(repo, "cat-file", kind, oid).stdout
     obj = describe_git_object(kind, body)
@@ -194,12 +202,15 @@ def verify_git(repo: Path, target: str, key_file: Path) -> GitResult:
                      time=obj.time, signature=sig, key_origin=origin)
 
 
-def verify_git_openpgp(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Path
+def verify_git_openpgp(repo: Path, oid: str, kind: str, obj: GitObject, key_file: Path | None
                        ) -> tuple[ValidSig, str]:
     """An OpenPGP-signed tag or commit: ``git verify-tag|verify-commit --raw`` in a keyring
-    holding only ``key_file``; a binary signature made in the tagger/committer second."""
+    holding only ``key_file`` (None: the keys pinned in ``repo``); a binary signature made in
+    the tagger/committer second."""
+    trusted = repository_keys("openpgp", repo) if key_file is None else None
     with gpg_checks(), TempGpgHome(KEYRING_PREFIX) as home:
-        origin = load_keyring(home, key_file, None)
+        origin = (load_keyring(home, key_file) if trusted is None else
+                  load_keyring(home, None, trusted.openpgp, trusted.origin))
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
         env = {**os.environ, "GNUPGHOME": str(home.path)}
         r = _git(repo, "-c", "gpg.format=openpgp", "-c", "gpg.program=gpg",

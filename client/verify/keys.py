@@ -4,14 +4,13 @@ SSH keys (a ``.pub`` or allowed-signers file, or ``GET /v1/keys/allowed_signers`
 checks every OpenPGP or SSH signature gets with them: exactly one signature
 (`only_signature`), ``ssh-keygen -Y verify`` with an allowed-signers file of one key.
 
-Without ``--key`` the server's key is fetched from the server the receipt or manifest names
-(this trusts that server's answer; ``--key`` checks offline against a key you hold).
+Without ``--key`` the keys pinned in the repository are used, else the server's key is fetched
+from the server the receipt or manifest names (`client.verify.trust`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import subprocess
 import tempfile
 import urllib.parse
@@ -59,13 +58,6 @@ def only_signature(status: SignatureStatus, ok: bool) -> ValidSig:
     return status.valid_sigs[0]
 
 
-def pin_name(server: str) -> str:
-    """The git config subsection ``git timestamp`` pins a server's key under: the URL without
-    scheme and trailing slashes, every character other than 0-9 and a-z as ``-``."""
-    name = re.sub(r"^https?://", "", server).rstrip("/")
-    return "".join(c if c.isdigit() or "a" <= c <= "z" else "-" for c in name)
-
-
 def public_key_url(server: str) -> str:
     """``server`` with the query ``request=get-public-key-v1`` (http and https only)."""
     parts = urllib.parse.urlsplit(server)
@@ -97,18 +89,18 @@ def read_key_file(path: Path) -> bytes:
         raise Malformed(f"cannot read key file {path}: {e.strerror}") from None
 
 
-def load_keyring(home: GpgHome, key_file: Path | None, server: str | None) -> str:
-    """Import the ``--key`` file (or the key fetched from ``server``); return where it came
-    from. Raise unless the keyring then holds at least one key."""
+def load_keyring(home: GpgHome, key_file: Path | None, armored: bytes | None = None,
+                 origin: str = "") -> str:
+    """Import the ``--key`` file, else the ``armored`` keys (pinned or fetched: ``origin``
+    says which); return where they came from. Raise unless the keyring then holds at least
+    one key."""
     if key_file is not None:
         data = read_key_file(key_file)
         origin = f"key file {key_file}"
         if not import_keys(home, data):
             raise Malformed(f"{key_file} holds no OpenPGP public key")
         return origin
-    assert server is not None
-    origin = f"fetched from {public_key_url(server)}"
-    if not import_keys(home, fetch_public_key(server)):
+    if not armored or not import_keys(home, armored):
         raise CannotCheck(f"the key {origin} could not be imported")
     return origin
 

@@ -17,16 +17,14 @@ from client.verify.inputs import file_digest, normalise_digest
 from client.verify.keys import (
     KEYRING_PREFIX,
     SIG_TEXT,
-    fetch_allowed_signers,
-    fetch_public_key,
     gpg_checks,
     import_keys,
     only_signature,
-    public_key_url,
     read_key_file,
     ssh_keygen_verify,
     ssh_keys_from,
 )
+from client.verify.trust import server_keys
 from formats.cleartext import BEGIN_SIGNED, canonical_text
 from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
 from formats.manifests import Header, MalformedManifest, check_lines, parse_header
@@ -229,30 +227,32 @@ class ManifestResult:
     key_origin: str
     matched: str | None  # --file/--digest: the line found
     files: FilesChecked | None
+    fetched: bool = False  # the key was fetched from the server just now, and trusted so
 
 
 def verify_manifest(data: bytes, *, key_file: Path | None = None,
                     directory: Path | None = None, file: Path | None = None,
-                    digest: str | None = None) -> ManifestResult:
-    """Check a signed manifest (and with ``directory`` the files it names); raise a
-    `VerifyError` unless the manifest is valid. The files' result is returned, not raised."""
+                    digest: str | None = None, repo: Path = Path(".")) -> ManifestResult:
+    """Check a signed manifest (and with ``directory`` the files it names) with the
+    ``key_file``, else the keys pinned in ``repo`` or fetched from the server it names; raise
+    a `VerifyError` unless the manifest is valid. The files' result is returned, not
+    raised."""
     manifest = parse_manifest(data)
     h = manifest.header
     openpgp: bytes | None = None
     ssh: list[SshPublicKey] = []
+    fetched = False
     if key_file is not None:
         raw = read_key_file(key_file)
         origin = f"key file {key_file}"
         if b"-----BEGIN PGP PUBLIC KEY BLOCK-----" in raw:
             openpgp = raw
         ssh = ssh_keys_from(raw.decode("ascii", "replace"))
-    elif manifest.format == "ssh":
-        ssh = ssh_keys_from(fetch_allowed_signers(h.server))
-        origin = f"fetched from {h.server.rstrip('/')}/v1/keys/allowed_signers"
     else:
-        openpgp = fetch_public_key(h.server)
-        origin = f"fetched from {public_key_url(h.server)}"
+        trusted = server_keys(manifest.format, repo, h.server)
+        openpgp, ssh, origin, fetched = (trusted.openpgp, list(trusted.ssh), trusted.origin,
+                                         trusted.fetched)
     signer = verify_manifest_signature(manifest, openpgp=openpgp, ssh=ssh, origin=origin)
     matched = _digest_in_manifest(manifest, file, digest)
     files = check_files(manifest, directory) if directory is not None else None
-    return ManifestResult(manifest, signer, origin, matched, files)
+    return ManifestResult(manifest, signer, origin, matched, files, fetched)

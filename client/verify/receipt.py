@@ -2,7 +2,8 @@
 
 A receipt is valid when its statement parses, exactly one signature verifies over exactly that
 statement, the signing key is the one the statement names in ``key:`` (and, with ``--key``, a
-key of that file), an OpenPGP signature is a text signature made in the second the statement
+key of that file; else a key pinned in the repository or fetched from the server it names,
+`client.verify.trust`), an OpenPGP signature is a text signature made in the second the statement
 gives as ``time:``, and -- with ``--file`` or ``--digest`` -- the digest matches. (An SSH
 signature carries no time: the statement's time is the stamp's.)
 """
@@ -19,13 +20,13 @@ from client.verify.inputs import file_digest, normalise_digest, read_target
 from client.verify.keys import (
     KEYRING_PREFIX,
     SIG_TEXT,
-    fetch_allowed_signers,
     gpg_checks,
     load_keyring,
     only_signature,
     ssh_keygen_verify,
     ssh_keys_from,
 )
+from client.verify.trust import server_keys
 from formats.cleartext import canonical_text
 from formats.gpgstatus import ValidSig
 from formats.receipts import (
@@ -47,6 +48,7 @@ class ReceiptResult:
     signature: ValidSig
     key_origin: str
     checked: str | None  # what the digest was compared with, if anything
+    fetched: bool = False  # the key was fetched from the server just now, and trusted so
 
 
 def read_receipt(target: str) -> str:
@@ -109,19 +111,21 @@ def parse_receipt(text: str) -> tuple[Statement, str, str]:
 
 
 def verify_ssh_receipt(statement: Statement, statement_text: str, signature: str,
-                       key_file: Path | None) -> ReceiptResult:
+                       key_file: Path | None, repo: Path = Path(".")) -> ReceiptResult:
     """An SSH-signed receipt: ``ssh-keygen -Y verify -n stampd`` with the key that has the
     stated fingerprint. (An SSH signature carries no time: the statement's time is the
     stamp, as with a git object's tagger time.)"""
+    fetched = False
     if key_file is not None:
         try:
             data, origin = key_file.read_text(errors="replace"), f"key file {key_file}"
         except OSError as e:
             raise Malformed(f"cannot read key file {key_file}: {e.strerror}") from None
+        keys = ssh_keys_from(data)
     else:
-        data = fetch_allowed_signers(statement.server)
-        origin = f"fetched from {statement.server.rstrip('/')}/v1/keys/allowed_signers"
-    key = next((k for k in ssh_keys_from(data) if k.fingerprint == statement.key), None)
+        trusted = server_keys("ssh", repo, statement.server)
+        keys, origin, fetched = list(trusted.ssh), trusted.origin, trusted.fetched
+    key = next((k for k in keys if k.fingerprint == statement.key), None)
     if key is None:
         raise Invalid(f"the receipt names key {statement.key}, which is not in the {origin}")
     ok, detail = ssh_keygen_verify(key, RECEIPT_NAMESPACE, statement_text.encode(), signature)
@@ -130,20 +134,23 @@ def verify_ssh_receipt(statement: Statement, statement_text: str, signature: str
     sig_info = ValidSig(fingerprint=key.fingerprint, created=statement.time, sig_class="ssh",
                         primary=key.fingerprint)
     return ReceiptResult(statement=statement, signature=sig_info, key_origin=origin,
-                         checked=None)
+                         checked=None, fetched=fetched)
 
 
 def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None = None,
-                   digest: str | None = None) -> ReceiptResult:
-    """Check a receipt completely; raise a `VerifyError` unless it is valid."""
+                   digest: str | None = None, repo: Path = Path(".")) -> ReceiptResult:
+    """Check a receipt completely, with the ``key_file``, else the keys pinned in ``repo`` or
+    fetched from the server it names; raise a `VerifyError` unless it is valid."""
     statement, statement_text, signature = parse_receipt(text)
     expected = normalise_digest(digest) if digest is not None else None
     if signature.startswith(SSH_BEGIN):
-        res = verify_ssh_receipt(statement, statement_text, signature, key_file)
+        res = verify_ssh_receipt(statement, statement_text, signature, key_file, repo)
         return ReceiptResult(statement, res.signature, res.key_origin,
-                             _check_digest(statement, file, expected))
+                             _check_digest(statement, file, expected), res.fetched)
+    trusted = None if key_file is not None else server_keys("openpgp", repo, statement.server)
     with gpg_checks(), TempGpgHome(KEYRING_PREFIX) as home:
-        origin = load_keyring(home, key_file, statement.server)
+        origin = (load_keyring(home, key_file) if trusted is None else
+                  load_keyring(home, None, trusted.openpgp, trusted.origin))
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
         # Verify the detached signature over exactly the statement we parsed (in the canonical
         # form a cleartext signature covers), so what was checked is what is reported.
@@ -158,7 +165,8 @@ def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None
     if sig.created != statement.time:
         raise Invalid(f"signature made at {sig.created}, but the receipt says {statement.time}")
     return ReceiptResult(statement=statement, signature=sig, key_origin=origin,
-                         checked=_check_digest(statement, file, expected))
+                         checked=_check_digest(statement, file, expected),
+                         fetched=trusted is not None and trusted.fetched)
 
 
 def _check_digest(statement: Statement, file: Path | None, expected: str | None) -> str | None:

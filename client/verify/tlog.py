@@ -36,7 +36,7 @@ from pathlib import Path
 
 from client.fetch import FetchError, http_request
 from client.verify.errors import CannotCheck, Invalid, Malformed
-from client.verify.keys import pin_name
+from client.verify.trust import pin_name
 from formats.note import Ed25519Verifier, NoteError, open_note, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry

@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -186,3 +187,84 @@ def test_an_entry_missing_from_the_git_log_fails(server: Server, tmp_path: Path)
     report = audit(log, tlog=TlogOptions(server=base(server), slack=1))
     missing = [f for f in report.failures_of(TLOG_CHECK) if f.rule == "not-in-git-log"]
     assert len(missing) == 1 and TAG_COMMIT in missing[0].message, report.render()
+
+
+def test_the_servers_url_is_audited_as_its_log(server: Server, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`stampd audit URL`, URL as `stampd stamp --server` takes it: its log.git and its
+    transparency log are audited."""
+    for i, url in enumerate((base(server), base(server).rstrip("/"))):
+        state = tmp_path / str(i) / "seen.json"
+        assert cli.main(["audit", url, "--json", "--state", str(state)]) == 0, \
+            capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert report["target"] == base(server) + "log.git"
+        assert report["ok"] and report["log"] and report["tlog"]["status"] == "checked"
+
+
+def test_a_log_url_without_git_is_cloned_as_it_is(server: Server, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A log served at a URL that does not end in .git (a mirror) is still audited: only a
+    URL that is no log is taken as a server's."""
+    site = tmp_path / "site"
+    site.mkdir()
+    snapshot(server.data_dir / "log.git", site / "mirror")
+    subprocess.run(["git", "--git-dir", str(site / "mirror"), "update-server-info"],
+                   check=True, timeout=60)
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/mirror"
+        assert cli.main(["audit", url, "--json", "--no-tlog"]) == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert report["target"] == url and report["ok"] and report["log"]
+        # Neither a log nor a server's: one line naming both URLs tried.
+        assert cli.main(["audit", f"{url}-gone", "--no-tlog"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{url}-gone/log.git" in err, err
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_before_the_first_log_commit_the_transparency_log_is_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new server's git log waits an hour for its first commit, its transparency log has
+    entries from the first second: the audit checks the transparency log, prints its report,
+    and exits 3 (the git log: nothing to check yet) when it passes, 1 when it fails."""
+    from tests.helpers import RoutesServer
+
+    s = start_server(seed_data_dir(tmp_path / "data"), workers=1,
+                     extra_env={"STAMPD_TLOG": "on"})
+    bad = RoutesServer({"/tlog/vkey": (200, b"not a key\n", {})})
+    try:
+        serial = post_digest(s, hashlib.sha256(b"before the first log commit").hexdigest())
+        assert get(s, f"/v1/proofs/{serial}?wait=20")[0] == 200
+        assert log_commits(s.data_dir) == []
+        state = ["--state", str(tmp_path / "seen.json")]
+        assert cli.main(["audit", base(s), *state]) == 3
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "nothing to check yet" in err, err
+        assert "the transparency log (size 1) was checked meanwhile: ok" in err, err
+        assert f"tlog: 127.0.0.1:{s.port}/tlog at size 1: signed checkpoint" in out, out
+        assert "no log commit yet" in out and "OK" in out, out
+        assert cli.main(["audit", base(s), "--json", *state]) == 3
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] and report["head"] is None and report["log"] == []
+        assert report["tlog"]["status"] == "checked" and report["tlog"]["seen"] == 1
+        # A transparency log that fails fails the audit, log commit or none.
+        assert cli.main(["audit", base(s), "--server", bad.url, *state]) == 1
+        out, err = capsys.readouterr()
+        assert "[tlog/vkey]" in out and "FAILED" in out, out
+        # --no-tlog: nothing is checked, as before.
+        assert cli.main(["audit", base(s), "--no-tlog"]) == 3
+        out, err = capsys.readouterr()
+        assert out == "" and "nothing to check yet" in err, err
+    finally:
+        bad.close()
+        s.stop()

@@ -189,6 +189,11 @@ def test_install_and_three_commits_make_a_verified_merge_chain(
     r = cli.main(["verify", BRANCH, "--repo", str(repo),
                   "--key", str(repo / ".git" / "stampd" / "server-key.asc")])
     assert r == 0, capsys.readouterr().err
+    # ... which is also what it checks with when no --key is given.
+    capsys.readouterr()
+    r = cli.main(["verify", BRANCH, "--repo", str(repo)])
+    out, err = capsys.readouterr()
+    assert r == 0 and "(pinned as stampd.fingerprint)" in out, err
 
 
 def test_server_down_then_back(live_server: Server, tmp_path: Path,

@@ -372,7 +372,8 @@ def test_git_tag_and_commit_stamps(live_server: Server, other_server: Server, tm
         assert code == 2, f"{args}: {err}"
         assert len(err.splitlines()) == 1
 
-    # A real tag stamp without --key is not malformed: it says what is missing.
+    # A real tag stamp without --key (and no key pinned) is not malformed: it says what is
+    # missing.
     assert verify(capsys, "stamp-1", "--repo", repo) == (
         2, "", "stampd verify: a git stamp is checked against the server's key: give --key "
-        "FILE\n")
+        f"FILE (none is pinned in {repo} by stampd stamp or stampd hook install)\n")

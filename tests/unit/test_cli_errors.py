@@ -164,3 +164,141 @@ def test_client_commands_leave_the_server_unimported(tmp_path: Path) -> None:
     assert lines[3] == "0 True"
     assert all(line.startswith(("stampd verify: ", "stampd audit: ", "stampd hook uninstall: "))
                for line in r.stderr.splitlines()), r.stderr
+
+
+def test_a_missing_role_or_database_names_the_command_that_makes_it(
+        pg_admin_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    host = pg_admin_url.split("@", 1)[1].rsplit("/", 1)[0]
+    no_role = f"postgresql://stampd_no_such_role@{host}/postgres"
+    assert main(["db", "--database-url", no_role, "check"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert 'role "stampd_no_such_role" does not exist' in err and err.count("\n") == 1, err
+    assert "createuser" in err and "createdb" not in err, err
+    no_db = f"postgresql://postgres@{host}/stampd_no_such_db"
+    assert main(["db", "--database-url", no_db, "check"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert 'database "stampd_no_such_db" does not exist' in err and "createdb" in err, err
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_help_of_the_server_commands_shows_each_settings_default(
+        command: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An option that sets STAMPD_<NAME> says its default (the embedded one; the variable
+    overrides it)."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    options = [line for line in out.splitlines() if re.search(r"\(STAMPD_[A-Z_]+", line)]
+    assert len(options) >= 3, out
+    for line in options:
+        assert "default" in line, line
+    assert re.search(r"--data-dir .*\(STAMPD_DATA_DIR; default: \./var\)", out), out
+    assert re.search(r"--workers .*default: 0, one per CPU", out), out
+    if command == "serve":
+        assert re.search(r"--port .*\(STAMPD_PORT; default: 8080\)", out), out
+        assert re.search(r"--host .*\(STAMPD_HOST; default: 127\.0\.0\.1\)", out), out
+        assert re.search(r"--commit-interval COMMIT_INTERVAL\s+seconds between log commits "
+                         r"\(STAMPD_COMMIT_INTERVAL; default: 3600\)", out), out
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"stampd {version('stampd')}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["serve", "--help"],
+                                  ["verify", "--help"], ["keys", "show"]])
+def test_a_closed_stdout_ends_the_command_quietly(argv: list[str], tmp_path: Path) -> None:
+    """`stampd keys show | head -1`: when the reader is gone, the command exits as Unix tools
+    do, quietly (141, as the shell shows a tool that SIGPIPE ended), not with "Broken pipe"."""
+    import os
+
+    from tests.helpers import seed_data_dir
+
+    if argv[0] == "keys":
+        argv = ["keys", "--data-dir", str(seed_data_dir(tmp_path / "d")), "show"]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        r = subprocess.run([sys.executable, "-m", "stampd", *argv], cwd=ROOT, stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r.stderr
+
+
+def _tls_server(tmp_path: Path) -> tuple[str, object]:
+    """An https server on loopback with a self-signed certificate (trusted by nobody)."""
+    import datetime as dt
+    import http.server
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem = tmp_path / "tls.pem"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pem)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                            http.server.BaseHTTPRequestHandler)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"https://127.0.0.1:{httpd.server_address[1]}", httpd
+
+
+def test_tls_failures_are_one_line_saying_what_is_wrong(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """https:// against an http:// server, and a certificate nobody trusts: one line that
+    says so (and which URL to give), never OpenSSL's or GnuTLS's words."""
+    from tests.helpers import RoutesServer, make_repo
+
+    plain = RoutesServer({})
+    tls, httpd = _tls_server(tmp_path)
+    repo = make_repo(tmp_path / "repo")
+    (repo / "a.txt").write_text("a\n")
+    monkeypatch.chdir(repo)
+    try:
+        address = plain.url.removeprefix("http://")
+        wrong = f"https://{address}"
+        for argv, code in ((["stamp", "a.txt", "--server", wrong], 1),
+                           (["hook", "install", "--server", wrong], 1),
+                           (["audit", f"{wrong}/log.git", "--no-tlog"], 2)):
+            assert main(argv) == code, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"{address} does not speak TLS; use http://{address}" in err, err
+            assert "SSL" not in err and "gnutls" not in err and "_ssl.c" not in err, err
+        untrusted = tls.removeprefix("https://")
+        for argv, code in ((["stamp", "a.txt", "--server", tls], 1),
+                           (["audit", f"{tls}/log.git", "--no-tlog"], 2)):
+            assert main(argv) == code, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"the TLS certificate of {untrusted} is not trusted" in err, err
+            assert "SSL:" not in err and "gnutls" not in err and "_ssl.c" not in err, err
+    finally:
+        plain.close()
+        httpd.shutdown()  # type: ignore[attr-defined]
+        httpd.server_close()  # type: ignore[attr-defined]
