@@ -22,9 +22,9 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
 from server import db
-from server.tlog.proofs import prove
 from server.log.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.tlog.proofs import prove
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog
 from server.tlog.store import TileReader
 from tests.helpers import InProcessDispatcher, agent_home
