@@ -108,7 +108,9 @@ def test_bad_log_settings_are_one_line(
 def test_a_failed_start_leaves_the_data_dir_as_it_was(
         clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing is made before every check passed: an absent data directory stays absent, an
-    existing one unchanged (no key generated before the database URL was found wrong)."""
+    existing one unchanged (no key generated before the database URL was found wrong). `serve`
+    listens on port 0 (any free port): the default 8080 may be taken, by a `make serve` beside
+    the tests, and would then be refused first."""
     absent = clean_env / "absent"
     existing = clean_env / "existing"
     (existing / "keep").mkdir(parents=True)
@@ -119,8 +121,8 @@ def test_a_failed_start_leaves_the_data_dir_as_it_was(
                       (f"sqlite:///{clean_env}/no/such/folder/j.sqlite3", EXIT_USAGE),
                       (dead_pg, EXIT_FAILED)):
         for data in (absent, existing):
-            for command in ("serve", "worker"):
-                got, err = run([command, "--data-dir", str(data), "--database-url", url],
+            for command in (["serve", "--port", "0"], ["worker"]):
+                got, err = run([*command, "--data-dir", str(data), "--database-url", url],
                                capsys)
                 assert (got, err.count("\n")) == (code, 1), err
                 assert "Traceback" not in err
