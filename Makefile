@@ -1,4 +1,5 @@
-# stampd — the two commands of the quick start are `make serve` and `make test`.
+# stampd — the two commands of the quick start are `make serve` and `make test`; `make` alone
+# lists every target (`make help`).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,9 +19,28 @@ SERVER_LOCK := requirements/server.lock
 UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command 'make lock'
 
-.PHONY: server-venv venv assets assets-check serve test lint sysdeps lock lock-check \
+.PHONY: help server-venv venv assets assets-check serve test lint sysdeps lock lock-check \
 	client-only bench bench-manifest bench-scale fuzz soak crash slow readflood proof clean \
 	clean-data
+
+## List the targets, each with the first sentence of its note (what `make` alone does).
+help:
+	@echo "make TARGET (settings of the server from the environment: STAMPD_PORT=8081 make serve)"
+	@awk -v width=100 ' \
+		/^## / { note = note (note == "" ? "" : " ") substr($$0, 4); next } \
+		/^[a-z][-a-z]*:/ && note != "" { \
+			at = index(note, ". "); if (at) note = substr(note, 1, at); \
+			line = sprintf("  %-15s", substr($$0, 1, index($$0, ":") - 1)); \
+			n = split(note, word, " "); \
+			for (i = 1; i <= n; i++) { \
+				if (length(line) + 1 + length(word[i]) > width && length(line) > 18) { \
+					print line; line = sprintf("%17s", ""); \
+				} \
+				line = line " " word[i]; \
+			} \
+			print line; \
+		} \
+		{ note = "" }' $(firstword $(MAKEFILE_LIST))
 
 # The venv's stages are built by a make run under a lock (flock, util-linux), so that two
 # makes at once (`make serve`, and `make test` in another terminal) do not install into the
@@ -171,24 +191,31 @@ bench-scale: venv
 bench-manifest: venv
 	$(BIN)/python -m bench.manifest
 
-## The robustness proof (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
-## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
-## broken promise.
+# The robustness proof (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
+# under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
+# broken promise.
+
+## Every endpoint and method with generated and mutated requests, on SQLite and PostgreSQL.
 fuzz: venv sysdeps
 	$(BIN)/python -m bench.fuzz
 
+## Two API hosts on one PostgreSQL, under load (60 s).
 soak: venv sysdeps
 	$(BIN)/python -m bench.soak
 
+## kill -9 under load, and what the log shows afterwards (about 3 minutes).
 crash: venv sysdeps
 	$(BIN)/python -m bench.crash
 
+## Idle, slowloris and stalled-body clients (about a minute).
 slow: venv
 	$(BIN)/python -m bench.slow
 
+## Reading a digest's 4,000 receipts while others stamp (about a minute).
 readflood: venv
 	$(BIN)/python -m bench.readflood
 
+## All five of the robustness proof: fuzz, soak, crash, slow and readflood.
 proof: fuzz soak crash slow readflood
 
 ## Remove what can be rebuilt: the venv and the caches. Never the data: keys and journal
@@ -198,10 +225,10 @@ clean:
 	find stampd server workers client formats migrations tests bench -name __pycache__ \
 		-type d -prune -exec rm -rf {} +
 
+DATA ?= var
 ## Delete the server's data directory DATA (./var): its secret signing keys, the journal of
 ## every stamp and the public log. They cannot be rebuilt. Asks first; without a terminal it
 ## refuses unless CONFIRM=yes.
-DATA ?= var
 clean-data:
 	@test -e "$(DATA)" || { echo "clean-data: $(DATA) does not exist"; exit 0; }; \
 	echo "clean-data: this deletes $(DATA): the secret signing keys ($(DATA)/keys), the journal" \

@@ -1,6 +1,6 @@
-"""The Makefile as a newcomer meets it: `make serve` builds only what serving needs, with pip's
-progress shown, before the test tools that `make test` adds to the same venv
-(docs/development.md)."""
+"""The Makefile as a newcomer meets it: `make help` (and plain `make`) lists every target with
+what it does, and `make serve` builds only what serving needs, with pip's progress shown,
+before the test tools that `make test` adds to the same venv (docs/development.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,40 @@ def make(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["make", "--no-print-directory", "-f", str(MAKEFILE), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL, check=False)
+
+
+def notes() -> dict[str, str]:
+    """Each target with a ``##`` note, and the note's first sentence."""
+    found: dict[str, str] = {}
+    note: list[str] = []
+    for line in MAKEFILE.read_text().splitlines():
+        if line.startswith("## "):
+            note.append(line[3:])
+            continue
+        target = re.match(r"([a-z][-a-z]*):", line)
+        if target and note:
+            text = " ".join(note)
+            found[target.group(1)] = text[:text.index(". ") + 1] if ". " in text else text
+        note = []
+    return found
+
+
+def test_every_target_has_a_note() -> None:
+    phony = re.search(r"^\.PHONY:(.*?)(?<!\\)$", MAKEFILE.read_text(), re.M | re.S)
+    assert phony
+    targets = set(phony.group(1).replace("\\", " ").split())
+    assert "help" in targets and "serve" in targets and "test" in targets
+    assert targets == set(notes()), targets ^ set(notes())
+
+
+def test_make_help_lists_every_target_with_its_note() -> None:
+    listed = make("help")
+    assert listed.returncode == 0, listed.stderr
+    assert make().stdout == listed.stdout  # (what plain `make` does)
+    text = " ".join(listed.stdout.split())
+    for target, first in notes().items():
+        assert f" {target} {' '.join(first.split())}" in text, (target, listed.stdout)
+    assert all(len(line) <= 100 for line in listed.stdout.splitlines()), listed.stdout
 
 
 def test_make_serve_builds_the_server_alone_with_pips_progress(tmp_path: Path) -> None:
