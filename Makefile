@@ -1,28 +1,75 @@
-# stampd — the two commands of the quick start are `make serve` and `make test`.
+# stampd — the two commands of the quick start are `make serve` and `make test`; `make` alone
+# lists every target (`make help`).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The venv is built in two stages, each done once its stamp is newer than what it installs:
+# SERVE_STAMP, the server (SERVER_LOCK), all `make serve` needs; STAMP, the test tools
+# (LOCK) installed over it, which `make test` and the checks need.
+SERVE_STAMP := $(VENV)/.installed-server
 STAMP := $(VENV)/.installed
-# The pinned, hashed dependencies (docs/development.md, "Dependencies"): LOCK, the server and
-# the test tools, is what the venv is built from; CLIENT_LOCK, the client alone
-# (`pip install .`), is what the client-only check installs; SERVER_LOCK, the server without
-# the test tools, is what deploy/Dockerfile installs.
+# The pinned, hashed dependencies (docs/development.md, "Dependencies"): SERVER_LOCK, the
+# server without the test tools, is what `make serve` and deploy/Dockerfile install; LOCK, the
+# server and the test tools, what the venv of `make test` is completed with (it pins the
+# server's packages as SERVER_LOCK does: tests/unit/test_packaging.py); CLIENT_LOCK, the client
+# alone (`pip install .`), is what the client-only check installs.
 LOCK := requirements/test.lock
 CLIENT_LOCK := requirements/client.lock
 SERVER_LOCK := requirements/server.lock
 UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal \
 	--python-version 3.11 --custom-compile-command 'make lock'
 
-.PHONY: assets assets-check serve test lint sysdeps lock lock-check client-only bench bench-manifest bench-scale \
-	fuzz soak crash slow readflood proof clean clean-data
+.PHONY: help server-venv venv assets assets-check serve test lint sysdeps lock lock-check \
+	client-only bench bench-manifest bench-scale fuzz soak crash slow readflood proof clean \
+	clean-data
+
+## List the targets, each with the first sentence of its note (what `make` alone does).
+help:
+	@echo "make TARGET (settings of the server from the environment: STAMPD_PORT=8081 make serve)"
+	@awk -v width=100 ' \
+		/^## / { note = note (note == "" ? "" : " ") substr($$0, 4); next } \
+		/^[a-z][-a-z]*:/ && note != "" { \
+			at = index(note, ". "); if (at) note = substr(note, 1, at); \
+			line = sprintf("  %-15s", substr($$0, 1, index($$0, ":") - 1)); \
+			n = split(note, word, " "); \
+			for (i = 1; i <= n; i++) { \
+				if (length(line) + 1 + length(word[i]) > width && length(line) > 18) { \
+					print line; line = sprintf("%17s", ""); \
+				} \
+				line = line " " word[i]; \
+			} \
+			print line; \
+		} \
+		{ note = "" }' $(firstword $(MAKEFILE_LIST))
+
+# The venv's stages are built by a make run under a lock (flock, util-linux), so that two
+# makes at once (`make serve`, and `make test` in another terminal) do not install into the
+# same venv together: the second waits, then finds the stage built. (`+`: `make -n` runs it
+# too, and the inner make then only prints what it would do.)
+LOCKED := mkdir -p $(VENV) && flock $(VENV)/.lock $(MAKE) --no-print-directory
+
+## The venv with the server alone (requirements/server.lock): what `make serve` needs.
+server-venv:
+	+@$(LOCKED) $(SERVE_STAMP)
+
+## The whole venv: the server and the test tools (requirements/test.lock), git-timestamp among
+## them; what `make test` needs.
+venv:
+	+@$(LOCKED) $(STAMP)
 
 # A changed lock or pyproject.toml reinstalls. The project itself is installed without its
-# dependencies: they all come from the lock, hash-checked; `pip check` fails when the lock
-# lacks one pyproject.toml asks for.
-$(STAMP): pyproject.toml $(LOCK)
+# dependencies: they all come from the locks, hash-checked; `pip check` fails when a lock
+# lacks one pyproject.toml asks for. pip says what it installs: the first stage is a fresh
+# clone's first half-minute.
+$(SERVE_STAMP): pyproject.toml $(SERVER_LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install --require-hashes -r $(SERVER_LOCK)
 	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip check
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP) $(LOCK)
+	$(BIN)/pip install --require-hashes -r $(LOCK)
 	$(BIN)/pip check
 	touch $(STAMP)
 
@@ -48,8 +95,9 @@ assets-check: $(NODE_STAMP)
 		exit 1; \
 	fi
 
-## Run the server on 127.0.0.1:8080 with the embedded defaults (data in ./var).
-serve: $(STAMP)
+## Run the server on 127.0.0.1:8080 with the embedded defaults (data in ./var). Its settings
+## come from the environment (docs/settings.md): `STAMPD_PORT=8081 make serve`.
+serve: server-venv
 	$(BIN)/stampd serve
 
 ## Run the whole test suite, and beside it lint, import contracts and types. Six test processes
@@ -67,7 +115,7 @@ serve: $(STAMP)
 ## errors, if any, are the test run's to report).
 ## schemathesis's pytest plugin is not loaded (tests/system/test_openapi.py runs schemathesis's
 ## engine itself, not the plugin): importing it cost each of the pytest processes ~0.65 s.
-test: sysdeps $(STAMP) $(NODE_STAMP)
+test: sysdeps venv $(NODE_STAMP)
 	@ls tests/unit/__pycache__/*-pytest-*.pyc >/dev/null 2>&1 || \
 		PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:schemathesis >/dev/null 2>&1 || true
 	@tmp=$$(mktemp -d) || exit 1; trap 'rm -rf "$$tmp"' EXIT; \
@@ -93,7 +141,7 @@ lock:
 
 ## Fail when the lock files are not what `make lock` would write now (from uv's cache when
 ## it can, else from PyPI; a few seconds).
-lock-check: $(STAMP)
+lock-check: venv
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	cp $(LOCK) $$tmp/test.lock && cp $(CLIENT_LOCK) $$tmp/client.lock && \
 	cp $(SERVER_LOCK) $$tmp/server.lock && \
@@ -109,17 +157,17 @@ lock-check: $(STAMP)
 
 ## The client installs alone: a fresh venv with CLIENT_LOCK and the project (no extras) has
 ## `stampd verify` and no server dependency, and `stampd serve` names the extra.
-client-only: $(STAMP)
+client-only: venv
 	sh tests/client_only.sh $(PYTHON) $(BIN)/uv $(CLIENT_LOCK)
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
-lint: $(STAMP)
+lint: venv
 	$(BIN)/ruff check stampd server workers client formats migrations tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
 ## Side-by-side benchmark against zeitgitterd (see bench/README.md).
-bench: $(STAMP)
+bench: venv
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.scale
@@ -135,32 +183,39 @@ bench: $(STAMP)
 
 ## The scaling table: workers, API processes and zeitgitterd's agents, server and wrk pinned
 ## to cores of their own, and a projection to more cores (bench/README.md).
-bench-scale: $(STAMP)
+bench-scale: venv
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.scale
 
 ## POST /v1/manifests of 10,000 and 1,000,000 lines: digests/s and peak RSS (bench/README.md).
-bench-manifest: $(STAMP)
+bench-manifest: venv
 	$(BIN)/python -m bench.manifest
 
-## The robustness proof (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
-## under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
-## broken promise.
-fuzz: $(STAMP) sysdeps
+# The robustness proof (bench/README.md): fuzzing, a two-API-host PostgreSQL soak, kill -9
+# under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
+# broken promise.
+
+## Every endpoint and method with generated and mutated requests, on SQLite and PostgreSQL.
+fuzz: venv sysdeps
 	$(BIN)/python -m bench.fuzz
 
-soak: $(STAMP) sysdeps
+## Two API hosts on one PostgreSQL, under load (60 s).
+soak: venv sysdeps
 	$(BIN)/python -m bench.soak
 
-crash: $(STAMP) sysdeps
+## kill -9 under load, and what the log shows afterwards (about 3 minutes).
+crash: venv sysdeps
 	$(BIN)/python -m bench.crash
 
-slow: $(STAMP)
+## Idle, slowloris and stalled-body clients (about a minute).
+slow: venv
 	$(BIN)/python -m bench.slow
 
-readflood: $(STAMP)
+## Reading a digest's 4,000 receipts while others stamp (about a minute).
+readflood: venv
 	$(BIN)/python -m bench.readflood
 
+## All five of the robustness proof: fuzz, soak, crash, slow and readflood.
 proof: fuzz soak crash slow readflood
 
 ## Remove what can be rebuilt: the venv and the caches. Never the data: keys and journal
@@ -170,10 +225,10 @@ clean:
 	find stampd server workers client formats migrations tests bench -name __pycache__ \
 		-type d -prune -exec rm -rf {} +
 
+DATA ?= var
 ## Delete the server's data directory DATA (./var): its secret signing keys, the journal of
 ## every stamp and the public log. They cannot be rebuilt. Asks first; without a terminal it
 ## refuses unless CONFIRM=yes.
-DATA ?= var
 clean-data:
 	@test -e "$(DATA)" || { echo "clean-data: $(DATA) does not exist"; exit 0; }; \
 	echo "clean-data: this deletes $(DATA): the secret signing keys ($(DATA)/keys), the journal" \

@@ -70,6 +70,13 @@ def setup_logging(level: str | None = None) -> None:
     setup_logging(level or os.environ.get("STAMPD_LOG_LEVEL", "INFO"))
 
 
+def _make_data_dir(settings: Settings) -> None:
+    """The data directory, made private (0700) if it does not exist yet: it holds the secret
+    keys, the journal and the workers' homes (the systemd units make it 0700 too). Its parents
+    are made as the umask says; a data directory that exists is left as it is."""
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
     """Data directory, keys (generated on first start; a host that keeps only public keys
     never gets new ones, and must not sign: ``signs_here``), migrated database, log
@@ -80,7 +87,7 @@ def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
     from workers.keys.keyset import ensure_extra_keys
     from workers.keys.store import KeyStore
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _make_data_dir(settings)
     if signs_here:  # an API host never makes a key: it serves the registered ones
         store = KeyStore(settings.keys_dir)
         passphrase = settings.read_passphrase()
@@ -308,6 +315,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _check_listen(settings.host, settings.port)
         _require_programs(settings, signs_here=not args.no_workers)
         _check_database(settings)
+        _make_data_dir(settings)
         for lock in locks:
             lock.acquire()
         return _serve(args, settings)
@@ -426,6 +434,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lock.acquire(create=False)
         _require_programs(settings)
         _check_database(settings)
+        _make_data_dir(settings)
         lock.acquire()
         return _work(settings)
     finally:
@@ -496,7 +505,7 @@ def cmd_db(args: argparse.Namespace) -> int:
         if args.revision not in (*known, "head", "base"):
             raise CommandFailed(f"unknown revision {args.revision!r}: this release knows "
                                 f"{known[0]} to {known[-1]}, head and base", usage=True)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _make_data_dir(settings)
     engine = db.make_engine(settings.db_url)
     try:
         if args.db_command == "upgrade":
@@ -541,6 +550,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
     settings = build_settings(args)
     store = KeyStore(settings.keys_dir)
+    if args.keys_command in ("generate", "import"):
+        _make_data_dir(settings)
     if args.keys_command == "generate":
         if store.exists() and not args.force:
             raise CommandFailed(f"a key exists in {store.dir}; use --force to replace it")
@@ -567,7 +578,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     if args.keys_command == "register":
         from server import db
 
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        _make_data_dir(settings)
         engine = db.make_engine(settings.db_url)
         try:
             db.upgrade(engine)

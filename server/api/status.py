@@ -177,7 +177,7 @@ whose verifier key is:</p>
 <pre id="tlog-vkey">{e(s.log_key.vkey)}</pre>
 {"" if snap is None else witness_table(snap)}
 <p>The proof of a stamp, checkable offline (<code>stampd verify</code> checks it):</p>
-<pre>curl -sS '{e(url)}v1/proofs/SERIAL?wait=5' &gt; FILE.receipt.asc.tlog-proof</pre>
+<pre>curl -sS --fail '{e(url)}v1/proofs/SERIAL?wait=5' &gt; FILE.receipt.asc.tlog-proof</pre>
 """
 
 
@@ -214,9 +214,9 @@ def tsa_section(s: Services) -> str:
 <tr><th>chain</th><td><a href="/tsa.pem">tsa.pem</a></td></tr></table>
 <p>Any RFC 3161 client takes <code>{e(url)}</code> as its TSA URL. With openssl and curl:</p>
 <pre>openssl ts -query -data FILE -sha256 -cert -out FILE.tsq
-curl -sS -H 'Content-Type: application/timestamp-query' --data-binary @FILE.tsq \\
+curl -sS --fail -H 'Content-Type: application/timestamp-query' --data-binary @FILE.tsq \\
      {e(url)} &gt; FILE.tsr
-curl -sS {e(url)}tsa.pem &gt; tsa.pem
+curl -sS --fail {e(url)}tsa.pem &gt; tsa.pem
 openssl ts -verify -data FILE -in FILE.tsr -CAfile tsa.pem</pre>
 """
 
@@ -261,8 +261,8 @@ git timestamp --server {e(url.rstrip('/'))} --branch my-timestamps</pre>
 <p>Stamp a file's digest with curl, and check the receipt with gpg (once, import the server's
 key; compare its fingerprint with the one above):</p>
 <pre>sha256sum FILE | cut -d' ' -f1 |
-  curl -sS --data-urlencode sha256@- {e(url)}v1/stamps &gt; FILE.receipt.asc
-curl -sS '{e(url)}?request=get-public-key-v1' | gpg --import
+  curl -sS --fail --data-urlencode sha256@- {e(url)}v1/stamps &gt; FILE.receipt.asc
+curl -sS --fail '{e(url)}?request=get-public-key-v1' | gpg --import
 gpg --verify FILE.receipt.asc</pre>
 <p>Stamp every commit of a repository with the git hook:</p>
 <pre>stampd hook install --server {e(url.rstrip('/'))}</pre>

@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from formats.manifests import PIECE as SEND_PIECE
 from formats.manifests import key_prefix, parse_body
 from server import db
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
+from server.stamping.journal import BULK_BYTES
+from server.stamping.journal import PIECE as STORE_PIECE
 from server.stamping.journal_host import (
     FrameBuckets,
     JournalCall,
@@ -188,8 +191,14 @@ def test_the_host_holds_one_copy_of_a_long_frame_and_none_once_it_is_written(  #
         return after - base, peak - base
 
     grown, peak = asyncio.run(scenario())
-    # (the sender's pieces and the journal's 1 MiB pieces come and go beside it)
-    assert peak < 1.5 * size, f"{peak / size:.2f} times the text at the peak"
+    # Beside the one copy, what comes and goes, whatever the timing (a bound of 1.5 times the
+    # text was passed at 1.54 on a loaded machine): the sender's pieces (the one sent, the
+    # next one encoded from its slice, the transport's copy of what the socket did not take),
+    # the journal's piece of one group commit, and the stream's buffer with the chunk read
+    # from it (twice its 64 KiB limit and a 256 KiB receive, and the copy: under 1 MiB).
+    passing = 3 * SEND_PIECE + max(STORE_PIECE, BULK_BYTES) + (1 << 20)
+    assert passing < size  # (so that a second copy of the text would not fit under the bound)
+    assert peak < size + passing, f"{peak / size:.2f} times the text at the peak"
     assert grown < size / 4, f"{grown} bytes left after a text of {size}"
 
 

@@ -21,8 +21,15 @@ What is not literal, and why:
   this test (``.venv/bin`` of the checkout under ``make test``); ``PYTHONPATH`` names this
   checkout, so that the venv's ``stampd`` runs its code.
 - ``HOME`` is a temporary directory (the ``git timestamp`` client writes ``~/.gitconfig`` and
-  imports the server key into ``~/.gnupg``); its gpg-agent is stopped at the end.
-- The git repository, ``release/`` and ``FILE`` that the blocks stamp are made by the test.
+  imports the server key into ``~/.gnupg``); its gpg-agent is stopped at the end. Its
+  ``~/.gitconfig`` starts with a user name and e-mail address, as a git user's has.
+- ``TMPDIR`` is a temporary directory too (``mktemp -d`` makes the git repository there).
+
+Nothing else is made by the test: the blocks after ``make serve`` run in the README's order as
+one terminal session, which starts in the directory ``make serve`` ran in (holding nothing but
+``./var``); what a block exports and where it moves to (``cd``) hold for the blocks after it,
+and the git repository, ``release/`` and ``FILE`` that they stamp are made by the blocks
+themselves.
 
 The block "Installing the client alone" (``pip install .``) is not run here: ``make
 client-only`` checks that install (docs/development.md).
@@ -33,6 +40,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -78,39 +86,48 @@ class Ran:
 
 @dataclass
 class Shell:
-    """Runs README blocks as a user would, with the substitutions of the module docstring."""
+    """Runs README blocks as a user would, with the substitutions of the module docstring, one
+    after the other as one terminal session: each in the directory the last one left, with the
+    environment it left."""
 
     url: str
     home: Path
     venv_bin: Path
+    cwd: Path  # where the next block runs: where the last one left the session
+    tmp: Path  # TMPDIR
+    out: Path  # each block's commands' output, exit status and the session after it
     exported: dict[str, str] | None = None  # the environment the last block left
+    blocks: int = 0
 
     def env(self) -> dict[str, str]:
         if self.exported is not None:
             return dict(self.exported)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("STAMPD_", "GNUPG", "GIT_"))}
-        env.update(HOME=str(self.home), PYTHONPATH=str(ROOT), LC_ALL="C.UTF-8")
+        env.update(HOME=str(self.home), PYTHONPATH=str(ROOT), LC_ALL="C.UTF-8",
+                   TMPDIR=str(self.tmp))
         return env
 
-    def run(self, block: str, cwd: Path) -> list[Ran]:
+    def run(self, block: str) -> list[Ran]:
         """Each command line of ``block``, in one shell; fails unless each exits with its
         documented status and prints its documented output."""
         text = block.replace(README_URL, self.url.rstrip("/"))
         text = text.replace("$PWD/.venv/bin", str(self.venv_bin))
         lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         assert lines and not any(ln.rstrip().endswith("\\") for ln in lines), block
-        out = cwd.parent / f".{cwd.name}-ran"
-        out.mkdir(exist_ok=True)
+        self.blocks += 1
+        out = self.out / str(self.blocks)
+        out.mkdir(parents=True)
         script = ["set -o pipefail"]
         for i, line in enumerate(lines):
             script += [f"{{ {line}\n}} >{out}/{i}.out 2>{out}/{i}.err </dev/null",
                        f"echo $? >{out}/{i}.rc"]
-        script.append(f"env -0 >{out}/env")
-        subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=self.env(),
+        script += [f"env -0 >{out}/env", f"pwd >{out}/pwd"]
+        subprocess.run(["bash", "-c", "\n".join(script)], cwd=self.cwd, env=self.env(),
                        timeout=120, check=True)
         self.exported = dict(v.split("=", 1) for v in
                              (out / "env").read_text().split("\0") if "=" in v)
+        self.cwd = Path((out / "pwd").read_text().rstrip("\n"))
         ran = [Ran(line, int((out / f"{i}.rc").read_text()), (out / f"{i}.out").read_text(),
                    (out / f"{i}.err").read_text()) for i, line in enumerate(lines)]
         for r in ran:
@@ -171,100 +188,74 @@ def served(base: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def shell(base: Path, served: Server) -> Shell:
-    home = base / "home"
+    home, tmp = base / "home", base / "tmp"
     home.mkdir(mode=0o700)
-    return Shell(served.url, home, Path(sys.executable).parent)
-
-
-def git_repository(path: Path, env: dict[str, str]) -> Path:
-    """A git repository with one commit (made by the test: "any git repository")."""
-    path.mkdir()
-    for args in (["init", "-q"], ["-c", "user.name=README", "-c", "user.email=readme@example.org",
-                                  "commit", "-q", "--allow-empty", "-m", "first"]):
-        subprocess.run(["git", *args], cwd=path, env=env, check=True, timeout=30)
-    return path
+    tmp.mkdir(mode=0o700)
+    (home / ".gitconfig").write_text("[user]\n\tname = README\n\temail = readme@example.org\n")
+    return Shell(served.url, home, Path(sys.executable).parent, cwd=served.data_dir.parent,
+                 tmp=tmp, out=base / "ran")
 
 
 def test_make_serve_keeps_everything_in_var(served: Server) -> None:
     assert (served.data_dir / "keys").is_dir()
     assert (served.data_dir / "stampd.sqlite3").is_file()
     assert (served.data_dir / "log.git").is_dir()
+    assert stat.S_IMODE(served.data_dir.stat().st_mode) == 0o700  # (the keys are in there)
 
 
-def test_the_quick_start_as_written(shell: Shell, base: Path) -> None:
-    """The marked blocks in the README's order, as one terminal session: what a block exports
-    (the venv's bin on ``PATH``) holds for the blocks after it. Each block runs in a directory
-    of its own that holds what it stamps; then what it promises is checked."""
-    def git_block(work: Path) -> None:
-        git_repository(work, shell.env())
-
-    def git_checks(work: Path, ran: list[Ran]) -> None:
+def test_the_quick_start_as_written(shell: Shell, served: Server) -> None:
+    """Every marked block after `make serve`, in the README's order, as one terminal session
+    (`Shell`) starting in the directory `make serve` ran in; then what each block promises is
+    checked, where the session then is."""
+    def git_checks(here: Path, ran: list[Ran]) -> None:
+        assert here.parent == shell.tmp and (here / ".git").is_dir(), here  # (mktemp -d)
         verified = [r for r in ran if r.line.startswith(("git verify-tag", "git verify-commit"))]
         assert len(verified) == 2
         for r in verified:
             assert 'Good signature from "stampd Timestamping Service' in r.err, r.err
 
-    def tlog_block(work: Path) -> None:
-        (work / "release").mkdir(parents=True)
-        (work / "release" / "app.tar").write_bytes(b"a release\n")
-
-    def tlog_checks(work: Path, ran: list[Ran]) -> None:
-        assert (work / "SHA256SUMS.asc").is_file()
-        assert (work / "SHA256SUMS.asc.tlog-proof").is_file()
+    def tlog_checks(here: Path, ran: list[Ran]) -> None:
+        assert (here / "SHA256SUMS.asc").is_file()
+        assert (here / "SHA256SUMS.asc.tlog-proof").is_file()
         vkey = next(r.out for r in ran if "/tlog/vkey" in r.line)
         port = shell.url.rstrip("/").rsplit(":", 1)[1]
         assert re.fullmatch(rf"127\.0\.0\.1:{port}/tlog\+[0-9a-f]{{8}}\+[A-Za-z0-9+/]+=*\n?",
                             vkey), vkey
 
-    def empty_log_checks(work: Path, ran: list[Ran]) -> None:
+    def empty_log_checks(here: Path, ran: list[Ran]) -> None:
         assert "nothing to check yet" in ran[0].err, ran[0].err
 
-    def curl_block(work: Path) -> None:
-        work.mkdir()
-        (work / "FILE").write_bytes(b"stamped with curl\n")
+    def everyday_checks(here: Path, ran: list[Ran]) -> None:
+        manifest = here / "SHA256SUMS.asc"
+        assert manifest.stat().st_mode & 0o777 == 0o644  # (published beside the files)
+        stock = next(r for r in ran if r.line.startswith("gpg --decrypt"))
+        assert stock.out.splitlines() == ["release/notes.txt: OK"], stock.out
+        assert "improperly formatted" not in stock.err and "Good signature" in stock.err
+        checked = next(r for r in ran if "--dir ." in r.line).out
+        assert re.search(r"^files: .*\b1\b.* match", checked, re.M), checked
+        assert "CHANGED" not in checked and "MISSING" not in checked, checked
+        tag = subprocess.run(["git", "cat-file", "-p", "v1.0-stamp"], cwd=here,
+                             capture_output=True, text=True, timeout=30, check=False)
+        assert tag.returncode == 0 and "BEGIN PGP SIGNATURE" in tag.stdout, tag.stderr
+        assert (here / ".git" / "hooks" / "post-commit").is_file()
+        assert "nothing to check yet" in ran[-1].err, ran[-1].err
 
-    def curl_checks(work: Path, ran: list[Ran]) -> None:
-        receipt = (work / "FILE.receipt.asc").read_text()
+    def curl_checks(here: Path, ran: list[Ran]) -> None:
+        receipt = (here / "FILE.receipt.asc").read_text()
         assert receipt.startswith("-----BEGIN PGP SIGNED MESSAGE-----\n"), receipt
         assert 'Good signature from "stampd Timestamping Service' in ran[-1].err, ran[-1].err
 
-    def everyday_block(work: Path) -> None:
-        git_repository(work, shell.env())
-        (work / "dist" / "docs").mkdir(parents=True)
-        (work / "dist" / "app.tar").write_bytes(b"an app\n")
-        (work / "dist" / "docs" / "notes.txt").write_bytes(b"notes\n")
-
-    def everyday_checks(work: Path, ran: list[Ran]) -> None:
-        manifest = work / "SHA256SUMS.asc"
-        assert manifest.stat().st_mode & 0o777 == 0o644  # (published beside the files)
-        stock = next(r for r in ran if r.line.startswith("gpg --decrypt"))
-        assert sorted(stock.out.splitlines()) == ["dist/app.tar: OK", "dist/docs/notes.txt: OK"]
-        assert "improperly formatted" not in stock.err and "Good signature" in stock.err
-        checked = next(r for r in ran if "--dir ." in r.line).out
-        assert re.search(r"^files: .*\b2\b.* match", checked, re.M), checked
-        assert "CHANGED" not in checked and "MISSING" not in checked, checked
-        tag = subprocess.run(["git", "cat-file", "-p", "v1.0-timestamp"], cwd=work,
-                             capture_output=True, text=True, timeout=30, check=False)
-        assert tag.returncode == 0 and "BEGIN PGP SIGNATURE" in tag.stdout, tag.stderr
-        assert (work / ".git" / "hooks" / "post-commit").is_file()
-        assert "nothing to check yet" in ran[-1].err, ran[-1].err
-
-    def mkdir(work: Path) -> None:
-        work.mkdir()
-
-    steps = {"git": (git_block, git_checks), "tlog": (tlog_block, tlog_checks),
-             "empty-log": (mkdir, empty_log_checks), "curl": (curl_block, curl_checks),
-             "everyday": (everyday_block, everyday_checks)}
+    checks = {"git": git_checks, "tlog": tlog_checks, "empty-log": empty_log_checks,
+              "everyday": everyday_checks, "curl": curl_checks}
     blocks = readme_blocks()
-    assert next(iter(blocks)) == "serve" and set(blocks) - {"serve"} <= set(steps), \
-        f"README blocks the test has no setup for: {set(blocks) - {'serve'} - set(steps)}"
-    assert set(steps) <= set(blocks), f"README no longer marks {set(steps) - set(blocks)}"
+    assert next(iter(blocks)) == "serve", "the README's first block is no longer make serve"
+    assert set(blocks) - {"serve"} == set(checks), \
+        f"README blocks the test checks nothing of: {set(blocks) - {'serve'} - set(checks)}; " \
+        f"no longer marked: {set(checks) - set(blocks)}"
+    assert sorted(p.name for p in shell.cwd.iterdir()) == ["var"]  # (a fresh directory)
     for name, block in list(blocks.items())[1:]:
-        prepare, check = steps[name]
-        work = base / "quickstart" / name
-        work.parent.mkdir(exist_ok=True)
-        prepare(work)
-        check(work, shell.run(block, work))
+        ran = shell.run(block)
+        checks[name](shell.cwd, ran)
 
 
 def test_verify_token_log_says_not_in_the_log_yet(shell: Shell, base: Path) -> None:

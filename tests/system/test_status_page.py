@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
@@ -24,7 +25,8 @@ def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_status_page_in_chromium(seeded_dir: Path, server_factory: list[Server],
                                  tmp_path: Path) -> None:
     server = start_server(seeded_dir, workers=1, commit_interval=2,
-                          extra_env={"STAMPD_PEERS": "nobody=http://127.0.0.1:9/"})
+                          extra_env={"STAMPD_PEERS": "nobody=http://127.0.0.1:9/",
+                                     "STAMPD_TSA": "true", "STAMPD_TLOG": "on"})
     server_factory.append(server)
     for i in range(5):
         stamp_tag(server, f"{i + 1:040x}")
@@ -41,7 +43,12 @@ def test_status_page_in_chromium(seeded_dir: Path, server_factory: list[Server],
     assert "nobody" in page and "http://127.0.0.1:9/" in page  # peers and their state
     assert "git timestamp --server" in page and "v1/stamps" in page  # how to use it
     # The gpg recipe imports the key before it verifies; the chart's axes have units.
-    assert f"curl -sS '{server.url}?request=get-public-key-v1' | gpg --import" in page
+    assert f"curl -sS --fail '{server.url}?request=get-public-key-v1' | gpg --import" in page
+    # Every curl of the recipes fails on an error answer (--fail) rather than write it into the
+    # receipt, proof, token or certificate file, or pipe it into gpg.
+    curls = [line for pre in re.findall(r"<pre[^>]*>(.*?)</pre>", page, re.S)
+             for line in pre.splitlines() if "curl " in line]
+    assert len(curls) == 5 and all(" --fail " in line for line in curls), curls
     assert page.index("gpg --import") < page.index("gpg --verify FILE.receipt.asc")
     assert "stamps per minute (peak " in page and ">60 min ago<" in page and ">now<" in page
     assert "http://" not in page.split("<body>")[0].replace(server.url, "")  # no external assets

@@ -529,6 +529,11 @@ def page_check(tab: Any, root: Path, evidence: list[str], files: list[str]) -> t
     return str(result.get_attribute("data-state")), str(result.inner_text())
 
 
+def verdict(tab: Any) -> str:
+    """The verify page's verdict: the line above the steps of its check."""
+    return str(tab.locator("[data-testid=verify-result] [data-verdict]").inner_text())
+
+
 def test_the_verify_page_decides_offline(server: Server, made: Made, browser: Any,  # noqa: F811
                                          tmp_path: Path) -> None:
     root = made.root
@@ -558,10 +563,14 @@ def test_the_verify_page_decides_offline(server: Server, made: Made, browser: An
         state, text = page_check(tab, root, ["file.bin.asc", "good.tlog-proof"], ["file.bin"])
         assert state == "valid" and "inclusion" in text and "witnesses" in text, text
         shoot("valid")
+        # A file that is not the one stamped: the verdict says so in words, first; the two
+        # digests are in the step below it, not in the verdict.
         state, text = page_check(tab, root, ["file.bin.asc"], ["flipped.bin"])
         assert state == "invalid" and "sha256 of flipped.bin is" in text, text
+        assert verdict(tab) == "Not valid: this file (flipped.bin) is not the one stamped."
         state, text = page_check(tab, root, ["other.bin.asc"], ["file.bin"])
         assert state == "invalid" and "not the receipt's" in text, text
+        assert verdict(tab) == "Not valid: this file (file.bin) is not the one stamped."
         state, text = page_check(tab, root, ["file.bin.asc", "foreign-key.asc"], ["file.bin"])
         assert state == "invalid" and "signature does not verify" in text, text
         state, text = page_check(tab, root, ["foreign.asc", "server-key.asc"], ["file.bin"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -108,7 +109,9 @@ def test_bad_log_settings_are_one_line(
 def test_a_failed_start_leaves_the_data_dir_as_it_was(
         clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing is made before every check passed: an absent data directory stays absent, an
-    existing one unchanged (no key generated before the database URL was found wrong)."""
+    existing one unchanged (no key generated before the database URL was found wrong). `serve`
+    listens on port 0 (any free port): the default 8080 may be taken, by a `make serve` beside
+    the tests, and would then be refused first."""
     absent = clean_env / "absent"
     existing = clean_env / "existing"
     (existing / "keep").mkdir(parents=True)
@@ -119,8 +122,8 @@ def test_a_failed_start_leaves_the_data_dir_as_it_was(
                       (f"sqlite:///{clean_env}/no/such/folder/j.sqlite3", EXIT_USAGE),
                       (dead_pg, EXIT_FAILED)):
         for data in (absent, existing):
-            for command in ("serve", "worker"):
-                got, err = run([command, "--data-dir", str(data), "--database-url", url],
+            for command in (["serve", "--port", "0"], ["worker"]):
+                got, err = run([*command, "--data-dir", str(data), "--database-url", url],
                                capsys)
                 assert (got, err.count("\n")) == (code, 1), err
                 assert "Traceback" not in err
@@ -251,3 +254,26 @@ def test_a_typo_shows_the_usage_of_its_command(
     assert err.startswith(f"usage: {prog} [-h]"), err
     unknown = " ".join(argv[1:]) if argv[0] == "serve" else argv[-1]
     assert err.endswith(f"{prog}: error: unrecognized arguments: {unknown}\n"), err
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--port", "0"], ["serve", "--port", "0", "--no-workers"], ["worker"],
+    ["db", "upgrade"],
+])
+def test_a_new_data_dir_is_private(clean_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                   argv: list[str]) -> None:
+    """The data directory holds the secret keys, the journal and the workers' homes: a command
+    that makes it makes it 0700, whatever the umask (serving and working themselves are left
+    out here: the directory is made before them)."""
+    import server.commands
+
+    monkeypatch.setattr(server.commands, "_serve", lambda *_args: 0)
+    monkeypatch.setattr(server.commands, "_work", lambda *_args: 0)
+    data = clean_env / "new" / "data"
+    old = os.umask(0o022)
+    try:
+        assert main([*argv, "--data-dir", str(data)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert stat.S_IMODE(data.parent.stat().st_mode) == 0o755  # (only the data directory)

@@ -112,9 +112,9 @@ def test_readme_is_a_front_page() -> None:
 
 
 def test_the_quick_start_uses_the_venvs_git_timestamp() -> None:
-    """`make serve` builds .venv from the test lock, which holds git-timestamp: the quick start
-    puts .venv/bin on PATH (where `git timestamp` finds git-timestamp) instead of a `pip
-    install` that PEP 668 refuses outside a venv."""
+    """`make test` (or `make venv`) completes .venv with the test lock, which holds
+    git-timestamp: the quick start puts .venv/bin on PATH (where `git timestamp` finds
+    git-timestamp) instead of a `pip install` that PEP 668 refuses outside a venv."""
     readme = (ROOT / "README.md").read_text()
     quick = readme[readme.index("## Quick start"):readme.index("### Installing the client")]
     assert "pip install git-timestamp" not in quick

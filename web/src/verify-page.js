@@ -183,8 +183,18 @@ async function check() {
     const none = !files.length ? `No file was given: the ${what}'s signature was checked, not a file.` : null;
     say("valid", `Valid: the ${what} holds${found.proof.length ? ", and so does its log proof" : ""}.`, result.checks, none);
   } else {
-    say("invalid", `Not valid: ${result.reason}`, result.checks);
+    say("invalid", `Not valid: ${notValid(result, what, files)}`, result.checks);
   }
+}
+
+/** Why a check failed, in the verdict: `stampd verify`'s reason, but for a receipt's file that
+ * is not the one stamped, said in words (its digest and the receipt's are in the step below). */
+function notValid(result, what, files) {
+  const failed = result.checks.find((c) => !c.ok);
+  if (what === "receipt" && files.length === 1 && failed?.name === "digest") {
+    return `this file (${files[0].name}) is not the one stamped.`;
+  }
+  return result.reason;
 }
 
 for (const input of [evidenceInput, filesInput]) {
