@@ -561,6 +561,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from workers.keys.keyset import (
         TLOG_KEY,
         WITNESS_KEY,
+        KeySpec,
         allowed_signers,
         served_keys,
         stored_key_specs,
@@ -569,8 +570,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
     )
 
     # The configured extra keys (and the log key), and any other the data directory holds.
+    stored = stored_key_specs(settings.keys_dir)
     specs = settings.extra_key_specs
-    specs += [s for s in stored_key_specs(settings.keys_dir) if s not in specs]
+    specs += [s for s in stored if s not in specs]
+    missing: list[KeySpec] = []
+    if args.keys_command in ("show", "generate", "import"):
+        # A key the server makes at its first start may not be there yet: named, not needed.
+        missing = [s for s in specs if s not in stored]
+        specs = [s for s in specs if s in stored]
     keys = served_keys(settings.keys_dir, specs)
     if args.keys_command == "export-public":
         export_public(settings.keys_dir, specs, args.dir)
@@ -614,6 +621,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise CommandFailed(f"the witness key's verifier key: {e}", usage=True) from None
             print(f"\nwitness key: {vkey}")
+    if missing:
+        print("\nnot made yet (the server makes them at its first start): "
+              + ", ".join(s.id for s in missing))
     return 0
 
 

@@ -136,3 +136,21 @@ def test_the_default_user_id_falls_back_to_localhost() -> None:
     assert default_uid("http://[::1]:8080/") == "stampd Timestamping Service <stampd@localhost>"
     assert default_uid("http://a_b.example/") == "stampd Timestamping Service <stampd@localhost>"
     assert default_uid(None).startswith("stampd Timestamping Service <stampd@")
+
+
+def test_keys_generate_on_a_fresh_data_dir_with_the_default_keys_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the defaults (RFC 3161 and the transparency log on), `keys generate` on a new data
+    directory makes the signing key and says so; the keys the server makes at its first start
+    are named as not made yet, not an error."""
+    for name in ("STAMPD_EXTRA_KEYS", "STAMPD_TSA", "STAMPD_TSA_KEY", "STAMPD_TLOG"):
+        monkeypatch.delenv(name, raising=False)
+    data = tmp_path / "data"
+    assert main(["keys", "generate", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "fingerprint: " in out
+    assert "not made yet (the server makes them at its first start): openpgp-nistp256, " \
+           "tlog-ed25519" in out
+    assert main(["keys", "show", "--data-dir", str(data)]) == 0
+    assert "not made yet" in capsys.readouterr().out
