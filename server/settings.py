@@ -124,6 +124,16 @@ def redact_userinfo(text: str) -> str:
     return _USERINFO.sub(r"\1", text)
 
 
+def url_credentials(url: str) -> tuple[str, str] | None:
+    """The user name and password of ``url`` (percent-decoded), for HTTP basic
+    authentication; None when it holds none."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    return (urllib.parse.unquote(parts.username or ""),
+            urllib.parse.unquote(parts.password or ""))
+
+
 @dataclass(frozen=True)
 class WitnessConfig:
     """A witness the log sends its checkpoints to: its submission prefix (requests go to
@@ -142,13 +152,8 @@ class WitnessConfig:
 
     @property
     def credentials(self) -> tuple[str, str] | None:
-        """The user name and password of the URL (percent-decoded), for HTTP basic
-        authentication; None when it holds none."""
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.username is None and parts.password is None:
-            return None
-        return (urllib.parse.unquote(parts.username or ""),
-                urllib.parse.unquote(parts.password or ""))
+        """The user name and password of the URL, for HTTP basic authentication."""
+        return url_credentials(self.url)
 
     @property
     def verifier(self) -> CosignatureVerifier:

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from server.api.services import Services
 from server.log.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
+from server.settings import redact_userinfo
 from server.tlog.store import checkpoint_size
 from server.tlog.witnesses import WitnessState
 
@@ -66,7 +67,8 @@ def snapshot(s: Services) -> Snapshot:
                 CrossStamp.peer == p.name, CrossStamp.state == CrossStampState.PENDING,
                 CrossStamp.last_error.is_not(None)).order_by(CrossStamp.id.desc())
                 .limit(1)).scalar()
-            peers.append(PeerRow(p.name, p.url, p.fingerprint, last, int(pending), err))
+            peers.append(PeerRow(p.name, redact_userinfo(p.url), p.fingerprint, last,
+                                 int(pending), err))
     log = LogRepository(s.settings.log_repo).recent(10)  # a handle of this thread's own
     return Snapshot(per_minute, sum(per_minute), log, peers, s.witness_states(),
                     s.published_size())

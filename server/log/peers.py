@@ -31,7 +31,7 @@ from sqlalchemy import Engine, insert, select, update
 from server.errors import PeerError
 from server.log.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
-from server.settings import PeerConfig, Settings
+from server.settings import PeerConfig, Settings, redact_userinfo, url_credentials
 from workers.keys.gnupg import GpgError, TempGnupgHome
 from workers.keys.store import describe_public_key
 
@@ -135,10 +135,12 @@ def _http(url: str, data: dict[str, str] | None, timeout: float) -> str:
     import httpx
 
     limit = MAX_STAMP * 4
+    auth = url_credentials(url)  # (sent as a header: no URL a library logs holds them)
+    url = redact_userinfo(url)
     try:
         with httpx.stream("POST" if data is not None else "GET", url, data=data,
                           timeout=timeout, follow_redirects=False, verify=_tls(),
-                          headers={"User-Agent": "stampd"}) as r:
+                          headers={"User-Agent": "stampd"}, auth=auth) as r:
             if r.status_code != 200:
                 raise PeerError(f"HTTP {r.status_code} from {url}")
             body = b""
@@ -147,7 +149,7 @@ def _http(url: str, data: dict[str, str] | None, timeout: float) -> str:
                 if len(body) > limit:
                     break
     except httpx.HTTPError as e:
-        raise PeerError(f"cannot reach {url}: {e}") from None
+        raise PeerError(redact_userinfo(f"cannot reach {url}: {e}")) from None
     return body[:limit + 1].decode("ascii", "replace")
 
 
