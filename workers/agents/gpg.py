@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from formats.gpglisting import Key, ListingError, parse_key_listing
 from formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from formats.sexp import SexpError, signature_values
 from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
@@ -358,81 +359,14 @@ class AssuanConnection(AgentSocket):
 # The agent
 
 
-def _unescape_colon_field(field: str) -> str:
-    r"""Undo the escaping of ``gpg --with-colons`` (``\xHH``, ``\n``...); result is UTF-8."""
-    raw = field.encode("utf-8", "surrogateescape")
-    if b"\\" not in raw:
-        return field
-    simple = {b"n": b"\n", b"r": b"\r", b"f": b"\f", b"v": b"\v", b"b": b"\b", b"0": b"\0"}
-
-    def replace(match: re.Match[bytes]) -> bytes:
-        escape = match.group(1)
-        if escape[:1] == b"x":
-            return bytes([int(escape[1:], 16)])
-        return simple.get(escape, b"\\" + escape)
-
-    unescaped = re.sub(rb"\\(x[0-9a-fA-F]{2}|[nrfvb0\\])", replace, raw)
-    try:
-        return unescaped.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise GpgAgentError(f"user id is not valid UTF-8: {exc}") from None
-
-
-class _ListedKey:
-    """One ``sec`` or ``ssb`` record of a colon listing, with its fpr and grp."""
-
-    def __init__(self, fields: list[str]) -> None:
-        self.validity = fields[1]
-        self.bits = int(fields[2]) if fields[2].isdigit() else 0
-        self.algo = int(fields[3]) if fields[3].isdigit() else 0
-        self.capabilities = fields[11] if len(fields) > 11 else ""
-        self.secret = fields[14] if len(fields) > 14 else ""
-        self.curve = fields[16] if len(fields) > 16 and fields[16] else None
-        self.fingerprint = ""
-        self.keygrip = ""
-        self.uids: list[str] = []
-        self.subkeys: list[_ListedKey] = []
-
-    @property
-    def can_sign(self) -> bool:
-        return (
-            "s" in self.capabilities
-            and self.validity not in ("r", "e", "i", "d")
-            and self.secret == "+"
-        )
-
-
-def _parse_secret_listing(output: str) -> list[_ListedKey]:
-    """Primary keys of a ``--with-colons --list-secret-keys`` listing, subkeys appended."""
-    primaries: list[_ListedKey] = []
-    current: _ListedKey | None = None
-    for line in output.splitlines():
-        fields = line.split(":")
-        kind = fields[0]
-        if kind == "sec":
-            current = _ListedKey(fields)
-            primaries.append(current)
-        elif kind == "ssb" and primaries:
-            current = _ListedKey(fields)
-            primaries[-1].subkeys.append(current)
-        elif kind == "fpr" and current is not None and not current.fingerprint:
-            current.fingerprint = fields[9].upper()
-        elif kind == "grp" and current is not None and not current.keygrip:
-            current.keygrip = fields[9].upper()
-        elif kind == "uid" and primaries and fields[1] != "r":
-            primaries[-1].uids.append(_unescape_colon_field(fields[9]))
-    return primaries
-
-
-def _key_info(primary: _ListedKey) -> KeyInfo:
-    if primary.validity in ("r", "e"):
-        raise GpgAgentError(f"key {primary.fingerprint} is revoked or expired")
-    if not primary.uids:
-        raise GpgAgentError(f"key {primary.fingerprint} has no valid user id")
-    candidates = [primary, *primary.subkeys]
-    signer = next((key for key in candidates if key.can_sign), None)
+def _key_info(key: Key) -> KeyInfo:
+    if not key.primary.usable:
+        raise GpgAgentError(f"key {key.fingerprint} is revoked, expired, invalid or disabled")
+    if not key.uids:
+        raise GpgAgentError(f"key {key.fingerprint} has no valid user id")
+    signer = key.signing_key
     if signer is None:
-        raise GpgAgentError(f"key {primary.fingerprint} has no usable secret signing key")
+        raise GpgAgentError(f"key {key.fingerprint} has no usable secret signing key")
     try:
         return KeyInfo(
             fingerprint=signer.fingerprint,
@@ -440,10 +374,10 @@ def _key_info(primary: _ListedKey) -> KeyInfo:
             pubkey_algo=signer.algo,
             bits=signer.bits,
             curve=signer.curve,
-            uid=primary.uids[0],
+            uid=key.uids[0],
         )
     except ValueError as exc:
-        raise GpgAgentError(f"cannot sign with key {primary.fingerprint}: {exc}") from exc
+        raise GpgAgentError(f"cannot sign with key {key.fingerprint}: {exc}") from exc
 
 
 class GpgAgent(AgentProcess):
@@ -604,10 +538,13 @@ class GpgAgent(AgentProcess):
         if listing.returncode != 0:
             raise GpgAgentError(
                 f"cannot list secret key {fingerprints[0]}: {_stderr_tail(listing)}")
-        primaries = _parse_secret_listing(listing.stdout.decode("utf-8", "surrogateescape"))
-        if len(primaries) != 1:
-            raise GpgAgentError(f"listing {fingerprints[0]} shows {len(primaries)} secret keys")
-        info = _key_info(primaries[0])
+        try:
+            keys = parse_key_listing(listing.stdout)
+        except ListingError as exc:
+            raise GpgAgentError(f"cannot sign with key {fingerprints[0]}: {exc}") from None
+        if len(keys) != 1:
+            raise GpgAgentError(f"listing {fingerprints[0]} shows {len(keys)} secret keys")
+        info = _key_info(keys[0])
         log.info(
             "secret key imported",
             extra={"fingerprint": info.fingerprint, "home": str(self.home), "pid": self._pid},
