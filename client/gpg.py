@@ -10,7 +10,16 @@ client needs it cannot express, so they are kept here, small:
   well-formed ``VALIDSIG`` with its signature class, and the keywords of failed signatures. It
   also reads the status lines ``git verify-tag|verify-commit --raw`` prints (`parse`).
 - A timeout: python-gnupg waits for gpg without one; `_Gpg` kills a gpg run that takes longer
-  than `GPG_TIMEOUT` (`GpgError` "gpg did not finish in time").
+  than `GPG_TIMEOUT` (`GpgError` "gpg did not finish in time"). This overrides the private
+  ``GPG._collect_output`` (python-gnupg is pinned exactly for it; tests/unit/test_client_gpg.py
+  fails when it stops taking effect), because python-gnupg (0.5.7, its latest release) has no
+  public way: every call ends in ``_collect_output``, which joins its reader threads and waits
+  for gpg without a bound, and the process is made in the private ``_open_subprocess``, so
+  nothing public can kill it. A ``gpgbinary`` wrapper around coreutils' ``timeout`` would need
+  a program macOS lacks. The way out is to leave python-gnupg: ``subprocess.run(timeout=)``
+  with `formats.gpgstatus` and `formats.gpglisting` reading the output, as
+  `workers.keys.gnupg` does (the same readers), which also drops the dependency and its lock
+  entries.
 - Quiet logs: python-gnupg logs a warning for every non-zero exit of gpg (a bad signature is
   one) and a traceback when gpg is missing; the client reports these itself, as one line, so
   the ``gnupg`` logger is limited to critical records.

@@ -6,14 +6,30 @@
   it, its fingerprint is the test key's, gpg-agent signs with it, and only the signature shows
   that the secret key does not belong to the public key.
 - `corrupt_ssh_key`: an OpenSSH private key file that ssh-keygen cannot load.
+- `revoked_public_key`: the fixed test key's public key with a revocation signature by itself;
+  `sign_as_test_key` signs as the test key (no agent): gpg then reports a good signature
+  by it with REVKEYSIG beside VALIDSIG, and exits 0.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from pathlib import Path
 
-from formats.openpgp import crc24
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from formats.openpgp import (
+    PK_EDDSA,
+    KeyInfo,
+    crc24,
+    detached_signature,
+    encode_packet,
+    prepare_signature,
+    signature_packet,
+)
+
+_SIG_KEY_REVOCATION = 0x20  # RFC 4880 5.2.1
 
 
 def _armor_parts(armored: str) -> tuple[list[str], bytes]:
@@ -58,3 +74,54 @@ def corrupt_ssh_key(path: Path) -> None:
     lines = path.read_text().splitlines()
     lines[1:-1] = ["A" * 70 for _ in lines[1:-1]]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _ed25519_seed(secret_armored: str) -> bytes:
+    """The secret of the unprotected ed25519 test key (the layout `wrong_secret` describes)."""
+    _, data = _armor_parts(secret_armored)
+    assert data[0] == 0x94 and data[1] == 88 and data[2 + 51] == 0, "not the test key's layout"
+    return data[2 + 52 + 2:2 + 52 + 2 + 32]
+
+
+def _public_packets(public_armored: str) -> tuple[list[str], bytes, bytes]:
+    """(armor lines, the public-key packet's body, every packet after it)."""
+    lines, data = _armor_parts(public_armored)
+    assert data[0] == 0x98, "not an old-format public-key packet with one length byte"
+    end = 2 + data[1]
+    return lines, data[2:end], data[end:]
+
+
+def _signer(secret_armored: str, fingerprint: str
+            ) -> tuple[KeyInfo, Callable[[int, bytes], list[int]]]:
+    """The test key as `formats.openpgp` describes a key, and a ``sign`` that needs no agent."""
+    key = KeyInfo(fingerprint=fingerprint, keygrip="0" * 40, pubkey_algo=PK_EDDSA, bits=255,
+                  curve="ed25519", uid="")
+    private = Ed25519PrivateKey.from_private_bytes(_ed25519_seed(secret_armored))
+
+    def sign(hash_algo: int, digest: bytes) -> list[int]:
+        raw = private.sign(digest)
+        return [int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big")]
+
+    return key, sign
+
+
+def sign_as_test_key(secret_armored: str, fingerprint: str, data: bytes, created: int,
+                       sig_type: int = 0x00) -> str:
+    """An armored detached signature of ``data`` by the ed25519 test key, made at
+    ``created``, built with `formats.openpgp` and signed without an agent."""
+    key, sign = _signer(secret_armored, fingerprint)
+    return detached_signature(data, key, created, sign, sig_type=sig_type)
+
+
+def revoked_public_key(public_armored: str, secret_armored: str, fingerprint: str,
+                       created: int) -> str:
+    """The test key's public key with a key revocation signature by itself made at
+    ``created`` (RFC 4880 5.2.4: over the public-key packet alone), after its key packet."""
+    _, body, rest = _public_packets(public_armored)
+    key, sign = _signer(secret_armored, fingerprint)
+    prepared = prepare_signature(b"\x99" + len(body).to_bytes(2, "big") + body, key, created,
+                                 _SIG_KEY_REVOCATION)
+    revocation = signature_packet(prepared.hashed_part, prepared.digest, key,
+                                  sign(prepared.hash_algo, prepared.digest))
+    return _armor(["-----BEGIN PGP PUBLIC KEY BLOCK-----", "-----END PGP PUBLIC KEY BLOCK-----"],
+                  encode_packet(6, body) + revocation + rest)

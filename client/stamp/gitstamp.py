@@ -126,7 +126,8 @@ def stamp(repo: Path, *, server: str | None, tag: str | None, branch: str | None
     if ssh is not None:
         signer, origin = verify_ssh(checked, ssh), ssh.origin
     else:
-        signer, origin = verify_openpgp(checked, pgp, now), pgp.origin
+        signer = verify_openpgp(checked, pgp, "tag" if tag is not None else "commit")
+        origin = pgp.origin
 
     if tag is not None:
         oid = git(repo, "mktag", input=answer)

@@ -21,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from client.gpg import GpgError, TempGpgHome
-from client.stamp.answers import CLOCK_SKEW, Checked
+from client.stamp.answers import Checked
 from client.stamp.errors import AnswerRefused, StampFailed, UsageError
 from client.stamp.git import git, git_config
-from client.verify.errors import CannotCheck, VerifyError
+from client.verify.errors import CannotCheck, Invalid, VerifyError
 from client.verify.keys import (
     KEYRING_PREFIX,
+    SIG_BINARY,
+    BadSignature,
+    accepted_signature,
     fetch_allowed_signers,
     fetch_public_key,
     ssh_keygen_verify,
@@ -162,28 +165,26 @@ def pin_keys(repo: Path, *trusted: OpenPgpTrust | SshTrust | None) -> None:
                               f"the repository: {e.strerror or e}") from None
 
 
-def verify_openpgp(checked: Checked, trust: OpenPgpTrust, now: int) -> str:
-    """The signing key's fingerprint; `AnswerRefused` unless exactly one binary signature by
-    the trusted key, made within the clock skew, verifies."""
+def verify_openpgp(checked: Checked, trust: OpenPgpTrust, what: str) -> str:
+    """The signing key's fingerprint; `AnswerRefused` unless the signature is accepted as
+    ``stampd verify`` accepts it (`client.verify.keys.accepted_signature`): one good binary
+    signature by the trusted key, made in the second the tagger/committer line gives (which
+    `client.stamp.answers` found within the clock skew); ``what``: "tag" or "commit"."""
     try:
         with TempGpgHome(KEYRING_PREFIX) as home:
             home.import_keys(trust.armored)
             ok, status = home.verify_detached(checked.payload, checked.signature)
     except GpgError as e:
         raise StampFailed(e.message) from None
-    if status.newsig > 1 or len(status.valid_sigs) > 1:
-        raise AnswerRefused("more than one signature")
-    if not ok or len(status.valid_sigs) != 1:
-        reason = ", ".join(sorted(set(status.errors))) or "no valid signature"
-        raise AnswerRefused(f"the signature does not verify with the {trust.origin} ({reason})")
-    sig = status.valid_sigs[0]
-    if sig.primary not in trust.fingerprints and sig.fingerprint not in trust.fingerprints:
-        raise AnswerRefused(f"signed by {sig.primary}, not by the {trust.origin}")
-    if sig.sig_class != "00":
-        raise AnswerRefused(f"signature class {sig.sig_class} is not a binary signature (00)")
-    if abs(sig.created - now) >= CLOCK_SKEW:
-        raise AnswerRefused(f"the signature was made {sig.created - now:+d} s off this "
-                            "computer's clock")
+    try:
+        sig = accepted_signature(status, ok, keys=trust.fingerprints, origin=trust.origin,
+                                 sig_class=SIG_BINARY, made=checked.time,
+                                 stated_by=f"the {what}")
+    except BadSignature as e:
+        raise AnswerRefused(f"the signature does not verify with the {trust.origin} "
+                            f"({e.reason})") from None
+    except Invalid as e:
+        raise AnswerRefused(e.message) from None
     return sig.primary
 
 

@@ -26,9 +26,9 @@ from client.verify.keys import (
     KEYRING_PREFIX,
     MAX_KEY,
     SIG_BINARY,
+    accepted_signature,
     gpg_checks,
     load_keyring,
-    only_signature,
     ssh_keys_from,
 )
 from client.verify.trust import repository_keys
@@ -216,11 +216,7 @@ def verify_git_openpgp(repo: Path, oid: str, kind: str, obj: GitObject, key_file
         r = _git(repo, "-c", "gpg.format=openpgp", "-c", "gpg.program=gpg",
                  "-c", "gpg.minTrustLevel=undefined",
                  "verify-tag" if kind == "tag" else "verify-commit", "--raw", oid, env=env)
-    sig = only_signature(SignatureStatus.parse(r.stderr), r.returncode == 0)
-    if sig.primary not in pinned:
-        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
-    if sig.sig_class != SIG_BINARY:
-        raise Invalid(f"signature class {sig.sig_class} is not a binary signature (00)")
-    if sig.created != obj.time:
-        raise Invalid(f"signature made at {sig.created}, but the {kind} says {obj.time}")
+    sig = accepted_signature(SignatureStatus.parse(r.stderr), r.returncode == 0, keys=pinned,
+                             origin=origin, sig_class=SIG_BINARY, made=obj.time,
+                             stated_by=f"the {kind}")
     return sig, origin

@@ -1,8 +1,10 @@
 """The keys ``stampd verify`` checks with: the server's OpenPGP key (a ``--key`` file, or fetched
 from the server with ``get-public-key-v1``) imported into a temporary keyring, the server's
 SSH keys (a ``.pub`` or allowed-signers file, or ``GET /v1/keys/allowed_signers``), and the
-checks every OpenPGP or SSH signature gets with them: exactly one signature
-(`only_signature`), ``ssh-keygen -Y verify`` with an allowed-signers file of one key.
+checks every OpenPGP or SSH signature gets with them: exactly one good signature
+(`only_signature`) by a trusted key, of the class and made at the time the stamp says
+(`accepted_signature`: the one acceptance check of ``stampd verify`` and ``stampd stamp``),
+``ssh-keygen -Y verify`` with an allowed-signers file of one key.
 
 Without ``--key`` the keys pinned in the repository are used, else the server's key is fetched
 from the server the receipt or manifest names (`client.verify.trust`).
@@ -14,7 +16,7 @@ import contextlib
 import subprocess
 import tempfile
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from client.fetch import FetchError, http_request
@@ -46,16 +48,48 @@ def import_keys(home: GpgHome, armored: bytes) -> list[Key]:
     return home.list_keys()
 
 
+class BadSignature(Invalid):
+    """gpg found no good signature, or reported a failure beside it; ``reason``: the keywords
+    of what failed (BADSIG, EXPKEYSIG, REVKEYSIG, NO_PUBKEY...), or "no valid signature"."""
+
+    def __init__(self, failed: Collection[str]) -> None:
+        self.reason = ", ".join(sorted(set(failed))) or "no valid signature"
+        hint = ""
+        if {"NO_PUBKEY", "ERRSIG"} & set(failed):
+            hint = " (signed by a key that is not the expected one?)"
+        super().__init__(f"signature does not verify: {self.reason}{hint}")
+
+
 def only_signature(status: SignatureStatus, ok: bool) -> ValidSig:
-    """The one valid signature; raise `Invalid` for none, a bad one, or several."""
+    """The one valid signature; raise `Invalid` for several, `BadSignature` for none or a bad
+    one: gpg exits 0 with a ``VALIDSIG`` for a signature by an expired or revoked key too, and
+    says so only in the status (EXPKEYSIG, REVKEYSIG)."""
     if status.newsig > 1 or len(status.valid_sigs) > 1:
         raise Invalid("more than one signature (only one is allowed)")
     if not ok or len(status.valid_sigs) != 1 or status.errors:
-        reason = ", ".join(sorted(set(status.errors))) or "no valid signature"
-        if "NO_PUBKEY" in status.errors or "ERRSIG" in status.errors:
-            reason += " (signed by a key that is not the expected one?)"
-        raise Invalid(f"signature does not verify: {reason}")
+        raise BadSignature(status.errors)
     return status.valid_sigs[0]
+
+
+SIG_CLASSES = {SIG_BINARY: "binary", SIG_TEXT: "text"}
+
+
+def accepted_signature(status: SignatureStatus, ok: bool, *, keys: Collection[str],
+                       origin: str, sig_class: str, made: int, stated_by: str) -> ValidSig:
+    """The one signature gpg reported (``status``; ``ok``: it exited 0) when it is a stamp's:
+    `only_signature`, by a key whose primary fingerprint is one of ``keys`` (the trusted keys
+    from ``origin``, primary keys and subkeys), of ``sig_class`` (`SIG_BINARY`, `SIG_TEXT`),
+    made in the second ``made`` that ``stated_by`` (``"the receipt"``...) gives. Raise
+    `Invalid` (`BadSignature` when gpg did not find it good)."""
+    sig = only_signature(status, ok)
+    if sig.primary not in keys:
+        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
+    if sig.sig_class != sig_class:
+        raise Invalid(f"signature class {sig.sig_class} is not a {SIG_CLASSES[sig_class]} "
+                      f"signature ({sig_class})")
+    if sig.created != made:
+        raise Invalid(f"signature made at {sig.created}, but {stated_by} says {made}")
+    return sig
 
 
 def public_key_url(server: str) -> str:

@@ -17,9 +17,9 @@ from client.verify.inputs import file_digest, normalise_digest
 from client.verify.keys import (
     KEYRING_PREFIX,
     SIG_TEXT,
+    accepted_signature,
     gpg_checks,
     import_keys,
-    only_signature,
     read_key_file,
     ssh_keygen_verify,
     ssh_keys_from,
@@ -150,15 +150,10 @@ def verify_manifest_signature(manifest: SignedManifest, *, openpgp: bytes | None
             raise Invalid(f"the {origin} holds no OpenPGP public key")
         pinned = {fpr for key in home.list_keys() for fpr in key.fingerprints}
         ok, status = home.verify_detached(canonical_text(manifest.text), manifest.signature)
-    sig = only_signature(status, ok)
-    if sig.primary not in pinned:
-        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
+    sig = accepted_signature(status, ok, keys=pinned, origin=origin, sig_class=SIG_TEXT,
+                             made=h.time, stated_by="the manifest")
     if h.key not in (sig.fingerprint, sig.primary):
         raise Invalid(f"signed by {sig.fingerprint}, but the manifest names key {h.key}")
-    if sig.sig_class != SIG_TEXT:
-        raise Invalid(f"signature class {sig.sig_class} is not a text signature (01)")
-    if sig.created != h.time:
-        raise Invalid(f"signature made at {sig.created}, but the manifest says {h.time}")
     return sig.primary
 
 

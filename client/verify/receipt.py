@@ -20,9 +20,9 @@ from client.verify.inputs import file_digest, normalise_digest, read_target
 from client.verify.keys import (
     KEYRING_PREFIX,
     SIG_TEXT,
+    accepted_signature,
     gpg_checks,
     load_keyring,
-    only_signature,
     ssh_keygen_verify,
     ssh_keys_from,
 )
@@ -155,15 +155,10 @@ def verify_receipt(text: str, *, key_file: Path | None = None, file: Path | None
         # Verify the detached signature over exactly the statement we parsed (in the canonical
         # form a cleartext signature covers), so what was checked is what is reported.
         ok, status = home.verify_detached(canonical_text(statement_text), signature)
-    sig = only_signature(status, ok)
+    sig = accepted_signature(status, ok, keys=pinned, origin=origin, sig_class=SIG_TEXT,
+                             made=statement.time, stated_by="the receipt")
     if sig.fingerprint != statement.key:
         raise Invalid(f"signed by {sig.fingerprint}, but the receipt names key {statement.key}")
-    if sig.primary not in pinned:
-        raise Invalid(f"signed by {sig.primary}, which is not in the {origin}")
-    if sig.sig_class != SIG_TEXT:
-        raise Invalid(f"signature class {sig.sig_class} is not a text signature (01)")
-    if sig.created != statement.time:
-        raise Invalid(f"signature made at {sig.created}, but the receipt says {statement.time}")
     return ReceiptResult(statement=statement, signature=sig, key_origin=origin,
                          checked=_check_digest(statement, file, expected),
                          fetched=trusted is not None and trusted.fetched)

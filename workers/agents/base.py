@@ -1,11 +1,11 @@
-"""What the gpg-agent and ssh-agent support shares.
-
-`AgentSocket`: one Unix socket to an agent, a deadline on every request, and a connection that,
-once broken, fails every later call at once instead of talking on out of step.
+"""What the gpg-agent and ssh-agent support shares, but for the socket itself
+(:mod:`workers.agents.unixsocket`).
 
 `AgentProcess`: an agent started as our own child in a private home: its PID, whether it runs,
-and stopping it for sure (a polite request, then SIGTERM, then SIGKILL, each waited for a
-bounded time; a finalizer as the safety net that kills and reaps it and removes its socket).
+confirming it started (`AgentProcess._confirm_start`), connections to it (`AgentProcess.connect`,
+closed when it stops), and stopping it for sure (a polite request, then SIGTERM, then SIGKILL,
+each waited for a bounded time; a finalizer as the safety net that kills and reaps it and
+removes its socket). `run_tool`: one run of an agent's tool (gpg, gpgconf, ssh-add, ssh-keygen).
 The agent dies with its parent: SIGKILL when the process that started it is gone
 (`die_with_parent`, Linux), so a worker killed with SIGKILL does not leave its agent serving.
 """
@@ -17,23 +17,21 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import threading
-import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
+from workers.agents.unixsocket import DEFAULT_TIMEOUT, AgentSocket
 from workers.errors import AgentError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 30.0
+ConnectionT = TypeVar("ConnectionT", bound=AgentSocket)
 STOP_GRACE = 5.0  # seconds an agent gets to exit after each step of stop()
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PR_SET_NAME = 15
@@ -77,122 +75,18 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     return preexec
 
 
-class AgentSocket:
-    agent_name = "agent"
-    error: type[AgentError] = AgentError  # what subclasses raise; set by each protocol
-
-    def __init__(self, sock: socket.socket, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        """Take over ``sock``, a socket already connected to the agent."""
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        self._sock: socket.socket | None = sock
-        self._timeout = timeout
-        self._broken: str | None = None
-        self._lock = threading.Lock()
-
-    @classmethod
-    def open(cls, path: Path, *, timeout: float = DEFAULT_TIMEOUT, **kwargs: Any) -> Self:
-        """Connect to the agent socket at ``path``."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(timeout)
-            sock.connect(os.fspath(path))
-        except OSError as exc:
-            sock.close()
-            raise cls.error(f"cannot connect to {cls.agent_name} at {path}: {exc}") from exc
-        return cls(sock, timeout=timeout, **kwargs)
-
-    @property
-    def timeout(self) -> float:
-        """Seconds one request may take (default 30)."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value: float) -> None:
-        if value <= 0:
-            raise ValueError("timeout must be positive")
-        self._timeout = value
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection is closed or broken."""
-        return self._sock is None
-
-    def close(self) -> None:
-        """Close the socket (the agent drops the session). Idempotent."""
-        sock, self._sock = self._sock, None
-        if self._broken is None:
-            self._broken = "connection closed"
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    # -- for the protocols ----------------------------------------------------------------
-
-    def _fail(self, reason: str, cause: BaseException | None = None) -> Exception:
-        """Mark the connection unusable; the error to raise."""
-        if self._broken is None:
-            self._broken = reason
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
-        error = self.error(f"{self.agent_name} connection failed: {reason}")
-        error.__cause__ = cause
-        return error
-
-    def _check_usable(self) -> socket.socket:
-        if self._sock is None:
-            raise self.error(f"{self.agent_name} connection unusable: {self._broken}")
-        return self._sock
-
-    def _send(self, data: bytes) -> None:
-        sock = self._check_usable()
-        try:
-            sock.settimeout(self._timeout)
-            sock.sendall(data)
-        except OSError as exc:
-            raise self._fail(f"send: {exc}", exc) from exc
-
-    def _recv(self, size: int, deadline: float) -> bytes:
-        """Some bytes (at most ``size``) before ``deadline``; never empty."""
-        sock = self._check_usable()
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise self._fail(f"no answer within {self._timeout:g} s")
-        try:
-            sock.settimeout(remaining)
-            chunk = sock.recv(size)
-        except TimeoutError as exc:
-            raise self._fail(f"no answer within {self._timeout:g} s", exc) from exc
-        except OSError as exc:
-            raise self._fail(f"receive: {exc}", exc) from exc
-        if not chunk:
-            raise self._fail("agent closed the connection")
-        return chunk
-
-
-def remove_stale_socket(path: Path, error: type[AgentError], agent: str) -> None:
-    """Remove a socket file no agent serves (a dead agent's); raise ``error`` when a live
-    ``agent`` still listens on it. Agents will not bind over an existing socket."""
-    if not (path.exists() or path.is_symlink()):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def run_tool(argv: list[str], *, env: Mapping[str, str], what: str, error: type[AgentError],
+             timeout: float, pass_fds: tuple[int, ...] = (), new_session: bool = False
+             ) -> subprocess.CompletedProcess[bytes]:
+    """Run an agent's tool with stdin closed and its output captured (``new_session``: without
+    a controlling terminal); its exit status is the caller's to judge. Failing to run it at all
+    (not installed, no end within ``timeout`` seconds) raises ``error``."""
     try:
-        probe.settimeout(1.0)
-        probe.connect(os.fspath(path))
-    except OSError:
-        path.unlink()  # stale socket of a dead agent
-    else:
-        raise error(f"another {agent} already listens on {path}")
-    finally:
-        probe.close()
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env,
+                              pass_fds=pass_fds, start_new_session=new_session, timeout=timeout,
+                              check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise error(f"{what}: cannot run {argv[0]}: {exc}") from exc
 
 
 def stderr_tail(result: subprocess.CompletedProcess[bytes], lines: int = 5) -> str:
@@ -218,18 +112,21 @@ def reap_agent(proc: subprocess.Popen[bytes], owner_pid: int, socket_path: Path,
         socket_path.unlink(missing_ok=True)
 
 
-class AgentProcess:
+class AgentProcess(Generic[ConnectionT]):
     agent_name = "agent"
     error: type[AgentError] = AgentError  # (each agent's own)
+    connection: type[ConnectionT]  # (each agent's protocol)
     # Steps of stop() after _ask_to_exit(): None waits without a signal.
     stop_signals: tuple[int | None, ...] = (signal.SIGTERM, signal.SIGKILL)
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """``timeout`` is passed to every connection."""
         self.home = Path(home)
+        self._timeout = timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        self._connections: weakref.WeakSet[AgentSocket] = weakref.WeakSet()
+        self._connections: weakref.WeakSet[ConnectionT] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(home={str(self.home)!r}, pid={self._pid})"
@@ -243,6 +140,11 @@ class AgentProcess:
         if self._pid is None:
             raise self.error(f"{self.agent_name} for {self.home} is not running")
         return self._pid
+
+    @property
+    def socket_path(self) -> Path:
+        """Where the agent listens."""
+        raise NotImplementedError
 
     @property
     def running(self) -> bool:
@@ -284,15 +186,41 @@ class AgentProcess:
                  tb: TracebackType | None) -> None:
         self.stop()
 
+    def connect(self) -> ConnectionT:
+        """A new persistent connection to the agent (timeout preset), closed by `stop`."""
+        self._require_running()
+        conn = self.connection.open(self.socket_path, timeout=self._timeout,
+                                    **self._connection_options())
+        self._connections.add(conn)
+        return conn
+
     # -- for the agents -------------------------------------------------------------------
+
+    def _connection_options(self) -> dict[str, Any]:
+        """What every connection of `connect` is opened with besides the timeout."""
+        return {}
 
     def _ask_to_exit(self, proc: subprocess.Popen[bytes]) -> None:
         """A polite request before the signals (none by default)."""
 
-    def _watch(self, proc: subprocess.Popen[bytes], socket_path: Path) -> None:
-        """Register the safety net for a freshly started agent."""
+    def _confirm_start(self, proc: subprocess.Popen[bytes], socket_path: Path,
+                       confirm: Callable[[], None]) -> None:
+        """Take on the freshly spawned ``proc`` (the safety net is set at once), then
+        ``confirm()`` that it answers on ``socket_path`` as ``proc``; if that raises the
+        agent's error, stop it and raise that it did not start."""
+        self._proc = proc
         self._finalizer = weakref.finalize(self, reap_agent, proc, os.getpid(), socket_path,
                                            self.agent_name)
+        try:
+            confirm()
+        except self.error as exc:
+            status = proc.poll()
+            self.stop()
+            detail = f" (exited with status {status})" if status is not None else ""
+            raise self.error(f"{self.agent_name} for {self.home} did not start{detail}: "
+                             f"{exc}") from exc
+        self._pid = proc.pid
+        log.info(f"{self.agent_name} started", extra={"pid": proc.pid, "home": str(self.home)})
 
     def _require_running(self) -> None:
         if self._proc is None:

@@ -41,11 +41,19 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+from formats.gpglisting import Key, ListingError, parse_key_listing
 from formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from formats.sexp import SexpError, signature_values
-from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
+from workers.agents.base import AgentProcess, die_with_parent, run_tool
 from workers.agents.base import stderr_tail as _stderr_tail
+from workers.agents.unixsocket import (
+    DEFAULT_TIMEOUT,
+    AgentSocket,
+    check_socket_path,
+    remove_stale_socket,
+)
 from workers.errors import AgentError
 
 __all__ = [
@@ -58,12 +66,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 30.0
-"""Seconds an Assuan request may take before the connection is given up."""
-
 _START_TIMEOUT = 10.0  # for the agent's greeting after it was spawned
 _GPG_TIMEOUT = 120.0  # for one gpg or gpgconf command
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 _ASSUAN_LINE_MAX = 1000  # Assuan's limit for one line, newline included
 _MAX_RESPONSE = 1 << 20  # bytes of one response we are willing to buffer
 _MAX_PASSPHRASE = 255  # gpg-agent's MAX_PASSPHRASE_LEN
@@ -151,19 +155,10 @@ def _run(
     what: str,
     pass_fds: tuple[int, ...] = (),
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run a GnuPG tool; any failure to run it at all becomes an :class:`GpgAgentError`."""
-    try:
-        return subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=_gpg_env(home),
-            pass_fds=pass_fds,
-            timeout=_GPG_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise GpgAgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
+    """Run a GnuPG tool in ``home``; any failure to run it at all becomes an
+    :class:`GpgAgentError`."""
+    return run_tool(argv, env=_gpg_env(home), what=what, error=GpgAgentError,
+                    timeout=_GPG_TIMEOUT, pass_fds=pass_fds)
 
 
 _GPG_CHATTER = re.compile(r"gpg: (keybox '.*' created|.*: trustdb created|Total number processed)")
@@ -358,81 +353,14 @@ class AssuanConnection(AgentSocket):
 # The agent
 
 
-def _unescape_colon_field(field: str) -> str:
-    r"""Undo the escaping of ``gpg --with-colons`` (``\xHH``, ``\n``...); result is UTF-8."""
-    raw = field.encode("utf-8", "surrogateescape")
-    if b"\\" not in raw:
-        return field
-    simple = {b"n": b"\n", b"r": b"\r", b"f": b"\f", b"v": b"\v", b"b": b"\b", b"0": b"\0"}
-
-    def replace(match: re.Match[bytes]) -> bytes:
-        escape = match.group(1)
-        if escape[:1] == b"x":
-            return bytes([int(escape[1:], 16)])
-        return simple.get(escape, b"\\" + escape)
-
-    unescaped = re.sub(rb"\\(x[0-9a-fA-F]{2}|[nrfvb0\\])", replace, raw)
-    try:
-        return unescaped.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise GpgAgentError(f"user id is not valid UTF-8: {exc}") from None
-
-
-class _ListedKey:
-    """One ``sec`` or ``ssb`` record of a colon listing, with its fpr and grp."""
-
-    def __init__(self, fields: list[str]) -> None:
-        self.validity = fields[1]
-        self.bits = int(fields[2]) if fields[2].isdigit() else 0
-        self.algo = int(fields[3]) if fields[3].isdigit() else 0
-        self.capabilities = fields[11] if len(fields) > 11 else ""
-        self.secret = fields[14] if len(fields) > 14 else ""
-        self.curve = fields[16] if len(fields) > 16 and fields[16] else None
-        self.fingerprint = ""
-        self.keygrip = ""
-        self.uids: list[str] = []
-        self.subkeys: list[_ListedKey] = []
-
-    @property
-    def can_sign(self) -> bool:
-        return (
-            "s" in self.capabilities
-            and self.validity not in ("r", "e", "i", "d")
-            and self.secret == "+"
-        )
-
-
-def _parse_secret_listing(output: str) -> list[_ListedKey]:
-    """Primary keys of a ``--with-colons --list-secret-keys`` listing, subkeys appended."""
-    primaries: list[_ListedKey] = []
-    current: _ListedKey | None = None
-    for line in output.splitlines():
-        fields = line.split(":")
-        kind = fields[0]
-        if kind == "sec":
-            current = _ListedKey(fields)
-            primaries.append(current)
-        elif kind == "ssb" and primaries:
-            current = _ListedKey(fields)
-            primaries[-1].subkeys.append(current)
-        elif kind == "fpr" and current is not None and not current.fingerprint:
-            current.fingerprint = fields[9].upper()
-        elif kind == "grp" and current is not None and not current.keygrip:
-            current.keygrip = fields[9].upper()
-        elif kind == "uid" and primaries and fields[1] != "r":
-            primaries[-1].uids.append(_unescape_colon_field(fields[9]))
-    return primaries
-
-
-def _key_info(primary: _ListedKey) -> KeyInfo:
-    if primary.validity in ("r", "e"):
-        raise GpgAgentError(f"key {primary.fingerprint} is revoked or expired")
-    if not primary.uids:
-        raise GpgAgentError(f"key {primary.fingerprint} has no valid user id")
-    candidates = [primary, *primary.subkeys]
-    signer = next((key for key in candidates if key.can_sign), None)
+def _key_info(key: Key) -> KeyInfo:
+    if not key.primary.usable:
+        raise GpgAgentError(f"key {key.fingerprint} is revoked, expired, invalid or disabled")
+    if not key.uids:
+        raise GpgAgentError(f"key {key.fingerprint} has no valid user id")
+    signer = key.signing_key
     if signer is None:
-        raise GpgAgentError(f"key {primary.fingerprint} has no usable secret signing key")
+        raise GpgAgentError(f"key {key.fingerprint} has no usable secret signing key")
     try:
         return KeyInfo(
             fingerprint=signer.fingerprint,
@@ -440,13 +368,13 @@ def _key_info(primary: _ListedKey) -> KeyInfo:
             pubkey_algo=signer.algo,
             bits=signer.bits,
             curve=signer.curve,
-            uid=primary.uids[0],
+            uid=key.uids[0],
         )
     except ValueError as exc:
-        raise GpgAgentError(f"cannot sign with key {primary.fingerprint}: {exc}") from exc
+        raise GpgAgentError(f"cannot sign with key {key.fingerprint}: {exc}") from exc
 
 
-class GpgAgent(AgentProcess):
+class GpgAgent(AgentProcess[AssuanConnection]):
     """A gpg-agent serving one private home, started and stopped by this object.
 
     ``home`` must exist and be private (mode 0700, no group or other access); its path must
@@ -457,6 +385,7 @@ class GpgAgent(AgentProcess):
 
     agent_name = "gpg-agent"
     error = GpgAgentError
+    connection = AssuanConnection
     # After KILLAGENT: wait, then SIGTERM, then SIGKILL.
     stop_signals = (None, signal.SIGTERM, signal.SIGKILL)
 
@@ -478,12 +407,11 @@ class GpgAgent(AgentProcess):
                 raise ValueError("a passphrase cannot contain a line break")
             if len(passphrase.encode("utf-8")) > _MAX_PASSPHRASE:
                 raise ValueError(f"a passphrase is at most {_MAX_PASSPHRASE} bytes long")
-        super().__init__(home)
+        super().__init__(home, timeout=timeout)
         self._gpg = gpg
         self._gpgconf = gpgconf
         self._passphrase = passphrase
         self._gpg_agent = gpg_agent
-        self._timeout = timeout
         self._log_file = log_file
         self._socket_path: Path | None = None
 
@@ -496,11 +424,7 @@ class GpgAgent(AgentProcess):
         self._check_home()
         agent = self._gpg_agent or self._find_agent_program()
         socket_path = agent_socket_path(self.home, self._gpgconf)
-        if len(os.fsencode(socket_path)) > _SUN_PATH_MAX:
-            raise GpgAgentError(
-                f"agent socket path is longer than {_SUN_PATH_MAX} bytes: {socket_path}; "
-                "use a shorter home directory"
-            )
+        check_socket_path(socket_path, GpgAgentError)
         listener = self._listen(socket_path)
         argv = [
             "/bin/sh", "-c", _SUPERVISED_SHIM, "gpg-agent-shim",
@@ -530,23 +454,15 @@ class GpgAgent(AgentProcess):
             raise GpgAgentError(f"cannot start gpg-agent {agent}: {exc}") from exc
         finally:
             listener.close()  # the agent holds its own copy
-        self._proc = proc
         self._socket_path = socket_path
-        self._watch(proc, socket_path)
-        try:
-            conn = AssuanConnection.open(socket_path, timeout=_START_TIMEOUT)
-            with conn:
+
+        def confirm() -> None:
+            with AssuanConnection.open(socket_path, timeout=_START_TIMEOUT) as conn:
                 reported = conn.transact("GETINFO pid").decode("ascii", "replace").strip()
-        except GpgAgentError as exc:
-            status = proc.poll()
-            self.stop()
-            detail = f" (exited with status {status})" if status is not None else ""
-            raise GpgAgentError(f"gpg-agent for {self.home} did not start{detail}: {exc}") from exc
-        if reported != str(proc.pid):
-            self.stop()
-            raise GpgAgentError(f"gpg-agent reports pid {reported!r}, we started {proc.pid}")
-        self._pid = proc.pid
-        log.info("gpg-agent started", extra={"pid": proc.pid, "home": str(self.home)})
+            if reported != str(proc.pid):
+                raise GpgAgentError(f"gpg-agent reports pid {reported!r}, we started {proc.pid}")
+
+        self._confirm_start(proc, socket_path, confirm)
 
     @property
     def socket_path(self) -> Path:
@@ -554,6 +470,9 @@ class GpgAgent(AgentProcess):
         if self._socket_path is None:
             raise GpgAgentError(f"gpg-agent for {self.home} is not started")
         return self._socket_path
+
+    def _connection_options(self) -> dict[str, Any]:
+        return {"passphrase": self._passphrase}  # (answers the agent's inquiries)
 
     def _ask_to_exit(self, proc: subprocess.Popen[bytes]) -> None:
         """``KILLAGENT`` before the signals."""
@@ -604,24 +523,18 @@ class GpgAgent(AgentProcess):
         if listing.returncode != 0:
             raise GpgAgentError(
                 f"cannot list secret key {fingerprints[0]}: {_stderr_tail(listing)}")
-        primaries = _parse_secret_listing(listing.stdout.decode("utf-8", "surrogateescape"))
-        if len(primaries) != 1:
-            raise GpgAgentError(f"listing {fingerprints[0]} shows {len(primaries)} secret keys")
-        info = _key_info(primaries[0])
+        try:
+            keys = parse_key_listing(listing.stdout)
+        except ListingError as exc:
+            raise GpgAgentError(f"cannot sign with key {fingerprints[0]}: {exc}") from None
+        if len(keys) != 1:
+            raise GpgAgentError(f"listing {fingerprints[0]} shows {len(keys)} secret keys")
+        info = _key_info(keys[0])
         log.info(
             "secret key imported",
             extra={"fingerprint": info.fingerprint, "home": str(self.home), "pid": self._pid},
         )
         return info
-
-    def connect(self) -> AssuanConnection:
-        """A new persistent connection to the agent (passphrase, timeout preset)."""
-        self._require_running()
-        conn = AssuanConnection.open(
-            self.socket_path, passphrase=self._passphrase, timeout=self._timeout
-        )
-        self._connections.add(conn)
-        return conn
 
     # -- internals ------------------------------------------------------------------------
 

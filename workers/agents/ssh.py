@@ -45,8 +45,14 @@ from formats.sshsig import (
     sshsig_armor,
     sshsig_signed_data,
 )
-from workers.agents.base import AgentProcess, AgentSocket, die_with_parent, remove_stale_socket
+from workers.agents.base import AgentProcess, die_with_parent, run_tool
 from workers.agents.base import stderr_tail as _stderr_tail
+from workers.agents.unixsocket import (
+    DEFAULT_TIMEOUT,
+    AgentSocket,
+    check_socket_path,
+    remove_stale_socket,
+)
 from workers.errors import AgentError
 
 __all__ = [
@@ -57,9 +63,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT = 30.0
-"""Seconds one agent request may take before the connection is given up."""
 
 # Agent protocol message numbers (PROTOCOL.agent / draft-miller-ssh-agent).
 SSH_AGENT_FAILURE = 5
@@ -72,7 +75,6 @@ SSH_AGENT_EXTENSION_FAILURE = 28
 
 _START_TIMEOUT = 10.0  # for the agent to announce its socket after it was spawned
 _TOOL_TIMEOUT = 60.0  # for one ssh-add or ssh-keygen command
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 _MAX_MESSAGE = 256 * 1024  # ssh-agent's own limit for one message (AGENT_MAX_LEN)
 _SOCKET_NAME = "agent.sock"
 _PID_LINE = re.compile(rb"echo Agent pid (\d+);")
@@ -250,22 +252,13 @@ def _tool_env(socket_path: Path | None) -> dict[str, str]:
 def _run(
     argv: list[str], *, socket_path: Path | None, what: str
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run an OpenSSH tool without terminal; failing to run it at all is an SshAgentError."""
-    try:
-        return subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=_tool_env(socket_path),
-            start_new_session=True,  # no controlling terminal: nothing can prompt
-            timeout=_TOOL_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise SshAgentError(f"{what}: cannot run {argv[0]}: {exc}") from exc
+    """Run an OpenSSH tool without terminal (nothing can prompt); failing to run it at all is
+    an SshAgentError."""
+    return run_tool(argv, env=_tool_env(socket_path), what=what, error=SshAgentError,
+                    timeout=_TOOL_TIMEOUT, new_session=True)
 
 
-class SshAgent(AgentProcess):
+class SshAgent(AgentProcess[SshAgentConnection]):
     """An ssh-agent serving one private home, started and stopped by this object.
 
     ``home`` must exist and be private (mode 0700, no group or other access); its path must
@@ -275,6 +268,7 @@ class SshAgent(AgentProcess):
 
     agent_name = "ssh-agent"
     error = SshAgentError
+    connection = SshAgentConnection
 
     def __init__(
         self,
@@ -288,11 +282,10 @@ class SshAgent(AgentProcess):
     ) -> None:
         """``timeout`` is passed to every connection; ``log_file`` receives the agent's
         stderr (default: discarded)."""
-        super().__init__(home)
+        super().__init__(home, timeout=timeout)
         self._ssh_agent = ssh_agent
         self._ssh_add = ssh_add
         self._ssh_keygen = ssh_keygen
-        self._timeout = timeout
         self._log_file = log_file
 
     @property
@@ -308,11 +301,7 @@ class SshAgent(AgentProcess):
             raise SshAgentError(f"ssh-agent for {self.home} already started (pid {self._pid})")
         self._check_home()
         socket_path = self.socket_path
-        if len(os.fsencode(socket_path)) > _SUN_PATH_MAX:
-            raise SshAgentError(
-                f"agent socket path is longer than {_SUN_PATH_MAX} bytes: {socket_path}; "
-                "use a shorter home directory"
-            )
+        check_socket_path(socket_path, SshAgentError)
         remove_stale_socket(socket_path, SshAgentError, "ssh-agent")
         stderr: IO[bytes] | int = subprocess.DEVNULL
         log_handle = None
@@ -336,21 +325,15 @@ class SshAgent(AgentProcess):
         finally:
             if log_handle is not None:
                 log_handle.close()  # the agent holds its own copy
-        self._proc = proc
-        self._watch(proc, socket_path)
-        try:
+
+        def confirm() -> None:
             announced = self._read_announced_pid(proc)
             if announced != proc.pid:
                 raise SshAgentError(f"ssh-agent announces pid {announced}, we started {proc.pid}")
             with SshAgentConnection.open(socket_path, timeout=_START_TIMEOUT) as conn:
                 conn.list_identities()  # the agent answers on its socket
-        except SshAgentError as exc:
-            status = proc.poll()
-            self.stop()
-            detail = f" (exited with status {status})" if status is not None else ""
-            raise SshAgentError(f"ssh-agent for {self.home} did not start{detail}: {exc}") from exc
-        self._pid = proc.pid
-        log.info("ssh-agent started", extra={"pid": proc.pid, "home": str(self.home)})
+
+        self._confirm_start(proc, socket_path, confirm)
 
     # -- keys and connections ---------------------------------------------------------------
 
@@ -395,13 +378,6 @@ class SshAgent(AgentProcess):
             extra={"fingerprint": key.fingerprint, "home": str(self.home), "pid": self._pid},
         )
         return listed
-
-    def connect(self) -> SshAgentConnection:
-        """A new persistent connection to the agent (timeout preset)."""
-        self._require_running()
-        conn = SshAgentConnection.open(self.socket_path, timeout=self._timeout)
-        self._connections.add(conn)
-        return conn
 
     # -- internals ------------------------------------------------------------------------
 

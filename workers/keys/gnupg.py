@@ -6,9 +6,8 @@ machine-readable outputs of gpg that stampd reads.
 - `GnupgHome`: a GNUPGHOME (import keys, list them, verify a detached signature);
   `TempGnupgHome`: a private temporary one, a short path under /tmp with mode 0700, removed
   (after its agent, if it may start one, is told to exit) on `close`.
-- `parse_key_listing`: the ``--with-colons`` key listing (``--list-keys``, ``--list-secret-keys``,
-  ``--show-keys``) as `Key` objects: primary key and subkeys (fingerprint, algorithm, bits,
-  curve, capabilities, keygrip) and user ids, unescaped.
+- `GnupgHome.list_keys`: the ``--with-colons`` key listing, read by
+  `formats.gpglisting.parse_key_listing` (the one reader of it, the agent's too).
 - `GpgStatus.parse`: the ``--status-fd`` lines (also what ``git verify-* --raw`` prints),
   tallied by `formats.gpgstatus`: ``VALIDSIG`` as `ValidSig` (signature time in epoch or ISO
   8601 form), ``NEWSIG`` and
@@ -24,7 +23,7 @@ Why not python-gnupg (``gnupg``, a declared dependency): it cannot stand in for 
 descriptor (`workers.keys.store` passes a key's passphrase with ``--passphrase-fd`` and
 ``pass_fds``, apart from the key data on stdin); it reads the status lines from stderr mixed
 with gpg's messages (`Imported.stderr` keeps them apart), and turns a listing's escaped user-id
-bytes into characters one by one (here the bytes are read as UTF-8); every `gnupg.GPG` runs
+bytes into characters one by one (`formats.gpglisting` reads them as UTF-8); every `gnupg.GPG` runs
 ``gpg --version`` first, and every call starts two reader threads. `GpgStatus.parse` also reads
 what ``git verify-* --raw`` prints, which no python-gnupg call produces. So stampd keeps this
 small wrapper and imports no python-gnupg.
@@ -34,15 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from formats.gpglisting import Key, parse_key_listing
 from formats.gpgstatus import SignatureTally
 from workers.errors import WorkerError
 
@@ -72,125 +71,6 @@ def run_gpg(home: Path, *args: str, input: bytes | None = None, timeout: float =
                        "install it, e.g. `apt-get install gnupg`") from None
     except subprocess.TimeoutExpired:
         raise GpgError("gpg did not finish in time") from None
-
-
-# --------------------------------------------------------------------------- key listings
-
-
-_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[nrfvb0\\])")
-_SIMPLE_ESCAPES = {b"n": b"\n", b"r": b"\r", b"f": b"\f", b"v": b"\v", b"b": b"\b", b"0": b"\0",
-                   b"\\": b"\\"}
-
-
-def unescape_colons(value: str) -> str:
-    r"""Undo gpg's ``--with-colons`` escaping of a field (``\x3a`` for ``:``, ``\n``, ``\\``...);
-    the bytes are read as UTF-8 (an invalid sequence becomes U+FFFD)."""
-    if "\\" not in value:
-        return value
-
-    def replace(m: re.Match[bytes]) -> bytes:
-        escape = m.group(1)
-        return bytes([int(escape[1:], 16)]) if escape[:1] == b"x" else _SIMPLE_ESCAPES[escape]
-
-    raw = _ESCAPE.sub(replace, value.encode("utf-8", "surrogateescape"))
-    return raw.decode("utf-8", "replace")
-
-
-def _field(fields: Sequence[str], index: int) -> str:
-    return fields[index] if len(fields) > index else ""
-
-
-def _number(value: str) -> int:
-    return int(value) if value.isdigit() else 0
-
-
-@dataclass(frozen=True)
-class KeyPart:
-    """A primary key or a subkey of a listing (a ``pub``/``sec`` or ``sub``/``ssb`` record)."""
-
-    fingerprint: str  # upper-case hex
-    algo: int  # OpenPGP public-key algorithm (1 RSA, 17 DSA, 19 ECDSA, 22 EdDSA...)
-    bits: int
-    curve: str | None
-    capabilities: str  # e.g. "scSC": lower case for this key, upper case for the whole key
-    validity: str  # "-", "u", "r" (revoked), "e" (expired)...
-    keygrip: str  # with --with-keygrip, else ""
-    secret: bool  # from a secret-key listing (``sec``/``ssb``)
-
-    @property
-    def can_sign(self) -> bool:
-        return "s" in self.capabilities
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key of a listing: its primary key, subkeys and user ids, in listing order."""
-
-    primary: KeyPart
-    subkeys: tuple[KeyPart, ...] = ()
-    uids: tuple[str, ...] = ()
-
-    @property
-    def fingerprint(self) -> str:
-        """The primary key's fingerprint."""
-        return self.primary.fingerprint
-
-    @property
-    def parts(self) -> tuple[KeyPart, ...]:
-        return (self.primary, *self.subkeys)
-
-    @property
-    def fingerprints(self) -> tuple[str, ...]:
-        """Fingerprints of the primary key and every subkey."""
-        return tuple(p.fingerprint for p in self.parts)
-
-    @property
-    def signing_key(self) -> KeyPart | None:
-        """The first part (primary key, then subkeys) that can sign."""
-        return next((p for p in self.parts if p.can_sign), None)
-
-
-@dataclass
-class _Building:
-    record: list[str]
-    fingerprint: str = ""
-    keygrip: str = ""
-    subkeys: list[_Building] = field(default_factory=list)
-    uids: list[str] = field(default_factory=list)
-
-    def part(self) -> KeyPart:
-        r = self.record
-        return KeyPart(fingerprint=self.fingerprint, algo=_number(_field(r, 3)),
-                       bits=_number(_field(r, 2)), curve=_field(r, 16) or None,
-                       capabilities=_field(r, 11), validity=_field(r, 1),
-                       keygrip=self.keygrip, secret=r[0] in ("sec", "ssb"))
-
-    def key(self) -> Key:
-        return Key(self.part(), tuple(s.part() for s in self.subkeys if s.fingerprint),
-                   tuple(self.uids))
-
-
-def parse_key_listing(text: str) -> list[Key]:
-    """The keys of a ``gpg --with-colons`` listing (``--fingerprint`` or any listing that prints
-    ``fpr`` records). A key or subkey whose fingerprint is not shown is left out."""
-    keys: list[_Building] = []
-    current: _Building | None = None
-    for line in text.splitlines():
-        f = line.split(":")
-        kind = f[0]
-        if kind in ("pub", "sec"):
-            current = _Building(f)
-            keys.append(current)
-        elif kind in ("sub", "ssb") and keys:
-            current = _Building(f)
-            keys[-1].subkeys.append(current)
-        elif kind == "fpr" and current is not None and not current.fingerprint:
-            current.fingerprint = _field(f, 9).upper()
-        elif kind == "grp" and current is not None and not current.keygrip:
-            current.keygrip = _field(f, 9).upper()
-        elif kind == "uid" and keys:
-            keys[-1].uids.append(unescape_colons(_field(f, 9)))
-    return [k.key() for k in keys if k.fingerprint]
 
 
 # --------------------------------------------------------------------------- status lines
@@ -238,9 +118,11 @@ class GnupgHome:
                         stderr=r.stderr.decode("utf-8", "replace"))
 
     def list_keys(self, *, secret: bool = False) -> list[Key]:
+        """The keys of the home (`formats.gpglisting.ListingError` for a user id that is not
+        UTF-8)."""
         r = self.gpg("--with-colons", "--fingerprint",
                      "--list-secret-keys" if secret else "--list-keys")
-        return parse_key_listing(r.stdout.decode("utf-8", "replace"))
+        return parse_key_listing(r.stdout)
 
     def verify_detached(self, payload: bytes, signature: str) -> tuple[bool, GpgStatus]:
         """``gpg --verify`` an armored detached signature over ``payload`` (any key of the home

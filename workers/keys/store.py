@@ -18,15 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from formats.gpglisting import Key, KeyPart, ListingError, parse_key_listing
 from workers.errors import WorkerError
-from workers.keys.gnupg import (
-    GnupgHome,
-    GpgError,
-    Key,
-    KeyPart,
-    TempGnupgHome,
-    parse_key_listing,
-)
+from workers.keys.gnupg import GnupgHome, GpgError, TempGnupgHome
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +56,16 @@ def _gpg(home: GnupgHome, *args: str, input: bytes | None = None, pass_fd: int |
         raise KeyStoreError(e.message) from None
 
 
+def _listed(listing: bytes) -> list[Key]:
+    try:
+        return parse_key_listing(listing)
+    except ListingError as e:
+        raise KeyStoreError(f"stampd cannot sign with this key: its {e}") from None
+
+
 def _signing_key(keys: list[Key]) -> tuple[KeyPart, str]:
-    """The first signing-capable key or subkey of a listing, and the listing's first user id."""
+    """The first key or subkey of a listing that can sign (`formats.gpglisting.KeyPart.can_sign`:
+    as the worker's agent chooses it), and the listing's first user id."""
     signing = next((k.signing_key for k in keys if k.signing_key is not None), None)
     uid = next((u for k in keys for u in k.uids), None)
     if signing is None or uid is None:
@@ -167,7 +169,7 @@ class KeyStore:
 
     def _export(self, home: GnupgHome, passphrase: str | None) -> None:
         listing = _gpg(home, "--with-colons", "--fingerprint", "--list-secret-keys")
-        fpr = _signing_key(parse_key_listing(listing.stdout.decode()))[0].fingerprint
+        fpr = _signing_key(_listed(listing.stdout))[0].fingerprint
         tmp_secret = self.secret_key_file.with_suffix(".tmp")
         fd = os.open(tmp_secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.close(fd)
@@ -201,7 +203,7 @@ def describe_public_key(armored: str) -> PublicKey:
                  input=armored.encode("utf-8", "replace"))
     if r.returncode != 0 or not r.stdout:
         raise KeyStoreError(f"not a usable OpenPGP public key: {r.stderr.decode()[-300:]!r}")
-    keys = parse_key_listing(r.stdout.decode())
+    keys = _listed(r.stdout)
     if any(k.primary.secret for k in keys):
         raise KeyStoreError("refusing a secret key where a public key is expected")
     signing, uid = _signing_key(keys)
