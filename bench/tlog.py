@@ -32,6 +32,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from bench.procs import BIN, free_port, progress
+from formats.keys import TLOG_KEY, ed25519_public_key
 from formats.note import Ed25519Verifier, ed25519_signer, sign_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
@@ -39,7 +40,7 @@ from formats.tlog.proof import TlogProof, verify_proof
 from server import db
 from server.tlog.sequencer import LogKey, Tlog
 from server.tlog.store import TileWriter
-from workers.keys.keyset import TLOG_KEY, ed25519_public_key, key_dir
+from workers.keys.keyset import key_dir
 
 FPR = "0123456789ABCDEF0123456789ABCDEF01234567"
 T0 = 1_790_000_000

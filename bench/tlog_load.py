@@ -191,15 +191,8 @@ class LoadBench(Measuring):
     def add_witnesses(self, log: Stampd) -> None:
         """Start ``--witnesses`` stampd witnesses of ``log`` (one worker each) and configure
         ``log`` to send them its checkpoints; the keys are made here first."""
-        from workers.keys.keyset import (
-            TLOG_KEY,
-            WITNESS_KEY,
-            KeySpec,
-            SshKeyStore,
-            key_dir,
-            tlog_vkey,
-            witness_vkey,
-        )
+        from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, tlog_vkey, witness_vkey
+        from workers.keys.keyset import SshKeyStore, key_dir
 
         def keygen(keys: Path, spec: KeySpec) -> str:  # (as `stampd serve` makes it)
             store = SshKeyStore(key_dir(keys, spec))

@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from formats.keys import ServedKey
 from server.errors import CommandFailed
 from server.settings import Settings
 from server.supervisor import PoolProcess, child_env, pool_config
-from workers.keys.keyset import ServedKey
 
 log = logging.getLogger("stampd")
 
@@ -527,7 +527,8 @@ def export_public(keys_dir: Path, specs: list[Any], target: Path) -> None:
     read."""
     import shutil
 
-    from workers.keys.keyset import SshKeyStore, allowed_signers, key_dir, served_keys
+    from formats.keys import allowed_signers
+    from workers.keys.keyset import SshKeyStore, key_dir, served_keys
     from workers.keys.store import KeyStore
 
     keys = served_keys(keys_dir, specs)  # checks every public key parses
@@ -558,16 +559,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
         store.generate(settings.key_uid, settings.key_algo, settings.read_passphrase())
     elif args.keys_command == "import":
         store.import_key(args.file, settings.read_passphrase())
-    from workers.keys.keyset import (
+    from formats.keys import (
         TLOG_KEY,
         WITNESS_KEY,
         KeySpec,
         allowed_signers,
-        served_keys,
-        stored_key_specs,
         tlog_vkey,
         witness_vkey,
     )
+    from workers.keys.keyset import served_keys, stored_key_specs
 
     # The configured extra keys (and the log key), and any other the data directory holds.
     stored = stored_key_specs(settings.keys_dir)

@@ -17,9 +17,9 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 from formats.note import Ed25519Verifier, NoteError, valid_key_name
 from formats.tlog.checkpoint import CosignatureVerifier
-from workers.keys.keyset import TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 
 # Keys a TSA key may be: what RFC 3161 clients accept (ECDSA P-256/P-384, RSA), held by
 # gpg-agent (openpgp:) or ssh-agent (ssh:, ECDSA only; its P-256 signatures are the cheapest).

@@ -21,18 +21,11 @@ from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from formats.keys import PRIMARY, KeySpec, ServedKey, spec_of
 from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
-from workers.keys.keyset import (
-    PRIMARY,
-    KeySpec,
-    ServedKey,
-    SshKeyStore,
-    key_dir,
-    served_keys,
-    spec_of,
-)
+from workers.keys.keyset import SshKeyStore, key_dir, served_keys
 from workers.keys.store import KeyStore
 
 REPLACE_HINT = ("if the key was replaced on purpose, run `stampd keys register --replace` on "

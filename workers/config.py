@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from formats.keys import PRIMARY, TLOG, WITNESS, KeySpec
 from workers.errors import WorkerError
-from workers.keys.keyset import PRIMARY, TLOG, WITNESS, KeySpec, key_dir
+from workers.keys.keyset import key_dir
 
 DispatchMode = Literal["socket", "database"]
 KeyFormat = Literal["openpgp", "ssh"]
@@ -82,7 +83,7 @@ class WorkerConfig:
     # TSA certificate the start-up check makes when the key has none, and its validity (days).
     tsa_subject: str | None = None
     tsa_days: int = 3650
-    # The role of a key of one purpose of its own (`keyset.TLOG`: the log key, which signs
+    # The role of a key of one purpose of its own (`formats.keys.TLOG`: the log key, which signs
     # checkpoint notes only); None for the primary and the extra keys.
     role: str | None = None
 
@@ -122,7 +123,7 @@ class WorkerConfig:
 class PoolConfig:
     """Everything the supervisor needs: how many workers of which keys, where their homes go,
     and what each worker is told (`worker_config`). ``extra_keys`` also holds the keys of a
-    role of their own (`keyset.TLOG_KEY`): their workers are started like an extra key's."""
+    role of their own (`formats.keys.TLOG_KEY`): their workers are started like an extra key's."""
 
     workers: int  # workers of the primary key
     keys_dir: Path  # the key store: the primary key, extra keys in subdirectories

@@ -62,11 +62,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from formats.keys import PRIMARY, KeySpec
 from workers.agents.base import die_with_parent, set_process_name
 from workers.config import ConfigError, PoolConfig, WorkerConfig
 from workers.errors import AgentError, WorkerError
 from workers.forked import Child, fork_child, start_fresh
-from workers.keys.keyset import PRIMARY, KeySpec, KeyUnusable, TsaError
+from workers.keys.keyset import KeyUnusable, TsaError
 from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,

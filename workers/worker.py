@@ -43,20 +43,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from formats.jobs import Hello
+from formats.keys import TLOG, WITNESS, ed25519_public_key
 from workers.agents.base import set_process_name
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig
 from workers.errors import AgentError
-from workers.keys.keyset import (
-    TLOG,
-    WITNESS,
-    KeyUnusable,
-    SshKeyStore,
-    TsaError,
-    ed25519_public_key,
-    verify_openpgp,
-)
+from workers.keys.keyset import KeyUnusable, SshKeyStore, TsaError, verify_openpgp
 from workers.keys.store import KeyStore, KeyStoreError
 from workers.link import Dispatchers
 from workers.loop import serve, serve_db

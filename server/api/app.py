@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from formats.keys import TLOG_KEY, ServedKey, allowed_signers, tlog_vkey, with_purposes
 from server import db
 from server.api import looplag
 from server.api.health import add_health_routes
@@ -57,7 +58,6 @@ from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, fingerprints_of
 from server.tlog.store import TileReader, checkpoint_file
 from server.tlog.waiters import ProofWaiters
 from server.tlog.witnesses import STATE_FILE, Backoff, WitnessSender
-from workers.keys.keyset import TLOG_KEY, ServedKey, allowed_signers, tlog_vkey, with_purposes
 
 
 def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, str]:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from formats.keys import SSH_NAMESPACES, allowed_signers
 from server.api.services import Services
 from server.errors import NotFound
-from workers.keys.keyset import SSH_NAMESPACES, allowed_signers
 
 
 def add_key_routes(router: APIRouter, services: Callable[[], Services]) -> None:

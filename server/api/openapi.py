@@ -27,12 +27,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
+from formats.keys import STAMPS, ServedKey
 from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
 from formats.manifests import MAX_LINE, line_regex
 from formats.receipts import ALGORITHMS
 from server.api.services import Services
 from server.api.stamps import PAGE_MAX
-from workers.keys.keyset import STAMPS, ServedKey
 
 Json = dict[str, Any]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from formats.keys import ServedKey
 from server.api.siblings import Overview, Siblings, overview
 from server.dispatch import Dispatcher
 from server.log.committer import LogCommitter
@@ -21,7 +22,6 @@ from server.tlog.store import TileReader
 from server.tlog.waiters import ProofWaiters
 from server.tlog.witnesses import STATE_FILE, WitnessState, read_states
 from server.witness.service import Witness
-from workers.keys.keyset import ServedKey
 
 
 @dataclass(frozen=True)

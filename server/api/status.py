@@ -186,7 +186,7 @@ whose verifier key is:</p>
 def witness_line(s: Services) -> str:
     """This server as a witness of other logs: its cosignature verifier key (empty when it
     is no witness)."""
-    from workers.keys.keyset import WITNESS_KEY, witness_vkey
+    from formats.keys import WITNESS_KEY, witness_vkey
 
     public = next((k.public for k in s.keys if k.id == WITNESS_KEY.id), None)
     if s.witness is None or public is None:

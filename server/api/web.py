@@ -22,9 +22,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
+from formats.keys import STAMPS
 from server.api.services import Services
 from server.tlog.witnesses import policy_text
-from workers.keys.keyset import STAMPS
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 STATIC_DIR = WEB_DIR / "static"

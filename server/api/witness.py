@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy import Engine
 
+from formats.keys import WITNESS_KEY, ServedKey, ed25519_public_key, witness_vkey
 from formats.tlog.witness import (
     MAX_REQUEST_BYTES,
     SIZE_CONTENT_TYPE,
@@ -44,7 +45,6 @@ from server.dispatch import Dispatcher
 from server.errors import BodyTooLarge, RequestTimeout, StampError
 from server.settings import Settings
 from server.witness.service import Witness, read_by_hash
-from workers.keys.keyset import WITNESS_KEY, ServedKey, ed25519_public_key, witness_vkey
 
 _STATUS: dict[type[WitnessError], int] = {
     MalformedWitnessRequest: 400,

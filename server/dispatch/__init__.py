@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from formats.jobs import Job
-from workers.keys.keyset import PRIMARY
+from formats.keys import PRIMARY
 
 
 @dataclass(frozen=True)

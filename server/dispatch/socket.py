@@ -33,10 +33,10 @@ from formats.jobs import (
     frame_size,
     job_frame_parts,
 )
+from formats.keys import PRIMARY
 from server.dispatch import Signed
 from server.errors import QueueFull, SigningFailed, Unavailable
 from server.stats import Stats
-from workers.keys.keyset import PRIMARY
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from formats.gitobjects import object_format_of
 from formats.jobs import CommitJob, Job, ManifestJob, ReceiptJob, TagJob
+from formats.keys import STAMPS, ServedKey
 from formats.manifests import Buckets, Manifest, Text, buckets
 from formats.receipts import Statement
 from server.errors import BadRequest, MalformedAnswer
-from workers.keys.keyset import STAMPS, ServedKey
 
 J = TypeVar("J", bound=Job)  # the job a request kind builds
 A_co = TypeVar("A_co", covariant=True)  # what its stamp answers
@@ -219,7 +219,7 @@ def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | No
     primary key when it asked for none. Only keys that sign stamps are chosen: the TSA key
     signs RFC 3161 tokens only and the log key checkpoint notes only, so naming either is
     refused like naming a key the server lacks, and ``format=`` never picks them."""
-    from workers.keys.keyset import TLOG, WITNESS
+    from formats.keys import TLOG, WITNESS
 
     if fmt is not None and fmt not in ("openpgp", "ssh"):
         raise BadRequest("field 'format' must be 'openpgp' or 'ssh'")

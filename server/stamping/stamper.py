@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from formats.jobs import Job
+from formats.keys import ServedKey
 from formats.manifests import Text
 from server.dispatch import Dispatcher, Signed
 from server.errors import JournalError, MalformedAnswer, StampError, Unavailable
 from server.stamping.journal import JournalApi
 from server.stamping.requests import Request, StampContext
-from workers.keys.keyset import ServedKey
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from formats import tsp
 from formats.jobs import TimestampJob
+from formats.keys import ServedKey
 from server.errors import ClockUnsynchronised
 from server.signing_keys import registered_certificates
 from server.stamping.requests import Outcome, StampContext
 from workers import memory
-from workers.keys.keyset import ServedKey
 from workers.tsa import TSA_CHAIN_FILE, TsaError, parse_chain
 
 log = logging.getLogger(__name__)

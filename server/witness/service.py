@@ -49,6 +49,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from formats.jobs import CosignJob
+from formats.keys import WITNESS_KEY
 from formats.note import ED25519_COSIGNATURE, NoteError, Verifier, VerifierKey, parse_note
 from formats.tlog.checkpoint import (
     Checkpoint,
@@ -68,7 +69,6 @@ from formats.tlog.witness import (
 from server.dispatch import Dispatcher
 from server.errors import Unavailable
 from server.models import WitnessLog
-from workers.keys.keyset import WITNESS_KEY
 
 log = logging.getLogger(__name__)
 SIGN_TIMEOUT = 30.0  # seconds a cosignature may take before the request is answered 503

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from formats.jobs import FrameBuffer, job_frame
+from formats.keys import PRIMARY, ServedKey
 from server.stamping.requests import BranchRequest, StampContext, TagRequest
 from tests.helpers import (
     DATA,
@@ -24,7 +25,6 @@ from tests.helpers import (
     verify_stamp,
     verify_stamps,
 )
-from workers.keys.keyset import PRIMARY, ServedKey
 from workers.loop import sign_many
 from workers.signer import OpenPgpSigner
 

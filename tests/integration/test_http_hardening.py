@@ -29,6 +29,7 @@ import pytest
 from sqlalchemy import select as sql_select
 
 from formats.jobs import Job
+from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.api.httpproto import MAX_HEAD, InvalidRequestLog, connection_limit
 from server.dispatch import Signed, WorkerView
@@ -38,7 +39,6 @@ from server.stamping.journal import Journal
 from server.stamping.requests import DigestRequest, TagRequest
 from server.stamping.stamper import Stamper
 from tests.helpers import TEST_FPR, TEST_UID, Server, seed_data_dir, start_server
-from workers.keys.keyset import PRIMARY, ServedKey
 
 IO_TIMEOUT = 15.0  # seconds a socket read may take before the server is taken to hang
 GET_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.api.health import readiness
 from server.api.services import Services
@@ -17,7 +18,6 @@ from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
 from server.stats import Stats
 from tests.helpers import TEST_FPR, TEST_UID, InProcessDispatcher
-from workers.keys.keyset import PRIMARY, ServedKey
 from workers.signer import OpenPgpSigner
 
 PRIMARY_KEY = ServedKey(PRIMARY, "openpgp", TEST_FPR, "eddsa (ed25519)", "pub", TEST_UID,

@@ -1,4 +1,4 @@
-"""The transparency log's key (`workers.keys.keyset.TLOG_KEY`) with real ssh-agents and real
+"""The transparency log's key (`formats.keys.TLOG_KEY`) with real ssh-agents and real
 worker processes: its start-up check (a note signature, checked as plain Ed25519), its worker
 signs checkpoint notes (`NoteJob`) that `formats.note` opens with its verifier key
 (`tlog_vkey`), and nothing else; no other key's worker signs notes. A refused job is refused
@@ -20,22 +20,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from formats import note
 from formats.jobs import MalformedMessage, NoteJob, ReceiptJob
+from formats.keys import PRIMARY, TLOG, TLOG_KEY, ed25519_public_key, tlog_vkey
 from server.dispatch.socket import SocketDispatcher
 from server.errors import SigningFailed
 from tests.helpers import agent_home, seed_data_dir, short_tmpdir, terminate
 from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
-from workers.keys.keyset import (
-    PRIMARY,
-    TLOG,
-    TLOG_KEY,
-    KeyUnusable,
-    SshKeyStore,
-    ed25519_public_key,
-    ensure_extra_keys,
-    key_dir,
-    tlog_vkey,
-)
+from workers.keys.keyset import KeyUnusable, SshKeyStore, ensure_extra_keys, key_dir
 from workers.loop import sign_many
 from workers.signer import NoteSigner
 from workers.worker import check_key, load_signer
@@ -199,12 +190,12 @@ def test_a_first_start_makes_and_registers_the_log_key(tmp_path: Path) -> None:
     """With the log on, start-up (`server.commands._prepare`) generates the log key beside
     the others, registers it and serves it: marked as signing checkpoints only, no allowed
     signer; the pool starts its workers like an extra key's, with its role."""
+    from formats.keys import allowed_signers, with_purposes
     from server import db
     from server.commands import _prepare
     from server.settings import Settings
     from server.signing_keys import registered
     from server.supervisor import pool_config
-    from workers.keys.keyset import allowed_signers, with_purposes
 
     data = seed_data_dir(tmp_path / "d")
     settings = Settings(data_dir=data, tlog=True, tsa=False, extra_keys="")

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pymerkle import InmemoryTree
 from sqlalchemy import Engine, insert, select
 
+from formats.keys import TLOG_KEY, tlog_vkey
 from formats.note import Ed25519Verifier, VerifierKey, open_note, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
@@ -29,13 +30,7 @@ from server.tlog.sequencer import LogKey, OriginMismatch, Tlog
 from server.tlog.store import TileReader
 from tests.helpers import InProcessDispatcher, agent_home
 from workers.agents.ssh import SshAgent
-from workers.keys.keyset import (
-    TLOG_KEY,
-    SshKeyStore,
-    ensure_extra_keys,
-    key_dir,
-    tlog_vkey,
-)
+from workers.keys.keyset import SshKeyStore, ensure_extra_keys, key_dir
 from workers.signer import NoteSigner
 
 T0 = 1_795_400_000

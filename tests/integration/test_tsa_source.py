@@ -14,12 +14,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from sqlalchemy.orm import Session
 
+from formats.keys import ServedKey
 from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
 from server.signing_keys import register_certificates, registered_certificates
 from server.stamping.timestamps import RETRY_EVERY, TsaSource
-from workers.keys.keyset import ServedKey
 from workers.tsa import TSA_CHAIN_FILE
 
 KEY_ID = "openpgp-nistp256"

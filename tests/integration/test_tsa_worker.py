@@ -21,12 +21,13 @@ from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from formats import sexp, tsp
 from formats.jobs import TimestampJob
+from formats.keys import KeySpec
 from tests.helpers import agent_home
 from workers import tsa
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
-from workers.keys.keyset import KeySpec, ensure_extra_keys, key_dir
+from workers.keys.keyset import ensure_extra_keys, key_dir
 from workers.loop import sign, sign_many
 from workers.signer import OpenPgpSigner, SshSigner
 from workers.worker import check_key, load_signer

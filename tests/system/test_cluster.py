@@ -318,10 +318,11 @@ def test_transparency_log_across_hosts(tmp_path: Path, pg_url: str,
     """Two API hosts and a worker host on one PostgreSQL, the transparency log on: exactly one
     host sequences; the other writes its own tiles from the database and serves the same
     checkpoint and proofs of the stamps made through the first."""
+    from formats.keys import TLOG_KEY
     from formats.note import Ed25519Verifier
     from formats.tlog.proof import TlogProof, verify_proof
     from tests.system.test_tlog import get, post_digest
-    from workers.keys.keyset import TLOG_KEY, ensure_extra_keys, key_dir
+    from workers.keys.keyset import ensure_extra_keys, key_dir
 
     env = {"STAMPD_DISPATCH": "database", "STAMPD_HEARTBEAT_TIMEOUT": "3", "STAMPD_TLOG": "on",
            "STAMPD_TLOG_ORIGIN": "stamps.test/tlog"}  # (one origin for the hosts of one log)

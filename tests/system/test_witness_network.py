@@ -31,21 +31,13 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from client.audit.state import SeenCheckpoints, SeenLog
+from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, ed25519_public_key, tlog_vkey, witness_vkey
 from formats.note import Note, Signature, VerifierKey, ed25519_signer, parse_note, sign_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.proof import TlogProof
 from stampd import cli
 from tests.helpers import Server, free_port, make_repo, seed_data_dir, start_server
-from workers.keys.keyset import (
-    TLOG_KEY,
-    WITNESS_KEY,
-    KeySpec,
-    SshKeyStore,
-    ed25519_public_key,
-    key_dir,
-    tlog_vkey,
-    witness_vkey,
-)
+from workers.keys.keyset import SshKeyStore, key_dir
 
 COMMIT_INTERVAL = 2  # seconds between git log commits (the audit needs one)
 WAIT = 30.0  # seconds the test waits for cosignatures at most (bounded; no timing asserted)

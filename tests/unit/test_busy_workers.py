@@ -33,9 +33,9 @@ from formats.jobs import (
     frame_size,
     job_frame,
 )
+from formats.keys import PRIMARY
 from server.dispatch.socket import SocketDispatcher
 from tests.helpers import short_tmpdir
-from workers.keys.keyset import PRIMARY
 from workers.link import Dispatchers
 
 

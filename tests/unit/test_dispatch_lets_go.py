@@ -17,10 +17,10 @@ from pathlib import Path
 import uvloop
 
 from formats.jobs import HEADER, Hello, ManifestJob, Result, decode_frame, frame_size
+from formats.keys import PRIMARY
 from formats.manifests import PIECE
 from server.dispatch.socket import SocketDispatcher
 from tests.helpers import short_tmpdir
-from workers.keys.keyset import PRIMARY
 
 
 async def _fake_worker(sock: Path, dispatcher: SocketDispatcher

@@ -26,6 +26,7 @@ from formats.jobs import (
     job_frame,
     job_frame_parts,
 )
+from formats.keys import PRIMARY, ServedKey
 from formats.manifests import parse_body
 from formats.receipts import Statement
 from server.errors import MalformedAnswer
@@ -36,7 +37,6 @@ from server.stamping.requests import (
     StampContext,
     TagRequest,
 )
-from workers.keys.keyset import PRIMARY, ServedKey
 
 C, T, P = "c" * 40, "e" * 40, "a" * 40
 OPENPGP = ServedKey(PRIMARY, "openpgp", "F" * 40, "eddsa (ed25519)", "pub", "K <k@v>",

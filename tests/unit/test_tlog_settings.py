@@ -8,11 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server.errors import BadRequest
-from server.settings import Settings
-from server.stamping.requests import choose_key
-from workers.config import ConfigError, DispatchConfig, PoolConfig, WorkerConfig
-from workers.keys.keyset import (
+from formats.keys import (
     PRIMARY,
     RFC3161,
     STAMPS,
@@ -23,6 +19,10 @@ from workers.keys.keyset import (
     spec_of,
     with_purposes,
 )
+from server.errors import BadRequest
+from server.settings import Settings
+from server.stamping.requests import choose_key
+from workers.config import ConfigError, DispatchConfig, PoolConfig, WorkerConfig
 
 LINE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHbr9GGRjdkSvfQZFgYAGLqCmoJAGjOmh6e5aTkIDmqd\n"
 OPENPGP = ServedKey(PRIMARY, "openpgp", "F" * 40, "eddsa (ed25519)", "pub", "K <k@v>",

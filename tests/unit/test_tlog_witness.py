@@ -180,8 +180,8 @@ def test_cosign_jobs_round_trip_and_refuse_what_is_not_one() -> None:
 
 
 def test_witness_settings() -> None:
+    from formats.keys import WITNESS_KEY
     from server.settings import Settings
-    from workers.keys.keyset import WITNESS_KEY
 
     off = Settings(own_url="https://stamps.example/")
     assert not off.witness and WITNESS_KEY not in off.extra_key_specs
@@ -231,7 +231,7 @@ def test_an_empty_witness_for_is_a_usage_error(
 
 
 def test_the_witness_vkey_is_a_cosignature_key() -> None:
-    from workers.keys.keyset import witness_vkey
+    from formats.keys import witness_vkey
 
     line = "ssh-ed25519 " + base64.b64encode(
         b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + LOG.public).decode()

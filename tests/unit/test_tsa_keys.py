@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
 from formats import openpgp, sexp, tsp
 from formats.jobs import TimestampJob
+from formats.keys import KeySpec
 from workers import tsa
 from workers.config import ConfigError, DispatchConfig, PoolConfig, WorkerConfig
-from workers.keys.keyset import KeySpec
 
 # READKEY answers of a real gpg-agent (GnuPG 2.2.40, libgcrypt 1.10.1) for keys made with
 # `gpg --quick-gen-key UID nistp256|nistp384|rsa2048`.
