@@ -103,13 +103,18 @@ class PeerKeyring:
             raise PeerError(f"cannot import the pinned key: {imported.stderr[-200:]}")
 
     def verify(self, payload: bytes, signature: str) -> int:
-        """Check the signature is by the pinned key; return its creation time."""
+        """Check the signature is one, good, by the pinned key (not one gpg reports revoked or
+        expired: it exits 0 with a VALIDSIG for those, and says so only in its status, as
+        `stampd verify` refuses them); return its creation time."""
         try:
             ok, status = self._home.verify_detached(payload, signature)
         except GpgError as e:
             raise PeerError(e.message) from None
-        if not ok or not status.valid_sigs:
-            raise PeerError("the stamp's signature does not verify with the pinned key")
+        if status.newsig > 1 or len(status.valid_sigs) > 1:
+            raise PeerError("the stamp carries more than one signature (only one is allowed)")
+        if not ok or len(status.valid_sigs) != 1 or status.errors:
+            why = f" ({', '.join(status.errors)})" if status.errors else ""
+            raise PeerError(f"the stamp's signature does not verify with the pinned key{why}")
         sig = status.valid_sigs[0]
         if sig.fingerprint != self.fingerprint:
             raise PeerError(f"stamp signed by {sig.fingerprint}, pinned key is {self.fingerprint}")
