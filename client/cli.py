@@ -38,9 +38,13 @@ def add_commands(sub: Any) -> None:
         "3161 token whose imprint is not in the --log yet (or the log has no commit yet). "
         "A transparency-log proof (--proof, <target>.tlog-proof, a git note, --fetch-proof) "
         "that fails is invalid (1); one that cannot be checked for want of a log key is "
-        "'cannot check' (1); no proof at all is not checked (0).")
-    verify.add_argument("target", help="a receipt or manifest file ('-' for stdin), an RFC "
-                        "3161 response (.tsr) or token, or a git tag/commit")
+        "'cannot check' (1); no proof at all is not checked (0). "
+        "With --signers: a commit's or tag's own signature is checked at the time its stamp "
+        "proves: 0 valid; 1 invalid (the key not valid at that time, a bad signature; with "
+        "--range also an unsigned commit); 2 malformed; 3 no stamp covers it.")
+    verify.add_argument("target", nargs="?", default=None,
+                        help="a receipt or manifest file ('-' for stdin), an RFC 3161 response "
+                        "(.tsr) or token, or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
     what.add_argument("--file", "--data", dest="file", type=Path,
                       help="check that the receipt's digest (the token's imprint) is this "
@@ -89,6 +93,15 @@ def add_commands(sub: Any) -> None:
                         help="when no proof is stored: fetch it from the server (the receipt's "
                         "or manifest's; for a git stamp stampd.server or timestamp.server), "
                         "check it and store it beside the target or as the stamp's note")
+    verify.add_argument("--signers", type=Path, action="append", default=None,
+                        metavar="ALLOWED_SIGNERS|KEYRING",
+                        help="check the commit's or tag's own signature, not a stamp: against "
+                        "an ssh-keygen allowed-signers file or an OpenPGP key file (give both "
+                        "for a history signed both ways), at the time its earliest stamp "
+                        "proves rather than the date its signer wrote (docs/signatures.md)")
+    verify.add_argument("--range", default=None, metavar="A..B",
+                        help="with --signers: every commit of the range (as git rev-list takes "
+                        "it), one line each")
     verify.set_defaults(func=_lazy("client.verify.command", "cmd_verify"))
 
     audit = sub.add_parser(
