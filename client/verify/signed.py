@@ -210,7 +210,7 @@ def _split_receipts(text: str) -> list[str]:
     for line in text.splitlines(keepends=True):
         current.append(line)
         if line.rstrip("\n") in (END_SIG, SSH_END):
-            out.append("".join(current))
+            out.append("".join(current).lstrip("\n"))  # (git notes append: a blank line)
             current = []
     return out
 
@@ -330,7 +330,7 @@ def _targets(args: argparse.Namespace, repo: Path) -> tuple[list[str], list[str]
     return [oid], exclude, f"{kind} {args.target}"
 
 
-def _evidence(args: argparse.Namespace, repo: Path, fmt: str,
+def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
               objects: dict[str, tuple[str, bytes]], targets: list[str], exclude: list[str],
               log: LogContext) -> tuple[dict[str, Evidence], dict[str, str], list[str]]:
     """({object: its evidence}, {object: why it has none it could use}, notes for stderr)."""
@@ -425,7 +425,7 @@ def check_objects(args: argparse.Namespace, repo: Path, targets: list[str], excl
                                   reason=f"{kind} {t}: {obj}")
         else:
             signed[t] = obj
-    evidence, why, said = _evidence(args, repo, fmt, objects, list(signed), exclude, log)
+    evidence, why, said = evidence_for(args, repo, fmt, objects, list(signed), exclude, log)
     pgp = [s for s in signed.values() if s.fmt == "openpgp"]
     identities: dict[str, Identified | str] = dict(zip(
         [s.oid for s in pgp], identify_openpgp(pgp, signers), strict=True))

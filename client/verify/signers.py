@@ -191,12 +191,19 @@ def identify_ssh(signed: Signed, signers: Signers) -> Identified | str:
                       "; ".join(s.window() for s in lines), valid_at, end)
 
 
-def ssh_check(signed: Signed, signers: Signers, who: Identified, t: int) -> Outcome:
-    """``ssh-keygen -Y verify -Overify-time=T`` of the signature with the --signers file."""
+def ssh_check(signed: Signed, signers: Signers, who: Identified, t: int,
+              sig: Path | None = None) -> Outcome:
+    """``ssh-keygen -Y verify -Overify-time=T`` of the signature with the --signers file
+    (``sig``: the signature already written to a file)."""
     assert signers.ssh_file is not None
+    if sig is None:
+        with tempfile.TemporaryDirectory(prefix=KEYRING_PREFIX) as tmp:
+            path = Path(tmp) / "object.sig"
+            path.write_bytes(signed.signature)
+            return ssh_check(signed, signers, who, t, path)
     identity = who.signer
     if identity == "?":  # a key only ssh-keygen reads the line of: it names the principal
-        identity = _find_principal(signed, signers.ssh_file, t) or "?"
+        identity = _find_principal(sig, signers.ssh_file, t) or "?"
         if identity == "?":
             return Outcome(False, f"no principal of {signers.ssh_file} is allowed to sign with "
                            f"{who.key} at {iso(t)}")
@@ -205,12 +212,8 @@ def ssh_check(signed: Signed, signers: Signers, who: Identified, t: int) -> Outc
             if s.key.fingerprint == who.key and s.refusal_at(t) is None:
                 identity = s.identity
                 break
-    with tempfile.TemporaryDirectory(prefix=KEYRING_PREFIX) as tmp:
-        sig = Path(tmp) / "object.sig"
-        sig.write_bytes(signed.signature)
-        r = _ssh_keygen(["-Y", "verify", "-n", NAMESPACE, "-f", str(signers.ssh_file), "-I",
-                         identity, "-s", str(sig), f"-Overify-time={ssh_time(t)}"],
-                        signed.payload)
+    r = _ssh_keygen(["-Y", "verify", "-n", NAMESPACE, "-f", str(signers.ssh_file), "-I",
+                     identity, "-s", str(sig), f"-Overify-time={ssh_time(t)}"], signed.payload)
     out = (r.stdout + r.stderr).decode("utf-8", "replace")
     good = _GOOD.findall(out)
     last = out.strip().splitlines()[-1] if out.strip() else str(r.returncode)
@@ -229,12 +232,9 @@ def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[by
         raise CannotCheck("ssh-keygen is not installed (OpenSSH 8.2 or later)") from None
 
 
-def _find_principal(signed: Signed, signers: Path, t: int) -> str | None:
-    with tempfile.TemporaryDirectory(prefix=KEYRING_PREFIX) as tmp:
-        sig = Path(tmp) / "object.sig"
-        sig.write_bytes(signed.signature)
-        r = _ssh_keygen(["-Y", "find-principals", "-f", str(signers), "-s", str(sig),
-                         f"-Overify-time={ssh_time(t)}"], b"")
+def _find_principal(sig: Path, signers: Path, t: int) -> str | None:
+    r = _ssh_keygen(["-Y", "find-principals", "-f", str(signers), "-s", str(sig),
+                     f"-Overify-time={ssh_time(t)}"], b"")
     found = r.stdout.decode("utf-8", "replace").split()
     return found[0] if r.returncode == 0 and found else None
 
@@ -242,8 +242,14 @@ def _find_principal(signed: Signed, signers: Path, t: int) -> str | None:
 def ssh_check_many(jobs: Sequence[tuple[Signed, Identified, int]], signers: Signers
                    ) -> list[Outcome]:
     """`ssh_check` of each (object, signer, time), several ssh-keygen at once."""
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return list(pool.map(lambda job: ssh_check(job[0], signers, job[1], job[2]), jobs))
+    with tempfile.TemporaryDirectory(prefix=KEYRING_PREFIX) as tmp:
+        paths = []
+        for i, (signed, _, _) in enumerate(jobs):
+            paths.append(Path(tmp) / f"{i}.sig")
+            paths[-1].write_bytes(signed.signature)
+        with ThreadPoolExecutor(max_workers=(os.cpu_count() or 2) + 1) as pool:
+            return list(pool.map(lambda i: ssh_check(jobs[i][0], signers, jobs[i][1],
+                                                     jobs[i][2], paths[i]), range(len(jobs))))
 
 
 # --------------------------------------------------------------------------- OpenPGP
