@@ -139,7 +139,8 @@ def add_commands(sub: Any) -> None:
         "branch stamp of a commit, from a stampd (or Zeitgitter) server; the answer is checked "
         "before anything is stored",
         usage="stampd stamp FILE|DIR... [-o FILE] [--algorithm sha256|sha512] [options]\n"
-        "       stampd stamp (--tag NAME | --branch NAME) [COMMIT] [options]",
+        "       stampd stamp (--tag NAME | --branch NAME) [COMMIT] [options]\n"
+        "       stampd stamp --object TAG-OR-COMMIT [options]",
         description="Files: hashed here (directories recursively), sent as one manifest "
         "(POST /v1/manifests), and the signed answer written to SHA256SUMS.asc once its "
         "signature, header and lines are checked. Git: OpenPGP or SSH stamps (--format ssh), "
@@ -157,6 +158,10 @@ def add_commands(sub: Any) -> None:
     which.add_argument("--branch", metavar="NAME",
                        help="add the stamp to the timestamp branch NAME (a merge chain: its "
                        "parents are the branch's previous stamp and COMMIT)")
+    which.add_argument("--object", metavar="REV",
+                       help="a receipt of the git object's own bytes (a signed tag, which no "
+                       "commit stamp covers): SHA-256 of <type> <size>\\0<body>, kept as a "
+                       "note in refs/notes/stampd-receipts for stampd verify --signers")
     stampp.add_argument("paths", nargs="*", metavar="FILE|DIR | COMMIT",
                         help="the files and directories to stamp; with --tag/--branch the "
                         "commit to stamp (default: HEAD)")
