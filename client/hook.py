@@ -1,5 +1,11 @@
 """``stampd hook install|uninstall``: the post-commit hook that stamps every commit.
 
+The same script is installed as ``post-commit`` (``git commit``, and each commit ``git rebase``,
+``cherry-pick`` and ``revert`` make), ``post-merge`` (a merge commit of ``git merge`` or ``git
+pull``, which runs no post-commit hook) and ``post-applypatch`` (each commit of ``git am``): so
+every new commit, signed ones included, is stamped when it is made, not only by the next
+``git commit``'s stamp (docs/signatures.md: a signature's stamp must come before its key's end).
+
 The hook itself (``client/hooks/post-commit``) is a POSIX sh script that needs only git, curl and
 gpg. Installing it pins the server's key (trust on first use): the key is fetched once with
 ``get-public-key-v1``, imported into a keyring under the git directory
@@ -49,6 +55,8 @@ from client.verify.keys import (
 from client.verify.tlog import MAX_WAIT, NOTES_REF, ProofUnavailable, fetch_vkey
 
 HOOK = "post-commit"
+# Every hook git runs after it made a commit: stampd's script is each of them.
+HOOKS = (HOOK, "post-merge", "post-applypatch")
 MARKER = "# stampd-post-commit-hook v1"
 MARKER_PREFIX = "# stampd-post-commit-hook "
 USER_SUFFIX = ".user"  # the user's own hook, which stampd's runs first
@@ -100,6 +108,9 @@ class RepoPaths:
     @property
     def hook(self) -> Path:
         return self.hooks / HOOK
+
+    def all_hooks(self) -> list[Path]:
+        return [self.hooks / name for name in HOOKS]
 
     @property
     def keyring(self) -> Path:
@@ -276,15 +287,17 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
     except HookError:
         raise HookError(f"{branch!r} is not a valid branch name", 2) from None
     hook = paths.hook
-    exists = hook.exists() or hook.is_symlink()
-    foreign = exists and not is_ours(hook)
+    foreign = [h for h in paths.all_hooks() if _exists(h) and not is_ours(h)]
     if foreign and not force:
-        raise HookError(f"{hook} exists and is not stampd's hook; not replacing it (use --force "
-                        f"to install anyway: it is kept as {hook.name}{USER_SUFFIX} and runs "
+        h = foreign[0]
+        raise HookError(f"{h} exists and is not stampd's hook; not replacing it (use --force "
+                        f"to install anyway: it is kept as {h.name}{USER_SUFFIX} and runs "
                         "before stampd's)")
-    if foreign and _exists(paths.user_hook):
-        raise HookError(f"{hook} is not stampd's hook, and {paths.user_hook.name} exists too; "
-                        "move one of them away first")
+    for h in foreign:
+        kept = h.with_name(h.name + USER_SUFFIX)
+        if _exists(kept):
+            raise HookError(f"{h} is not stampd's hook, and {kept.name} exists too; "
+                            "move one of them away first")
     if fmt not in ("openpgp", "ssh"):
         raise HookError(f"--format must be openpgp or ssh, not {fmt!r}", 2)
     if ssh_key is not None and fmt != "ssh":
@@ -313,36 +326,44 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
             _git(repo, "config", "--local", "--unset", "stampd.key")
     lines += pin_log_key(repo, server, proof_wait)
     paths.hooks.mkdir(parents=True, exist_ok=True)
-    if foreign:
-        hook.rename(paths.user_hook)
-        lines.append(f"kept the previous hook as {paths.user_hook}; it runs before stampd's")
-    tmp = hook.with_name(f".{hook.name}.stampd-tmp")
-    tmp.write_text(script, encoding="ascii")
-    os.chmod(tmp, 0o755)
-    if hook.is_symlink():
-        hook.unlink()
-    tmp.replace(hook)
-    return [f"installed {hook}", *lines, f"server:  {server}", f"branch:  {branch}",
+    for h in paths.all_hooks():
+        if h in foreign:
+            kept = h.with_name(h.name + USER_SUFFIX)
+            h.rename(kept)
+            lines.append(f"kept the previous hook as {kept}; it runs before stampd's")
+        tmp = h.with_name(f".{h.name}.stampd-tmp")
+        tmp.write_text(script, encoding="ascii")
+        os.chmod(tmp, 0o755)
+        if h.is_symlink():
+            h.unlink()
+        tmp.replace(h)
+    others = ", ".join(HOOKS[1:])
+    return [f"installed {hook} (and {others} beside it)", *lines, f"server:  {server}",
+            f"branch:  {branch}",
             f"key:     {key.fingerprint} ({key.uid})",
             f"pinned:  {paths.keyring} and git config stampd.*"]
 
 
 def uninstall(repo: Path) -> list[str]:
-    """Remove stampd's hook (putting back the user's hook it ran, or a backed-up one); never
-    touch anyone else's."""
+    """Remove stampd's hooks (putting back each user's hook they ran, or a backed-up one);
+    never touch anyone else's: a post-commit hook that is not stampd's is refused, another
+    hook that is not is left as it is."""
     paths = repo_paths(repo)
     hook = paths.hook
-    if not (hook.exists() or hook.is_symlink()):
-        return [f"no post-commit hook at {hook}; nothing to do"]
-    if not is_ours(hook):
+    if _exists(hook) and not is_ours(hook):
         raise HookError(f"{hook} is not stampd's hook; leaving it alone")
-    hook.unlink()
-    lines = [f"removed {hook}"]
-    for kept in (paths.user_hook, hook.with_name(hook.name + BACKUP_SUFFIX)):
-        if _exists(kept):
-            kept.rename(hook)
-            lines.append(f"restored the previous hook from {kept.name}")
-            break
+    ours = [h for h in paths.all_hooks() if _exists(h) and is_ours(h)]
+    if not ours:
+        return [f"no post-commit hook at {hook}; nothing to do"]
+    lines = []
+    for h in ours:
+        h.unlink()
+        lines.append(f"removed {h}")
+        for kept in (h.with_name(h.name + USER_SUFFIX), h.with_name(h.name + BACKUP_SUFFIX)):
+            if _exists(kept):
+                kept.rename(h)
+                lines.append(f"restored the previous hook from {kept.name}")
+                break
     lines.append(f"kept the timestamp branch, {paths.keyring} and git config stampd.*")
     return lines
 
