@@ -224,6 +224,11 @@ def add_commands(sub: Any) -> None:
                          help="after each stamp the hook waits up to SECONDS (at most 60) "
                          "for its transparency-log proof and keeps it as a note in "
                          "refs/notes/stampd-tlog; 0: never (default: 3)")
+    install.add_argument("--git-verify", action="store_true",
+                         help="also point the repository's gpg.ssh.program and gpg.program at "
+                         "stampd's wrappers, so that plain git verify-commit, verify-tag and "
+                         "log --show-signature check a signature at the time its stamp proves "
+                         "(docs/signatures.md)")
     install.set_defaults(func=_lazy("client.hook", "cmd_install"))
     uninstall = hooksub.add_parser(
         "uninstall", help="remove stampd's post-commit hook",

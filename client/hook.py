@@ -35,8 +35,10 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.parse
 from dataclasses import dataclass
@@ -61,6 +63,9 @@ MARKER = "# stampd-post-commit-hook v1"
 MARKER_PREFIX = "# stampd-post-commit-hook "
 USER_SUFFIX = ".user"  # the user's own hook, which stampd's runs first
 BACKUP_SUFFIX = ".stampd-backup"  # where versions before the chain kept it (restored too)
+# git's signature programs, wrapped to check at a stamp's time (client.verify.gitprogram)
+WRAPPERS = {"gpg.ssh.program": ("ssh", Path("stampd") / "ssh-program"),
+            "gpg.program": ("openpgp", Path("stampd") / "gpg-program")}
 KEYRING = Path("stampd") / "gnupg"
 KEY_FILE = Path("stampd") / "server-key.asc"
 ALLOWED_SIGNERS = Path("stampd") / "allowed_signers"
@@ -277,7 +282,8 @@ def pin_log_key(repo: Path, server: str, proof_wait: int) -> list[str]:
 
 
 def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str = "openpgp",
-            ssh_key: str | None = None, proof_wait: int = 3) -> list[str]:
+            ssh_key: str | None = None, proof_wait: int = 3, git_verify: bool = False
+            ) -> list[str]:
     """Install the hook and pin the server key; return lines describing what was done."""
     server = check_server_url(server)
     branch = branch or default_branch(server)
@@ -325,6 +331,8 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
         with contextlib.suppress(HookError):
             _git(repo, "config", "--local", "--unset", "stampd.key")
     lines += pin_log_key(repo, server, proof_wait)
+    if git_verify:
+        lines += install_git_verify(repo, paths, force)
     paths.hooks.mkdir(parents=True, exist_ok=True)
     for h in paths.all_hooks():
         if h in foreign:
@@ -344,6 +352,48 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
             f"pinned:  {paths.keyring} and git config stampd.*"]
 
 
+def wrapper_script(config: str, which: str) -> str:
+    return (f"#!/bin/sh\n# stampd: git's {config}: a signature checked at the time its stamp "
+            "proves (stampd hook install --git-verify;\n# docs/signatures.md). Remove with "
+            f"stampd hook uninstall.\nexec {shlex.quote(sys.executable)} -m "
+            f'client.verify.gitprogram {which} "$@"\n')
+
+
+def install_git_verify(repo: Path, paths: RepoPaths, force: bool) -> list[str]:
+    """Point ``gpg.ssh.program`` and ``gpg.program`` (the repository's config) at stampd's
+    wrappers; one set to another program is not replaced without ``force``."""
+    lines = []
+    for config, (_, rel) in WRAPPERS.items():
+        path = paths.common / rel
+        current = _config(repo, config)
+        if current not in (None, str(path)) and not force:
+            raise HookError(f"{config} is {current} in {repo}; not replacing it (use --force "
+                            "to point it at stampd's wrapper, which runs ssh-keygen or gpg)")
+    for config, (which, rel) in WRAPPERS.items():
+        path = paths.common / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(wrapper_script(config, which), encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        tmp.replace(path)
+        _git(repo, "config", "--local", config, str(path))
+        lines.append(f"{config + ':':17}{path} (git verify-commit, verify-tag and log "
+                     "--show-signature check at the stamp's time)")
+    return lines
+
+
+def uninstall_git_verify(repo: Path, paths: RepoPaths) -> list[str]:
+    lines = []
+    for config, (_, rel) in WRAPPERS.items():
+        path = paths.common / rel
+        if _config(repo, config) == str(path):
+            _git(repo, "config", "--local", "--unset", config)
+            lines.append(f"unset {config}")
+        if path.exists():
+            path.unlink()
+    return lines
+
+
 def uninstall(repo: Path) -> list[str]:
     """Remove stampd's hooks (putting back each user's hook they ran, or a backed-up one);
     never touch anyone else's: a post-commit hook that is not stampd's is refused, another
@@ -352,10 +402,10 @@ def uninstall(repo: Path) -> list[str]:
     hook = paths.hook
     if _exists(hook) and not is_ours(hook):
         raise HookError(f"{hook} is not stampd's hook; leaving it alone")
+    lines = uninstall_git_verify(repo, paths)
     ours = [h for h in paths.all_hooks() if _exists(h) and is_ours(h)]
     if not ours:
-        return [f"no post-commit hook at {hook}; nothing to do"]
-    lines = []
+        return [*lines, f"no post-commit hook at {hook}; nothing to do"]
     for h in ours:
         h.unlink()
         lines.append(f"removed {h}")
@@ -372,7 +422,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     """``stampd hook install [--server URL] [--branch NAME] [--repo DIR] [--force]``: 0 when
     installed; otherwise raise a `HookError`."""
     print("\n".join(install(args.repo, args.server, args.branch, args.force, args.format,
-                             args.key, getattr(args, "proof_wait", 3))))
+                             args.key, getattr(args, "proof_wait", 3),
+                             getattr(args, "git_verify", False))))
     return 0
 
 
