@@ -89,7 +89,7 @@ def stamp_time(repo: Path, oid: str, kind: str) -> tuple[int, str] | None:
     args = argparse.Namespace(key=None, policy=None, log_key=None, fetch_proof=False)
     exclude = rev_parse(repo, f"{oid}^@") if kind == "commit" else []
     objects = {oid: (kind, run_git(repo, "cat-file", kind, oid))}
-    found, _, _ = evidence_for(args, repo, object_format(repo), objects, [oid], exclude,
+    found, _, _, _ = evidence_for(args, repo, object_format(repo), objects, [oid], exclude,
                             LogContext.of(args, repo))
     ev = found.get(oid)
     return None if ev is None else (ev.earliest, ev.what)

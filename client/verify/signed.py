@@ -332,13 +332,16 @@ def _targets(args: argparse.Namespace, repo: Path) -> tuple[list[str], list[str]
 
 def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
               objects: dict[str, tuple[str, bytes]], targets: list[str], exclude: list[str],
-              log: LogContext) -> tuple[dict[str, Evidence], dict[str, str], list[str]]:
-    """({object: its evidence}, {object: why it has none it could use}, notes for stderr)."""
+              log: LogContext
+              ) -> tuple[dict[str, Evidence], dict[str, str], list[str], dict[str, str]]:
+    """({object: its evidence}, {object: why it has none it could use}, notes for stderr,
+    {object: why its stamp's log proof fails}: invalid)."""
     keys = StampKeys(repo, getattr(args, "key", None))
     commits = [t for t in targets if objects.get(t, ("", b""))[0] == "commit"]
     found: dict[str, Evidence] = {}
     why: dict[str, str] = {}
     said: list[str] = []
+    broken: dict[str, str] = {}
     if commits:
         stamps = find_git_stamps(repo, fmt, keys.uids())
         earliest, failed, passed_over = earliest_stamps(
@@ -365,7 +368,10 @@ def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
                     proof = None
             for t in commits:
                 if earliest.get(t) is v:
-                    found[t] = _stamp_evidence(v, t, proof, source, log)
+                    try:
+                        found[t] = _stamp_evidence(v, t, proof, source, log)
+                    except (Invalid, Malformed) as e:  # (a proof that fails: this commit's)
+                        broken[t] = f"its stamp {v.stamp.oid[:12]}: {e}"
         for t in passed_over:
             why[t] = ("the stamps of it or of its descendants do not verify: "
                       f"{sorted(set(failed.values()))[0]}")
@@ -391,7 +397,7 @@ def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
                 ev = _server_log_evidence(server, t, log)
         if ev is not None and (t not in found or ev.earliest < found[t].earliest):
             found[t] = ev
-    return found, why, said
+    return found, why, said, broken
 
 
 def _choose(signed: Signed, who: Identified, ev: Evidence) -> Verdict:
@@ -425,7 +431,8 @@ def check_objects(args: argparse.Namespace, repo: Path, targets: list[str], excl
                                   reason=f"{kind} {t}: {obj}")
         else:
             signed[t] = obj
-    evidence, why, said = evidence_for(args, repo, fmt, objects, list(signed), exclude, log)
+    evidence, why, said, broken = evidence_for(args, repo, fmt, objects, list(signed), exclude,
+                                               log)
     pgp = [s for s in signed.values() if s.fmt == "openpgp"]
     identities: dict[str, Identified | str] = dict(zip(
         [s.oid for s in pgp], identify_openpgp(pgp, signers), strict=True))
@@ -439,6 +446,9 @@ def check_objects(args: argparse.Namespace, repo: Path, targets: list[str], excl
             verdicts[t] = Verdict(t, "invalid", s, reason=f"{s.name()}: {who}")
             continue
         ev = evidence.get(t)
+        if t in broken:
+            verdicts[t] = Verdict(t, "invalid", s, who, reason=f"{s.name()}: {broken[t]}")
+            continue
         if ev is None:
             verdicts[t] = Verdict(t, "not stamped", s, who, reason=(
                 f"{s.name()} is signed by {who.signer} ({who.key}), but no stamp proves when: "
