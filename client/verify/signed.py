@@ -355,6 +355,10 @@ def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
         proof_notes = notes(repo, NOTES_REF) if chosen else {}
         blobs = read_objects(repo, [proof_notes[o] for o in chosen if o in proof_notes])
         server = _server(repo)
+        covers: dict[str, list[str]] = {}
+        for t, v in earliest.items():
+            if v is not None:
+                covers.setdefault(v.stamp.oid, []).append(t)
         for oid, v in chosen.items():
             blob = proof_notes.get(oid)
             proof = blobs[blob][1] if blob in blobs else None
@@ -364,14 +368,14 @@ def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
                     proof = fetch_proof(server, object_id=oid)
                     store_proof_note(repo, oid, proof)
                     source = f"fetched from {server}, stored as {source}"
-                except ProofUnavailable:
+                except CannotCheck as e:  # (ProofUnavailable too)
+                    said.append(f"no log proof of {oid[:12]} fetched: {e.message}")
                     proof = None
-            for t in commits:
-                if earliest.get(t) is v:
-                    try:
-                        found[t] = _stamp_evidence(v, t, proof, source, log)
-                    except (Invalid, Malformed) as e:  # (a proof that fails: this commit's)
-                        broken[t] = f"its stamp {v.stamp.oid[:12]}: {e}"
+            for t in covers.get(oid, []):
+                try:
+                    found[t] = _stamp_evidence(v, t, proof, source, log)
+                except (Invalid, Malformed) as e:  # (a proof that fails: this commit's)
+                    broken[t] = f"its stamp {v.stamp.oid[:12]}: {e}"
         for t in passed_over:
             why[t] = ("the stamps of it or of its descendants do not verify: "
                       f"{sorted(set(failed.values()))[0]}")
@@ -394,7 +398,12 @@ def evidence_for(args: argparse.Namespace, repo: Path, fmt: str,
                                                 repo, f"from {server}")
                 said += refused
             elif kind == "commit":
-                ev = _server_log_evidence(server, t, log)
+                try:
+                    ev = _server_log_evidence(server, t, log)
+                except (Invalid, Malformed) as e:
+                    broken[t] = f"the server's log proof: {e}"
+                except CannotCheck as e:
+                    why[t] = f"the server's log could not be asked: {e.message}"
         if ev is not None and (t not in found or ev.earliest < found[t].earliest):
             found[t] = ev
     return found, why, said, broken
