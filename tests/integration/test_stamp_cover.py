@@ -167,3 +167,55 @@ def test_a_stamp_that_does_not_verify_is_passed_over(
     git(repo, "update-ref", "-d", f"refs/heads/{BRANCH}")
     code, out, err = verify(capsys, repo, a, "--signers", str(signers))
     assert code == 3 and "do not verify" in err, err
+
+
+def pin_test_key(repo: Path) -> None:
+    """The pins `stampd hook install` makes of a server with the test key."""
+    (repo / ".git" / "stampd").mkdir(exist_ok=True)
+    shutil.copy(TEST_PUBLIC_KEY, repo / ".git" / "stampd" / "server-key.asc")
+    git(repo, "config", "stampd.server", "http://127.0.0.1:9")
+    git(repo, "config", "stampd.fingerprint", TEST_FPR)
+
+
+def ssh_time(t: int) -> str:
+    return time.strftime("%Y%m%d%H%M%SZ", time.gmtime(t))
+
+
+def test_gits_own_commands_through_the_wrappers(
+        stamper: LocalStamper, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """gpg.ssh.program and gpg.program set to stampd's wrappers (hook install --git-verify's
+    scripts): git verify-commit checks at the stamp's time, where there is one."""
+    from client.hook import WRAPPERS, wrapper_script
+
+    repo, signers = signed_repo(tmp_path)
+    pin_test_key(repo)
+    for config, (which, rel) in WRAPPERS.items():
+        path = tmp_path / rel.name
+        path.write_text(wrapper_script(config, which))
+        path.chmod(0o755)
+        git(repo, "config", config, str(path))
+    t0 = int(time.time()) - 1000
+    a = commit(repo, "a", t0)  # signed and dated at t0, stamped at t0 + 100
+    stamper.stamp(repo, a, t0 + 100)
+    line = signers.read_text()
+    ended = tmp_path / "ended"
+    ended.write_text(line.replace('namespaces="git"',
+                                  f'namespaces="git",valid-before="{ssh_time(t0 + 50)}"'))
+
+    def verify_commit(file: Path, *config: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-c", f"gpg.ssh.allowedSignersFile={file}",
+                               *[x for c in config for x in ("-c", c)], "verify-commit", a],
+                              cwd=repo, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    # The key ended between the committer date and the stamp: git alone says Good.
+    assert verify_commit(ended, "gpg.ssh.program=ssh-keygen").returncode == 0
+    r = verify_commit(ended)
+    assert r.returncode != 0, r.stderr
+    assert f"checked at {ssh_time(t0 + 100)}, the time its stamp proves" in r.stderr
+    assert verify_commit(signers).returncode == 0
+    # No stamp: as git checks, said.
+    b = commit(repo, "b", t0 + 200)
+    r = subprocess.run(["git", "-c", f"gpg.ssh.allowedSignersFile={signers}", "verify-commit",
+                        b], cwd=repo, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0 and f"commit {b[:12]} has no stamp" in r.stderr, r.stderr
