@@ -267,31 +267,35 @@ def gpg_verify_many(home: TempGpgHome, items: Sequence[tuple[bytes, bytes]]
                     ) -> list[SignatureTally | None]:
     """Each (payload, armored detached signature) checked by gpg in ``home``: its tally (one
     signature's status lines), None when the signature could not even be read. One
-    ``gpg --verify-files`` per `GPG_BATCH`; a batch whose signatures gpg does not report one
-    each (a block of several signatures, an unreadable one) is checked again one by one."""
-    results: list[SignatureTally | None] = []
-    with tempfile.TemporaryDirectory(prefix="stampd-vf", dir=home.path) as tmp:
-        for start in range(0, len(items), GPG_BATCH):
-            chunk = items[start:start + GPG_BATCH]
-            files = []
-            for i, (payload, signature) in enumerate(chunk):
-                try:
-                    packets = dearmor_signature(signature.decode("ascii", "replace"))
-                except ValueError:
-                    packets = b""
-                path = Path(tmp) / f"{start + i}.gpg"
-                path.write_bytes(signed_message(payload, packets) if packets else b"")
-                files.append(path)
-            _, status = home.verify_files(files)
-            tallies = _segments(status)
-            if len(tallies) == len(chunk):
-                results += tallies
-                continue
-            for path in files:  # one by one: who has several signatures, or none
-                _, status = home.verify_files([path])
-                one = _segments(status)
-                results.append(one[0] if len(one) == 1 else None)
-    return results
+    ``gpg --verify-files`` per `GPG_BATCH`, as many at once as there are cores (they only read
+    the keyring); a batch whose signatures gpg does not report one each (a block of several
+    signatures, an unreadable one) is checked again one by one."""
+    def batch(start: int) -> list[SignatureTally | None]:
+        chunk = items[start:start + GPG_BATCH]
+        files = []
+        for i, (payload, signature) in enumerate(chunk):
+            try:
+                packets = dearmor_signature(signature.decode("ascii", "replace"))
+            except ValueError:
+                packets = b""
+            path = Path(tmp) / f"{start + i}.gpg"
+            path.write_bytes(signed_message(payload, packets) if packets else b"")
+            files.append(path)
+        _, status = home.verify_files(files)
+        tallies = _segments(status)
+        if len(tallies) == len(chunk):
+            return list(tallies)
+        out: list[SignatureTally | None] = []
+        for path in files:  # one by one: who has several signatures, or none
+            _, status = home.verify_files([path])
+            one = _segments(status)
+            out.append(one[0] if len(one) == 1 else None)
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="stampd-vf", dir=home.path) as tmp, \
+            ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        batches = pool.map(batch, range(0, len(items), GPG_BATCH))
+        return [tally for b in batches for tally in b]
 
 
 def _ssh_verify_stamp(stamp: GitStamp, signers: Path, keys: Sequence[SshPublicKey]
