@@ -138,9 +138,7 @@ def pin(repo: Path, server: str) -> None:
         git(repo, "config", f"stampd.{name}", value)
     signers = get(f"{server}v1/keys/allowed_signers").decode()
     (stampd / "allowed_signers").write_text(signers.splitlines()[0] + "\n")
-    ssh = next((w for w in signers.split() if w.startswith("SHA256:")), None)
-    if ssh is not None:
-        git(repo, "config", "stampd.key", ssh)
+    git(repo, "config", "stampd.key", _ssh_fpr(server))
 
 
 def timed(argv: list[str], cwd: Path) -> tuple[float, float, int, str]:
