@@ -180,6 +180,7 @@ bench: venv
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
 	$(BIN)/python -m bench.web
+	$(BIN)/python -m bench.verify_range
 
 ## The scaling table: workers, API processes and zeitgitterd's agents, server and wrk pinned
 ## to cores of their own, and a projection to more cores (bench/README.md).

@@ -38,9 +38,13 @@ def add_commands(sub: Any) -> None:
         "3161 token whose imprint is not in the --log yet (or the log has no commit yet). "
         "A transparency-log proof (--proof, <target>.tlog-proof, a git note, --fetch-proof) "
         "that fails is invalid (1); one that cannot be checked for want of a log key is "
-        "'cannot check' (1); no proof at all is not checked (0).")
-    verify.add_argument("target", help="a receipt or manifest file ('-' for stdin), an RFC "
-                        "3161 response (.tsr) or token, or a git tag/commit")
+        "'cannot check' (1); no proof at all is not checked (0). "
+        "With --signers: a commit's or tag's own signature is checked at the time its stamp "
+        "proves: 0 valid; 1 invalid (the key not valid at that time, a bad signature; with "
+        "--range also an unsigned commit); 2 malformed; 3 no stamp covers it.")
+    verify.add_argument("target", nargs="?", default=None,
+                        help="a receipt or manifest file ('-' for stdin), an RFC 3161 response "
+                        "(.tsr) or token, or a git tag/commit")
     what = verify.add_mutually_exclusive_group()
     what.add_argument("--file", "--data", dest="file", type=Path,
                       help="check that the receipt's digest (the token's imprint) is this "
@@ -89,6 +93,15 @@ def add_commands(sub: Any) -> None:
                         help="when no proof is stored: fetch it from the server (the receipt's "
                         "or manifest's; for a git stamp stampd.server or timestamp.server), "
                         "check it and store it beside the target or as the stamp's note")
+    verify.add_argument("--signers", type=Path, action="append", default=None,
+                        metavar="ALLOWED_SIGNERS|KEYRING",
+                        help="check the commit's or tag's own signature, not a stamp: against "
+                        "an ssh-keygen allowed-signers file or an OpenPGP key file (give both "
+                        "for a history signed both ways), at the time its earliest stamp "
+                        "proves rather than the date its signer wrote (docs/signatures.md)")
+    verify.add_argument("--range", default=None, metavar="A..B",
+                        help="with --signers: every commit of the range (as git rev-list takes "
+                        "it), one line each")
     verify.set_defaults(func=_lazy("client.verify.command", "cmd_verify"))
 
     audit = sub.add_parser(
@@ -126,7 +139,8 @@ def add_commands(sub: Any) -> None:
         "branch stamp of a commit, from a stampd (or Zeitgitter) server; the answer is checked "
         "before anything is stored",
         usage="stampd stamp FILE|DIR... [-o FILE] [--algorithm sha256|sha512] [options]\n"
-        "       stampd stamp (--tag NAME | --branch NAME) [COMMIT] [options]",
+        "       stampd stamp (--tag NAME | --branch NAME) [COMMIT] [options]\n"
+        "       stampd stamp --object TAG-OR-COMMIT [options]",
         description="Files: hashed here (directories recursively), sent as one manifest "
         "(POST /v1/manifests), and the signed answer written to SHA256SUMS.asc once its "
         "signature, header and lines are checked. Git: OpenPGP or SSH stamps (--format ssh), "
@@ -144,6 +158,10 @@ def add_commands(sub: Any) -> None:
     which.add_argument("--branch", metavar="NAME",
                        help="add the stamp to the timestamp branch NAME (a merge chain: its "
                        "parents are the branch's previous stamp and COMMIT)")
+    which.add_argument("--object", metavar="REV",
+                       help="a receipt of the git object's own bytes (a signed tag, which no "
+                       "commit stamp covers): SHA-256 of <type> <size>\\0<body>, kept as a "
+                       "note in refs/notes/stampd-receipts for stampd verify --signers")
     stampp.add_argument("paths", nargs="*", metavar="FILE|DIR | COMMIT",
                         help="the files and directories to stamp; with --tag/--branch the "
                         "commit to stamp (default: HEAD)")
@@ -206,6 +224,11 @@ def add_commands(sub: Any) -> None:
                          help="after each stamp the hook waits up to SECONDS (at most 60) "
                          "for its transparency-log proof and keeps it as a note in "
                          "refs/notes/stampd-tlog; 0: never (default: 3)")
+    install.add_argument("--git-verify", action="store_true",
+                         help="also point the repository's gpg.ssh.program and gpg.program at "
+                         "stampd's wrappers, so that plain git verify-commit, verify-tag and "
+                         "log --show-signature check a signature at the time its stamp proves "
+                         "(docs/signatures.md)")
     install.set_defaults(func=_lazy("client.hook", "cmd_install"))
     uninstall = hooksub.add_parser(
         "uninstall", help="remove stampd's post-commit hook",

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import types
@@ -201,6 +202,31 @@ class GpgHome:
         self._check()
         assert isinstance(result, SignatureStatus)
         return result.returncode == 0, result
+
+
+    def _run(self, *args: str) -> tuple[int, str]:
+        """(exit status, standard output) of ``gpg ARGS`` in this home, without an agent."""
+        try:
+            r = subprocess.run(["gpg", "--homedir", str(self.path), "--batch", "--no-tty",
+                                "--no-autostart", *args], capture_output=True,
+                               timeout=GPG_TIMEOUT, check=False)
+        except FileNotFoundError:
+            raise GpgError(NOT_INSTALLED) from None
+        except subprocess.TimeoutExpired:
+            raise GpgError("gpg did not finish in time") from None
+        return r.returncode, r.stdout.decode("utf-8", "replace")
+
+    def verify_files(self, files: Sequence[Path]) -> tuple[int, str]:
+        """``gpg --verify-files`` of signed messages (`formats.openpgp.signed_message`), any
+        key of the home trusted: (exit status, the status lines), one ``NEWSIG`` per
+        signature, the files in order."""
+        return self._run("--status-fd", "1", "--trust-model", "always", "--verify-files",
+                         *map(str, files))
+
+    def key_listing(self) -> str:
+        """``gpg --with-colons --fixed-list-mode --check-sigs``: every key of the home with its
+        expiry and checked revocations (`formats.gpgkeys.parse_key_listing` reads it)."""
+        return self._run("--with-colons", "--fixed-list-mode", "--check-sigs")[1]
 
 
 class TempGpgHome(GpgHome):

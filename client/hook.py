@@ -1,5 +1,11 @@
 """``stampd hook install|uninstall``: the post-commit hook that stamps every commit.
 
+The same script is installed as ``post-commit`` (``git commit``, and each commit ``git rebase``,
+``cherry-pick`` and ``revert`` make), ``post-merge`` (a merge commit of ``git merge`` or ``git
+pull``, which runs no post-commit hook) and ``post-applypatch`` (each commit of ``git am``): so
+every new commit, signed ones included, is stamped when it is made, not only by the next
+``git commit``'s stamp (docs/signatures.md: a signature's stamp must come before its key's end).
+
 The hook itself (``client/hooks/post-commit``) is a POSIX sh script that needs only git, curl and
 gpg. Installing it pins the server's key (trust on first use): the key is fetched once with
 ``get-public-key-v1``, imported into a keyring under the git directory
@@ -29,8 +35,10 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.parse
 from dataclasses import dataclass
@@ -49,10 +57,15 @@ from client.verify.keys import (
 from client.verify.tlog import MAX_WAIT, NOTES_REF, ProofUnavailable, fetch_vkey
 
 HOOK = "post-commit"
+# Every hook git runs after it made a commit: stampd's script is each of them.
+HOOKS = (HOOK, "post-merge", "post-applypatch")
 MARKER = "# stampd-post-commit-hook v1"
 MARKER_PREFIX = "# stampd-post-commit-hook "
 USER_SUFFIX = ".user"  # the user's own hook, which stampd's runs first
 BACKUP_SUFFIX = ".stampd-backup"  # where versions before the chain kept it (restored too)
+# git's signature programs, wrapped to check at a stamp's time (client.verify.gitprogram)
+WRAPPERS = {"gpg.ssh.program": ("ssh", Path("stampd") / "ssh-program"),
+            "gpg.program": ("openpgp", Path("stampd") / "gpg-program")}
 KEYRING = Path("stampd") / "gnupg"
 KEY_FILE = Path("stampd") / "server-key.asc"
 ALLOWED_SIGNERS = Path("stampd") / "allowed_signers"
@@ -100,6 +113,9 @@ class RepoPaths:
     @property
     def hook(self) -> Path:
         return self.hooks / HOOK
+
+    def all_hooks(self) -> list[Path]:
+        return [self.hooks / name for name in HOOKS]
 
     @property
     def keyring(self) -> Path:
@@ -266,7 +282,8 @@ def pin_log_key(repo: Path, server: str, proof_wait: int) -> list[str]:
 
 
 def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str = "openpgp",
-            ssh_key: str | None = None, proof_wait: int = 3) -> list[str]:
+            ssh_key: str | None = None, proof_wait: int = 3, git_verify: bool = False
+            ) -> list[str]:
     """Install the hook and pin the server key; return lines describing what was done."""
     server = check_server_url(server)
     branch = branch or default_branch(server)
@@ -276,15 +293,17 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
     except HookError:
         raise HookError(f"{branch!r} is not a valid branch name", 2) from None
     hook = paths.hook
-    exists = hook.exists() or hook.is_symlink()
-    foreign = exists and not is_ours(hook)
+    foreign = [h for h in paths.all_hooks() if _exists(h) and not is_ours(h)]
     if foreign and not force:
-        raise HookError(f"{hook} exists and is not stampd's hook; not replacing it (use --force "
-                        f"to install anyway: it is kept as {hook.name}{USER_SUFFIX} and runs "
+        h = foreign[0]
+        raise HookError(f"{h} exists and is not stampd's hook; not replacing it (use --force "
+                        f"to install anyway: it is kept as {h.name}{USER_SUFFIX} and runs "
                         "before stampd's)")
-    if foreign and _exists(paths.user_hook):
-        raise HookError(f"{hook} is not stampd's hook, and {paths.user_hook.name} exists too; "
-                        "move one of them away first")
+    for h in foreign:
+        kept = h.with_name(h.name + USER_SUFFIX)
+        if _exists(kept):
+            raise HookError(f"{h} is not stampd's hook, and {kept.name} exists too; "
+                            "move one of them away first")
     if fmt not in ("openpgp", "ssh"):
         raise HookError(f"--format must be openpgp or ssh, not {fmt!r}", 2)
     if ssh_key is not None and fmt != "ssh":
@@ -312,37 +331,89 @@ def install(repo: Path, server: str, branch: str | None, force: bool, fmt: str =
         with contextlib.suppress(HookError):
             _git(repo, "config", "--local", "--unset", "stampd.key")
     lines += pin_log_key(repo, server, proof_wait)
+    if git_verify:
+        lines += install_git_verify(repo, paths, force)
     paths.hooks.mkdir(parents=True, exist_ok=True)
-    if foreign:
-        hook.rename(paths.user_hook)
-        lines.append(f"kept the previous hook as {paths.user_hook}; it runs before stampd's")
-    tmp = hook.with_name(f".{hook.name}.stampd-tmp")
-    tmp.write_text(script, encoding="ascii")
-    os.chmod(tmp, 0o755)
-    if hook.is_symlink():
-        hook.unlink()
-    tmp.replace(hook)
-    return [f"installed {hook}", *lines, f"server:  {server}", f"branch:  {branch}",
+    for h in paths.all_hooks():
+        if h in foreign:
+            kept = h.with_name(h.name + USER_SUFFIX)
+            h.rename(kept)
+            lines.append(f"kept the previous hook as {kept}; it runs before stampd's")
+        tmp = h.with_name(f".{h.name}.stampd-tmp")
+        tmp.write_text(script, encoding="ascii")
+        os.chmod(tmp, 0o755)
+        if h.is_symlink():
+            h.unlink()
+        tmp.replace(h)
+    others = ", ".join(HOOKS[1:])
+    return [f"installed {hook} (and {others} beside it)", *lines, f"server:  {server}",
+            f"branch:  {branch}",
             f"key:     {key.fingerprint} ({key.uid})",
             f"pinned:  {paths.keyring} and git config stampd.*"]
 
 
+def wrapper_script(config: str, which: str) -> str:
+    return (f"#!/bin/sh\n# stampd: git's {config}: a signature checked at the time its stamp "
+            "proves (stampd hook install --git-verify;\n# docs/signatures.md). Remove with "
+            f"stampd hook uninstall.\nexec {shlex.quote(sys.executable)} -m "
+            f'client.verify.gitprogram {which} "$@"\n')
+
+
+def install_git_verify(repo: Path, paths: RepoPaths, force: bool) -> list[str]:
+    """Point ``gpg.ssh.program`` and ``gpg.program`` (the repository's config) at stampd's
+    wrappers; one set to another program is not replaced without ``force``."""
+    lines = []
+    for config, (_, rel) in WRAPPERS.items():
+        path = paths.common / rel
+        current = _config(repo, config)
+        if current not in (None, str(path)) and not force:
+            raise HookError(f"{config} is {current} in {repo}; not replacing it (use --force "
+                            "to point it at stampd's wrapper, which runs ssh-keygen or gpg)")
+    for config, (which, rel) in WRAPPERS.items():
+        path = paths.common / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(wrapper_script(config, which), encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        tmp.replace(path)
+        _git(repo, "config", "--local", config, str(path))
+        lines.append(f"{config + ':':17}{path} (git verify-commit, verify-tag and log "
+                     "--show-signature check at the stamp's time)")
+    return lines
+
+
+def uninstall_git_verify(repo: Path, paths: RepoPaths) -> list[str]:
+    lines = []
+    for config, (_, rel) in WRAPPERS.items():
+        path = paths.common / rel
+        if _config(repo, config) == str(path):
+            _git(repo, "config", "--local", "--unset", config)
+            lines.append(f"unset {config}")
+        if path.exists():
+            path.unlink()
+    return lines
+
+
 def uninstall(repo: Path) -> list[str]:
-    """Remove stampd's hook (putting back the user's hook it ran, or a backed-up one); never
-    touch anyone else's."""
+    """Remove stampd's hooks (putting back each user's hook they ran, or a backed-up one);
+    never touch anyone else's: a post-commit hook that is not stampd's is refused, another
+    hook that is not is left as it is."""
     paths = repo_paths(repo)
     hook = paths.hook
-    if not (hook.exists() or hook.is_symlink()):
-        return [f"no post-commit hook at {hook}; nothing to do"]
-    if not is_ours(hook):
+    if _exists(hook) and not is_ours(hook):
         raise HookError(f"{hook} is not stampd's hook; leaving it alone")
-    hook.unlink()
-    lines = [f"removed {hook}"]
-    for kept in (paths.user_hook, hook.with_name(hook.name + BACKUP_SUFFIX)):
-        if _exists(kept):
-            kept.rename(hook)
-            lines.append(f"restored the previous hook from {kept.name}")
-            break
+    lines = uninstall_git_verify(repo, paths)
+    ours = [h for h in paths.all_hooks() if _exists(h) and is_ours(h)]
+    if not ours:
+        return [*lines, f"no post-commit hook at {hook}; nothing to do"]
+    for h in ours:
+        h.unlink()
+        lines.append(f"removed {h}")
+        for kept in (h.with_name(h.name + USER_SUFFIX), h.with_name(h.name + BACKUP_SUFFIX)):
+            if _exists(kept):
+                kept.rename(h)
+                lines.append(f"restored the previous hook from {kept.name}")
+                break
     lines.append(f"kept the timestamp branch, {paths.keyring} and git config stampd.*")
     return lines
 
@@ -351,7 +422,8 @@ def cmd_install(args: argparse.Namespace) -> int:
     """``stampd hook install [--server URL] [--branch NAME] [--repo DIR] [--force]``: 0 when
     installed; otherwise raise a `HookError`."""
     print("\n".join(install(args.repo, args.server, args.branch, args.force, args.format,
-                             args.key, getattr(args, "proof_wait", 3))))
+                             args.key, getattr(args, "proof_wait", 3),
+                             getattr(args, "git_verify", False))))
     return 0
 
 

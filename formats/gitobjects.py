@@ -13,6 +13,7 @@ is signed the same way in both.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 
 SHA1 = "sha1"
@@ -70,3 +71,52 @@ def git_object_id(kind: str, body: bytes, object_format: str = SHA1) -> str:
     if object_format not in OBJECT_FORMATS:
         raise ValueError(f"unknown object format {object_format!r}")
     return hashlib.new(object_format, f"{kind} {len(body)}\0".encode() + body).hexdigest()
+
+
+# The lines that start a signature block git knows (gpg-interface.c), in a tag's body.
+_SIGNATURE_START = re.compile(
+    rb"^-----BEGIN (?:PGP SIGNATURE|PGP MESSAGE|SIGNED MESSAGE|SSH SIGNATURE)-----\n", re.M)
+SIGNATURE_HEADERS = tuple(header for _, header in OBJECT_FORMATS.values())
+
+
+def split_signed(kind: str, body: bytes, object_format: str = SHA1
+                 ) -> tuple[bytes, bytes | None, int]:
+    """(payload, signature, signatures found) of a tag or commit as git splits it to verify it.
+
+    A commit: the signature is the ``gpgsig`` header of ``object_format`` (``gpgsig-sha256``
+    in a SHA-256 repository) with its continuation lines unfolded; the payload is the commit
+    without the signature headers of any format (commit.c ``parse_signed_commit``). A tag: the
+    signature starts at the last line that begins a signature block; the payload is what comes
+    before it. ``signatures found``: how many signature headers (or blocks) there are, so that
+    a caller can refuse more than one. No signature: ``(body, None, 0)``."""
+    if kind == "tag":
+        starts = [m.start() for m in _SIGNATURE_START.finditer(body)]
+        if not starts:
+            return body, None, 0
+        return body[:starts[-1]], body[starts[-1]:], len(starts)
+    if kind != "commit":
+        raise ValueError(f"only tags and commits are signed, not a {kind}")
+    wanted = OBJECT_FORMATS[object_format][1]
+    end = body.find(b"\n\n")
+    head, rest = (body, b"") if end < 0 else (body[:end + 1], body[end + 1:])
+    payload: list[bytes] = []
+    signature: list[bytes] | None = None
+    found = 0
+    in_sig = current_is_wanted = False
+    for line in head.splitlines(keepends=True):
+        if in_sig and line.startswith(b" "):
+            if signature is not None and current_is_wanted:
+                signature.append(line[1:])
+            continue
+        in_sig = False
+        name = line.split(b" ", 1)[0].decode("ascii", "replace")
+        if name in SIGNATURE_HEADERS and b" " in line:
+            in_sig, found = True, found + 1
+            current_is_wanted = name == wanted
+            if current_is_wanted:
+                signature = [line[len(name) + 1:]]
+            continue
+        payload.append(line)
+    if signature is None:
+        return b"".join(payload) + rest, None, found
+    return b"".join(payload) + rest, b"".join(signature), found

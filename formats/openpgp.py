@@ -51,6 +51,7 @@ __all__ = [
     "signature_digest",
     "signature_hashed_part",
     "signature_packet",
+    "signed_message",
 ]
 
 # Public-key algorithms (RFC 4880 9.1; 22 is the v4 "EdDSA legacy" of RFC 9580).
@@ -351,6 +352,17 @@ def dearmor_signature(text: str) -> bytes:
     if expected is not None and int.from_bytes(expected, "big") != crc24(packets):
         raise ValueError("armor checksum mismatch")
     return packets
+
+
+LITERAL_DATA = 11
+
+
+def signed_message(payload: bytes, signature_packets: bytes) -> bytes:
+    """An OpenPGP signed message (RFC 4880 11.3: the signature packets, then a literal data
+    packet holding ``payload``, binary, no file name, no date) made of a detached signature
+    over ``payload``: a binary signature (class 0x00) over the literal data's contents is one
+    over the payload. Several of them are checked by one ``gpg --verify-files`` run."""
+    return signature_packets + encode_packet(LITERAL_DATA, b"b\x00\x00\x00\x00\x00" + payload)
 
 
 @dataclass(frozen=True)

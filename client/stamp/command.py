@@ -29,6 +29,8 @@ def cmd_stamp(args: argparse.Namespace) -> int:
     (exit status 1, 2 or 3)."""
     positional: list[str] = list(getattr(args, "paths", None) or [])
     wait = _wait(args)
+    if getattr(args, "object", None) is not None:
+        return _stamp_object(args, positional)
     if args.tag is None and args.branch is None:
         if not positional:
             raise UsageError("give FILE|DIR... to stamp files, or --tag NAME / --branch NAME "
@@ -62,6 +64,19 @@ def cmd_stamp(args: argparse.Namespace) -> int:
         wait, in_repository=True, object_id=res_git.oid, **_quorum(args))
     print("\n".join(report(res_git)))
     _report_proof(outcome)
+    return 0
+
+
+def _stamp_object(args: argparse.Namespace, positional: list[str]) -> int:
+    """``stampd stamp --object REV``: a receipt of the object's bytes, kept as its note."""
+    from client.stamp.objectstamp import report_object, stamp_object
+
+    if positional or getattr(args, "output", None) is not None or \
+            getattr(args, "algorithm", None) or args.format == "ssh":
+        raise UsageError("--object REV takes no FILE, -o, --algorithm or --format ssh")
+    res = stamp_object(args.repo, args.object, server=args.server,
+                       key=Path(args.key) if args.key else None)
+    print("\n".join(report_object(res)))
     return 0
 
 

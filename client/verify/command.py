@@ -428,7 +428,16 @@ def git_server(repo: Path) -> str | None:
 def cmd_verify(args: argparse.Namespace) -> int:
     """``stampd verify TARGET [--file F | --digest HEX] [--key KEYFILE] [--repo DIR]
     [--chain PEM] [--log LOG] [--dir DIR]``: 0 when valid; otherwise raise a `VerifyError`
-    (exit status 1, 2, or 3 for a valid token not yet in the log)."""
+    (exit status 1, 2, or 3 for a valid token not yet in the log). With ``--signers``: a commit's
+    or tag's own signature at the time its stamp proves (`client.verify.signed`)."""
+    if getattr(args, "signers", None):
+        from client.verify.signed import cmd_verify_signed
+
+        return cmd_verify_signed(args)
+    if getattr(args, "range", None) is not None:
+        raise Malformed("--range goes with --signers FILE (the commits' own signatures)")
+    if args.target is None:
+        raise Malformed("give a receipt, manifest, token, or a git tag or commit to verify")
     token_only = [o for o, v in (("--chain", getattr(args, "chain", None)),
                                  ("--log", getattr(args, "log", None))) if v is not None]
     verb = "applies" if len(token_only) == 1 else "apply"

@@ -2,7 +2,8 @@
 each with its exit status (`client.errors.CommandError` maps it to one line).
 
 Exit status: 0 valid, 1 invalid (or could not be checked, or unsupported), 2 malformed, 3 a
-valid token whose imprint is not in the ``--log`` (yet).
+valid token whose imprint is not in the ``--log`` (yet), or (``--signers``) a commit or tag that
+no stamp covers.
 """
 
 from __future__ import annotations
@@ -58,3 +59,14 @@ class NotLogged(VerifyError):
 
     exit_code = 3
     kind = "not in the log yet"
+
+
+class NotStamped(VerifyError):
+    """``--signers``: a signed commit or tag that verifies, but no stamp proves when it existed
+    (none in the repository or its notes, none the server has with ``--fetch-proof``): exit 3.
+
+    Its signature can then be checked only against the date its signer wrote, which is what
+    the stamp is for; stamp it (the hook does so for every commit) and verify again."""
+
+    exit_code = 3
+    kind = "not stamped"
