@@ -1,12 +1,6 @@
-"""OpenPGP public keys as gpg lists them (``gpg --with-colons --fixed-list-mode --check-sigs``),
-pure: each key's creation, expiry and revocations, and whether it could sign at a given time.
-
-The listing is records of ``:``-separated fields (gnupg's doc/DETAILS): ``pub``/``sub`` (field
-6 created, 7 expires, both seconds since the epoch; field 7 empty: never), ``fpr`` (field 10 the
-fingerprint of the key before it), ``uid`` (field 10 the user id), and signatures ``sig``/``rev``
-(field 2 ``!`` when gpg checked it good, field 6 its time, field 11 its class and, for a
-revocation, ``,<reason>``; field 21 the reason's text). A key revocation is class 20 after its
-``pub``, a subkey revocation class 28 after its ``sub``; only those gpg checked good count.
+"""When an OpenPGP key could sign, pure: each key's creation, expiry and revocations as gpg lists
+them (``gpg --with-colons --fixed-list-mode --check-sigs``, read by `formats.gpglisting`, the
+one reader of gpg's key listings), and whether it could sign at a given time.
 
 **When a key could sign** (`KeyLife.refusal_at`). A signature that existed at time ``t`` is
 accepted when, at ``t``, its key and (for a subkey) its primary key were created and not expired,
@@ -24,36 +18,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-__all__ = ["HARD", "SOFT_REASONS", "GpgKey", "KeyLife", "Revocation", "parse_key_listing"]
+from formats import gpglisting
+from formats.gpglisting import HARD_REASONS, SOFT_REASONS, KeyPart, Revocation
 
-SOFT_REASONS = {1: "key is superseded", 3: "key is retired and no longer used"}
-HARD = {0: "no reason specified", 2: "key material has been compromised"}
-KEY_REVOCATION = "20"
-SUBKEY_REVOCATION = "28"
-
+__all__ = ["GpgKey", "KeyLife", "Revocation", "describe", "parse_key_listing"]
 
 def _iso(t: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-@dataclass(frozen=True)
-class Revocation:
-    time: int
-    reason: int | None  # the reason code, None when the revocation gives none
-    comment: str = ""
-
-    @property
-    def soft(self) -> bool:
-        return self.reason in SOFT_REASONS
-
-    def describe(self) -> str:
-        if self.reason is None:
-            words = "no reason given"
-        else:
-            words = SOFT_REASONS.get(self.reason) or HARD.get(self.reason) or \
-                f"reason {self.reason}"
-        return f"revoked at {_iso(self.time)} ({words}" + \
-            (f": {self.comment}" if self.comment else "") + ")"
+def describe(revocation: Revocation) -> str:
+    """``revoked at <time> (<reason>: <text>)``."""
+    r = revocation
+    if r.reason is None:
+        words = "no reason given"
+    else:
+        words = SOFT_REASONS.get(r.reason) or HARD_REASONS.get(r.reason) or f"reason {r.reason}"
+    return f"revoked at {_iso(r.time)} ({words}" + (f": {r.comment}" if r.comment else "") + ")"
 
 
 @dataclass(frozen=True)
@@ -69,11 +50,11 @@ class KeyLife:
         """Why this key could not make a signature that existed at ``t`` (None: it could)."""
         hard = [r for r in self.revocations if not r.soft]
         if hard:
-            return (f"{hard[0].describe()}: a hard revocation, which applies to signatures of "
+            return (f"{describe(hard[0])}: a hard revocation, which applies to signatures of "
                     "any time")
         soft = sorted((r for r in self.revocations if r.time <= t), key=lambda r: r.time)
         if soft:
-            return soft[0].describe()
+            return describe(soft[0])
         if t < self.created:
             return f"created at {_iso(self.created)}"
         if self.expires is not None and t >= self.expires:
@@ -117,82 +98,20 @@ class GpgKey:
         return None
 
 
-def _number(value: str) -> int | None:
-    return int(value) if value.isdigit() else None
-
-
-def _revocation(fields: list[str]) -> tuple[str, Revocation] | None:
-    """(class, revocation) of a checked-good ``rev`` record; None for any other."""
-    if len(fields) < 11 or fields[1] != "!":
+def _life(part: KeyPart) -> KeyLife | None:
+    if part.created is None:
         return None
-    created = _number(fields[5])
-    sig_class, _, reason = fields[10].partition(",")
-    if created is None or sig_class[:2] not in (KEY_REVOCATION, SUBKEY_REVOCATION):
-        return None
-    code = int(reason, 16) if reason and all(c in "0123456789abcdefABCDEF" for c in reason) \
-        else None
-    comment = fields[20] if len(fields) > 20 else ""
-    return sig_class[:2], Revocation(created, code, comment.replace("\\x3a", ":"))
+    return KeyLife(part.fingerprint, part.created, part.expires, part.revocations)
 
 
 def parse_key_listing(text: str) -> list[GpgKey]:
     """The keys of a ``gpg --with-colons --fixed-list-mode --check-sigs`` listing, in order
-    (a key or subkey whose fingerprint or creation time is missing is left out)."""
+    (a key or subkey whose fingerprint or creation time is missing is left out; a user id that
+    is not UTF-8 is shown with U+FFFD)."""
     keys: list[GpgKey] = []
-    primary: dict[str, object] | None = None
-    subkeys: list[dict[str, object]] = []
-    current: dict[str, object] | None = None
-    uids: list[str] = []
-
-    def life(d: dict[str, object]) -> KeyLife | None:
-        fpr, created = d.get("fpr"), d.get("created")
-        if not isinstance(fpr, str) or not isinstance(created, int):
-            return None
-        revs = d.get("revs", [])
-        assert isinstance(revs, list)
-        expires = d.get("expires")
-        return KeyLife(fpr.upper(), created, expires if isinstance(expires, int) else None,
-                       tuple(revs))
-
-    def close() -> None:
-        if primary is None:
-            return
-        head = life(primary)
+    for key in gpglisting.parse_key_listing(text.encode(), strict_uids=False):
+        head = _life(key.primary)
         if head is not None:
-            subs = tuple(s for s in (life(d) for d in subkeys) if s is not None)
-            keys.append(GpgKey(head, subs, tuple(uids)))
-
-    for line in text.splitlines():
-        fields = line.split(":")
-        kind = fields[0]
-        if kind == "pub":
-            close()
-            primary, subkeys, uids = {}, [], []
-            current = primary
-        elif kind == "sub" and primary is not None:
-            current = {}
-            subkeys.append(current)
-        elif kind in ("uid", "uat"):
-            current = None  # (its signatures are about the user id)
-            if kind == "uid" and len(fields) > 9 and primary is not None:
-                uids.append(fields[9])
-            continue
-        elif kind == "fpr" and current is not None and "fpr" not in current:
-            if len(fields) > 9:
-                current["fpr"] = fields[9]
-            continue
-        elif kind == "rev" and current is not None:
-            found = _revocation(fields)
-            wanted = KEY_REVOCATION if current is primary else SUBKEY_REVOCATION
-            if found is not None and found[0] == wanted:
-                revs = current.setdefault("revs", [])
-                assert isinstance(revs, list)
-                revs.append(found[1])
-            continue
-        else:
-            continue
-        if current is not None and len(fields) > 6:
-            current["created"] = _number(fields[5])
-            current["expires"] = _number(fields[6])
-    close()
+            subs = tuple(life for life in map(_life, key.subkeys) if life is not None)
+            keys.append(GpgKey(head, subs, key.uids))
     return keys

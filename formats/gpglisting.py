@@ -10,6 +10,11 @@ in, `Key` values out.
   secret-key listing, with its secret key at hand in the home (field 15 ``+``; ``#`` is a
   stub, anything else a smartcard's serial number). `Key.signing_key` is the first such part
   of a usable key.
+- `KeyPart.created`, `expires` (fields 6 and 7: seconds since the epoch; expires None: never)
+  and `revocations`: the ``rev`` records gpg checked good (field 2 ``!``, with
+  ``--check-sigs``) of the key's own class, 20 after its ``pub``, 28 after a ``sub`` (field 11
+  ``<class>x,<reason>``, field 21 the reason's text); a user id's revocation (class 30) is not
+  the key's. `formats.gpgkeys` says when such a key could sign.
 - User ids: gpg escapes ``:``, ``\\`` and control characters (``\\x3a``, ``\\x5c``, ``\\n``...)
   and passes every other byte as it is. The bytes, unescaped, must be UTF-8; a user id that is
   not is refused (`ListingError`), never changed: stampd writes the key's user id into every
@@ -25,7 +30,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["UNUSABLE", "Key", "KeyPart", "ListingError", "parse_key_listing", "unescape_field"]
+__all__ = ["UNUSABLE", "Key", "KeyPart", "ListingError", "Revocation", "parse_key_listing",
+           "unescape_field"]
 
 UNUSABLE = frozenset("reid")  # validity: revoked, expired, invalid, disabled
 SECRET_HERE = "+"  # field 15 of a secret-key listing: the secret key is in the home
@@ -39,14 +45,17 @@ class ListingError(ValueError):
     """A listing stampd cannot read faithfully (a user id that is not UTF-8)."""
 
 
-def unescape_field(value: bytes) -> str:
+def unescape_field(value: bytes, *, strict: bool = True) -> str:
     r"""A ``--with-colons`` field with gpg's escapes (``\x3a``, ``\n``, ``\\``...) undone, as
-    UTF-8; `ListingError` if it is not UTF-8."""
+    UTF-8; `ListingError` if it is not UTF-8 (``strict``; else U+FFFD in its place, for text
+    only shown)."""
     def replace(m: re.Match[bytes]) -> bytes:
         escape = m.group(1)
         return bytes([int(escape[1:], 16)]) if escape[:1] == b"x" else _SIMPLE_ESCAPES[escape]
 
     raw = _ESCAPE.sub(replace, value)
+    if not strict:
+        return raw.decode("utf-8", "replace")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -62,6 +71,45 @@ def _number(value: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
+def _time(value: str) -> int | None:
+    return int(value) if value.isdigit() else None
+
+
+KEY_REVOCATION = "20"
+SUBKEY_REVOCATION = "28"
+SOFT_REASONS = {1: "key is superseded", 3: "key is retired and no longer used"}
+HARD_REASONS = {0: "no reason specified", 2: "key material has been compromised"}
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """A revocation of a key or subkey that gpg checked good: its time, its reason code (None
+    when it gives none) and the reason's text."""
+
+    time: int
+    reason: int | None
+    comment: str = ""
+
+    @property
+    def soft(self) -> bool:
+        """Superseded or retired (RFC 4880 5.2.3.23): what was signed before it stays good."""
+        return self.reason in SOFT_REASONS
+
+
+def _revocation(f: Sequence[bytes]) -> tuple[str, Revocation] | None:
+    """(class, revocation) of a ``rev`` record gpg checked good; None for any other."""
+    if len(f) < 11 or _field(f, 1) != "!":
+        return None
+    created = _time(_field(f, 5))
+    sig_class, _, reason = _field(f, 10).partition(",")
+    if created is None or sig_class[:2] not in (KEY_REVOCATION, SUBKEY_REVOCATION):
+        return None
+    code = int(reason, 16) if reason and all(c in "0123456789abcdefABCDEF" for c in reason) \
+        else None
+    comment = unescape_field(f[20], strict=False) if len(f) > 20 else ""
+    return sig_class[:2], Revocation(created, code, comment)
+
+
 @dataclass(frozen=True)
 class KeyPart:
     """A primary key or a subkey of a listing (a ``pub``/``sec`` or ``sub``/``ssb`` record)."""
@@ -75,6 +123,9 @@ class KeyPart:
     keygrip: str  # with --with-keygrip, else ""
     secret: bool  # from a secret-key listing (``sec``/``ssb``)
     secret_here: bool = False  # (secret listings) its secret key is in the home, field 15 "+"
+    created: int | None = None
+    expires: int | None = None  # None: never
+    revocations: tuple[Revocation, ...] = ()  # checked good (listed with --check-sigs)
 
     @property
     def usable(self) -> bool:
@@ -127,6 +178,7 @@ class _Building:
     keygrip: str = ""
     subkeys: list[_Building] = field(default_factory=list)
     uids: list[str] = field(default_factory=list)
+    revocations: list[Revocation] = field(default_factory=list)
 
     def part(self) -> KeyPart:
         r = self.record
@@ -134,32 +186,44 @@ class _Building:
                        bits=_number(_field(r, 2)), curve=_field(r, 16) or None,
                        capabilities=_field(r, 11), validity=_field(r, 1),
                        keygrip=self.keygrip, secret=r[0] in (b"sec", b"ssb"),
-                       secret_here=_field(r, 14) == SECRET_HERE)
+                       secret_here=_field(r, 14) == SECRET_HERE,
+                       created=_time(_field(r, 5)), expires=_time(_field(r, 6)),
+                       revocations=tuple(self.revocations))
 
     def key(self) -> Key:
         return Key(self.part(), tuple(s.part() for s in self.subkeys if s.fingerprint),
                    tuple(self.uids))
 
 
-def parse_key_listing(listing: bytes) -> list[Key]:
+def parse_key_listing(listing: bytes, *, strict_uids: bool = True) -> list[Key]:
     """The keys of a ``gpg --with-colons`` listing (``--list-keys``, ``--list-secret-keys``,
-    ``--show-keys``, with ``--fingerprint`` or anything else that prints ``fpr`` records), as
-    gpg wrote it. Raise `ListingError` for a user id that is not UTF-8."""
+    ``--show-keys``, with ``--fingerprint`` or anything else that prints ``fpr`` records; with
+    ``--check-sigs``, their revocations too), as gpg wrote it. Raise `ListingError` for a user
+    id that is not UTF-8 (``strict_uids``; else U+FFFD in its place, for ids only shown)."""
     keys: list[_Building] = []
     current: _Building | None = None
+    signed: _Building | None = None  # what a ``rev`` record now revokes (None: a user id)
     for line in listing.splitlines():
         f = line.split(b":")
         kind = f[0]
         if kind in (b"pub", b"sec"):
-            current = _Building(f)
+            current = signed = _Building(f)
             keys.append(current)
         elif kind in (b"sub", b"ssb") and keys:
-            current = _Building(f)
+            current = signed = _Building(f)
             keys[-1].subkeys.append(current)
         elif kind == b"fpr" and current is not None and not current.fingerprint:
             current.fingerprint = _field(f, 9).upper()
         elif kind == b"grp" and current is not None and not current.keygrip:
             current.keygrip = _field(f, 9).upper()
-        elif kind == b"uid" and keys and _field(f, 1) != "r":
-            keys[-1].uids.append(unescape_field(f[9] if len(f) > 9 else b""))
+        elif kind in (b"uid", b"uat"):
+            signed = None  # (the signatures after it are about the user id)
+            if kind == b"uid" and keys and _field(f, 1) != "r":
+                keys[-1].uids.append(unescape_field(f[9] if len(f) > 9 else b"",
+                                                    strict=strict_uids))
+        elif kind == b"rev" and signed is not None:
+            found = _revocation(f)
+            own = KEY_REVOCATION if signed.record[0] in (b"pub", b"sec") else SUBKEY_REVOCATION
+            if found is not None and found[0] == own:
+                signed.revocations.append(found[1])
     return [k.key() for k in keys if k.fingerprint]

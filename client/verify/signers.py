@@ -31,7 +31,7 @@ from client.verify.errors import CannotCheck, Malformed
 from client.verify.keys import KEYRING_PREFIX, MAX_KEY
 from formats.allowed_signers import AllowedSigner, parse_allowed_signers, ssh_time
 from formats.gitobjects import split_signed
-from formats.gpgkeys import GpgKey, parse_key_listing
+from formats.gpgkeys import GpgKey, describe, parse_key_listing
 from formats.gpgstatus import SignatureTally
 from formats.sshsig import SshSigError, SshSignature
 
@@ -317,7 +317,7 @@ def _identified(key: GpgKey, signing: str, sig_expiry: int | None, where: str) -
     parts = [f"created {iso(life.created)}"]
     if life.expires is not None or key.primary.expires is not None:
         parts.append(f"expires {iso(min(e for e in (life.expires, key.primary.expires) if e))}")
-    parts += [r.describe() for r in (*key.primary.revocations, *(
+    parts += [describe(r) for r in (*key.primary.revocations, *(
         life.revocations if life is not key.primary else ()))]
     uid = key.uids[0] if key.uids else key.primary.fingerprint
     what = signing if signing == key.primary.fingerprint else \

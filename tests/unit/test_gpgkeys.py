@@ -28,7 +28,7 @@ def key_with(revocations: str = "", sub: str = "") -> str:
 
 def test_a_soft_revocation_applies_from_its_time() -> None:
     (key,) = parse_key_listing(LISTING)
-    assert key.uids == ("Alice <alice@x>",)
+    assert key.uids == ()  # (its one user id is revoked: formats.gpglisting leaves it out)
     assert (key.primary.created, key.primary.expires) == (CREATED, EXPIRES)
     assert len(key.primary.revocations) == 1  # (the user id's revocation, class 30, is not)
     rev = key.primary.revocations[0]
