@@ -23,12 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from formats.keys import STAMPS
+from server.api import templates
 from server.api.services import Services
 from server.tlog.witnesses import policy_text
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 STATIC_DIR = WEB_DIR / "static"
-TEMPLATE_DIR = WEB_DIR / "templates"
 
 # Scripts and style from this server only; WebAssembly (hash-wasm) compiled from the scripts'
 # own bytes; the hashing worker from this server. The stamp page posts digests to this
@@ -65,11 +65,6 @@ def _files() -> dict[str, tuple[bytes, bytes]]:
             for f in STATIC_DIR.iterdir() if f.is_file() and _NAME.fullmatch(f.name)}
 
 
-@cache
-def _template(page: str) -> str:
-    return (TEMPLATE_DIR / f"{page}.html").read_text()
-
-
 def page_config(s: Services) -> dict[str, Any]:
     """What a page knows of this server without asking it again."""
     settings = s.settings
@@ -89,12 +84,12 @@ def page_config(s: Services) -> dict[str, Any]:
 
 
 def render(page: str, s: Services) -> str:
+    """The page (templates/<page>.html). Its configuration goes through `tojson`, which writes
+    "<", ">", "&" and "'" as \\u escapes: the JSON cannot end its <script> element early,
+    whatever a key's user id says."""
     names = assets()
-    # "<" escaped: the JSON cannot end its <script> element early, whatever a key's user id says.
-    config = json.dumps(page_config(s), separators=(",", ":")).replace("<", "\\u003c")
-    return (_template(page).replace("{{css}}", f"/web/{names['page']}")
-            .replace("{{script}}", f"/web/{names[page]}")
-            .replace("{{config}}", config))
+    return templates.render(f"{page}.html", css=f"/web/{names['page']}",
+                            script=f"/web/{names[page]}", config=page_config(s))
 
 
 def add_web_routes(app: FastAPI, services: Callable[[], Services]) -> None:
