@@ -19,11 +19,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import NameOID
 
 from formats import note
+from formats.keys import WITNESS, WITNESS_KEY, ServedKey
 from server.api import status, web
 from server.api.services import Services
 from server.tlog.sequencer import LogKey
 from server.tlog.witnesses import WitnessState
-from workers.keys.keyset import WITNESS, WITNESS_KEY, ServedKey
 
 EVIL = "<script>alert('x')</script>\"&"
 SSH = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHbr9GGRjdkSvfQZFgYAGLqCmoJAGjOmh6e5aTkIDmqd\n"
