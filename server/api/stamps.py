@@ -28,7 +28,7 @@ from formats.receipts import (
     split_receipt,
 )
 from server.api.body import read_body
-from server.api.deps import ServicesDep
+from server.api.deps import ServicesDep, services_of
 from server.api.openapi import (
     EXAMPLE_DIGEST,
     KEY_CHOICE,
@@ -211,11 +211,12 @@ def add_stamp_routes(router: APIRouter) -> None:
                    **problems(400, 408, 411, 413, 415, 503)},
         openapi_extra=request_body(URLENCODED, JSON, schema=STAMP_BODY,
                                    example={"sha256": EXAMPLE_DIGEST["sha256"]}))
-    async def stamp_digest(request: Request, s: ServicesDep) -> Response:
+    async def stamp_digest(request: Request) -> Response:
         """Exactly one digest field, and optionally the key choice. The answer is sent only
         after the receipt is stored, so the GET operations find it from then on. The receipt
         is an OpenPGP cleartext-signed (or SSH signed) statement; with `Accept:
         application/json`, a JSON object of its fields and the receipt."""
+        s = services_of(request)  # (not ServicesDep: the hot path, `services_of`)
         ctype, body = await read_body(request.scope, request.receive, s.settings,
                                       (URLENCODED, JSON))
         req, choice = parse_digest_body(ctype, body)
