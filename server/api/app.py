@@ -269,8 +269,8 @@ def create_app(
 
     app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
+    add_v1_routes(app, services)  # first: a digest stamp is routed without trying / first
     add_zeitgitter_routes(app)
-    add_v1_routes(app, services)
     add_log_routes(app, settings.log_repo)
     add_health_routes(app)
     add_metrics_route(app, services)
