@@ -92,10 +92,10 @@ def whole(regex: re.Pattern[str] | str) -> str:
     return f"^(?:{regex if isinstance(regex, str) else regex.pattern})$"
 
 
-def matching(regex: re.Pattern[str] | str, **schema: Any) -> WithJsonSchema:
+def matching(regex: re.Pattern[str]) -> WithJsonSchema:
     """A string parameter documented as matching ``regex``: the pattern the route checks it
     against (in its own words), not one FastAPI would check (and answer 422 for)."""
-    return WithJsonSchema({"type": "string", "pattern": whole(regex), **schema})
+    return WithJsonSchema({"type": "string", "pattern": whole(regex)})
 
 
 def text(description: str, example: str | None = None, media: str = TEXT) -> Json:
