@@ -65,7 +65,7 @@ class Statement:
         return {**asdict(self), "utc": self.utc}
 
 
-_LINE = {
+STATEMENT_FIELDS = {  # the lines of a statement after its header: name -> pattern of the value
     "algorithm": r"(sha256|sha512)",
     "digest": r"([0-9a-f]{64}|[0-9a-f]{128})",
     "time": r"(0|[1-9][0-9]{0,11})",
@@ -83,7 +83,7 @@ def parse_statement(text: str) -> Statement:
     if len(lines) != 8 or lines[0] != HEADER:
         raise MalformedReceipt("not a 'stampd receipt v1' statement of eight lines")
     values: dict[str, str] = {}
-    for line, (name, pattern) in zip(lines[1:], _LINE.items(), strict=True):
+    for line, (name, pattern) in zip(lines[1:], STATEMENT_FIELDS.items(), strict=True):
         m = re.fullmatch(rf"{name}: {pattern}", line)
         if not m:
             raise MalformedReceipt(f"bad or misplaced '{name}' line: {line[:80]!r}")

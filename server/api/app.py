@@ -269,14 +269,14 @@ def create_app(
 
     app = FastAPI(title="stampd", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    add_zeitgitter_routes(app, services)
-    add_v1_routes(app, services)
+    add_v1_routes(app, services)  # first: a digest stamp is routed without trying / first
+    add_zeitgitter_routes(app)
     add_log_routes(app, settings.log_repo)
-    add_health_routes(app, services)
+    add_health_routes(app)
     add_metrics_route(app, services)
-    add_docs_routes(app, services)
-    add_timestamp_routes(app, services)
-    add_tlog_routes(app, services)
-    add_witness_routes(app, services)
+    add_docs_routes(app)
+    add_timestamp_routes(app)
+    add_tlog_routes(app)
+    add_witness_routes(app)
     add_web_routes(app, services)
     return ZeitgitterPost(app, services)

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
 from http import HTTPStatus
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
+from pydantic import ConfigDict, Field, with_config
 from starlette.exceptions import HTTPException
 from starlette.types import Scope, Send
+from typing_extensions import TypedDict
 
 from formats import tsp
 from server.api.httpproto import respond
@@ -94,6 +96,20 @@ def plain(exc: StampError) -> PlainTextResponse:
     status, _ = status_of(exc, "zeitgitter")
     return PlainTextResponse(reason(exc) + "\n", status_code=status,
                              headers=_retry_after(exc) or None)
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Problem(TypedDict):
+    """RFC 9457 problem details"""
+
+    type: Literal["about:blank"]
+    title: Annotated[str, Field(description="the HTTP reason phrase")]
+    status: Annotated[int, Field(ge=400, le=599)]
+    detail: Annotated[str, Field(description="what was wrong")]
+    lines: NotRequired[Annotated[list[Annotated[int, Field(ge=1)]], Field(
+        max_length=20, description="POST /v1/manifests: the first bad line numbers")]]
+    bad_lines: NotRequired[Annotated[int, Field(
+        ge=1, description="POST /v1/manifests: how many lines are bad")]]
 
 
 def problem(exc: StampError) -> JSONResponse:

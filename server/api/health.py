@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, NotRequired
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import Field
 from sqlalchemy import Engine
+from typing_extensions import TypedDict
 
+from server.api.deps import ServicesDep
+from server.api.openapi import text
 from server.api.services import Services
 from server.api.siblings import Sibling
 from server.stamping.timestamps import clock_synchronised
@@ -124,12 +128,45 @@ def _sibling_check(other: Sibling, workers: int) -> dict[str, Any]:
             f"connected (here: {workers})"}
 
 
-def add_health_routes(app: FastAPI, services: Callable[[], Services]) -> None:
-    @app.get("/healthz")
+class Check(TypedDict):
+    ok: bool
+    detail: NotRequired[str]
+
+
+class WitnessCheck(Check, total=False):
+    url: str
+    cosigned_size: int | None
+    lag: int | None
+    last_cosigned_at: float | None
+    errors: int
+    consecutive_errors: int
+    last_error: str | None
+    refused_cosignatures: int
+
+
+class Readiness(TypedDict):
+    ready: bool
+    checks: Annotated[dict[str, Check], Field(
+        description="each check by name: database, workers, key:<id>, log, peer:<name>")]
+    workers: Annotated[list[str], Field(description="the connected workers")]
+    queue: Annotated[int, Field(description="signing jobs waiting for a worker")]
+    requeued: Annotated[int, Field(description="jobs handed to another worker after a fault")]
+    witnesses: NotRequired[Annotated[dict[str, WitnessCheck], Field(
+        description="each witness of the transparency log by name, where some are "
+                    "configured: information, never a check")]]
+
+
+def add_health_routes(app: FastAPI) -> None:
+    @app.get("/healthz", tags=["operations"], operation_id="getLiveness",
+             summary="Liveness: the process answers", response_class=Response,
+             responses={200: text("alive", "ok\n")})
     async def healthz() -> Response:
         return PlainTextResponse("ok\n")
 
-    @app.get("/readyz")
-    async def readyz() -> Response:
-        ready, body = await readiness(services())
+    @app.get("/readyz", tags=["operations"], operation_id="getReadiness",
+             summary="Readiness, each check by name", response_model=Readiness,
+             response_description="every check passed",
+             responses={503: {"model": Readiness, "description": "a check failed"}})
+    async def readyz(s: ServicesDep) -> Response:
+        ready, body = await readiness(s)
         return JSONResponse(body, status_code=200 if ready else 503)

@@ -2,33 +2,61 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Annotated, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from formats.keys import SSH_NAMESPACES, allowed_signers
-from server.api.services import Services
+from server.api.deps import ServicesDep
+from server.api.openapi import problems
 from server.errors import NotFound
 
 
-def add_key_routes(router: APIRouter, services: Callable[[], Services]) -> None:
-    @router.get("/v1/keys")
-    async def keys() -> Response:
-        """Every signing key: id, format, fingerprint, algorithm, purpose (``stamps``, or
-        ``rfc3161`` for the TSA key, which signs RFC 3161 tokens only), public key, and for
-        SSH keys the allowed-signers line (namespaces git and stampd)."""
+@with_config(ConfigDict(extra="forbid"))
+class Key(TypedDict):
+    id: str
+    format: Literal["openpgp", "ssh"]
+    fingerprint: str
+    algorithm: str
+    primary: bool
+    purpose: Annotated[Literal["stamps", "rfc3161", "tlog", "witness"], Field(
+        description="what the key signs: stamps; RFC 3161 time-stamp tokens only (the TSA "
+                    "key); the transparency log's checkpoints only (the log key); or other "
+                    "logs' cosignatures only (the witness key). key= chooses none of the "
+                    "last three")]
+    public_key: Annotated[str, Field(
+        description="ASCII-armored OpenPGP key or OpenSSH public key line")]
+    allowed_signers: Annotated[str | None, Field(
+        description="SSH keys: the allowed-signers line (namespaces git and stampd)")]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Keys(TypedDict):
+    keys: Annotated[list[Key], Field(min_length=1)]
+
+
+def add_key_routes(router: APIRouter) -> None:
+    @router.get("/v1/keys", tags=["keys"], operation_id="getKeys",
+                summary="Every signing key of this server", response_model=Keys,
+                response_description="the keys, the primary key first")
+    async def keys(s: ServicesDep) -> Response:
         return JSONResponse({"keys": [
             {"id": k.id, "format": k.format, "fingerprint": k.fingerprint,
              "algorithm": k.algorithm, "primary": k.primary, "purpose": k.purpose,
              "public_key": k.public,
              "allowed_signers": k.allowed_signers(SSH_NAMESPACES)}
-            for k in services().keys]})
+            for k in s.keys]})
 
-    @router.get("/v1/keys/allowed_signers")
-    async def get_allowed_signers() -> Response:
+    @router.get("/v1/keys/allowed_signers", tags=["keys"], operation_id="getAllowedSigners",
+                summary="The SSH keys as allowed-signers lines",
+                response_class=PlainTextResponse, response_description="one line per SSH key",
+                responses=problems(404, s404="this server has no SSH key"))
+    async def get_allowed_signers(s: ServicesDep) -> Response:
         """For `git config gpg.ssh.allowedSignersFile` and `ssh-keygen -Y verify -f`."""
-        text = allowed_signers(services().keys)
+        text = allowed_signers(s.keys)
         if not text:
             raise NotFound("this server has no SSH key")
         return PlainTextResponse(text)

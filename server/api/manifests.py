@@ -15,29 +15,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi import Path as PathParam
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
+from formats.manifests import ALGORITHMS as MANIFEST_ALGORITHMS
 from formats.manifests import (
+    MAX_LINE,
     MalformedManifest,
     Manifest,
     Text,
+    line_regex,
     parse_body,
     utf8_pieces,
     utf8_size,
 )
 from server.api.body import checked_length, content_type
+from server.api.deps import ClientDep, ServicesDep
 from server.api.errors import problem_response
-from server.api.ratelimit import RateLimited, WindowBudget, client_key, locked
-from server.api.services import Services
+from server.api.openapi import (
+    EXAMPLE_DIGEST,
+    KEY_CHOICE,
+    matching,
+    named,
+    problems,
+    ref,
+    request_body,
+)
+from server.api.ratelimit import RateLimited, WindowBudget, locked
 from server.api.threadpool import OneAtATime
 from server.errors import (
     BadManifest,
@@ -312,7 +327,23 @@ class Budgets:
                                   settings.api_process_count)
 
 
-def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> None:
+# A manifest body: one or more checksum lines of one algorithm, the last LF optional.
+MANIFEST_PATTERN = "^(?:" + "|".join(
+    rf"(?:{line_regex(alg)}\n)*{line_regex(alg)}\n?" for alg in MANIFEST_ALGORITHMS) + ")$"
+MANIFEST_BODY = named(ref("ManifestBody"), ManifestBody={
+    "type": "string", "title": "checksum lines", "pattern": MANIFEST_PATTERN,
+    "description": (
+        "`sha256sum` or `sha512sum` output: lines of one algorithm, each `<hex>  "
+        "<name>`, `<hex> *<name>`, `<hex>` or `SHA256 (<name>) = <hex>` (`SHA512` "
+        "for sha512), optionally after a `\\`; lowercase hex; a name without "
+        "control characters, not ending in a space; each line ending in LF (the "
+        f"last may lack it); at most {MAX_LINE} characters a line. No `#` lines, "
+        "no empty lines.")})
+SERIAL = re.compile("[0-9]{1,18}")
+Serial = Annotated[str, PathParam(), matching(SERIAL)]
+
+
+def add_manifest_routes(router: APIRouter) -> None:
     budgets: list[Budgets] = []  # one, once the first manifest comes
     # One manifest checked at a time in this process: a check holds the GIL in a thread for
     # seconds (a million lines), and each more at once takes that much more from the event
@@ -324,11 +355,42 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
     # thread reads a piece in a few ms: hundreds of MiB a second.
     read_piece = OneAtATime()
 
-    @router.post("/v1/manifests")
-    async def stamp_manifest(request: Request) -> Response:
-        """A manifest (sha256sum/sha512sum output) signed with one signature: the server's
-        header lines (``#`` comments to ``sha256sum -c``), then the lines as sent."""
-        s = services()
+    @router.post(
+        "/v1/manifests", tags=["digests"], operation_id="stampManifest",
+        summary="Stamp a whole sha256sum/sha512sum output with one signature",
+        response_class=PlainTextResponse, response_description="the signed manifest",
+        openapi_extra={
+            # `format` and `key` are one object parameter (form style, exploded: on the wire
+            # `?format=...&key=...`), so that JSON Schema can say they agree.
+            "parameters": [{
+                "name": "keyChoice", "in": "query", "required": False,
+                "style": "form", "explode": True,
+                "description": "the query parameters `format` and `key` (each at most once), as "
+                               "for `POST /v1/stamps`; other query parameters are ignored",
+                "schema": {"type": "object", **KEY_CHOICE}}],
+            **request_body(*MANIFEST_TYPES, schema=MANIFEST_BODY,
+                           example=f"{EXAMPLE_DIGEST['sha256']}  release.tar.gz\n")},
+        responses=problems(
+            400, 408, 413, 415, 429, 503,
+            s400="a body that is not checksum lines of one algorithm (`lines` names the first "
+                 f"bad ones), a line longer than {MAX_LINE} characters, an empty body, a body "
+                 "that is not UTF-8, or a bad key choice",
+            s408="the body did not arrive in time (STAMPD_BODY_TIMEOUT per chunk, plus a second "
+                 "per MiB in all)",
+            s413="more than STAMPD_MAX_MANIFEST_BYTES bytes or STAMPD_MAX_MANIFEST_LINES lines",
+            s429="over the hourly manifest bytes of this client "
+                 "(STAMPD_MANIFEST_BYTES_PER_CLIENT_HOUR) or of the server "
+                 "(STAMPD_MANIFEST_BYTES_PER_HOUR); Retry-After: when the hour ends",
+            s503="more manifest bytes in flight than STAMPD_MANIFEST_BYTES_IN_FLIGHT, its "
+                 "checking process ended without an answer, too many stamps waiting, or no "
+                 "worker signed in time; try again after Retry-After seconds"))
+    async def stamp_manifest(request: Request, s: ServicesDep, client: ClientDep) -> Response:
+        """The body is checksum lines of one algorithm (`<hex>  <name>`, `<hex> *<name>`,
+        `<hex>`, `SHA256 (<name>) = <hex>`), at most STAMPD_MAX_MANIFEST_BYTES bytes and
+        STAMPD_MAX_MANIFEST_LINES lines (docs/manifests.md). The answer is the server's `#`
+        header lines and the lines as sent, OpenPGP cleartext-signed (or SSH-signed):
+        `gpg --verify` and `sha256sum -c` check it. A bad line is refused (400, naming the line
+        numbers) and nothing is recorded."""
         fmt, fingerprint = key_fields({k: request.query_params.getlist(k)
                                        for k in ("format", "key")
                                        if k in request.query_params})
@@ -337,7 +399,6 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
             budgets.append(Budgets(s.settings, s.clock, s.process))
         limits = budgets[0]
         length = manifest_length(request.scope, s.settings)
-        client = client_key(request.client.host if request.client else None)
         # The bytes in flight first: a request refused for them charges nothing. They are held
         # until the answer has been sent (or has failed).
         give = limits.in_flight.take(s.settings.max_manifest_bytes if length is None
@@ -359,11 +420,13 @@ def add_manifest_routes(router: APIRouter, services: Callable[[], Services]) -> 
         s.stats.request("manifest", 200)
         return response
 
-    @router.get("/v1/manifests/{serial}")
-    async def get_manifest(serial: str) -> Response:
-        """A signed manifest again, by its serial."""
-        s = services()
-        if not (serial.isascii() and serial.isdigit() and len(serial) <= 18):
+    @router.get("/v1/manifests/{serial}", tags=["digests"], operation_id="getManifest",
+                summary="A signed manifest again", response_class=PlainTextResponse,
+                response_description="the signed manifest",
+                responses=problems(400, 404, s400="a serial that is not a number",
+                                   s404="no signed manifest of that serial"))
+    async def get_manifest(s: ServicesDep, serial: Serial) -> Response:
+        if not SERIAL.fullmatch(serial):
             raise BadRequest("a serial is a whole number")
         size = await asyncio.to_thread(manifest_size, s.engine, int(serial))
         if size is None:

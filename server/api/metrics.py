@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -150,7 +150,9 @@ def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StampdCollector(services))
 
-    @app.get("/metrics")
+    @app.get("/metrics", tags=["operations"], operation_id="getMetrics",
+             summary="Prometheus metrics (text exposition format)",
+             response_class=PlainTextResponse, response_description="the metrics")
     async def metrics() -> Response:
         body = await asyncio.to_thread(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

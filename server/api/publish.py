@@ -34,6 +34,7 @@ def info_packs(path: Path) -> str:
 
 
 def add_log_routes(app: FastAPI, path: Path) -> None:
+    """Git's dumb HTTP protocol (not an API: not in /openapi.json)."""
     repo: dict[str, LogRepository] = {}
 
     def handle() -> LogRepository:
@@ -41,16 +42,16 @@ def add_log_routes(app: FastAPI, path: Path) -> None:
             repo["r"] = LogRepository(path)
         return repo["r"]
 
-    @app.get("/log.git/info/refs")
+    @app.get("/log.git/info/refs", include_in_schema=False)
     async def refs() -> Response:
         text = await asyncio.to_thread(lambda: info_refs(handle()))
         return PlainTextResponse(text, headers={"Cache-Control": "no-cache"})
 
-    @app.get("/log.git/objects/info/packs")
+    @app.get("/log.git/objects/info/packs", include_in_schema=False)
     async def packs() -> Response:
         return PlainTextResponse(info_packs(path), headers={"Cache-Control": "no-cache"})
 
-    @app.get("/log.git/{name:path}")
+    @app.get("/log.git/{name:path}", include_in_schema=False)
     async def files(name: str) -> Response:
         if not SERVED.fullmatch(name) or not (path / name).is_file():
             return PlainTextResponse("not found\n", status_code=404)

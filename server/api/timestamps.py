@@ -16,15 +16,15 @@ token is `server.stamping.timestamps`; the format, `formats.tsp`; the worker's s
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from formats import tsp
 from server.api.body import content_type, read_body
-from server.api.errors import plain, send_tsa_error, send_tsa_reply
+from server.api.deps import ServicesDep
+from server.api.errors import TIMESTAMP_REPLY, plain, send_tsa_error, send_tsa_reply
+from server.api.openapi import errors, request_body, text
 from server.api.services import Services
 from server.errors import BadRequest, NotFound, StampError
 from server.stamping.timestamps import timestamp_request
@@ -65,17 +65,37 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
     s.stats.request("tsa", 200)
 
 
-def add_timestamp_routes(app: FastAPI, services: Callable[[], Services]) -> None:
-    """``GET /tsa.pem``: the TSA certificate chain (``POST /tsr`` is served before the app, by
-    `server.api.zeitgitter.ZeitgitterPost`, and named here for the Allow header of a 405)."""
+BINARY = {"schema": {"type": "string", "format": "binary"}}
 
-    @app.get("/tsa.pem", response_class=PlainTextResponse)
-    async def tsa_pem() -> Response:
-        tsa = services().tsa
+
+def add_timestamp_routes(app: FastAPI) -> None:
+    """``GET /tsa.pem``: the TSA certificate chain; and ``POST /tsr`` for the document and for
+    the Allow header of a 405 (`server.api.zeitgitter.ZeitgitterPost` answers it before the
+    app)."""
+
+    @app.get("/tsa.pem", tags=["rfc3161"], operation_id="getTsaChain",
+             summary="The TSA certificate chain (PEM, the TSA certificate first)",
+             response_class=Response,
+             responses={200: text("the chain", media=PEM_CHAIN),
+                        404: text("RFC 3161 is off on this server")})
+    async def tsa_pem(s: ServicesDep) -> Response:
+        tsa = s.tsa
         if tsa is None:
             return plain(NotFound("RFC 3161 time-stamping is off on this server"))
         return Response(tsa.chain_pem, media_type=PEM_CHAIN)
 
-    @app.post(TSA_PATH)
+    @app.post(TSA_PATH, tags=["rfc3161"], operation_id="timestamp",
+              summary="An RFC 3161 time-stamp token for a TimeStampReq", response_class=Response,
+              openapi_extra=request_body(TIMESTAMP_QUERY, schema=BINARY["schema"]),
+              responses={200: {"description": "a TimeStampResp: granted with the token, or "
+                                              "rejection",
+                               "content": {TIMESTAMP_REPLY.decode(): BINARY}},
+                         **errors(TIMESTAMP_REPLY.decode(), 404, 408, 411, 413, 415, 503,
+                                  s404="RFC 3161 is off on this server (STAMPD_TSA=false)",
+                                  s415="a Content-Type other than "
+                                       "application/timestamp-query")})
     async def tsr_post() -> Response:
+        """RFC 3161 over HTTP (docs/tsa.md); `POST /` with this Content-Type is the same. A
+        request the TSA refuses is answered 200 with a TimeStampResp of status `rejection` and
+        nothing is recorded; HTTP errors carry a TimeStampResp too."""
         raise AssertionError("POST /tsr is served by ZeitgitterPost")

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import PlainTextResponse, Response
+from pydantic import WithJsonSchema
 from starlette.types import Receive
 
 from formats.tlog.errors import TlogError
 from formats.tlog.tiles import parse_entries_path, parse_tile_path
-from server.api.manifests import client_key
+from server.api.deps import ClientDep, ServicesDep
+from server.api.openapi import RETRY_AFTER, Responses, matching, problems, text
 from server.api.services import Services
 from server.errors import BadRequest, NotFound, NotInLogYet, RequestTimeout
 from server.tlog.proofs import (
@@ -33,29 +35,30 @@ from server.tlog.proofs import (
     prove,
     unknown_serial,
 )
-from server.tlog.store import TileReader
 from server.tlog.waiters import Stopping
 from server.tlog.witnesses import policy_text
 
 MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
 IMMUTABLE = "public, max-age=31536000, immutable"
 _GIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_SERIAL = re.compile("[0-9]{1,18}")
 PROOF_TYPE = "text/plain; charset=utf-8"
+NO_LOG = text("no transparency log")
 
 
 def _off() -> NotFound:
     return NotFound("this server keeps no transparency log (STAMPD_TLOG=off)")
 
 
-def add_tlog_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+def add_tlog_routes(app: FastAPI) -> None:
     """The ``/tlog`` files (plain answers: they are what a static web server would give)."""
 
-    def reader() -> TileReader | None:
-        return services().tlog_reader
-
-    @app.get("/tlog/checkpoint")
-    async def checkpoint() -> Response:
-        r = reader()
+    @app.get("/tlog/checkpoint", tags=["tlog"], operation_id="getCheckpoint",
+             summary="The newest signed checkpoint (C2SP tlog-checkpoint)",
+             response_class=PlainTextResponse, response_description="the signed note",
+             responses={404: text("no checkpoint yet, or no transparency log")})
+    async def checkpoint(s: ServicesDep) -> Response:
+        r = s.tlog_reader
         note = None if r is None else await asyncio.to_thread(r.checkpoint)
         if note is None:
             return PlainTextResponse("no checkpoint yet\n", status_code=404,
@@ -63,25 +66,38 @@ def add_tlog_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         return Response(note, media_type="text/plain; charset=utf-8",
                         headers={"Cache-Control": "no-cache"})
 
-    @app.get("/tlog/vkey")
-    async def vkey() -> Response:
-        key = services().log_key
+    @app.get("/tlog/vkey", tags=["tlog"], operation_id="getLogVerifierKey",
+             summary="The log's signed-note verifier key, one line",
+             response_class=PlainTextResponse,
+             response_description="<origin>+<key ID>+<base64 key>", responses={404: NO_LOG})
+    async def vkey(s: ServicesDep) -> Response:
+        key = s.log_key
         if key is None:
             return PlainTextResponse("this server keeps no transparency log\n", status_code=404)
         return PlainTextResponse(key.vkey + "\n")
 
-    @app.get("/tlog/policy")
-    async def policy() -> Response:
-        s = services()
+    @app.get("/tlog/policy", tags=["tlog"], operation_id="getVerificationPolicy",
+             summary="The server's verification policy (C2SP tlog-policy)",
+             response_class=PlainTextResponse,
+             response_description="the policy, one line per item", responses={404: NO_LOG})
+    async def policy(s: ServicesDep) -> Response:
+        """The log's verifier key, the witnesses that cosign its checkpoints and how many of
+        them a checkpoint needs: `log`, `witness`, `group witnesses <k> ...` and `quorum
+        witnesses` lines, or `quorum none` without witnesses."""
         if s.log_key is None:
             return PlainTextResponse("this server keeps no transparency log\n", status_code=404)
         text = policy_text(s.log_key.vkey, s.settings.public_url + "tlog",
                            s.settings.witness_list, s.settings.quorum)
         return PlainTextResponse(text, headers={"Cache-Control": "no-cache"})
 
-    @app.get("/tlog/tile/{path:path}")
-    async def tile(path: str) -> Response:
-        r = reader()
+    @app.get("/tlog/tile/{path:path}", tags=["tlog"], operation_id="getTile",
+             summary="A tile or an entry bundle (C2SP tlog-tiles)", response_class=Response,
+             responses={200: {"description": "the tile's bytes", "content": {
+                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                 404: text("not a tile path, or no such tile")})
+    async def tile(s: ServicesDep, path: str) -> Response:
+        """`<L>/<N>[.p/<W>]` (hashes) or `entries/<N>[.p/<W>]` (entries); immutable."""
+        r = s.tlog_reader
         rel = f"tile/{path}"
         try:
             if path.startswith("entries/"):
@@ -132,10 +148,33 @@ def _not_yet(located: Located | None, object_id: str | None) -> NotFound:
                        "(or with ?wait=SECONDS)")
 
 
-def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> None:
-    async def answer(request: Request, serial: int | None, object_id: str | None,
-                     wait: str | None) -> Response:
-        s = services()
+Wait = Annotated[str | None, Query(
+    description="seconds (0 to 60) to wait until a checkpoint covers it (the answer comes as "
+                "soon as one does)"), WithJsonSchema({"type": "string"})]
+
+
+def _proof_doc(operation_id: str, summary: str, s400: str) -> dict[str, Any]:
+    """What describes a ``/v1/proofs`` operation: its answers among them."""
+    found = problems(404, s404="no such stamp, a stamp that failed, or one not yet covered by "
+                               "a checkpoint (then with Retry-After)")
+    found[404]["headers"] = {"Retry-After": {**RETRY_AFTER, "required": False}}
+    responses: Responses = {
+        200: {"description": "the proof", "headers": {
+            "X-Stampd-Serial": {"description": "the stamp's serial", "schema": {"type": "string"}},
+            "X-Stampd-Log-Index": {"description": "its entry's index",
+                                   "schema": {"type": "string"}}}},
+        **problems(400, 503, s400=s400,
+                   s503="as many proof requests wait already as this server lets wait (in all, "
+                        "or from this client), or the server is stopping; try again after "
+                        "Retry-After seconds"),
+        **found}
+    return {"tags": ["tlog"], "operation_id": operation_id, "summary": summary,
+            "response_class": PlainTextResponse, "responses": responses}
+
+
+def add_proof_routes(router: APIRouter) -> None:
+    async def answer(request: Request, s: Services, client: bytes, serial: int | None,
+                     object_id: str | None, wait: str | None) -> Response:
         r, waiters = s.tlog_reader, s.proof_waiters
         if r is None or waiters is None:
             raise _off()
@@ -157,7 +196,6 @@ def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> Non
             raise _not_yet(found, object_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        client = client_key(request.client.host if request.client else None)
         # Looked up with the other waiters that arrive meanwhile, then woken when there is
         # news (server.tlog.waiters): no query of its own.
         with waiters.waiting(client, serial, object_id) as w:
@@ -195,22 +233,27 @@ def add_proof_routes(router: APIRouter, services: Callable[[], Services]) -> Non
             finally:
                 gone.cancel()
 
-    @router.get("/v1/proofs/{serial}")
-    async def proof(request: Request, serial: str, wait: str | None = None) -> Response:
-        """The ``c2sp.org/tlog-proof@v1`` of stamp ``serial`` (the serial of a receipt, a
-        manifest or an RFC 3161 token): its entry (the ``extra`` line), its index, its inclusion
-        proof and the signed checkpoint. 404 while the stamp is unknown or not yet covered (with
-        ``Retry-After``); ``?wait=SECONDS`` (at most 60) waits until it is; 503 (with
-        ``Retry-After``) when too many requests wait already."""
-        if not serial.isascii() or not serial.isdigit() or len(serial) > 18:
+    @router.get("/v1/proofs/{serial}", **_proof_doc(
+        "getProof", "A stamp's proof of inclusion in the transparency log",
+        "a serial or wait that is malformed"))
+    async def proof(request: Request, s: ServicesDep, client: ClientDep,
+                    serial: Annotated[str, Path(), matching(_SERIAL)],
+                    wait: Wait = None) -> Response:
+        """The `c2sp.org/tlog-proof@v1` of the stamp with this serial (a receipt, a manifest
+        or an RFC 3161 token): its entry on the `extra` line, its index, the inclusion proof
+        and the signed checkpoint."""
+        if not _SERIAL.fullmatch(serial):
             raise BadRequest("serial must be a decimal number")
-        return await answer(request, int(serial), None, wait)
+        return await answer(request, s, client, int(serial), None, wait)
 
-    @router.get("/v1/proofs/git/{object_id}")
-    async def git_proof(request: Request, object_id: str, wait: str | None = None) -> Response:
-        """The proof of a git stamp, by the id of the signed tag or commit the server answered
-        (``git rev-parse <tag>``); or by the id of the commit stamped, the first of its
-        stamps in the log."""
+    @router.get("/v1/proofs/git/{object_id}", **_proof_doc(
+        "getGitProof", "A git stamp's proof of inclusion in the transparency log",
+        "an object id or wait that is malformed"))
+    async def git_proof(request: Request, s: ServicesDep, client: ClientDep,
+                        object_id: Annotated[str, Path(), matching(_GIT_ID)],
+                        wait: Wait = None) -> Response:
+        """By the id of the signed tag or commit the server answered, or by the commit
+        stamped (its first stamp in the log)."""
         if not _GIT_ID.fullmatch(object_id):
             raise BadRequest("object id must be 40 or 64 lowercase hex digits")
-        return await answer(request, None, object_id, wait)
+        return await answer(request, s, client, None, object_id, wait)

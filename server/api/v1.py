@@ -32,9 +32,9 @@ def add_v1_routes(app: FastAPI, services: Callable[[], Services]) -> None:
         services().stats.request(kind, status)
 
     router = APIRouter(route_class=problem_route(count))
-    add_stamp_routes(router, services)
-    add_manifest_routes(router, services)
-    add_key_routes(router, services)
-    add_proof_routes(router, services)
+    add_stamp_routes(router)
+    add_manifest_routes(router)
+    add_key_routes(router)
+    add_proof_routes(router)
     app.include_router(router)
     app.add_exception_handler(HTTPException, routing_problem)

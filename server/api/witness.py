@@ -20,8 +20,9 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy import Engine
 
@@ -38,9 +39,10 @@ from formats.tlog.witness import (
     encode_size,
 )
 from server.api.body import checked_length
+from server.api.deps import ClientDep, ServicesDep
 from server.api.errors import plain
-from server.api.ratelimit import RateLimited, WindowBudget, client_key
-from server.api.services import Services
+from server.api.openapi import TEXT, matching, request_body, text
+from server.api.ratelimit import RateLimited, WindowBudget
 from server.dispatch import Dispatcher
 from server.errors import BodyTooLarge, RequestTimeout, StampError
 from server.settings import Settings
@@ -111,22 +113,44 @@ async def read_witness_body(request: Request, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-def add_witness_routes(app: FastAPI, services: Callable[[], Services]) -> None:
+def add_witness_routes(app: FastAPI) -> None:
     def not_witness() -> Response:
         return PlainTextResponse("this server is no witness (STAMPD_WITNESS=off)\n",
                                  status_code=404)
 
     budgets: list[WindowBudget] = []  # one, once the first request comes
 
-    @app.post("/add-checkpoint")
-    async def add_checkpoint(request: Request) -> Response:
-        s = services()
+    @app.post(
+        "/add-checkpoint", tags=["witness"], operation_id="addCheckpoint",
+        summary="Have this witness cosign a log's checkpoint (C2SP tlog-witness)",
+        response_class=PlainTextResponse,
+        response_description="the cosignature line(s) (c2sp.org/tlog-cosignature)",
+        openapi_extra=request_body(TEXT, schema={"type": "string",
+                                                 "maxLength": MAX_REQUEST_BYTES}),
+        responses={
+            400: text("a malformed request, or an old size above the checkpoint's"),
+            403: text("no valid signature by a key of the log"),
+            404: text("a log this witness does not know, or no witness here"),
+            409: text("the old size is not the size last cosigned: the body is that size and "
+                      "a newline", media=SIZE_CONTENT_TYPE),
+            413: text(f"a body over {MAX_REQUEST_BYTES} bytes"),
+            422: text("the consistency proof does not verify, or another tree of the size "
+                      "cosigned"),
+            429: text("this client sent its requests of the minute "
+                      "(STAMPD_WITNESS_REQUESTS_PER_CLIENT_MINUTE): retry after Retry-After "
+                      "seconds"),
+            503: text("stored but not cosigned now: retry after Retry-After seconds")})
+    async def add_checkpoint(request: Request, s: ServicesDep, client: ClientDep) -> Response:
+        """`old <size>`, the consistency proof (one base64 hash a line), an empty line, then
+        the signed checkpoint; at most 65536 bytes. The checkpoint is stored before it is
+        cosigned; the checkpoint already cosigned, sent again, is answered with the stored
+        cosignature while it is at most 30 s old."""
         if s.witness is None:
             return not_witness()
         if not budgets:
             budgets.append(witness_budget(s.settings, s.clock))
         try:  # (before the body is read: a refused request costs nothing more)
-            budgets[0].charge(client_key(request.client.host if request.client else None), 1)
+            budgets[0].charge(client, 1)
         except RateLimited as e:
             return PlainTextResponse(e.message + "\n", status_code=429,
                                      headers={"Retry-After": str(e.retry_after)})
@@ -139,17 +163,26 @@ def add_witness_routes(app: FastAPI, services: Callable[[], Services]) -> None:
             return plain(e)
         return Response(lines, media_type=NOTE_TYPE)
 
-    @app.get("/tlog/witness-vkey")
-    async def witness_vkey_route() -> Response:
-        s = services()
+    @app.get("/tlog/witness-vkey", tags=["witness"], operation_id="getWitnessVerifierKey",
+             summary="The witness's cosignature verifier key (type 0x04), one line",
+             response_class=PlainTextResponse,
+             response_description="<name>+<key ID>+<base64 key>",
+             responses={404: text("this server is no witness")})
+    async def witness_vkey_route(s: ServicesDep) -> Response:
         if s.witness is None:
             return not_witness()
         public = next(k.public for k in s.keys if k.id == WITNESS_KEY.id)
         return PlainTextResponse(witness_vkey(s.settings.witness_name, public) + "\n")
 
-    @app.get("/{origin_hash}/checkpoint")
-    async def monitoring(origin_hash: str) -> Response:
-        s = services()
+    @app.get("/{origin_hash}/checkpoint", tags=["witness"], operation_id="getWitnessedCheckpoint",
+             summary="The checkpoint of a log last cosigned (monitoring)",
+             response_class=PlainTextResponse,
+             response_description="the cosigned checkpoint note",
+             responses={404: text("no checkpoint of that log cosigned, or no witness here")})
+    async def monitoring(s: ServicesDep,
+                         origin_hash: Annotated[str, Path(), matching(_HEX)]) -> Response:
+        """By the lowercase hex SHA-256 of the log's origin: the checkpoint with the log's
+        signature and this witness's cosignature, nothing else."""
         if s.witness is None:
             return not_witness()
         if not _HEX.fullmatch(origin_hash):

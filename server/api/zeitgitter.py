@@ -13,16 +13,34 @@ import asyncio
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import WithJsonSchema
 from python_multipart.multipart import parse_options_header
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api import status
 from server.api.body import read_body
+from server.api.deps import ServicesDep
 from server.api.errors import NOSNIFF, plain, send_plain
 from server.api.httpproto import respond
+from server.api.openapi import (
+    KEY_CHOICE,
+    MULTIPART,
+    TEXT,
+    URLENCODED,
+    Json,
+    errors,
+    named,
+    ref,
+    request_body,
+    text,
+    whole,
+)
 from server.api.services import Services
 from server.api.timestamps import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.errors import (
@@ -35,15 +53,16 @@ from server.errors import (
 from server.settings import Settings
 from server.stamping.requests import BranchRequest, GitRequest, TagRequest, choose_key, key_fields
 
-OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1 or SHA-256 repositories
+SHA1_ID, SHA256_ID = "[0-9a-f]{40}", "[0-9a-f]{64}"  # object ids of SHA-1, SHA-256 repositories
+OBJECT_ID = re.compile(f"{SHA1_ID}|{SHA256_ID}")
 TAGNAME = re.compile(r"[_a-zA-Z][-._a-zA-Z0-9]{0,99}")
+# The rules of git-check-ref-format that `valid_tagname` adds to TAGNAME, as lookaheads.
+TAGNAME_RULES = r"(?!.*\.\.)(?!.*\.$)(?!.*\.lock$)"
 
 STAMP_TAG = "stamp-tag-v1"
 STAMP_BRANCH = "stamp-branch-v1"
 GET_PUBLIC_KEY = "get-public-key-v1"
 
-URLENCODED = "application/x-www-form-urlencoded"
-MULTIPART = "multipart/form-data"
 GIT_OBJECT = b"application/x-git-object"
 PGP_KEYS = "application/pgp-keys"
 MAX_FIELDS = 16
@@ -252,18 +271,65 @@ class ZeitgitterPost:
         await respond(scope, send, 200, [(b"content-type", GIT_OBJECT), NOSNIFF], text)
 
 
-def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> None:
-    """``GET /``: the public key (``?request=get-public-key-v1``), the status page for a
-    browser, or a line about the server."""
+def _form(title: str, request: str, required: Sequence[str], **fields: Json) -> Json:
+    """A Zeitgitter form's schema. The server ignores fields it does not know, so that a newer
+    client's field does not break it (the body's size limit, STAMPD_MAX_BODY, is answered 413
+    and no schema can say)."""
+    return {"type": "object", "title": title,
+            "properties": {"request": {"type": "string", "const": request}, **fields},
+            "required": ["request", *required], "additionalProperties": {"type": "string"},
+            "maxProperties": MAX_FIELDS, **KEY_CHOICE}
 
-    # POST / never reaches the app (ZeitgitterPost answers it first); it is named here so that
-    # the Allow header of a 405 answer for / lists it.
-    @app.api_route("/", methods=["GET", "POST"])
-    async def root_get(request: Request) -> Response:
-        if request.method != "GET":
-            raise AssertionError("POST / is served by ZeitgitterPost")
-        s = services()
-        requests = request.query_params.getlist("request")
+
+def _branch(name: str, oid: str) -> Json:
+    """stamp-branch-v1 in a repository of ``name`` (one request's ids have one length)."""
+    def field(description: str) -> Json:
+        return {"type": "string", "pattern": whole(oid), "description": description}
+
+    return _form(f"stamp-branch-v1 ({name})", STAMP_BRANCH, ["commit", "tree"],
+                 commit=field(f"the commit to stamp ({name})"),
+                 tree=field("the tree of `commit`"),
+                 parent=field("the branch's previous stamp; must differ from `commit`"))
+
+
+FORMS = named(ref("ZeitgitterStamp"),
+              ZeitgitterStamp={"oneOf": [ref("TagStamp"), ref("BranchStamp"),
+                                         ref("BranchStampSha256")]},
+              TagStamp=_form(
+                  STAMP_TAG, STAMP_TAG, ["commit", "tagname"],
+                  commit={"type": "string", "pattern": whole(OBJECT_ID),
+                          "description": "the commit to stamp"},
+                  tagname={"type": "string", "pattern": whole(TAGNAME_RULES + TAGNAME.pattern),
+                           "maxLength": 100,
+                           "description": "the tag's name: git's ref-name rules, no `..`, not "
+                                          "ending in `.` or `.lock`"}),
+              BranchStamp=_branch("SHA-1", SHA1_ID),
+              BranchStampSha256=_branch("SHA-256", SHA256_ID))
+# ?request=, as sent (given twice, it is refused)
+RootRequest = Annotated[list[str] | None, Query(alias="request"),
+                        WithJsonSchema({"type": "string", "enum": [GET_PUBLIC_KEY]})]
+
+
+class _Root(APIRoute):
+    """A route of ``/``, whose 405 answer allows both GET and POST (Starlette's would name
+    the methods of the first route of the path only)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] not in (self.methods or ()):
+            raise HTTPException(405, headers={"Allow": "GET, POST"})
+        await super().handle(scope, receive, send)
+
+
+def add_zeitgitter_routes(app: FastAPI) -> None:
+    """``GET /``: the public key (``?request=get-public-key-v1``), the status page for a
+    browser, or a line about the server; and ``POST /`` for the document (`ZeitgitterPost`
+    answers it before the app)."""
+
+    async def root_get(request: Request, s: ServicesDep, requests: RootRequest = None
+                       ) -> Response:
+        """`?request=get-public-key-v1`: the primary OpenPGP key, ASCII-armored (the key the
+        Zeitgitter client pins). Without `request`: a one-line banner, or the status page for
+        `Accept: text/html`."""
         if not requests and "text/html" in request.headers.get("accept", ""):
             snap = await asyncio.to_thread(status.snapshot, s)
             return HTMLResponse(status.render(s, snap), headers=status.PAGE_HEADERS)
@@ -275,3 +341,27 @@ def add_zeitgitter_routes(app: FastAPI, services: Callable[[], Services]) -> Non
         if requests != [GET_PUBLIC_KEY]:
             return plain(UnknownRequest("unknown request type"))
         return Response(s.key.public, media_type=PGP_KEYS)
+
+    async def root_post() -> Response:
+        raise AssertionError("POST / is served by ZeitgitterPost")
+
+    app.router.add_api_route(
+        "/", root_get, methods=["GET"], route_class_override=_Root, tags=["zeitgitter"],
+        operation_id="getRoot", summary="The primary public key, or a banner",
+        response_class=Response,
+        responses={200: {"description": "the key, the banner or the status page", "content": {
+            media: {"schema": {"type": "string"}} for media in (PGP_KEYS, TEXT, "text/html")}},
+            **errors(TEXT, 406, s406="a `request` other than get-public-key-v1, or `request` "
+                                     "given more than once")})
+    app.router.add_api_route(
+        "/", root_post, methods=["POST"], tags=["zeitgitter"],
+        operation_id="stampGit", response_class=Response,
+        summary="Stamp a commit: a signed tag (stamp-tag-v1) or merge commit (stamp-branch-v1)",
+        description="The Zeitgitter protocol v1 (docs/protocol.md), as the `git timestamp` "
+                    "client sends it. Other fields are ignored, within the limit of 16 fields; "
+                    "a field given twice is refused. Errors are a short plain-text reason.",
+        openapi_extra=request_body(URLENCODED, MULTIPART, schema=FORMS, example={
+            "request": STAMP_TAG, "commit": "3" * 40, "tagname": "v1.0-timestamp"}),
+        responses={200: text("the signed git object (a tag, or a commit)",
+                             media=GIT_OBJECT.decode()),
+                   **errors(TEXT, 406, 408, 411, 413, 415, 503)})

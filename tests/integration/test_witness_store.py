@@ -346,6 +346,7 @@ def test_a_client_over_its_minute_is_answered_429_and_changes_nothing(tmp_path: 
     import httpx
     from fastapi import FastAPI
 
+    from server.api.deps import services
     from server.api.witness import add_witness_routes
     from server.settings import Settings
 
@@ -353,8 +354,9 @@ def test_a_client_over_its_minute_is_answered_429_and_changes_nothing(tmp_path: 
     w = witness(sqlite_url(tmp_path))
     settings = Settings(data_dir=tmp_path / "data", witness_requests_per_client_minute=3)
     app = FastAPI()
-    add_witness_routes(app, lambda: SimpleNamespace(  # type: ignore[arg-type,return-value]
-        witness=w, settings=settings, clock=lambda: now[0], engine=w.engine))
+    add_witness_routes(app)
+    app.dependency_overrides[services] = lambda: SimpleNamespace(
+        witness=w, settings=settings, clock=lambda: now[0], engine=w.engine)
 
     def client(address: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(address, 1)),

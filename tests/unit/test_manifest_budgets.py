@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from server.api.manifests import ByteRateLimit, InFlight, ManifestsBusy, RateLimited, client_key
+from server.api.manifests import ByteRateLimit, InFlight, ManifestsBusy, RateLimited
+from server.api.ratelimit import client_key
 
 HOUR = 1_795_399_200  # a whole hour, Unix seconds
 

@@ -27,7 +27,7 @@ from formats.manifests import (
     splice,
     unpack,
 )
-from server.api.openapi import MANIFEST_PATTERN
+from server.api.manifests import MANIFEST_PATTERN
 
 H256 = hashlib.sha256(b"a").hexdigest()
 H512 = hashlib.sha512(b"a").hexdigest()

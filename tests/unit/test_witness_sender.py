@@ -596,10 +596,12 @@ def test_the_policy_is_404_without_a_transparency_log() -> None:
     import httpx
     from fastapi import FastAPI
 
+    from server.api.deps import services
     from server.api.tlog import add_tlog_routes
 
     app = FastAPI()
-    add_tlog_routes(app, lambda: SimpleNamespace(log_key=None))  # type: ignore[arg-type,return-value]
+    add_tlog_routes(app)
+    app.dependency_overrides[services] = lambda: SimpleNamespace(log_key=None)
 
     async def ask() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
