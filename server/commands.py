@@ -82,7 +82,7 @@ def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
     never gets new ones, and must not sign: ``signs_here``), migrated database, log
     repository. Returns the keys this server serves."""
     from server import db
-    from server.log.repository import LogRepository
+    from server.gitlog.repository import LogRepository
     from server.signing_keys import serving_keys
     from workers.keys.keyset import ensure_extra_keys
     from workers.keys.store import KeyStore

@@ -217,7 +217,7 @@ class SigningKey(Base):
     host: Mapped[str] = mapped_column(String(255))  # the host that registered it last
     registered_at: Mapped[int] = mapped_column(BigInteger)
     # The TSA key's certificate chain (PEM, the TSA certificate first), so that API hosts
-    # without key files publish it and sign with it (`server.stamping.timestamps`).
+    # without key files publish it and sign with it (`server.stamping.rfc3161`).
     certificates: Mapped[str | None] = mapped_column(Text, default=None)
 
 

@@ -1,7 +1,7 @@
 """`stampd audit`: verify a copy of the public log from the clone alone plus the keys it holds.
 
-The log (see docs/log.md; written by `server.log.repository`,
-`server.log.committer`) is a git repository. Its ``main`` branch is a linear chain of log
+The log (see docs/log.md; written by `server.gitlog.repository`,
+`server.gitlog.committer`) is a git repository. Its ``main`` branch is a linear chain of log
 commits, each signed by the server key that its own ``pubkey.asc`` holds, with the period's
 ``hashes.log`` (and ``digests.log``). Each branch ``<name>-timestamps`` is a merge chain of
 stamp-branch-v1 stamps of main commits made by peer ``<name>``, whose key the server pinned as

@@ -28,10 +28,10 @@ from server.api.httpproto import on_shutdown, open_connections
 from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
+from server.api.rfc3161 import add_timestamp_routes
 from server.api.services import Services
 from server.api.siblings import Siblings
 from server.api.threadpool import started_pool
-from server.api.timestamps import add_timestamp_routes
 from server.api.tlog import add_tlog_routes
 from server.api.v1 import add_v1_routes
 from server.api.web import add_web_routes
@@ -41,23 +41,23 @@ from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
 from server.errors import KeyRegistryError
-from server.log.committer import LogCommitter
-from server.log.leader import AdvisoryLeader, FileLeader
-from server.log.peers import CrossStamper
-from server.log.repository import LogRepository
+from server.gitlog.committer import LogCommitter
+from server.gitlog.peers import CrossStamper
+from server.gitlog.repository import LogRepository
+from server.leadership import AdvisoryLeader, FileLeader
 from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal, JournalApi
 from server.stamping.journal_host import RemoteJournal
+from server.stamping.rfc3161 import Tsa, TsaSource
 from server.stamping.stamper import Stamper
-from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from server.tlog.proofs import locate_many
 from server.tlog.published import CheckpointWatch
 from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, fingerprints_of
 from server.tlog.store import TileReader, checkpoint_file
 from server.tlog.waiters import ProofWaiters
-from server.tlog.witnesses import STATE_FILE, Backoff, WitnessSender
+from server.tlog.witness_client import STATE_FILE, Backoff, WitnessSender
 
 
 def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, str]:

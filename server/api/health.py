@@ -17,7 +17,7 @@ from server.api.deps import ServicesDep
 from server.api.openapi import text
 from server.api.services import Services
 from server.api.siblings import Sibling
-from server.stamping.timestamps import clock_synchronised
+from server.stamping.rfc3161 import clock_synchronised
 
 
 def _ping(engine: Engine) -> None:

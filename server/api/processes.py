@@ -29,13 +29,13 @@
   writer (`server.stamping.journal_host.JournalHost`), which commits the rows every HTTP
   process sends it together, one fsync for all; on PostgreSQL each process commits its own
   groups. One log writer and one cross-stamper: the process that
-  holds the log lock (`server.log.leader.FileLeader`; with database dispatch the PostgreSQL
+  holds the log lock (`server.leadership.FileLeader`; with database dispatch the PostgreSQL
   advisory lock), which another takes over when it dies.
 - **Metrics and /readyz** add up, or check, every process (`server.api.siblings`).
 
 Each process dies with its parent (SIGKILL, ``PR_SET_PDEATHSIG``): an HTTP process as the one
 HTTP process of a server killed with SIGKILL would (its pending stamps are settled as after
-such a crash, see `server.log.committer`). The manager restarts an HTTP process that exits
+such a crash, see `server.gitlog.committer`). The manager restarts an HTTP process that exits
 while the server runs, and the supervisor a manager that exits; told to stop, the supervisor
 stops the manager, which stops every HTTP process (SIGTERM: each finishes its requests).
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, PlainTextResponse, Response
 
-from server.log.repository import LogRepository
+from server.gitlog.repository import LogRepository
 
 SERVED = re.compile(
     r"HEAD|objects/[0-9a-f]{2}/[0-9a-f]{38}|objects/pack/pack-[0-9a-f]{40,64}\.(?:pack|idx)"

@@ -10,17 +10,17 @@ from sqlalchemy import Engine
 from formats.keys import ServedKey
 from server.api.siblings import Overview, Siblings, overview
 from server.dispatch import Dispatcher
-from server.log.committer import LogCommitter
-from server.log.peers import CrossStamper
+from server.gitlog.committer import LogCommitter
+from server.gitlog.peers import CrossStamper
 from server.settings import Settings
 from server.stamping.journal import JournalApi
+from server.stamping.rfc3161 import Tsa, TsaSource
 from server.stamping.stamper import Stamper
-from server.stamping.timestamps import Tsa, TsaSource
 from server.stats import Stats
 from server.tlog.sequencer import LogKey, Tlog
 from server.tlog.store import TileReader
 from server.tlog.waiters import ProofWaiters
-from server.tlog.witnesses import STATE_FILE, WitnessState, read_states
+from server.tlog.witness_client import STATE_FILE, WitnessState, read_states
 from server.witness.service import Witness
 
 
@@ -53,7 +53,7 @@ class Services:
 
     def witness_states(self) -> list[WitnessState]:
         """Each configured witness's state: this process's own where it sends the checkpoints,
-        else as the host's sending process last wrote it (`server.tlog.witnesses`)."""
+        else as the host's sending process last wrote it (`server.tlog.witness_client`)."""
         witnesses = self.settings.witness_list
         if not witnesses:
             return []

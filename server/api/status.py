@@ -19,11 +19,11 @@ from formats.keys import WITNESS_KEY, witness_vkey
 from server.api import templates
 from server.api.services import Services
 from server.api.templates import TEMPLATE_DIR
-from server.log.repository import LogRepository
+from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
 from server.settings import redact_userinfo
 from server.tlog.store import checkpoint_size
-from server.tlog.witnesses import WitnessState
+from server.tlog.witness_client import WitnessState
 
 MINUTES = 60
 

@@ -36,7 +36,7 @@ from server.tlog.proofs import (
     unknown_serial,
 )
 from server.tlog.waiters import Stopping
-from server.tlog.witnesses import policy_text
+from server.tlog.witness_client import policy_text
 
 MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
 IMMUTABLE = "public, max-age=31536000, immutable"

@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from formats.keys import STAMPS
 from server.api import templates
 from server.api.services import Services
-from server.tlog.witnesses import policy_text
+from server.tlog.witness_client import policy_text
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 STATIC_DIR = WEB_DIR / "static"

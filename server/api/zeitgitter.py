@@ -41,8 +41,8 @@ from server.api.openapi import (
     text,
     whole,
 )
+from server.api.rfc3161 import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.api.services import Services
-from server.api.timestamps import TSA_PATH, is_timestamp_query, serve_timestamp
 from server.errors import (
     BadRequest,
     InvalidCommitId,
@@ -234,7 +234,7 @@ def _headless(send: Send) -> Send:
 
 class ZeitgitterPost:
     """Raw ASGI handler for ``POST /`` (the hot path; RFC 3161 requests, told apart by their
-    Content-Type, and ``POST /tsr`` go to `server.api.timestamps`), in front of the FastAPI
+    Content-Type, and ``POST /tsr`` go to `server.api.rfc3161`), in front of the FastAPI
     app; every HTTP response, its own and the app's, gets ``X-Content-Type-Options:
     nosniff``."""
 

@@ -1,7 +1,7 @@
 """The requests the service accepts, validated: each knows its kind, its journal row, the job
 that signs it and what the signed job answers, so that nothing else branches on what kind of
 request it is. Every kind has one interface, `Request`: the `Stamper` has one path for all.
-(The RFC 3161 request, `server.stamping.timestamps.TimestampRequest`, lives with the rest of
+(The RFC 3161 request, `server.stamping.rfc3161.TimestampRequest`, lives with the rest of
 the time-stamping authority.)
 """
 

@@ -14,11 +14,11 @@ Every ``interval`` seconds, in the one HTTP process of a host that holds the hos
    it; another host publishes the database's checkpoint once its own tiles reach its size, and
    again whenever the database's note of that size changed (cosignatures were added);
 4. the sequencer hands the newest checkpoint to its witnesses' sender
-   (`server.tlog.witnesses`), which runs in tasks of its own; the cosignatures it collects
+   (`server.tlog.witness_client`), which runs in tasks of its own; the cosignatures it collects
    come back through `Tlog.add_cosignatures`, which republishes the checkpoint with them if it
    is still the newest.
 
-Which stamps: those the public git log lists (`server.log.committer`): signed ones, and
+Which stamps: those the public git log lists (`server.gitlog.committer`): signed ones, and
 pending ones older than the request timeout plus `OUTCOME_GRACE` (their process died; their
 signature may have gone out). Failed stamps never get an entry. The database fixes the tree:
 an entry, once committed, never changes, and the tiles are made from the entries, so after
@@ -55,10 +55,10 @@ from formats.tlog.entry import encode_entry
 from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
-from server.log.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
+from server.gitlog.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.store import TilesMismatch, TileWriter, checkpoint_size
-from server.tlog.witnesses import Offered, WitnessSender, merge_cosignatures
+from server.tlog.witness_client import Offered, WitnessSender, merge_cosignatures
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import pytest
 from sqlalchemy import select
 
 from server import db
-from server.log.committer import LogCommitter
-from server.log.peers import CrossStamper
-from server.log.repository import LogRepository
+from server.gitlog.committer import LogCommitter
+from server.gitlog.peers import CrossStamper
+from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
 from server.settings import Settings
 from server.stamping.journal import Journal

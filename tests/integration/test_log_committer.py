@@ -22,8 +22,8 @@ from sqlalchemy import Engine, insert, select, update
 
 from formats.jobs import CommitJob
 from server import db
-from server.log.committer import OUTCOME_GRACE, LogCommitter
-from server.log.repository import LogRepository
+from server.gitlog.committer import OUTCOME_GRACE, LogCommitter
+from server.gitlog.repository import LogRepository
 from server.models import LogCommit, LogCommitState, Stamp, StampState
 from server.stamping.journal import Journal
 from server.stamping.requests import BranchRequest, DigestRequest, Request, TagRequest

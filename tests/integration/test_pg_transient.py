@@ -25,7 +25,7 @@ from sqlalchemy import exc as sa_exc
 from server import db
 from server.dispatch.database import DbDispatcher
 from server.errors import JournalError
-from server.log.leader import AdvisoryLeader
+from server.leadership import AdvisoryLeader
 from server.models import Stamp, StampState
 from server.stamping.journal import Journal
 from server.stamping.requests import TagRequest

@@ -10,9 +10,9 @@ from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.api.health import readiness
 from server.api.services import Services
-from server.log.committer import LogCommitter
-from server.log.peers import CrossStamper
-from server.log.repository import LogRepository
+from server.gitlog.committer import LogCommitter
+from server.gitlog.peers import CrossStamper
+from server.gitlog.repository import LogRepository
 from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper

@@ -23,7 +23,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
 from server import db
-from server.log.committer import OUTCOME_GRACE
+from server.gitlog.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.proofs import prove
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog

@@ -19,7 +19,7 @@ from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
 from server.signing_keys import register_certificates, registered_certificates
-from server.stamping.timestamps import RETRY_EVERY, TsaSource
+from server.stamping.rfc3161 import RETRY_EVERY, TsaSource
 from workers.tsa import TSA_CHAIN_FILE
 
 KEY_ID = "openpgp-nistp256"

@@ -409,7 +409,7 @@ def test_an_unsynchronised_clock_refuses_tokens_when_required(tmp_path: Path) ->
     """STAMPD_TSA_REQUIRE_CLOCK_SYNC: tokens only while the kernel says the clock is
     synchronised. The kernel's answer is read here as the server reads it (the same machine),
     so the test holds whichever it is."""
-    from server.stamping.timestamps import clock_synchronised
+    from server.stamping.rfc3161 import clock_synchronised
 
     synced = clock_synchronised()
     assert synced is not None, "adjtimex(2) cannot be asked on this machine"

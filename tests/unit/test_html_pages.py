@@ -23,7 +23,7 @@ from formats.keys import WITNESS, WITNESS_KEY, ServedKey
 from server.api import status, web
 from server.api.services import Services
 from server.tlog.sequencer import LogKey
-from server.tlog.witnesses import WitnessState
+from server.tlog.witness_client import WitnessState
 
 EVIL = "<script>alert('x')</script>\"&"
 SSH = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHbr9GGRjdkSvfQZFgYAGLqCmoJAGjOmh6e5aTkIDmqd\n"

@@ -14,7 +14,7 @@ import pytest
 
 from formats.jobs import FrameBuffer, decode_frame, frame
 from server.api.processes import ApiManagerConfig, listeners
-from server.log.leader import FileLeader
+from server.leadership import FileLeader
 from server.stats import Stats
 from tests.helpers import short_tmpdir
 from workers.link import Dispatchers

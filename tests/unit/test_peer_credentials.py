@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from server.errors import PeerError
-from server.log.peers import _http
+from server.gitlog.peers import _http
 
 SECRET = "s3cr3t-T0KEN"
 

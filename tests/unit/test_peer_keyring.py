@@ -10,7 +10,7 @@ import pytest
 
 from formats.openpgp import armor_signature, dearmor_signature
 from server.errors import PeerError
-from server.log.peers import PeerKeyring
+from server.gitlog.peers import PeerKeyring
 from tests.broken_keys import revoked_public_key, sign_as_test_key
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -1,4 +1,4 @@
-"""Checks of a peer's answer to a branch stamp request (server.log.peers), without servers.
+"""Checks of a peer's answer to a branch stamp request (server.gitlog.peers), without servers.
 
 Cross-stamping between live servers is tested in tests/system/test_peers.py.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from server.errors import PeerError
-from server.log.peers import check_branch_stamp
+from server.gitlog.peers import check_branch_stamp
 
 
 def test_check_branch_stamp_rejects() -> None:
@@ -42,7 +42,7 @@ def test_peer_requests_share_one_verifying_tls_context() -> None:
     and host names, as httpx's default does."""
     import ssl
 
-    from server.log import peers
+    from server.gitlog import peers
 
     context = peers._tls()
     assert context is peers._tls()

@@ -1,4 +1,4 @@
-"""The log's side of the witness protocol (server.tlog.witnesses) without a server: the
+"""The log's side of the witness protocol (server.tlog.witness_client) without a server: the
 witness settings, the backoff, the published policy, merging cosignatures into a note, reading
 a witness's answer, the state file, and the sender against witnesses on loopback
 (tests.helpers.LocalWitness: the pure protocol checks and a `cryptography` key) over real
@@ -32,7 +32,7 @@ from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
 from formats.tlog.witness import SIZE_CONTENT_TYPE, encode_size
 from server.settings import Settings, WitnessConfig, parse_witnesses, redact_userinfo
 from server.tlog.store import TileReader, TileWriter
-from server.tlog.witnesses import (
+from server.tlog.witness_client import (
     Backoff,
     CosignatureRefused,
     Offered,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, insert, select, update
 
 from server.errors import PeerError
-from server.log.repository import LogRepository
+from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
 from server.settings import PeerConfig, Settings, redact_userinfo, url_credentials
 from workers.keys.gnupg import GpgError, TempGnupgHome

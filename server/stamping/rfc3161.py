@@ -5,7 +5,7 @@ the key that signs its tokens and the certificate chain published for it (`Tsa`,
 (`TimestampRequest`).
 
 The other parts of RFC 3161 live elsewhere: the HTTP front end (``POST /``, ``POST /tsr``,
-``GET /tsa.pem``) is `server.api.timestamps`; the pure format (``TimeStampReq`` parsing,
+``GET /tsa.pem``) is `server.api.rfc3161`; the pure format (``TimeStampReq`` parsing,
 ``TimeStampResp`` building) is `formats.tsp`; the signing worker's side (building and signing
 the token, the certificate chain) is `workers.tsa`.
 """

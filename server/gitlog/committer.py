@@ -1,6 +1,6 @@
 """Periodic log commits: the period's stamped hashes become a signed commit of the public log.
 
-Exactly one process writes a log: the holder of the log lock (`server.log.leader`), a file lock
+Exactly one process writes a log: the holder of the log lock (`server.leadership`), a file lock
 among the HTTP processes of one ``stampd serve``, an advisory lock among several API hosts on one
 PostgreSQL. The database drives it:
 
@@ -54,7 +54,7 @@ from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
 from server.errors import StampError
-from server.log.repository import LogRepository
+from server.gitlog.repository import LogRepository
 from server.models import LogCommit, LogCommitState, ManifestDigests, Stamp, StampState
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class LogCommitter:
         self.key_files = key_files or {}  # the server's further public keys, by log path
         # Files read at each commit, by log path: the transparency log's checkpoint.
         self.extra_files = extra_files or dict
-        # Several API hosts: only the holder of the log lock commits (see server.log.leader).
+        # Several API hosts: only the holder of the log lock commits (see server.leadership).
         self.leader = leader
         # The HTTP processes of one host share the repository: a new writer finds every
         # commit in place and has nothing to rebuild from the database.

@@ -10,7 +10,7 @@ answered with an HTTP status and a ``TimeStampResp`` saying why (413, 408, 503 w
 ``systemFailure``...): docs/tsa.md lists them.
 
 This module is only the HTTP side: what a request is checked against and how it becomes a
-token is `server.stamping.timestamps`; the format, `formats.tsp`; the worker's side,
+token is `server.stamping.rfc3161`; the format, `formats.tsp`; the worker's side,
 `workers.tsa`.
 """
 
@@ -27,7 +27,7 @@ from server.api.errors import TIMESTAMP_REPLY, plain, send_tsa_error, send_tsa_r
 from server.api.openapi import errors, request_body, text
 from server.api.services import Services
 from server.errors import BadRequest, NotFound, StampError
-from server.stamping.timestamps import timestamp_request
+from server.stamping.rfc3161 import timestamp_request
 
 TIMESTAMP_QUERY = "application/timestamp-query"
 PEM_CHAIN = "application/pem-certificate-chain"
