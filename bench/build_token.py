@@ -20,8 +20,9 @@ from datetime import UTC, datetime, timedelta
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from formats import tsp
 from formats.jobs import TimestampJob
+from formats.tsp.algorithms import ecdsa_signature
+from formats.tsp.certificates import certificate, tbs_certificate
 from workers import tsa
 
 POLICY = "2.25.178387009458913539541377305212843591845"
@@ -32,7 +33,7 @@ def fake_signature(data: bytes) -> bytes:
     """An ECDSA-Sig-Value whose r and s are hashes of ``data``: each has its top bit set half
     the time, as a real signature's (then its DER INTEGER is one byte longer)."""
     r, s = (int.from_bytes(hashlib.sha256(tag + data).digest(), "big") | 1 for tag in (b"r", b"s"))
-    return tsp.ecdsa_signature(r, s)
+    return ecdsa_signature(r, s)
 
 
 def setup() -> tuple[tsa.TsaKey, list[bytes], list[TimestampJob]]:
@@ -41,12 +42,12 @@ def setup() -> tuple[tsa.TsaKey, list[bytes], list[TimestampJob]]:
                                              serialization.PublicFormat.SubjectPublicKeyInfo)
     key = tsa.TsaKey("bench", spki, "sha256_ecdsa", fake_signature)
     now = datetime(2026, 11, 25, tzinfo=UTC)
-    tbs = tsp.tbs_certificate(spki, {"common_name": "stampd TSA at http://127.0.0.1:8080/",
-                                     "organization_name": "stampd"},
-                              serial=(1 << 70) | 12345, not_before=now - timedelta(hours=1),
-                              not_after=now + timedelta(days=3650),
-                              signature_algorithm="sha256_ecdsa")
-    chain = [tsp.certificate(tbs, "sha256_ecdsa", tsp.ecdsa_signature(R, S))]
+    tbs = tbs_certificate(spki, {"common_name": "stampd TSA at http://127.0.0.1:8080/",
+                                 "organization_name": "stampd"},
+                          serial=(1 << 70) | 12345, not_before=now - timedelta(hours=1),
+                          not_after=now + timedelta(days=3650),
+                          signature_algorithm="sha256_ecdsa")
+    chain = [certificate(tbs, "sha256_ecdsa", ecdsa_signature(R, S))]
     jobs = [TimestampJob("sha256", f"{i:064x}", 1000 + i, 1_795_600_000 + i, POLICY,
                          accuracy=1, nonce=str((1 << 63) + i * 7919), cert_req=bool(i % 2))
             for i in range(1000)]

@@ -285,22 +285,22 @@ class TimestampJob:
 
     def __post_init__(self) -> None:
         # (imported here: only the TSA key's worker and the HTTP processes need asn1crypto)
-        from formats import tsp
+        from formats.tsp.algorithms import HASH_ALGORITHMS, MAX_NONCE_BITS
 
-        size = tsp.HASH_ALGORITHMS.get(self.hash_algorithm, (None, None))[1]
+        size = HASH_ALGORITHMS.get(self.hash_algorithm, (None, None))[1]
         if size is None:
             raise MalformedMessage(f"unknown hash algorithm {self.hash_algorithm!r}")
         if not _HEX.fullmatch(self.digest) or len(self.digest) != 2 * size:
             raise MalformedMessage(f"a {self.hash_algorithm} digest is {2 * size} lowercase "
                                    "hex digits")
-        if not 0 <= self.serial < 1 << tsp.MAX_NONCE_BITS:
+        if not 0 <= self.serial < 1 << MAX_NONCE_BITS:
             raise MalformedMessage("the serial must be non-negative and at most 160 bits")
         if not _OID.fullmatch(self.policy):
             raise MalformedMessage("the policy must be a dotted object identifier")
         if self.accuracy is not None and self.accuracy < 0:
             raise MalformedMessage("the accuracy must not be negative")
         if self.nonce is not None and (not _DECIMAL.fullmatch(self.nonce)
-                                       or int(self.nonce) >= 1 << tsp.MAX_NONCE_BITS):
+                                       or int(self.nonce) >= 1 << MAX_NONCE_BITS):
             raise MalformedMessage("the nonce must be a decimal number of at most 160 bits")
 
     @property

@@ -180,7 +180,9 @@ def public_key(sexp_bytes: bytes) -> bytes:
     libgcrypt or gpg spells it) and RSA keys (``(rsa (n ...) (e ...))``); :class:`SexpError`
     for anything else (ed25519, other curves, DSA) or a malformed expression.
     """
-    from formats import tsp  # (asn1crypto: imported only where a TSA key is read)
+    # (asn1crypto: imported only where a TSA key is read)
+    from formats.tsp.certificates import ec_public_key_info, rsa_public_key_info
+    from formats.tsp.errors import TspError
 
     top = parse_canonical_sexp(sexp_bytes)
     if not top or top[0] != b"public-key":
@@ -201,11 +203,11 @@ def public_key(sexp_bytes: bytes) -> bytes:
             flags = _find(params, b"flags")
             if flags is not None and b"eddsa" in flags[1:]:
                 raise SexpError("an EdDSA key is not an ECDSA key")
-            return tsp.ec_public_key_info(x509_curve, _atom(params, b"q"))
+            return ec_public_key_info(x509_curve, _atom(params, b"q"))
         if algo == "rsa":
             n = int.from_bytes(_atom(params, b"n"), "big")
             e = int.from_bytes(_atom(params, b"e"), "big")
-            return tsp.rsa_public_key_info(n, e)
-    except tsp.TspError as exc:
+            return rsa_public_key_info(n, e)
+    except TspError as exc:
         raise SexpError(f"unusable {algo} public key: {exc}") from exc
     raise SexpError(f"unsupported public-key algorithm {algo!r} (ECDSA or RSA only)")

@@ -465,7 +465,7 @@ def cmd_tsa(args: argparse.Namespace) -> int:
     is for this key and carries the critical time-stamping EKU (docs/tsa.md)."""
     import tempfile
 
-    from formats import tsp
+    from formats.tsp import certificates
     from workers import tsa
 
     settings = build_settings(args)
@@ -486,7 +486,8 @@ def cmd_tsa(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="stampd-tsa-") as home, \
             tsa.open_key(key_dir, spec.format, Path(home), settings.read_passphrase()) as key:
         if args.tsa_command == "csr":
-            print(tsp.pem(tsa.csr(key, settings.tsa_common_name), "CERTIFICATE REQUEST"), end="")
+            csr = tsa.csr(key, settings.tsa_common_name)
+            print(certificates.pem(csr, "CERTIFICATE REQUEST"), end="")
             return 0
         chain = tsa.check_import(key.public_key_info, pem)
     path = tsa.write_chain(key_dir, chain)

@@ -40,8 +40,20 @@ from asn1crypto import keys as asn1_keys
 from asn1crypto import pem as asn1_pem
 from asn1crypto import x509
 
-from formats import openpgp, sexp, sshsig, tsp
+from formats import openpgp, sexp, sshsig
 from formats.jobs import TimestampJob
+from formats.tsp.algorithms import ecdsa_signature, signature_hash
+from formats.tsp.certificates import (
+    certificate,
+    certification_request,
+    certification_request_info,
+    ec_public_key_info,
+    pem,
+    subject_of,
+    tbs_certificate,
+)
+from formats.tsp.token import UnsignedToken, prepare_token
+from formats.tsp.tstinfo import TokenFields
 from workers.agents.gpg import AssuanConnection, GpgAgent, GpgAgentError
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
 from workers.keys.keyset import SshKeyStore, TsaError
@@ -105,7 +117,7 @@ _KEY_SETTINGS = ("openpgp:nistp256, openpgp:nistp384, openpgp:rsa3072, openpgp:r
 
 
 def signature_algorithm_for(key: openpgp.KeyInfo) -> str:
-    """The signature algorithm (as `formats.tsp` names it) of a TSA key: ECDSA P-256
+    """The signature algorithm (as `formats.tsp.algorithms` names it) of a TSA key: ECDSA P-256
     ``sha256_ecdsa``, P-384 ``sha384_ecdsa``, RSA of 2048 bits or more ``sha256_rsa``;
     `TsaError` for any other key (ed25519, other curves, DSA, short RSA)."""
     curve = (key.curve or "").lower()
@@ -135,7 +147,7 @@ def ssh_signature_algorithm_for(key: sshsig.SshPublicKey) -> str:
 class TsaKey:
     """A key as the TSA signs with it, whatever agent holds it: ``name`` says which key in
     messages (its fingerprint), ``public_key_info`` is its DER ``SubjectPublicKeyInfo``,
-    ``algorithm`` its signature algorithm (as `formats.tsp` names it), ``sign`` signs
+    ``algorithm`` its signature algorithm (as `formats.tsp.algorithms` names it), ``sign`` signs
     bytes: the signature as X.509 and CMS carry it (`signature`), and ``sign_many``, when the
     agent can, signs several in one round trip (`signatures`). `openpgp_agent_key` and
     `ssh_agent_key` make one."""
@@ -164,7 +176,7 @@ def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn,
     through ``sign`` (gpg-agent's ``PKSIGN`` over a digest; ``sign_many`` for several);
     `TsaError` when it cannot be a TSA key."""
     algorithm = signature_algorithm_for(key)
-    hash_name = tsp.signature_hash(algorithm)
+    hash_name = signature_hash(algorithm)
     hash_id = _HASH_IDS[hash_name]
 
     def encoded(values: Sequence[int]) -> bytes:
@@ -172,7 +184,7 @@ def openpgp_key(key: openpgp.KeyInfo, public_key_info: bytes, sign: SignFn,
             if len(values) != 2:
                 raise GpgAgentError(
                     f"an ECDSA signature has 2 values, the agent gave {len(values)}")
-            return tsp.ecdsa_signature(values[0], values[1])
+            return ecdsa_signature(values[0], values[1])
         if len(values) != 1:
             raise GpgAgentError(f"an RSA signature has 1 value, the agent gave {len(values)}")
         size = (key.bits + 7) // 8
@@ -210,14 +222,14 @@ def ssh_key(key: sshsig.SshPublicKey, sign: SshSignFn,
     several): ssh-agent signs the bytes themselves (it hashes them), and its ``(r, s)`` become
     a DER ``ECDSA-Sig-Value``. `TsaError` when it cannot be a TSA key."""
     algorithm = ssh_signature_algorithm_for(key)
-    info = tsp.ec_public_key_info(_SSH_EC_KEYS[key.key_type][0], sshsig.ecdsa_point(key))
+    info = ec_public_key_info(_SSH_EC_KEYS[key.key_type][0], sshsig.ecdsa_point(key))
 
     def encoded(blob: bytes) -> bytes:
         try:
             r, s = sshsig.ecdsa_signature_values(key, blob)
         except sshsig.SshSigError as exc:
             raise SshAgentError(f"ssh-agent returned an unusable signature: {exc}") from exc
-        return tsp.ecdsa_signature(r, s)
+        return ecdsa_signature(r, s)
 
     def signature(data: bytes) -> bytes:
         return encoded(sign(key.blob, data, 0))
@@ -291,7 +303,7 @@ def write_chain(key_dir: Path, chain: Sequence[bytes]) -> Path:
     """Replace ``key_dir``'s chain file with ``chain`` (PEM, mode 0644, atomically)."""
     path = key_dir / TSA_CHAIN_FILE
     tmp = key_dir / f".{TSA_CHAIN_FILE}.{os.getpid()}.tmp"
-    text = "".join(tsp.pem(der, "CERTIFICATE") for der in chain)
+    text = "".join(pem(der, "CERTIFICATE") for der in chain)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         with os.fdopen(fd, "w") as out:
@@ -372,7 +384,7 @@ def ensure_certificate(key_dir: Path, key: TsaKey, subject: str, days: int,
         raise TsaError("a TSA certificate is valid for at least one day")
     now = datetime.fromtimestamp(int(clock()), UTC)
     algorithm = key.algorithm
-    tbs = tsp.tbs_certificate(
+    tbs = tbs_certificate(
         key.public_key_info,
         _subject(subject),
         serial=secrets.randbits(70) | 1 << 70,
@@ -380,15 +392,15 @@ def ensure_certificate(key_dir: Path, key: TsaKey, subject: str, days: int,
         not_after=now + timedelta(days=days),
         signature_algorithm=algorithm,
     )
-    write_chain(key_dir, [tsp.certificate(tbs, algorithm, key.signature(tbs))])
+    write_chain(key_dir, [certificate(tbs, algorithm, key.signature(tbs))])
     return True
 
 
 def csr(key: TsaKey, subject: str) -> bytes:
     """A PKCS#10 certificate request (DER) for ``key`` as a TSA, CN ``subject``, O ``stampd``,
     signed through the agent; it asks for the extensions of `ensure_certificate`."""
-    info = tsp.certification_request_info(key.public_key_info, _subject(subject))
-    return tsp.certification_request(info, key.algorithm, key.signature(info))
+    info = certification_request_info(key.public_key_info, _subject(subject))
+    return certification_request(info, key.algorithm, key.signature(info))
 
 
 def check_import(public_key_info: bytes, chain_pem: bytes,
@@ -442,12 +454,12 @@ def build_tokens(jobs: Sequence[TimestampJob], key: TsaKey, chain: Sequence[byte
     their tokens. The agent's errors propagate."""
     if not chain:
         raise TsaError("this key has no TSA certificate")
-    name = tsp.subject_of(chain[0])
+    name = subject_of(chain[0])
     out: list[bytes | ValueError | None] = [None] * len(jobs)
-    unsigned: list[tuple[int, tsp.UnsignedToken]] = []
+    unsigned: list[tuple[int, UnsignedToken]] = []
     for i, job in enumerate(jobs):
         try:
-            fields = tsp.TokenFields(
+            fields = TokenFields(
                 policy=job.policy,
                 hash_algorithm=job.hash_algorithm,
                 digest=bytes.fromhex(job.digest),
@@ -457,8 +469,8 @@ def build_tokens(jobs: Sequence[TimestampJob], key: TsaKey, chain: Sequence[byte
                 nonce=job.nonce_value,
                 tsa_name=name,
             )
-            unsigned.append((i, tsp.prepare_token(fields, key.algorithm, chain,
-                                                  include_certificates=job.cert_req)))
+            unsigned.append((i, prepare_token(fields, key.algorithm, chain,
+                                              include_certificates=job.cert_req)))
         except ValueError as e:
             out[i] = e
     signatures = key.signatures([u.signed_bytes for _, u in unsigned])

@@ -36,14 +36,12 @@ from client.audit.report import MAIN_CHECK, PeerStamp
 from client.audit.repository import URL, local_copy, open_repository, read_blob
 from client.verify.errors import CannotCheck, Invalid, Malformed, NotLogged
 from client.verify.inputs import file_digest, iso
-from formats.tsp import (
-    HASH_ALGORITHMS,
-    TimeStampResp,
-    TokenFields,
-    TspError,
-    load_certificate,
-    parse_token,
-)
+from formats.tsp.algorithms import HASH_ALGORITHMS
+from formats.tsp.certificates import load_certificate
+from formats.tsp.errors import TspError
+from formats.tsp.response import TimeStampResp
+from formats.tsp.token import parse_token
+from formats.tsp.tstinfo import TokenFields
 
 if TYPE_CHECKING:  # imported where used: cryptography is needed for RFC 3161 tokens only
     from cryptography.hazmat.primitives import hashes

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Scope, Send
 from typing_extensions import TypedDict
 
-from formats import tsp
+from formats.tsp.response import rejection
 from server.api.httpproto import respond
 from server.errors import (
     BadManifest,
@@ -184,5 +184,5 @@ async def send_tsa_error(scope: Scope, send: Send, exc: StampError) -> int:
     extra = [(b"retry-after", str(exc.retry_after).encode())] \
         if isinstance(exc, Unavailable) else []
     text = reason(exc).encode("ascii", "backslashreplace").decode("ascii")
-    await send_tsa_reply(scope, send, status, tsp.rejection(_failure_of(exc), text), extra)
+    await send_tsa_reply(scope, send, status, rejection(_failure_of(exc), text), extra)
     return status

@@ -2,7 +2,7 @@
 ``Content-Type: application/timestamp-query`` (as most public TSAs, so that a client can be
 given the server's base URL) and ``POST /tsr``; ``GET /tsa.pem`` publishes the certificate chain.
 
-A request is checked (`formats.tsp.parse_request`) before anything is recorded: a
+A request is checked (`formats.tsp.request.parse_request`) before anything is recorded: a
 refused request is answered with a ``TimeStampResp`` whose status is ``rejection`` (HTTP 200,
 as RFC 3161 has it) and leaves no journal row. An accepted one is journalled, then signed by a
 worker holding the TSA key, like every stamp. What goes wrong outside the request itself is
@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from formats import tsp
+from formats.tsp.response import Rejection, granted, rejection
 from server.api.body import content_type, read_body
 from server.api.deps import ServicesDep
 from server.api.errors import TIMESTAMP_REPLY, plain, send_tsa_error, send_tsa_reply
@@ -53,15 +53,15 @@ async def serve_timestamp(scope: Scope, receive: Receive, send: Send, s: Service
         _, body = await read_body(scope, receive, s.settings, (TIMESTAMP_QUERY,))
         try:
             req = timestamp_request(tsa, body)
-        except tsp.Rejection as r:
-            await send_tsa_reply(scope, send, 200, tsp.rejection(r.failure, r.text))
+        except Rejection as r:
+            await send_tsa_reply(scope, send, 200, rejection(r.failure, r.text))
             s.stats.request("tsa", 200)
             return
         token = await s.stamper.stamp(req, tsa.key)
     except StampError as e:
         s.stats.request("tsa", await send_tsa_error(scope, send, e))
         return
-    await send_tsa_reply(scope, send, 200, tsp.granted(token))
+    await send_tsa_reply(scope, send, 200, granted(token))
     s.stats.request("tsa", 200)
 
 

@@ -21,7 +21,7 @@ from server.api.services import Services
 from server.api.templates import TEMPLATE_DIR
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
-from server.settings import redact_userinfo
+from server.setting_values import redact_userinfo
 from server.tlog.store import checkpoint_size
 from server.tlog.witness_client import WitnessState
 

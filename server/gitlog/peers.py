@@ -31,7 +31,8 @@ from sqlalchemy import Engine, insert, select, update
 from server.errors import PeerError
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
-from server.settings import PeerConfig, Settings, redact_userinfo, url_credentials
+from server.setting_values import PeerConfig, redact_userinfo, url_credentials
+from server.settings import Settings
 from workers.keys.gnupg import GpgError, TempGnupgHome
 from workers.keys.store import describe_public_key
 

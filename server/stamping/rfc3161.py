@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from formats import tsp
 from formats.jobs import TimestampJob
 from formats.keys import ServedKey
+from formats.tsp.request import parse_request
 from server.errors import ClockUnsynchronised
 from server.signing_keys import registered_certificates
 from server.stamping.requests import Outcome, StampContext
@@ -108,7 +108,7 @@ class TsaSource:
 
 @dataclass(frozen=True)
 class TimestampRequest:
-    """An RFC 3161 ``TimeStampReq``, checked (`formats.tsp.parse_request`): a token for
+    """An RFC 3161 ``TimeStampReq``, checked (`formats.tsp.request.parse_request`): a token for
     a message imprint, under the TSA's ``policy`` and ``accuracy``. Its imprint is journalled
     and logged like a digest stamp's (`server.stamping.requests.Request`)."""
 
@@ -142,11 +142,11 @@ class TimestampRequest:
 
 
 def timestamp_request(tsa: Tsa, body: bytes) -> TimestampRequest:
-    """The request a ``TimeStampReq`` (DER) asks ``tsa`` for. `tsp.Rejection` if the request
-    is refused (RFC 3161 answers that with a rejection, not an HTTP error);
+    """The request a ``TimeStampReq`` (DER) asks ``tsa`` for. `formats.tsp.response.Rejection`
+    if the request is refused (RFC 3161 answers that with a rejection, not an HTTP error);
     `ClockUnsynchronised` if the TSA requires a synchronised clock and the kernel says it is
     not."""
-    query = tsp.parse_request(body, policy=tsa.policy, allow_sha1=tsa.allow_sha1)
+    query = parse_request(body, policy=tsa.policy, allow_sha1=tsa.allow_sha1)
     if tsa.require_clock_sync and clock_synchronised() is False:
         raise ClockUnsynchronised("the server's clock is not synchronised; retry later")
     return TimestampRequest(query.hash_algorithm, query.digest.hex(), query.nonce,

@@ -53,7 +53,7 @@ from formats.tlog.witness import (
     parse_cosignatures,
     parse_size,
 )
-from server.settings import WitnessConfig, redact_userinfo
+from server.setting_values import WitnessConfig, redact_userinfo
 from server.tlog.store import write_whole
 
 if TYPE_CHECKING:  # (httpx is imported when the witnesses are first sent to: not at start)

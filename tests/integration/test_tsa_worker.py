@@ -19,9 +19,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
-from formats import sexp, tsp
+from formats import sexp
 from formats.jobs import TimestampJob
 from formats.keys import KeySpec
+from formats.tsp.algorithms import ecdsa_signature
+from formats.tsp.response import granted
+from formats.tsp.token import parse_token
 from tests.helpers import agent_home
 from workers import tsa
 from workers.agents.gpg import GpgAgent
@@ -103,11 +106,11 @@ def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, fmt: str, al
             result = sign(signer, 5, job.to_dict())
             assert result.error is None and result.object is not None
             token = base64.b64decode(result.object)
-            parsed = tsp.parse_token(token)
+            parsed = parse_token(token)
             assert parsed.fields.nonce == (1 << 70) + n and parsed.fields.serial == 1000 + n
             assert len(parsed.certificates) == (1 if cert_req else 0)
             response = tmp_path / f"r{n}.tsr"
-            response.write_bytes(tsp.granted(token))
+            response.write_bytes(granted(token))
             untrusted = [] if cert_req else ["-untrusted", str(chain_file)]
             verified = _openssl("ts", "-verify", "-digest", digest, "-in", str(response),
                                 "-CAfile", str(chain_file), *untrusted)
@@ -130,9 +133,9 @@ def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, fmt: str, al
         for n, result in enumerate(r for i, r in enumerate(results) if i != 2):
             assert result.error is None and result.object is not None
             token = base64.b64decode(result.object)
-            assert tsp.parse_token(token).fields.serial == 2000 + n
+            assert parse_token(token).fields.serial == 2000 + n
             response = tmp_path / f"b{n}.tsr"
-            response.write_bytes(tsp.granted(token))
+            response.write_bytes(granted(token))
             verified = _openssl("ts", "-verify", "-digest", digest, "-in", str(response),
                                 "-CAfile", str(chain_file), "-untrusted", str(chain_file))
             assert "Verification: OK" in verified.stdout, verified.stdout + verified.stderr
@@ -188,7 +191,7 @@ def test_ssh_agent_signatures_become_der_ecdsa(tmp_path: Path, home: Path, curve
             signatures = {key.signature(data) for _ in range(2)}
             assert len(signatures) == 2  # ECDSA: a fresh nonce each time
             for der in signatures:
-                assert der == tsp.ecdsa_signature(*utils.decode_dss_signature(der))
+                assert der == ecdsa_signature(*utils.decode_dss_signature(der))
                 public.verify(der, data, ec.ECDSA(digest))
                 with pytest.raises(InvalidSignature):
                     public.verify(der, data + b"!", ec.ECDSA(digest))

@@ -27,7 +27,7 @@ from asn1crypto import cms, core, tsp
 from cryptography import x509
 from rfc3161_client import VerifierBuilder, decode_timestamp_response
 
-from formats.tsp import TimeStampResp
+from formats.tsp.response import TimeStampResp
 from tests.helpers import (
     Server,
     branch,

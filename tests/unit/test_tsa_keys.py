@@ -13,13 +13,17 @@ from pathlib import Path
 
 import pytest
 from asn1crypto import algos
+from asn1crypto import x509 as asn1_x509
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
-from formats import openpgp, sexp, tsp
+from formats import openpgp, sexp
 from formats.jobs import TimestampJob
 from formats.keys import KeySpec
+from formats.tsp.certificates import certificate, tbs_certificate
+from formats.tsp.certificates import pem as armor
+from formats.tsp.token import parse_token
 from workers import tsa
 from workers.config import ConfigError, DispatchConfig, PoolConfig, WorkerConfig
 
@@ -146,9 +150,9 @@ def test_self_signed_certificate_and_token(tmp_path: Path, kind: str) -> None:
     job = TimestampJob("sha256", "11" * 32, 7, 1_795_400_001, "1.2.3.4", accuracy=1,
                        nonce=str(1 << 100), cert_req=True)
     token = tsa.build_token(job, key, chain)
-    parsed = tsp.parse_token(token)
+    parsed = parse_token(token)
     assert parsed.certificates == chain and parsed.fields.nonce == 1 << 100
-    assert parsed.fields.tsa_name == tsp.x509.Certificate.load(chain[0]).subject
+    assert parsed.fields.tsa_name == asn1_x509.Certificate.load(chain[0]).subject
     assert base64.b64decode(base64.b64encode(token)) == token
 
 
@@ -171,20 +175,20 @@ def test_imported_chains_must_be_tsa_chains(tmp_path: Path) -> None:
     key, _ = _software_key("nistp256")
     ca, _ = _software_key("nistp256")
     ca_info = {"common_name": "CA"}
-    ca_tbs = tsp.tbs_certificate(ca.public_key_info, ca_info, serial=1, not_before=_t(0),
-                                 not_after=_t(10), signature_algorithm="sha256_ecdsa", is_ca=True)
-    ca_cert = tsp.certificate(ca_tbs, "sha256_ecdsa", ca.signature(ca_tbs))
+    ca_tbs = tbs_certificate(ca.public_key_info, ca_info, serial=1, not_before=_t(0),
+                             not_after=_t(10), signature_algorithm="sha256_ecdsa", is_ca=True)
+    ca_cert = certificate(ca_tbs, "sha256_ecdsa", ca.signature(ca_tbs))
 
     def issued(time_stamping: bool, issuer: dict[str, str]) -> bytes:
-        tbs = tsp.tbs_certificate(key.public_key_info, {"common_name": "TSA"}, serial=2,
-                                  not_before=_t(0), not_after=_t(10),
-                                  signature_algorithm="sha256_ecdsa", issuer=issuer,
-                                  issuer_public_key_info=ca.public_key_info,
-                                  time_stamping=time_stamping)
-        return tsp.certificate(tbs, "sha256_ecdsa", ca.signature(tbs))
+        tbs = tbs_certificate(key.public_key_info, {"common_name": "TSA"}, serial=2,
+                              not_before=_t(0), not_after=_t(10),
+                              signature_algorithm="sha256_ecdsa", issuer=issuer,
+                              issuer_public_key_info=ca.public_key_info,
+                              time_stamping=time_stamping)
+        return certificate(tbs, "sha256_ecdsa", ca.signature(tbs))
 
     def pem(*certs: bytes) -> bytes:
-        return "".join(tsp.pem(c, "CERTIFICATE") for c in certs).encode()
+        return "".join(armor(c, "CERTIFICATE") for c in certs).encode()
 
     good = issued(True, ca_info)
     def now() -> float:

@@ -1,4 +1,4 @@
-"""Tests of RFC 3161 time-stamping formats (formats.tsp) against real clients.
+"""Tests of RFC 3161 time-stamping formats (the modules of formats.tsp) against real clients.
 
 ``cryptography`` stands in for the agent: it makes the keys and signs the prehashed bytes the
 module hands out, nothing else. Requests come from ``openssl ts -query``; the responses built
@@ -22,8 +22,23 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
-from formats import tsp
-from formats.tsp import Rejection, TokenFields, TspError
+from formats.tsp.algorithms import HASH_ALGORITHMS, ecdsa_signature, signature_hash
+from formats.tsp.certificates import (
+    certificate,
+    certification_request,
+    certification_request_info,
+    ec_public_key_info,
+    pem,
+    rsa_public_key_info,
+    tbs_certificate,
+)
+from formats.tsp.errors import TspError
+from formats.tsp.request import TimeStampRequest, parse_request
+from formats.tsp.response import FAILURES, Rejection, granted, rejection
+from formats.tsp.response import TimeStampResp as TspTimeStampResp
+from formats.tsp.token import parse_token, signed_attributes, signed_data
+from formats.tsp.token import token as make_token
+from formats.tsp.tstinfo import TokenFields, tst_info
 
 POLICY = "1.3.6.1.4.1.99999.1.1"
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -57,19 +72,19 @@ def spki(key: PrivateKey) -> bytes:
         point = public.public_bytes(
             serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
         )
-        return tsp.ec_public_key_info(public.curve.name, point)
+        return ec_public_key_info(public.curve.name, point)
     numbers = public.public_numbers()
-    return tsp.rsa_public_key_info(numbers.n, numbers.e)
+    return rsa_public_key_info(numbers.n, numbers.e)
 
 
 def sign(key: PrivateKey, data: bytes) -> bytes:
     """What an agent does: sign a hash it is given, never the data."""
-    name = tsp.signature_hash(algorithm(key))
+    name = signature_hash(algorithm(key))
     digest = hashlib.new(name, data).digest()
     prehashed = utils.Prehashed(hashes.SHA384() if name == "sha384" else hashes.SHA256())
     if isinstance(key, ec.EllipticCurvePrivateKey):
         r, s = utils.decode_dss_signature(key.sign(digest, ec.ECDSA(prehashed)))
-        return tsp.ecdsa_signature(r, s)
+        return ecdsa_signature(r, s)
     return key.sign(digest, padding.PKCS1v15(), prehashed)
 
 
@@ -83,7 +98,7 @@ def make_certificate(
     is_ca: bool = False,
 ) -> bytes:
     signer = issuer_key or key
-    tbs = tsp.tbs_certificate(
+    tbs = tbs_certificate(
         spki(key),
         subject,
         serial=serial,
@@ -94,7 +109,7 @@ def make_certificate(
         issuer_public_key_info=spki(issuer_key) if issuer_key else None,
         is_ca=is_ca,
     )
-    return tsp.certificate(tbs, algorithm(signer), sign(signer, tbs))
+    return certificate(tbs, algorithm(signer), sign(signer, tbs))
 
 
 @dataclass
@@ -104,7 +119,7 @@ class Tsa:
     anchor: bytes  # what the verifier trusts
 
     def token(
-        self, request: tsp.TimeStampRequest, *, gen_time: datetime = NOW, serial: int = 42
+        self, request: TimeStampRequest, *, gen_time: datetime = NOW, serial: int = 42
     ) -> bytes:
         fields = TokenFields(
             policy=POLICY,
@@ -116,11 +131,11 @@ class Tsa:
             nonce=request.nonce,
             tsa_name=asn1_x509.Certificate.load(self.chain[0]).subject,
         )
-        info = tsp.tst_info(fields)
-        attributes = tsp.signed_attributes(
-            info, self.chain[0], digest_algorithm=tsp.signature_hash(algorithm(self.key))
+        info = tst_info(fields)
+        attributes = signed_attributes(
+            info, self.chain[0], digest_algorithm=signature_hash(algorithm(self.key))
         )
-        return tsp.signed_data(
+        return signed_data(
             info,
             attributes,
             sign(self.key, attributes),
@@ -230,8 +245,8 @@ def test_certificates_verify_and_carry_the_tsa_extensions(
         assert constraints.critical and constraints.value.ca
         assert anchor.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
 
-    (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
-    (tmp_path / "tsa.pem").write_text(tsp.pem(tsa.chain[0], "CERTIFICATE"))
+    (tmp_path / "anchor.pem").write_text(pem(tsa.anchor, "CERTIFICATE"))
+    (tmp_path / "tsa.pem").write_text(pem(tsa.chain[0], "CERTIFICATE"))
     out = openssl(
         "verify", "-purpose", "timestampsign", "-CAfile", "anchor.pem", "tsa.pem", cwd=tmp_path
     )
@@ -253,22 +268,22 @@ def test_openssl_and_rfc3161_client_verify_the_response(
 ) -> None:
     tsa = make_tsa(keys, kind, shape)
     options = ["-sha256"] + ([] if nonce else ["-no_nonce"]) + (["-cert"] if cert_req else [])
-    request = tsp.parse_request(openssl_query(tmp_path, *options), policy=POLICY)
+    request = parse_request(openssl_query(tmp_path, *options), policy=POLICY)
     assert request.hash_algorithm == "sha256"
     assert request.digest == hashlib.sha256(DATA).digest()
     assert request.cert_req is cert_req
     assert (request.nonce is not None) is nonce
     token = tsa.token(request)
-    response = tsp.granted(token)
+    response = granted(token)
     # The response as built the plain way around the token (whose own bytes are the plain
     # way's: test_token_is_byte_for_byte_the_straightforward_one; dump(force=True) here
     # encoded the token again, 0.5 s of CPU per case, in asn1crypto's quadratic re-encoding).
-    assert response == tsp.TimeStampResp(
+    assert response == TspTimeStampResp(
         {"status": {"status": "granted"}, "time_stamp_token": cms.ContentInfo.load(token)}
     ).dump()
     (tmp_path / "r.tsr").write_bytes(response)
-    (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
-    (tmp_path / "tsa.pem").write_text(tsp.pem(tsa.chain[0], "CERTIFICATE"))
+    (tmp_path / "anchor.pem").write_text(pem(tsa.anchor, "CERTIFICATE"))
+    (tmp_path / "tsa.pem").write_text(pem(tsa.chain[0], "CERTIFICATE"))
 
     text = openssl("ts", "-reply", "-in", "r.tsr", "-text", cwd=tmp_path)
     assert "Status: Granted." in text
@@ -322,11 +337,11 @@ def test_openssl_and_rfc3161_client_verify_the_response(
 
 def test_token_parses_back_and_signs_the_very_attributes(keys: dict[str, PrivateKey]) -> None:
     tsa = make_tsa(keys, "p256", "ca")
-    request = tsp.parse_request(request_der(), policy=POLICY)
+    request = parse_request(request_der(), policy=POLICY)
     gen_time = NOW.replace(microsecond=250000)
     token = tsa.token(request, gen_time=gen_time, serial=2**159 + 1)
 
-    parsed = tsp.parse_token(token)
+    parsed = parse_token(token)
     assert parsed.fields.policy == POLICY
     assert parsed.fields.digest == hashlib.sha256(DATA).digest()
     assert parsed.fields.serial == 2**159 + 1
@@ -335,12 +350,12 @@ def test_token_parses_back_and_signs_the_very_attributes(keys: dict[str, Private
     assert parsed.fields.accuracy_seconds == 1
     assert parsed.fields.tsa_name == asn1_x509.Certificate.load(tsa.chain[0]).subject
     assert sorted(parsed.certificates) == sorted(tsa.chain)  # a SET OF, so DER-sorted
-    assert tsp.tst_info(parsed.fields) == parsed.tst_info
+    assert tst_info(parsed.fields) == parsed.tst_info
     assert b"20250601120000.25Z" in parsed.tst_info
 
     signer = cms.ContentInfo.load(token)["content"]["signer_infos"][0]
     attributes = signer["signed_attrs"]
-    assert b"\x31" + attributes.dump()[1:] == tsp.signed_attributes(parsed.tst_info, tsa.chain[0])
+    assert b"\x31" + attributes.dump()[1:] == signed_attributes(parsed.tst_info, tsa.chain[0])
     assert signer["signed_attrs"].native  # and asn1crypto reads them back
     ess = attributes[2]["values"][0]["certs"][0]
     assert ess["cert_hash"].native == hashlib.sha256(tsa.chain[0]).digest()
@@ -349,10 +364,10 @@ def test_token_parses_back_and_signs_the_very_attributes(keys: dict[str, Private
 
 def test_fractional_gen_time_reaches_openssl(keys: dict[str, PrivateKey], tmp_path: Path) -> None:
     tsa = make_tsa(keys, "p256", "self-signed")
-    request = tsp.parse_request(openssl_query(tmp_path, "-sha512", "-cert"), policy=POLICY)
+    request = parse_request(openssl_query(tmp_path, "-sha512", "-cert"), policy=POLICY)
     token = tsa.token(request, gen_time=NOW.replace(microsecond=120000))
-    (tmp_path / "r.tsr").write_bytes(tsp.granted(token))
-    (tmp_path / "anchor.pem").write_text(tsp.pem(tsa.anchor, "CERTIFICATE"))
+    (tmp_path / "r.tsr").write_bytes(granted(token))
+    (tmp_path / "anchor.pem").write_text(pem(tsa.anchor, "CERTIFICATE"))
     text = openssl("ts", "-reply", "-in", "r.tsr", "-text", cwd=tmp_path)
     assert "Time stamp: Jun  1 12:00:00.12 2025 GMT" in text
     assert "Hash Algorithm: sha512" in text
@@ -373,16 +388,16 @@ def test_fractional_gen_time_reaches_openssl(keys: dict[str, PrivateKey], tmp_pa
 def test_signing_time_attribute_is_optional(keys: dict[str, PrivateKey]) -> None:
     cert = make_tsa(keys, "p256", "self-signed").chain[0]
     info = b"\x30\x00"
-    plain = cms.CMSAttributes.load(tsp.signed_attributes(info, cert))
-    timed = cms.CMSAttributes.load(tsp.signed_attributes(info, cert, signing_time=NOW))
+    plain = cms.CMSAttributes.load(signed_attributes(info, cert))
+    timed = cms.CMSAttributes.load(signed_attributes(info, cert, signing_time=NOW))
     late = cms.CMSAttributes.load(
-        tsp.signed_attributes(info, cert, signing_time=NOW.replace(year=2051))
+        signed_attributes(info, cert, signing_time=NOW.replace(year=2051))
     )
     assert [a["values"][0].name for a in late if a["type"].native == "signing_time"] == [
         "generalized_time"
     ]
     with pytest.raises(TspError):
-        tsp.signed_attributes(info, cert, signing_time=NOW.replace(tzinfo=None))
+        signed_attributes(info, cert, signing_time=NOW.replace(tzinfo=None))
     assert len(plain) == 3
     assert {a["type"].native for a in timed} == {
         "content_type",
@@ -397,26 +412,26 @@ def test_signing_time_attribute_is_optional(keys: dict[str, PrivateKey]) -> None
 
 def test_signed_data_refuses_attributes_of_another_tst_info(keys: dict[str, PrivateKey]) -> None:
     tsa = make_tsa(keys, "p256", "self-signed")
-    request = tsp.parse_request(request_der(), policy=POLICY)
+    request = parse_request(request_der(), policy=POLICY)
     fields = TokenFields(POLICY, "sha256", request.digest, 1, NOW)
-    info = tsp.tst_info(fields)
-    other = tsp.tst_info(TokenFields(POLICY, "sha256", request.digest, 2, NOW))
-    attributes = tsp.signed_attributes(other, tsa.chain[0])
+    info = tst_info(fields)
+    other = tst_info(TokenFields(POLICY, "sha256", request.digest, 2, NOW))
+    attributes = signed_attributes(other, tsa.chain[0])
     with pytest.raises(TspError, match="messageDigest"):
-        tsp.signed_data(
+        signed_data(
             info, attributes, b"sig", "sha256_ecdsa", tsa.chain, include_certificates=True
         )
     with pytest.raises(TspError, match="messageDigest"):  # hashed for P-384, signed as P-256
-        tsp.signed_data(
+        signed_data(
             info,
-            tsp.signed_attributes(info, tsa.chain[0], digest_algorithm="sha384"),
+            signed_attributes(info, tsa.chain[0], digest_algorithm="sha384"),
             b"sig",
             "sha256_ecdsa",
             tsa.chain,
             include_certificates=True,
         )
     with pytest.raises(TspError):
-        tsp.signed_data(info, attributes, b"sig", "sha1_rsa", tsa.chain, include_certificates=True)
+        signed_data(info, attributes, b"sig", "sha1_rsa", tsa.chain, include_certificates=True)
 
 
 def test_token_fields_are_checked() -> None:
@@ -434,9 +449,9 @@ def test_token_fields_are_checked() -> None:
 
 
 def test_parse_token_refuses_what_is_not_a_token() -> None:
-    for der in (b"", b"\x30\x00", b"garbage", tsp.rejection("badAlg", "no")):
+    for der in (b"", b"\x30\x00", b"garbage", rejection("badAlg", "no")):
         with pytest.raises(TspError):
-            tsp.parse_token(der)
+            parse_token(der)
 
 
 def test_certification_request_is_signed_and_asks_for_the_tsa_extensions(
@@ -444,28 +459,28 @@ def test_certification_request_is_signed_and_asks_for_the_tsa_extensions(
 ) -> None:
     for kind in ("p256", "rsa3072"):
         key = keys[kind]
-        info = tsp.certification_request_info(
+        info = certification_request_info(
             spki(key), {"common_name": "stampd TSA", "organization_name": "stampd"}
         )
-        der = tsp.certification_request(info, algorithm(key), sign(key, info))
+        der = certification_request(info, algorithm(key), sign(key, info))
         request = x509.load_der_x509_csr(der)
         assert request.is_signature_valid
         assert request.subject.rfc4514_string() == "CN=stampd TSA,O=stampd"
         eku = request.extensions.get_extension_for_class(x509.ExtendedKeyUsage)
         assert eku.critical and list(eku.value) == [x509.ExtendedKeyUsageOID.TIME_STAMPING]
         assert request.extensions.get_extension_for_class(x509.KeyUsage).critical
-        (tmp_path / "req.pem").write_text(tsp.pem(der, "CERTIFICATE REQUEST"))
+        (tmp_path / "req.pem").write_text(pem(der, "CERTIFICATE REQUEST"))
         assert "verify OK" in openssl("req", "-in", "req.pem", "-verify", "-noout", cwd=tmp_path)
 
 
 def test_key_material_is_checked() -> None:
     with pytest.raises(TspError):
-        tsp.ec_public_key_info("secp256r1", b"\x02" + bytes(32))  # compressed
+        ec_public_key_info("secp256r1", b"\x02" + bytes(32))  # compressed
     with pytest.raises(TspError):
-        tsp.ec_public_key_info("secp521r1", b"\x04" + bytes(132))
+        ec_public_key_info("secp521r1", b"\x04" + bytes(132))
     with pytest.raises(TspError):
-        tsp.ecdsa_signature(0, 1)
-    assert tsp.ecdsa_signature(1, 2**255) == (b"\x30\x26\x02\x01\x01\x02\x21\x00\x80" + bytes(31))
+        ecdsa_signature(0, 1)
+    assert ecdsa_signature(1, 2**255) == (b"\x30\x26\x02\x01\x01\x02\x21\x00\x80" + bytes(31))
 
 
 # --- rejections -------------------------------------------------------------------------------
@@ -473,31 +488,31 @@ def test_key_material_is_checked() -> None:
 
 def rejected(der: bytes, **options: object) -> Rejection:
     with pytest.raises(Rejection) as caught:
-        tsp.parse_request(der, policy=POLICY, **options)  # type: ignore[arg-type]
+        parse_request(der, policy=POLICY, **options)  # type: ignore[arg-type]
     return caught.value
 
 
 def test_request_with_policy_nonce_and_extension_is_read() -> None:
     extension = {"extn_id": "1.2.3.4", "critical": False, "extn_value": b"x"}
-    request = tsp.parse_request(
+    request = parse_request(
         request_der(req_policy=POLICY, nonce=2**160 - 1, extensions=[extension]), policy=POLICY
     )
-    assert request == tsp.TimeStampRequest(
+    assert request == TimeStampRequest(
         "sha256", hashlib.sha256(DATA).digest(), POLICY, 2**160 - 1, True
     )
-    assert tsp.parse_request(request_der(nonce=0), policy=POLICY).nonce == 0
+    assert parse_request(request_der(nonce=0), policy=POLICY).nonce == 0
 
 
 def test_sha1_is_refused_unless_allowed(tmp_path: Path) -> None:
     der = openssl_query(tmp_path, "-sha1")
     assert rejected(der).failure == "badAlg"
-    request = tsp.parse_request(der, policy=POLICY, allow_sha1=True)
+    request = parse_request(der, policy=POLICY, allow_sha1=True)
     assert request.hash_algorithm == "sha1" and request.digest == hashlib.sha1(DATA).digest()
 
 
 def test_openssl_policy_request(tmp_path: Path) -> None:
     assert (
-        tsp.parse_request(openssl_query(tmp_path, "-tspolicy", POLICY), policy=POLICY).policy
+        parse_request(openssl_query(tmp_path, "-tspolicy", POLICY), policy=POLICY).policy
         == POLICY
     )
     assert rejected(openssl_query(tmp_path, "-tspolicy", "1.2.3.4")).failure == "unacceptedPolicy"
@@ -565,7 +580,7 @@ def test_hash_parameters_absent_null_or_nothing_else() -> None:
         return request_der(message_imprint=imprint)
 
     absent = with_algorithm(b"\x30\x0b" + sha256)  # the RFC 5754 form
-    assert tsp.parse_request(absent, policy=POLICY).hash_algorithm == "sha256"
+    assert parse_request(absent, policy=POLICY).hash_algorithm == "sha256"
     assert absent != request_der()
     octets = with_algorithm(b"\x30\x0d" + sha256 + b"\x04\x00")
     assert rejected(octets).failure == "badDataFormat"
@@ -595,13 +610,13 @@ def test_ber_is_rejected() -> None:
     ],
 )
 def test_rejection_response(failure: str, openssl_text: str, tmp_path: Path) -> None:
-    der = tsp.rejection(failure, f"refused: {failure}")
+    der = rejection(failure, f"refused: {failure}")
     response = TimeStampResp.load(der, strict=True)
     assert response.dump(force=True) == der
     status = response["status"]
     assert status["status"].native == "rejection"
     assert status["status_string"].native == [f"refused: {failure}"]
-    assert status["fail_info"].native == {tsp.FAILURES[failure]}
+    assert status["fail_info"].native == {FAILURES[failure]}
     assert not response["time_stamp_token"].native
     (tmp_path / "rej.tsr").write_bytes(der)
     text = openssl("ts", "-reply", "-in", "rej.tsr", "-text", cwd=tmp_path)
@@ -616,7 +631,7 @@ def test_rejection_response(failure: str, openssl_text: str, tmp_path: Path) -> 
 
 def test_rejection_refuses_unknown_failures() -> None:
     with pytest.raises(TspError):
-        tsp.rejection("teapot", "no")
+        rejection("teapot", "no")
     with pytest.raises(TspError):
         Rejection("teapot", "no")
 
@@ -628,9 +643,9 @@ def test_nothing_but_rejection_escapes(tmp_path: Path, monkeypatch: pytest.Monke
 
     def verdict(der: bytes) -> object:
         try:
-            return tsp.parse_request(der, policy=POLICY, allow_sha1=bool(round_ & 1))
+            return parse_request(der, policy=POLICY, allow_sha1=bool(round_ & 1))
         except Rejection as exc:
-            assert exc.failure in tsp.FAILURES
+            assert exc.failure in FAILURES
             return exc.failure
 
     class LongWay:
@@ -669,13 +684,13 @@ def test_nothing_but_rejection_escapes(tmp_path: Path, monkeypatch: pytest.Monke
             der = bytes(seed[:at] + rng.randbytes(rng.randrange(1, 4)) + seed[at:])
         fast = verdict(der)
         with monkeypatch.context() as m:
-            m.setattr(tsp, "rfc3161_rust", LongWay)
+            m.setattr("formats.tsp.request.rfc3161_rust", LongWay)
             assert verdict(der) == fast, der.hex()
 
 
 def test_validity_after_2049_is_generalized_time(keys: dict[str, PrivateKey]) -> None:
     key = keys["p256"]
-    tbs = tsp.tbs_certificate(
+    tbs = tbs_certificate(
         spki(key),
         {"common_name": "long-lived TSA"},
         serial=9,
@@ -683,7 +698,7 @@ def test_validity_after_2049_is_generalized_time(keys: dict[str, PrivateKey]) ->
         not_after=datetime(2060, 1, 1, tzinfo=UTC),
         signature_algorithm="sha256_ecdsa",
     )
-    cert = x509.load_der_x509_certificate(tsp.certificate(tbs, "sha256_ecdsa", sign(key, tbs)))
+    cert = x509.load_der_x509_certificate(certificate(tbs, "sha256_ecdsa", sign(key, tbs)))
     assert cert.not_valid_after_utc == datetime(2060, 1, 1, tzinfo=UTC)
     validity = asn1_x509.TbsCertificate.load(tbs)["validity"]
     assert (validity["not_before"].name, validity["not_after"].name) == (
@@ -691,14 +706,14 @@ def test_validity_after_2049_is_generalized_time(keys: dict[str, PrivateKey]) ->
         "general_time",
     )
     with pytest.raises(TspError):
-        tsp.certificate(tbs, "sha256_rsa", b"sig")
+        certificate(tbs, "sha256_rsa", b"sig")
 
 
 def _straightforward_token(fields: TokenFields, algorithm_name: str, chain: list[bytes],
                            signature: bytes, include_certificates: bool) -> bytes:
     """A token built the plain way, every part from native values in one asn1crypto tree (what
-    `tsp.token` built before its parts were encoded once and loaded back)."""
-    digest_name = tsp.signature_hash(algorithm_name)
+    `formats.tsp.token.token` built before its parts were encoded once and loaded back)."""
+    digest_name = signature_hash(algorithm_name)
     value: dict[str, object] = {
         "version": "v1", "policy": fields.policy,
         "message_imprint": {"hash_algorithm": {"algorithm": fields.hash_algorithm},
@@ -780,27 +795,27 @@ def test_token_is_byte_for_byte_the_straightforward_one(keys: dict[str, PrivateK
         return sign(tsa.key, data)
 
     for accuracy, nonce, certs, named, serial, gen_time, imprint in TOKEN_CASES:
-        digest = bytes(range(tsp.HASH_ALGORITHMS[imprint][1]))
+        digest = bytes(range(HASH_ALGORITHMS[imprint][1]))
         fields = TokenFields(POLICY, imprint, digest, serial, gen_time, accuracy, nonce,
                              name if named else None)
-        token = tsp.token(fields, signature_algorithm, tsa.chain, sign_it,
-                          include_certificates=certs)
+        token = make_token(fields, signature_algorithm, tsa.chain, sign_it,
+                           include_certificates=certs)
         signature = bytes(cms.ContentInfo.load(token)["content"]["signer_infos"][0]["signature"])
         assert token == _straightforward_token(fields, signature_algorithm, tsa.chain, signature,
                                                certs)
         # what was signed is what the token's signer info carries as its signed attributes
-        info = tsp.tst_info(fields)
-        attributes = tsp.signed_attributes(info, tsa.chain[0],
-                                           digest_algorithm=tsp.signature_hash(signature_algorithm))
-        assert (tsp.parse_token(token).tst_info, attributes) == (info, signed[-1])
+        info = tst_info(fields)
+        attributes = signed_attributes(info, tsa.chain[0],
+                                       digest_algorithm=signature_hash(signature_algorithm))
+        assert (parse_token(token).tst_info, attributes) == (info, signed[-1])
         # and the three steps one by one make the same token
-        assert tsp.signed_data(info, attributes, signature, signature_algorithm, tsa.chain,
-                               include_certificates=certs) == token
-        assert tsp.parse_token(token).fields == fields
-    assert b"\x18\x0f20500101000000Z" in tsp.tst_info(  # GeneralizedTime, even from 2050
+        assert signed_data(info, attributes, signature, signature_algorithm, tsa.chain,
+                           include_certificates=certs) == token
+        assert parse_token(token).fields == fields
+    assert b"\x18\x0f20500101000000Z" in tst_info(  # GeneralizedTime, even from 2050
         TokenFields(POLICY, "sha256", bytes(32), 1, datetime(2050, 1, 1, tzinfo=UTC)))
 
 
 def test_ecdsa_signature_is_the_asn1crypto_one() -> None:
     for r, s in [(1, 1), (2**255, 2**255 - 1), (2**383 + 5, 127), (128, 2**256 - 189)]:
-        assert tsp.ecdsa_signature(r, s) == algos.DSASignature({"r": r, "s": s}).dump()
+        assert ecdsa_signature(r, s) == algos.DSASignature({"r": r, "s": s}).dump()

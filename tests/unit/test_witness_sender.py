@@ -30,7 +30,8 @@ from formats.note import (
 )
 from formats.tlog.checkpoint import Checkpoint, CosignatureVerifier, cosign
 from formats.tlog.witness import SIZE_CONTENT_TYPE, encode_size
-from server.settings import Settings, WitnessConfig, parse_witnesses, redact_userinfo
+from server.setting_values import WitnessConfig, parse_witnesses, redact_userinfo
+from server.settings import Settings
 from server.tlog.store import TileReader, TileWriter
 from server.tlog.witness_client import (
     Backoff,
