@@ -16,6 +16,7 @@ from server.errors import CommandFailed
 from server.settings import Settings
 from workers.config import LOG_LEVELS, DispatchConfig, PoolConfig
 from workers.forked import Child, fork_child
+from workers.restarts import Restarts
 
 log = logging.getLogger("stampd")
 
@@ -58,7 +59,8 @@ def pool_config(settings: Settings) -> PoolConfig:
 
 class PoolProcess:
     """Runs the worker supervisor as a child process (forked: `workers.pool.forked_pool`; or
-    ``python -m workers.pool``, its `PoolConfig` on stdin) and restarts it if it dies.
+    ``python -m workers.pool``, its `PoolConfig` on stdin) and restarts it if it dies
+    (`workers.restarts`).
 
     `start` waits until the first supervisor has checked every key (one test signature each,
     made in the supervisor's agents and verified against the key's public key file) and raises
@@ -70,10 +72,12 @@ class PoolProcess:
     def __init__(self, settings: Settings) -> None:
         self.config = pool_config(settings)
         self.proc: Child | None = None
+        self.restarts = Restarts()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="pool-watch", daemon=True)
 
     def _spawn(self, check_keys: bool = False) -> None:
+        self.restarts.started()
         if not check_keys:
             self.proc = self._start(None)
             return
@@ -124,8 +128,11 @@ class PoolProcess:
             code = self.proc.wait()
             if self._stopping.is_set():
                 return
-            log.error("worker supervisor exited with %s; restarting it", code)
-            if self._stopping.wait(1.0):
+            lived = self.restarts.lived()
+            delay = self.restarts.exited()
+            log.error("worker supervisor exited with %s after %.1fs; restarting it in %.1fs",
+                      code, lived, delay)
+            if self._stopping.wait(delay):
                 return
             self._spawn()
 

@@ -4,8 +4,8 @@ Each worker gets a fresh private home (mode 0700) under the runtime directory: b
 ``<data_dir>/run/workers``, made private (0700) by the supervisor (`prepare_runtime_dir`). The
 home holds an imported copy of the secret key. When a worker exits for any reason, the
 supervisor kills the agent it left behind (recorded in ``<home>/agent.pid``), removes the home
-with the key, and starts a replacement after a short backoff that grows while workers keep
-dying young.
+with the key, and starts a replacement at once, or after a short backoff that grows while workers keep dying
+young (`workers.restarts`, the policy of every supervised process).
 
 Homes must not outlive their workers, even when the supervisor is killed with SIGKILL:
 
@@ -59,7 +59,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from formats.keys import PRIMARY, KeySpec
@@ -68,6 +68,7 @@ from workers.config import ConfigError, PoolConfig, WorkerConfig
 from workers.errors import AgentError, WorkerError
 from workers.forked import Child, fork_child, start_fresh
 from workers.keys.keyset import KeyUnusable, TsaError
+from workers.restarts import MAX_BACKOFF, Restarts
 from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
@@ -84,9 +85,7 @@ log = logging.getLogger(__name__)
 
 POOL_NAME = "stampd-pool"  # the supervisor's /proc/PID/comm, as ps -o comm and top show it
 STOP_DEADLINE = 10.0
-MAX_BACKOFF = 5.0  # the longest wait before a worker that keeps dying young is restarted
-MAX_KEY_BACKOFF = 30.0  # the same, for a worker that cannot load its key
-YOUNG = 5.0  # a worker that exits sooner died young; one that lives longer is stable
+MAX_KEY_BACKOFF = 30.0  # the longest wait (`workers.restarts`) of a worker that cannot load its key
 FAILING_AFTER = 3  # young deaths in a row after which a key is reported as failing
 HOME_PREFIX = "stampd-w"  # a home is <runtime dir>/stampd-w<slot>-<8 random characters>
 SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less its NUL)
@@ -105,11 +104,8 @@ class Slot:
     key: KeySpec | None = None  # None: the primary key
     proc: Child | None = None
     home: Path | None = None
-    started: float = 0.0
     lock: int = -1  # a descriptor of the home, flock()ed while the home is in use
-    due: float = 0.0  # when to (re)start
-    quick_deaths: int = 0
-    restarts: int = 0
+    restarts: Restarts = field(default_factory=Restarts)  # when to start it (again)
 
     @property
     def key_id(self) -> str:
@@ -161,7 +157,8 @@ class WorkerPool:
             shutil.rmtree(home, ignore_errors=True)
             os.close(lock)
             raise
-        slot.proc, slot.home, slot.lock, slot.started = proc, home, lock, time.monotonic()
+        slot.proc, slot.home, slot.lock = proc, home, lock
+        slot.restarts.started()
         log.info("started worker %d (pid %d, key %s, home %s)", slot.index, proc.pid,
                  config.key_id, home)
 
@@ -174,12 +171,11 @@ class WorkerPool:
         slot.home, slot.lock = None, -1
 
     def _reap(self) -> None:
-        now = time.monotonic()
         for slot in self.slots:
             if slot.proc is None or slot.proc.poll() is None:
                 continue
             code = slot.proc.returncode
-            lived = now - slot.started
+            lived = slot.restarts.lived()
             home = slot.home
             status = read_status(home) if home is not None else None
             if status is not None and home is not None:  # the same words for every attempt
@@ -188,13 +184,10 @@ class WorkerPool:
             slot.proc = None
             if self._stopping:
                 continue
-            slot.quick_deaths = slot.quick_deaths + 1 if lived < YOUNG else 0
             unusable = code == EXIT_KEY_UNUSABLE
             cap = MAX_KEY_BACKOFF if unusable else MAX_BACKOFF
-            backoff = min(0.1 * 2 ** slot.quick_deaths, cap) if slot.quick_deaths else 0
-            slot.due = now + backoff
-            slot.restarts += 1
-            if unusable or slot.quick_deaths >= FAILING_AFTER:
+            backoff = slot.restarts.exited(cap)
+            if unusable or slot.restarts.young_deaths >= FAILING_AFTER:
                 if unusable and status is not None and status.startswith(UNUSABLE + " "):
                     reason = status[len(UNUSABLE) + 1:]
                 else:
@@ -219,19 +212,17 @@ class WorkerPool:
         """A failing key whose worker holds it and has lived past its youth works again."""
         if not self.failing:
             return
-        now = time.monotonic()
         for slot in self.slots:
             if (slot.key_id in self.failing and slot.proc is not None and slot.home is not None
-                    and slot.proc.poll() is None and now - slot.started >= YOUNG
+                    and slot.proc.poll() is None and slot.restarts.stable
                     and read_status(slot.home) == READY):
                 del self.failing[slot.key_id]
                 log.warning("key %s: worker %d holds it again; it signs", slot.key_id,
                             slot.index)
 
     def _start_due(self) -> None:
-        now = time.monotonic()
         for slot in self.slots:
-            if slot.proc is None and not self._stopping and slot.due <= now:
+            if slot.proc is None and not self._stopping and slot.restarts.due():
                 self._spawn(slot)
 
     # -- main loop ---------------------------------------------------------------------------

@@ -54,18 +54,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from server.settings import Settings
 from workers import memory
 from workers.agents.base import die_with_parent, set_process_name
-from workers.forked import Child, Forked, fork_child, stop_child
+from workers.forked import Child, fork_child, stop_child
+from workers.restarts import Restarts
 
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
-RESTART_DELAY = 1.0  # seconds before a process that exited is started again
 STOP_TIMEOUT = 30.0  # seconds an HTTP process has to finish its requests when stopped
 LISTEN_BACKLOG = 4096
 SWITCH_INTERVAL = 0.0005  # seconds (sys.setswitchinterval) in an HTTP process: see run_uvicorn
@@ -160,13 +161,19 @@ class ApiProcesses:
     single-threaded process (forking needs it) from its main thread (the processes die with
     the thread that forked them)."""
 
-    def __init__(self, settings: Settings, socks: list[socket.socket]) -> None:
+    def __init__(self, settings: Settings, socks: list[socket.socket],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.socks = socks
-        self.procs: list[Forked | None] = [None] * len(socks)
+        self.procs: list[Child | None] = [None] * len(socks)
+        self.restarts = [Restarts(clock=clock) for _ in socks]
         self.stopping = threading.Event()
 
     def spawn(self, index: int) -> None:
+        self._fork(index)
+        self.restarts[index].started()
+
+    def _fork(self, index: int) -> None:
         with_parent = die_with_parent()
         # SIGTERM and SIGINT are held across the fork: one that comes meanwhile runs the
         # manager's handler (which then stops the child), or the child's own, never the
@@ -194,23 +201,23 @@ class ApiProcesses:
         return 0
 
     def run(self, poll: float = 0.2) -> None:
-        """Start every process, restart those that exit, until `stopping` is set; then stop
-        them all."""
+        """Start every process, restart those that exit (`workers.restarts`), until `stopping`
+        is set; then stop them all."""
         try:
             for i in range(len(self.socks)):
                 self.spawn(i)
-            died: dict[int, float] = {}
             while not self.stopping.wait(poll):
-                now = time.monotonic()
                 for i, proc in enumerate(self.procs):
-                    if i in died:
-                        if now >= died[i]:
-                            del died[i]
+                    if proc is None:
+                        if self.restarts[i].due():
                             self.spawn(i)
-                    elif proc is not None and proc.poll() is not None:
-                        log.error("HTTP process %d (pid %d) exited with %s; restarting it",
-                                  i, proc.pid, proc.returncode)
-                        died[i] = now + RESTART_DELAY
+                    elif proc.poll() is not None:
+                        self.procs[i] = None
+                        lived = self.restarts[i].lived()
+                        delay = self.restarts[i].exited()
+                        log.error("HTTP process %d (pid %d) exited with %s after %.1fs; "
+                                  "restarting it in %.1fs", i, proc.pid, proc.returncode,
+                                  lived, delay)
         finally:
             self.stop()
 
@@ -273,6 +280,7 @@ class ApiManager:
         self.env = env
         self.proc: Child | None = None
         self._go: int | None = None
+        self.restarts = Restarts()
         self.stopping = threading.Event()
 
     def start(self) -> None:
@@ -292,6 +300,7 @@ class ApiManager:
             self.proc = fork_child(run)
         finally:
             os.close(read_fd)
+        self.restarts.started()
         self._go = write_fd
 
     def go(self) -> None:
@@ -320,22 +329,23 @@ class ApiManager:
         except BrokenPipeError:
             pass  # it died at once; `run` starts another
         self.proc = proc
+        self.restarts.started()
 
     def run(self, poll: float = 0.2) -> None:
-        """Let the manager go, start it again when it exits, until `stopping` is set; then
-        stop it (it stops the HTTP processes)."""
+        """Let the manager go, start it again when it exits (`workers.restarts`), until
+        `stopping` is set; then stop it (it stops the HTTP processes)."""
         try:
             self.go()
-            died_at: float | None = None
             while not self.stopping.wait(poll):
-                if died_at is not None:
-                    if time.monotonic() >= died_at:
-                        died_at = None
+                if self.proc is None:
+                    if self.restarts.due():
                         self._exec()
-                elif self.proc is not None and self.proc.poll() is not None:
-                    log.error("the HTTP manager (pid %d) exited with %s; starting it again",
-                              self.proc.pid, self.proc.poll())
-                    died_at = time.monotonic() + RESTART_DELAY
+                elif self.proc.poll() is not None:
+                    proc, self.proc = self.proc, None
+                    lived = self.restarts.lived()
+                    delay = self.restarts.exited()
+                    log.error("the HTTP manager (pid %d) exited with %s after %.1fs; starting "
+                              "it again in %.1fs", proc.pid, proc.returncode, lived, delay)
         finally:
             self.stop()
 

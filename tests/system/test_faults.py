@@ -18,6 +18,7 @@ from tests.helpers import (
     keyring,
     log_commits,
     logged_hashes,
+    stamp_tag,
     stamp_time,
     start_server,
     verify_stamps,
@@ -180,3 +181,23 @@ def test_kill_the_log_writing_http_process_under_load(
     wait_for(lambda: {r.commit for r in received} <= logged_hashes(seeded_dir), timeout=60,
              what="every answered stamp in the log")
     assert len(writer_line.findall(server.log())) == 2
+
+
+def test_the_worker_supervisor_killed_is_started_again(seeded_dir: Path,
+                                                       server_factory: list[Server]) -> None:
+    """kill -9 of the worker supervisor: its workers go with it, `stampd serve` starts another
+    (the restart policy, `workers.restarts`), whose workers sign the next stamps."""
+    server = start_server(seeded_dir, workers=1)
+    server_factory.append(server)
+    assert "a" * 40 in stamp_tag(server, "a" * 40)
+    (pool,), workers = server.signing_tree()
+    os.kill(pool, signal.SIGKILL)
+    wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in [pool, *workers]),
+             timeout=30, what="the supervisor's workers gone with it")
+    wait_for(lambda: len(server.signing_tree()[0]) == 1 and len(server.worker_pids()) == 1,
+             timeout=60, what="a new supervisor and its worker")
+    server.wait_ready()
+    assert "b" * 40 in stamp_tag(server, "b" * 40)
+    assert re.search(r"worker supervisor exited with -9 after [0-9.]+s; restarting it in "
+                     r"[0-9.]+s", server.log_path.read_text())
+    assert server.stop() == 0, server.log()
