@@ -819,3 +819,21 @@ def test_token_is_byte_for_byte_the_straightforward_one(keys: dict[str, PrivateK
 def test_ecdsa_signature_is_the_asn1crypto_one() -> None:
     for r, s in [(1, 1), (2**255, 2**255 - 1), (2**383 + 5, 127), (128, 2**256 - 189)]:
         assert ecdsa_signature(r, s) == algos.DSASignature({"r": r, "s": s}).dump()
+
+
+def test_the_pinned_fast_parser_still_reads_requests(tmp_path: Path) -> None:
+    """rfc3161-client has no public parser of requests: `formats.tsp.request` calls its private
+    ``_rust.parse_timestamp_request`` (7 us a request, asn1crypto's way 160 us), and
+    pyproject.toml pins the release exactly. Its fallback would hide a release that changed it
+    (every request then the long way, 20 times slower): here the private call itself must
+    read what openssl writes into the fields the long way reads."""
+    from rfc3161_client import _rust
+
+    der = openssl_query(tmp_path, "-sha384", "-cert")
+    fast = _rust.parse_timestamp_request(der)
+    long = asn1_tsp.TimeStampReq.load(der)
+    assert int(fast.version) == 1
+    assert fast.message_imprint.hash_algorithm.dotted_string == "2.16.840.1.101.3.4.2.2"
+    assert bytes(fast.message_imprint.message) == long["message_imprint"]["hashed_message"].native
+    assert int(fast.nonce) == long["nonce"].native
+    assert bool(fast.cert_req) is True and fast.policy is None
