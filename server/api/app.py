@@ -41,7 +41,7 @@ from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
 from server.errors import KeyRegistryError
-from server.gitlog.committer import LogCommitter
+from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.leadership import AdvisoryLeader, FileLeader
@@ -214,13 +214,11 @@ def create_app(
         tsa = None if tsa_source is None else tsa_source.get()
         log_key, tlog_reader, tlog = _transparency_log(settings, engine, dispatcher, served,
                                                        leader, clock)
-        committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
-                                 served[0].public, settings.commit_interval, clock,
-                                 on_commit=on_commit, peer_keys=cross.pinned_keys,
-                                 key_files=log_key_files(served, tsa), leader=leader,
-                                 shared_repo=settings.dispatch == "socket",
-                                 request_timeout=settings.request_timeout,
-                                 extra_files=lambda: checkpoint_file(tlog_reader))
+        committer = LogCommitter(
+            engine, LogRepository(settings.log_repo), dispatcher,
+            CommitterConfig.of(settings, served[0].public, log_key_files(served, tsa), clock),
+            leader=leader, on_commit=on_commit, peer_keys=cross.pinned_keys,
+            extra_files=lambda: checkpoint_file(tlog_reader))
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count
