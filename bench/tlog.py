@@ -38,7 +38,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
 from server import db
-from server.tlog.sequencer import LogKey, Tlog
+from server.tlog.sequencer import LogKey, Tlog, TlogConfig
 from server.tlog.store import TileWriter
 from workers.keys.keyset import key_dir
 
@@ -78,8 +78,8 @@ def sequencing(n: int) -> dict[str, float]:
         db.upgrade(engine)
         _insert_stamps(path, n, indexed=False)
         key = LogKey(f"bench.test/tlog+{0:08x}+" + "A" * 44)  # (never used: no checkpoint)
-        tlog = Tlog(engine, Path(tmp) / "tlog", key, _NoSigner(), {None: FPR},  # type: ignore
-                    lambda: True, lambda: True)
+        config = TlogConfig(Path(tmp) / "tlog", key, {None: FPR})
+        tlog = Tlog(engine, _NoSigner(), config, lambda: True, lambda: True)  # type: ignore
         tlog._open()
         t = time.perf_counter()
         while tlog._sequence():

@@ -41,7 +41,7 @@ from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
 from server.errors import KeyRegistryError
-from server.gitlog.committer import LogCommitter
+from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.leadership import AdvisoryLeader, FileLeader
@@ -54,7 +54,7 @@ from server.stamping.stamper import Stamper
 from server.stats import Stats
 from server.tlog.proofs import locate_many
 from server.tlog.published import CheckpointWatch
-from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, fingerprints_of
+from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, TlogConfig
 from server.tlog.store import TileReader, checkpoint_file
 from server.tlog.waiters import ProofWaiters
 from server.tlog.witness_client import STATE_FILE, Backoff, WitnessSender
@@ -98,8 +98,8 @@ def _transparency_log(
     if public is None:
         raise KeyRegistryError("the transparency log is on (STAMPD_TLOG) but no host registered "
                                "its key: start `stampd serve` or a `stampd worker` host with it")
-    key = LogKey(tlog_vkey(settings.tlog_origin, public))
-    root = settings.data_dir / "tlog"
+    config = TlogConfig.of(settings, LogKey(tlog_vkey(settings.tlog_origin, public)), served,
+                           clock)
     host_lock: AdvisoryLeader | FileLeader
     sequencer: Callable[[], bool]
     closers: list[Callable[[], None]] = []
@@ -110,7 +110,7 @@ def _transparency_log(
         advisory = AdvisoryLeader(psycopg_dsn(engine), lock=TLOG_LOCK)
         sequencer = advisory
         closers += [advisory.close, host_lock.close]
-    reader = TileReader(root)
+    reader = TileReader(config.root)
 
     def witnesses(tlog: Tlog) -> WitnessSender:
         """The witnesses' sender: idle until the log, sequencing, offers it a checkpoint."""
@@ -121,11 +121,9 @@ def _transparency_log(
             backoff=Backoff(settings.witness_retry_base, settings.witness_retry_max),
             clock=clock)
 
-    tlog = Tlog(engine, root, key, dispatcher, fingerprints_of(served), host_lock, sequencer,
-                key_id=TLOG_KEY.id, request_timeout=settings.request_timeout, clock=clock,
-                on_stop=closers, shared=settings.dispatch == "database",
+    tlog = Tlog(engine, dispatcher, config, host_lock, sequencer, on_stop=closers,
                 witnesses=witnesses if settings.witness_list else None)
-    return key, reader, tlog
+    return config.key, reader, tlog
 
 
 def _proof_waiters(settings: Settings, engine: db.Engine, reader: TileReader | None,
@@ -216,13 +214,11 @@ def create_app(
         tsa = None if tsa_source is None else tsa_source.get()
         log_key, tlog_reader, tlog = _transparency_log(settings, engine, dispatcher, served,
                                                        leader, clock)
-        committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
-                                 served[0].public, settings.commit_interval, clock,
-                                 on_commit=on_commit, peer_keys=cross.pinned_keys,
-                                 key_files=log_key_files(served, tsa), leader=leader,
-                                 shared_repo=settings.dispatch == "socket",
-                                 request_timeout=settings.request_timeout,
-                                 extra_files=lambda: checkpoint_file(tlog_reader))
+        committer = LogCommitter(
+            engine, LogRepository(settings.log_repo), dispatcher,
+            CommitterConfig.of(settings, served[0].public, log_key_files(served, tsa), clock),
+            leader=leader, on_commit=on_commit, peer_keys=cross.pinned_keys,
+            extra_files=lambda: checkpoint_file(tlog_reader))
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count

@@ -44,7 +44,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from sqlalchemy import ColumnElement, Engine, Select, and_, insert, or_, select, update
 
@@ -56,6 +57,7 @@ from server.dispatch import Dispatcher
 from server.errors import StampError
 from server.gitlog.repository import LogRepository
 from server.models import LogCommit, LogCommitState, ManifestDigests, Stamp, StampState
+from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -84,22 +86,50 @@ def log_message(number: int, count: int, t: int) -> str:
     return f"stampd log commit {number}\n\n{count} hashes stamped until {when}\n"
 
 
+@dataclass(frozen=True)
+class CommitterConfig:
+    """The plain values a `LogCommitter` runs by, apart from the parts it works with: fixed
+    for its life, built from the settings in one place (`of`) or by a test with just what it
+    needs."""
+
+    pubkey: str  # the primary key's public key, the log's pubkey.asc
+    interval: float  # seconds between log commits
+    # The server's further public keys, by log path.
+    key_files: Mapping[str, str] = field(default_factory=dict)
+    # The HTTP processes of one host share the repository: a new writer finds every commit in
+    # place and has nothing to rebuild from the database.
+    shared_repo: bool = False
+    # The stamper's STAMPD_REQUEST_TIMEOUT: no live request stays pending longer.
+    request_timeout: float = MAX_REQUEST_TIMEOUT
+    settle: float = SETTLE
+    clock: Callable[[], float] = time.time
+
+    @classmethod
+    def of(cls, settings: Settings, pubkey: str, key_files: Mapping[str, str],
+           clock: Callable[[], float]) -> CommitterConfig:
+        """The configuration of the server's log: ``pubkey`` and ``key_files`` are the served
+        keys' public halves (the keys are the registry's, not the settings')."""
+        return cls(pubkey, settings.commit_interval, key_files,
+                   shared_repo=settings.dispatch == "socket",
+                   request_timeout=settings.request_timeout, clock=clock)
+
+
 class LogCommitter:
+    """The log's writer loop (see the module docstring). ``leader`` says whether this process
+    writes the log (None: it always does); ``on_commit`` is called in a thread with each new
+    head; ``peer_keys`` and ``extra_files`` are read at each commit: the pinned keys of the
+    peers, and further files by log path (the transparency log's checkpoint)."""
+
     def __init__(
         self,
         engine: Engine,
         repo: LogRepository,
         dispatcher: Dispatcher,
-        pubkey: str,
-        interval: float,
-        clock: Callable[[], float] = time.time,
+        config: CommitterConfig,
+        *,
+        leader: Callable[[], bool] | None = None,
         on_commit: Callable[[str], None] | None = None,
         peer_keys: Callable[[], dict[str, str]] | None = None,
-        key_files: dict[str, str] | None = None,
-        leader: Callable[[], bool] | None = None,
-        shared_repo: bool = False,
-        request_timeout: float = MAX_REQUEST_TIMEOUT,
-        settle: float = SETTLE,
         extra_files: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.engine = engine
@@ -108,25 +138,15 @@ class LogCommitter:
         self.reader = reading(engine)
         self.repo = repo
         self.dispatcher = dispatcher
-        self.pubkey = pubkey
-        self.interval = interval
-        self.clock = clock
-        self.on_commit = on_commit  # called in a thread with each new head
-        self.peer_keys = peer_keys or dict
-        self.key_files = key_files or {}  # the server's further public keys, by log path
-        # Files read at each commit, by log path: the transparency log's checkpoint.
-        self.extra_files = extra_files or dict
+        self.config = config
         # Several API hosts: only the holder of the log lock commits (see server.leadership).
         self.leader = leader
-        # The HTTP processes of one host share the repository: a new writer finds every
-        # commit in place and has nothing to rebuild from the database.
-        self.shared_repo = shared_repo
-        # The stamper's STAMPD_REQUEST_TIMEOUT: no live request stays pending longer.
-        self.request_timeout = request_timeout
-        self.settle = settle
+        self.on_commit = on_commit
+        self.peer_keys = peer_keys or dict
+        self.extra_files = extra_files or dict
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self.started_at = clock()
+        self.started_at = config.clock()
         self.last_commit_at: float | None = None  # time of the newest log commit
         self.last_ok_at: float | None = None  # last run that committed or had nothing to do
         self.last_error: str | None = None
@@ -141,10 +161,10 @@ class LogCommitter:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.config.interval)
             try:
                 await self.commit_now()
-                self.last_ok_at = self.clock()
+                self.last_ok_at = self.config.clock()
                 self.last_error = None
             except Exception as e:
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -156,12 +176,12 @@ class LogCommitter:
             if self.leader is not None:
                 if not await asyncio.to_thread(self.leader):
                     return None  # another process writes the log
-                if not self.shared_repo:
+                if not self.config.shared_repo:
                     await asyncio.to_thread(self.sync_from_db)
             head = None
             for lc_id in await asyncio.to_thread(self._pending_ids):
                 head = await self._finish(lc_id)
-            if self.settle > 0 and await asyncio.to_thread(self._outcomes_due):
+            if self.config.settle > 0 and await asyncio.to_thread(self._outcomes_due):
                 await self._wait_for_outcomes()
             new_id = await asyncio.to_thread(self._assign)
             if new_id is not None:
@@ -169,7 +189,7 @@ class LogCommitter:
             return head
 
     async def _wait_for_outcomes(self) -> None:
-        await asyncio.sleep(self.settle)
+        await asyncio.sleep(self.config.settle)
 
     # -- database steps (run in a thread) -------------------------------------------------
     def _pending_ids(self) -> list[int]:
@@ -183,7 +203,7 @@ class LogCommitter:
     def _orphan_cutoff(self) -> int:
         """Pending stamps with a time before this second have no live request behind them."""
         # stamped_at is whole seconds: stamped_at < now - t  <=>  stamped_at < ceil(now - t)
-        return math.ceil(self.clock() - self.request_timeout - OUTCOME_GRACE)
+        return math.ceil(self.config.clock() - self.config.request_timeout - OUTCOME_GRACE)
 
     def _outcomes_due(self) -> bool:
         """Are there unassigned stamps whose outcome may still be recorded?"""
@@ -209,7 +229,7 @@ class LogCommitter:
             if conn.execute(select(Stamp.id).where(published).limit(1)).first() is None:
                 return None
             lc_id = conn.execute(
-                insert(LogCommit).values(created_at=int(self.clock()),
+                insert(LogCommit).values(created_at=int(self.config.clock()),
                                          state=LogCommitState.PENDING, hash_count=0)
                 .returning(LogCommit.id)
             ).scalar_one()
@@ -286,7 +306,7 @@ class LogCommitter:
                 continue
             hashes, digests = self._hashes(lc_id)
             files = json.loads(files_json or "{}")
-            pubkey = files.pop("pubkey.asc", self.pubkey)
+            pubkey = files.pop("pubkey.asc", self.config.pubkey)
             peers = {p[len("peers/"):-len(".asc")]: c for p, c in files.items()
                      if p.startswith("peers/")}
             others = {p: c for p, c in files.items() if not p.startswith("peers/")}
@@ -313,12 +333,12 @@ class LogCommitter:
             await asyncio.to_thread(self._mark, lc_id, head, count)  # written before a crash
             await self._announce(head)
             return head
-        t = int(self.clock())
+        t = int(self.config.clock())
         peer_keys = await asyncio.to_thread(self.peer_keys)
-        others = {**self.key_files, **await asyncio.to_thread(self.extra_files)}
-        tree = await asyncio.to_thread(self.repo.tree, hashes, self.pubkey, digests, peer_keys,
-                                       others)
-        files = {"pubkey.asc": self.pubkey, **others,
+        others = {**self.config.key_files, **await asyncio.to_thread(self.extra_files)}
+        pubkey = self.config.pubkey
+        tree = await asyncio.to_thread(self.repo.tree, hashes, pubkey, digests, peer_keys, others)
+        files = {"pubkey.asc": pubkey, **others,
                  **{f"peers/{n}.asc": k for n, k in peer_keys.items()}}
         try:
             async with asyncio.timeout(SIGN_TIMEOUT):
@@ -339,10 +359,10 @@ class LogCommitter:
     def overdue(self) -> bool:
         """No successful log run for more than two intervals (plus slack)."""
         last = self.last_ok_at or self.started_at
-        return self.clock() - last > 2 * self.interval + 30
+        return self.config.clock() - last > 2 * self.config.interval + 30
 
     async def _announce(self, head: str) -> None:
-        self.last_commit_at = self.clock()
+        self.last_commit_at = self.config.clock()
         if self.on_commit is not None:
             try:
                 await asyncio.to_thread(self.on_commit, head)

@@ -34,7 +34,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from formats.jobs import NoteJob
+from formats.keys import TLOG_KEY, ServedKey
 from formats.note import (
     Ed25519Verifier,
     Signature,
@@ -57,6 +58,7 @@ from server.db import reading
 from server.dispatch import Dispatcher
 from server.gitlog.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.settings import Settings
 from server.tlog.store import TilesMismatch, TileWriter, checkpoint_size
 from server.tlog.witness_client import Offered, WitnessSender, merge_cosignatures
 
@@ -88,7 +90,8 @@ class LogKey:
         return self.verifier.name
 
 
-def entry_of(row: Any, fingerprints: dict[str | None, str], signed_sha256: str | None) -> bytes:
+def entry_of(row: Any, fingerprints: Mapping[str | None, str],
+             signed_sha256: str | None) -> bytes:
     """The log entry of a stamp row ``(id, kind, commit, object_id, algorithm, digest,
     stamped_at, key_id)``."""
     sid, kind, commit, object_id, algorithm, digest, t, key_id = row
@@ -100,46 +103,60 @@ def entry_of(row: Any, fingerprints: dict[str | None, str], signed_sha256: str |
     return encode_entry(sid, kind, t, key, algorithm=algorithm, digest=digest)
 
 
+@dataclass(frozen=True)
+class TlogConfig:
+    """The plain values a `Tlog` runs by, apart from the parts it works with: fixed for its
+    life, built from the settings in one place (`of`) or by a test with just what it needs."""
+
+    root: Path  # this host's tiles and checkpoint
+    key: LogKey
+    # A stamp's ``key_id`` (None: the primary key) → its key's fingerprint, for its entry.
+    fingerprints: Mapping[str | None, str]
+    key_id: str = TLOG_KEY.id  # the key the workers sign checkpoints with
+    interval: float = INTERVAL
+    # The stamper's STAMPD_REQUEST_TIMEOUT: a pending stamp older than it (and OUTCOME_GRACE)
+    # is taken for orphaned and sequenced.
+    request_timeout: float = MAX_REQUEST_TIMEOUT
+    # Several hosts (database dispatch): the checkpoint goes through the database to the
+    # hosts that do not sequence. One host keeps it in its file only (a commit less).
+    shared: bool = False
+    clock: Callable[[], float] = time.time
+
+    @classmethod
+    def of(cls, settings: Settings, key: LogKey, served: Sequence[ServedKey],
+           clock: Callable[[], float]) -> TlogConfig:
+        """The configuration of the server's log: ``key`` is the log's public key, ``served``
+        the keys whose stamps it lists."""
+        return cls(settings.data_dir / "tlog", key, fingerprints_of(served),
+                   request_timeout=settings.request_timeout,
+                   shared=settings.dispatch == "database", clock=clock)
+
+
 class Tlog:
     """The transparency log's writer loop (see the module docstring). ``host_lock`` says
     whether this process writes the tiles of its host; ``sequencer`` (called only while it
-    does) whether it also sequences and signs. ``fingerprints`` maps a stamp's ``key_id`` (None:
-    the primary key) to its key's fingerprint."""
+    does) whether it also sequences and signs; ``on_stop`` closes those locks' own
+    connections."""
 
     def __init__(
         self,
         engine: Engine,
-        root: Path,
-        key: LogKey,
         dispatcher: Dispatcher,
-        fingerprints: dict[str | None, str],
+        config: TlogConfig,
         host_lock: Callable[[], bool],
         sequencer: Callable[[], bool],
         *,
-        key_id: str = "tlog-ed25519",
-        interval: float = INTERVAL,
-        request_timeout: float = MAX_REQUEST_TIMEOUT,
-        clock: Callable[[], float] = time.time,
         on_stop: Sequence[Callable[[], None]] = (),
-        shared: bool = False,
         witnesses: Callable[[Tlog], WitnessSender] | None = None,
     ) -> None:
         self.engine = engine
-        self.on_stop = on_stop  # (closes the locks of its own)
-        # Several hosts (database dispatch): the checkpoint goes through the database to the
-        # hosts that do not sequence. One host keeps it in its file only (a commit less).
-        self.shared = shared
-        self.reader = reading(engine)
-        self.writer = TileWriter(root)
-        self.key = key
         self.dispatcher = dispatcher
-        self.fingerprints = fingerprints
+        self.config = config
         self.host_lock = host_lock
         self.sequencer = sequencer
-        self.key_id = key_id
-        self.interval = interval
-        self.request_timeout = request_timeout
-        self.clock = clock
+        self.on_stop = on_stop
+        self.reader = reading(engine)
+        self.writer = TileWriter(config.root)
         self._opened = False
         self._origin_checked = False  # (the sequencer's origin against the stored checkpoint)
         self._published: int | None = None  # size of the checkpoint this host publishes
@@ -181,7 +198,7 @@ class Tlog:
                     log.exception("transparency log step failed; retrying")
                 self.last_error = f"{type(e).__name__}: {e}"
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+                await asyncio.wait_for(self._wake.wait(), self.config.interval)
             self._wake.clear()
 
     async def step(self) -> int | None:
@@ -223,11 +240,11 @@ class Tlog:
     def _check_origin(self, note: bytes) -> None:
         """`OriginMismatch` when ``note`` (a checkpoint of this log) is of another origin than
         this host's: the hosts of one log, and one host over time, keep one origin."""
-        origin = Checkpoint.parse(parse_note(note).text).origin
-        if origin != self.key.origin:
+        origin, ours = Checkpoint.parse(parse_note(note).text).origin, self.config.key.origin
+        if origin != ours:
             raise OriginMismatch(
                 f"the log's checkpoints are of origin {origin!r}, this host's "
-                f"STAMPD_TLOG_ORIGIN is {self.key.origin!r}: a log keeps one origin (every "
+                f"STAMPD_TLOG_ORIGIN is {ours!r}: a log keeps one origin (every "
                 "host of it too)")
 
     def _catch_up(self) -> None:
@@ -246,7 +263,7 @@ class Tlog:
                 return
 
     def _orphan_cutoff(self) -> int:
-        return math.ceil(self.clock() - self.request_timeout - OUTCOME_GRACE)
+        return math.ceil(self.config.clock() - self.config.request_timeout - OUTCOME_GRACE)
 
     def _sequence(self) -> int:
         """Sequence up to `BATCH` stamps; how many."""
@@ -277,7 +294,7 @@ class Tlog:
             signed = None
             if row[1] == "manifest":
                 signed = _text_hash(conn, row[0])
-            entries.append(entry_of(row, self.fingerprints, signed))
+            entries.append(entry_of(row, self.config.fingerprints, signed))
         conn.exec_driver_sql(f"INSERT INTO tlog_entries (idx, entry) VALUES ({p}, {p})",
                              [(first + i, e) for i, e in enumerate(entries)])
         # A pending stamp published without an outcome (its process died) says so.
@@ -290,20 +307,20 @@ class Tlog:
     async def _checkpoint(self) -> None:
         """Sign the head of the tiles, store the checkpoint and publish it."""
         size, root = self.writer.size, self.writer.root_hash()
-        text = Checkpoint(self.key.origin, size, root, ()).body()
+        text = Checkpoint(self.config.key.origin, size, root, ()).body()
         async with asyncio.timeout(SIGN_TIMEOUT):
-            signed = await self.dispatcher.sign(NoteJob(text), key=self.key_id)
+            signed = await self.dispatcher.sign(NoteJob(text), key=self.config.key_id)
         signature = base64.b64decode(signed.text, validate=True)
-        vk = self.key.verifier
+        vk = self.config.key.verifier
         signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)
         note = sign_note(text, [signer]).encode()
-        t = int(self.clock())
+        t = int(self.config.clock())
         async with self._publish_lock:
-            if self.shared:
+            if self.config.shared:
                 await asyncio.to_thread(self._store_checkpoint, size, note, t)
             await asyncio.to_thread(self.writer.publish, note)
             self._published, self._note = size, note
-        self.last_checkpoint_at = self.clock()
+        self.last_checkpoint_at = self.config.clock()
 
     def _offer(self) -> None:
         """Hand the published checkpoint to the witnesses, if it is new to them."""
@@ -315,7 +332,7 @@ class Tlog:
             return
         if latest is None:  # (first: what it carries already, from before a restart)
             sender.seed(note)
-        sender.offer(Offered.of(note, Ed25519Verifier(self.key.verifier)))
+        sender.offer(Offered.of(note, Ed25519Verifier(self.config.key.verifier)))
 
     async def add_cosignatures(self, offered: Offered, cosignatures: list[Signature]) -> bool:
         """Add witnesses' cosignatures of ``offered`` to the published checkpoint and publish
@@ -326,11 +343,11 @@ class Tlog:
             if note is None or parse_note(note).text != offered.text:
                 return False  # (a newer one was published meanwhile)
             order = [] if self.witnesses is None else self.witnesses.order
-            merged = merge_cosignatures(note, cosignatures, Ed25519Verifier(self.key.verifier),
-                                        order)
+            merged = merge_cosignatures(note, cosignatures,
+                                        Ed25519Verifier(self.config.key.verifier), order)
             if merged == note:
                 return True
-            if self.shared:
+            if self.config.shared:
                 await asyncio.to_thread(self._store_cosigned, offered.checkpoint.size, merged)
             await asyncio.to_thread(self.writer.republish, merged)
             self._note = merged

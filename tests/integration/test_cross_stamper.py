@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import select
 
 from server import db
-from server.gitlog.committer import LogCommitter
+from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
@@ -69,7 +69,8 @@ class Node:
         self.cross = CrossStamper(self.engine, self.settings, clock)
         self.cross._sync_peer_rows()  # what start() does before it starts the loop
         self.repo = LogRepository(self.settings.log_repo)
-        self.committer = LogCommitter(self.engine, self.repo, dispatcher, PUBKEY, 3600, clock,
+        self.committer = LogCommitter(self.engine, self.repo, dispatcher,
+                                      CommitterConfig(PUBKEY, 3600, clock=clock),
                                       on_commit=self.cross.head_committed,
                                       peer_keys=self.cross.pinned_keys)
         self._stamps = 0

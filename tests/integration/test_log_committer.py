@@ -22,7 +22,7 @@ from sqlalchemy import Engine, insert, select, update
 
 from formats.jobs import CommitJob
 from server import db
-from server.gitlog.committer import OUTCOME_GRACE, LogCommitter
+from server.gitlog.committer import OUTCOME_GRACE, CommitterConfig, LogCommitter
 from server.gitlog.repository import LogRepository
 from server.models import LogCommit, LogCommitState, Stamp, StampState
 from server.stamping.journal import Journal
@@ -78,10 +78,10 @@ def make_committer(engine: Engine, repo: LogRepository, dispatcher: InProcessDis
                    peer_keys: Callable[[], dict[str, str]] | None = None,
                    key_files: dict[str, str] | None = None,
                    settle: float = 0) -> LogCommitter:
-    return LogCommitter(engine, repo, dispatcher, pubkey, interval, clock,
-                        on_commit=None if heads is None else heads.append,
-                        peer_keys=peer_keys, key_files=key_files,
-                        request_timeout=REQUEST_TIMEOUT, settle=settle)
+    config = CommitterConfig(pubkey, interval, key_files or {}, request_timeout=REQUEST_TIMEOUT,
+                             settle=settle, clock=clock)
+    return LogCommitter(engine, repo, dispatcher, config,
+                        on_commit=None if heads is None else heads.append, peer_keys=peer_keys)
 
 
 async def record(engine: Engine, reqs: list[Request], t: int,
@@ -624,7 +624,7 @@ def test_outcomes_due_any_moment_are_waited_for(
             waits.append(seconds)
             await late_outcome(engine, ids, StampState.SIGNED)
 
-        monkeypatch.setattr(committer, "_wait_for_outcomes", lambda: sleep(committer.settle))
+        monkeypatch.setattr(committer, "_wait_for_outcomes", lambda: sleep(committer.config.settle))
         return await committer.commit_now()
 
     head = asyncio.run(scenario())

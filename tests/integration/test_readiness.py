@@ -10,7 +10,7 @@ from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.api.health import readiness
 from server.api.services import Services
-from server.gitlog.committer import LogCommitter
+from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.settings import Settings
@@ -34,8 +34,8 @@ def services(tmp_path: Path, dispatcher: InProcessDispatcher) -> Services:
     journal = Journal(engine, stats)
     keys = [PRIMARY_KEY, EXTRA_KEY]
     clock = lambda: 1_795_400_000.0  # noqa: E731
-    committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher, "pub",
-                             3600, clock)
+    committer = LogCommitter(engine, LogRepository(settings.log_repo), dispatcher,
+                             CommitterConfig("pub", 3600, clock=clock))
     return Services(settings, engine, journal, dispatcher,
                     Stamper(journal, dispatcher, keys, public_url="http://x/",
                             request_timeout=5, clock=clock),

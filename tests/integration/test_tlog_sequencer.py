@@ -26,7 +26,7 @@ from server import db
 from server.gitlog.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.tlog.proofs import prove
-from server.tlog.sequencer import LogKey, OriginMismatch, Tlog
+from server.tlog.sequencer import LogKey, OriginMismatch, Tlog, TlogConfig
 from server.tlog.store import TileReader
 from tests.helpers import InProcessDispatcher, agent_home
 from workers.agents.ssh import SshAgent
@@ -75,9 +75,9 @@ def make_tlog(engine: Engine, root: Path, log_key: tuple[LogKey, NoteSigner], cl
               sequencer: bool = True, shared: bool = True) -> Tlog:
     key, signer = log_key
     dispatcher = InProcessDispatcher(signer, key=TLOG_KEY.id)  # type: ignore[arg-type]
-    return Tlog(engine, root, key, dispatcher, {None: FPR, "primary": FPR, "ssh-ed25519": SSH_FPR},
-                lambda: True, lambda: sequencer, key_id=TLOG_KEY.id,
-                request_timeout=REQUEST_TIMEOUT, clock=clock, shared=shared)
+    config = TlogConfig(root, key, {None: FPR, "primary": FPR, "ssh-ed25519": SSH_FPR},
+                        request_timeout=REQUEST_TIMEOUT, shared=shared, clock=clock)
+    return Tlog(engine, dispatcher, config, lambda: True, lambda: sequencer)
 
 
 def add(engine: Engine, *rows: dict[str, object]) -> list[int]:

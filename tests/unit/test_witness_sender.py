@@ -538,15 +538,16 @@ def test_cosignatures_go_on_the_newest_checkpoint_only_and_to_the_hosts_that_fol
 
     from server import db
     from server.models import TlogCheckpoint, TlogEntry
-    from server.tlog.sequencer import LogKey, Tlog
+    from server.tlog.sequencer import LogKey, Tlog, TlogConfig
     from tests.helpers import migrated_journal
 
     shutil.copy(migrated_journal(), tmp_path / "db.sqlite3")
     engine = db.make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
 
     def tlog(name: str) -> Tlog:
-        return Tlog(engine, tmp_path / name, LogKey(LOG_VKEY), None,  # type: ignore[arg-type]
-                    {None: "F" * 40}, lambda: True, lambda: False, shared=True)
+        config = TlogConfig(tmp_path / name, LogKey(LOG_VKEY), {None: "F" * 40}, shared=True)
+        return Tlog(engine, None, config,  # type: ignore[arg-type]
+                    lambda: True, lambda: False)
 
     def row_note() -> str:
         with engine.connect() as conn:
