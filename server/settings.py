@@ -439,10 +439,10 @@ class Settings(BaseSettings):
         return self.data_dir / "run"
 
     @property
-    def journal_socket(self) -> Path:
-        """Where the HTTP processes reach the host's one journal (SQLite, several HTTP
-        processes: `server.stamping.journal_host`)."""
-        return self.run_dir / "journal.sock"
+    def coordinator_socket(self) -> Path:
+        """Where the HTTP processes reach the host's coordinator (several HTTP processes:
+        `server.coordinator`)."""
+        return self.run_dir / "coordinator.sock"
 
     @property
     def shared_journal(self) -> bool:

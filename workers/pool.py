@@ -4,8 +4,8 @@ Each worker gets a fresh private home (mode 0700) under the runtime directory: b
 ``<data_dir>/run/workers``, made private (0700) by the supervisor (`prepare_runtime_dir`). The
 home holds an imported copy of the secret key. When a worker exits for any reason, the
 supervisor kills the agent it left behind (recorded in ``<home>/agent.pid``), removes the home
-with the key, and starts a replacement at once, or after a short backoff that grows while workers keep dying
-young (`workers.restarts`, the policy of every supervised process).
+with the key, and starts a replacement at once, or after a short backoff that grows while
+workers keep dying young (`workers.restarts`, the policy of every supervised process).
 
 Homes must not outlive their workers, even when the supervisor is killed with SIGKILL:
 

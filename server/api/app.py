@@ -37,6 +37,8 @@ from server.api.v1 import add_v1_routes
 from server.api.web import add_web_routes
 from server.api.witness import add_witness_routes, make_witness
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
+from server.budgets import Budgets, HostBudgets, LocalBudgets
+from server.coordinator import CoordinatorLink
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
@@ -48,7 +50,6 @@ from server.leadership import AdvisoryLeader, FileLeader
 from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal, JournalApi
-from server.stamping.journal_host import RemoteJournal
 from server.stamping.rfc3161 import Tsa, TsaSource
 from server.stamping.stamper import Stamper
 from server.stats import Stats
@@ -186,12 +187,18 @@ def create_app(
             None if settings.tsa_spec is None else settings.tsa_spec.id)
         stats = Stats()
         journal: JournalApi
-        if settings.shared_journal:  # the serve process keeps the host's one journal
-            remote = RemoteJournal(settings.journal_socket, stats, on_host_lost=_server_gone)
-            await remote.connect()
-            journal = remote
+        budgets: Budgets
+        link = None
+        if settings.api_process_count > 1:  # `stampd serve` is the host's coordinator
+            link = CoordinatorLink(settings.coordinator_socket, stats,
+                                   on_host_lost=_server_gone)
+            await link.connect()
+            budgets = link
         else:
-            journal = Journal(engine, stats)
+            budgets = LocalBudgets(HostBudgets(settings, clock))
+        # (on SQLite, the coordinator keeps the host's one journal)
+        journal = link if link is not None and settings.shared_journal else Journal(engine,
+                                                                                    stats)
         dispatcher = make_dispatcher(settings, engine, stats, process)
         # One log writer and one cross-stamper: the HTTP process holding the log lock.
         leader: AdvisoryLeader | FileLeader
@@ -239,7 +246,7 @@ def create_app(
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
                              tlog, witness=make_witness(settings, engine, dispatcher, served,
                                                         clock), process=process,
-                             proof_waiters=waiters))
+                             proof_waiters=waiters, budgets=budgets))
         app.state.services = cell[0]
         try:
             yield
@@ -259,6 +266,8 @@ def create_app(
             await committer.stop()
             await dispatcher.stop()
             await journal.stop()
+            if link is not None and link is not journal:
+                await link.stop()
             leader.close()
             engine.dispose()
             cell.clear()

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from server.api.ratelimit import client_key
 from server.api.services import Services
+from server.budgets import client_key
 
 
 def services_of(request: Request) -> Services:
@@ -25,7 +25,7 @@ async def services(request: Request) -> Services:
 
 
 async def client(request: Request) -> bytes:
-    """The client, as its per-client budgets count it (`server.api.ratelimit.client_key`)."""
+    """The client, as its per-client budgets count it (`server.budgets.client_key`)."""
     return client_key(request.client.host if request.client else None)
 
 

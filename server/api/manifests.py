@@ -6,21 +6,16 @@
 The body is read as it streams in, within its own limits (``STAMPD_MAX_MANIFEST_BYTES``,
 ``STAMPD_MAX_MANIFEST_LINES``), not the 1000-byte limit of the form endpoints. Before it is
 read, its bytes are charged to the hourly budgets of its client and of the host
-(`ByteRateLimit`, 429 beyond them), and held in the host's budget of manifest bytes in
-flight (`InFlight`, 503 beyond it) until the request is answered.
+(`server.budgets`, 429 beyond them), and held in the host's budget of manifest bytes in
+flight (503 beyond it) until the request is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
-import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Request
@@ -52,8 +47,8 @@ from server.api.openapi import (
     ref,
     request_body,
 )
-from server.api.ratelimit import RateLimited, WindowBudget, locked
 from server.api.threadpool import OneAtATime
+from server.budgets import MANIFEST_HOUR, RateLimited
 from server.errors import (
     BadManifest,
     BadRequest,
@@ -73,100 +68,12 @@ from workers.manifest_check import IN_PROCESS_MAX, CheckFailed, check_elsewhere
 MANIFEST_TYPES = ("application/x-www-form-urlencoded", "text/plain", "application/octet-stream")
 RATE = 1 << 20  # bytes per second a body must at least arrive at, past STAMPD_BODY_TIMEOUT
 WINDOW = 3600  # seconds of one rate-limit window (fixed windows, aligned to the hour)
-_FLIGHT = struct.Struct("<QQQ")  # a slot of the in-flight file: pid, its start time, bytes held
-
-
-class ManifestsBusy(Unavailable):
-    """More manifest bytes in flight on this host than ``manifest_bytes_in_flight``."""
-
-    retry_after = 10
 
 
 class ManifestCheckFailed(Unavailable):
     """The process checking a manifest ended without an answer (killed, out of memory)."""
 
     retry_after = 10
-
-
-@dataclass
-class ByteRateLimit(WindowBudget):
-    """Hourly budgets of manifest bytes, per client and per host, shared by every HTTP
-    process of the host (`server.api.ratelimit.WindowBudget`): fixed windows aligned to the
-    hour, 0 = no limit."""
-
-    window: int = WINDOW
-    unit: str = "manifest bytes"
-    period: str = "this hour"
-
-
-@dataclass
-class InFlight:
-    """At most ``limit`` bytes of manifest bodies in flight (read, checked, journalled,
-    signed, answered) on this host, counted over all its HTTP processes in one small file
-    (``path``, under the data directory's run/): HTTP process ``process`` of ``processes``
-    owns one slot of it, its process id, start time and the bytes it holds, written under an
-    exclusive ``flock``. A slot whose process is no longer running counts nothing: a process
-    killed while holding bytes holds them no more. A request that would exceed the budget is
-    refused before its body is read (`ManifestsBusy`), unless nothing is in flight on the
-    host: one manifest is always taken, whatever its size.
-
-    (Each process once counted its share, ``limit // processes``, and at least one manifest:
-    with five HTTP processes, the default on 16 CPUs, five maximal manifests were in flight
-    where the budget holds two, and the server grew by 2.1 GiB, `bench.manifest_flood
-    --workers 16 --api-processes 5`.)"""
-
-    path: Path
-    limit: int
-    process: int = 0
-    processes: int = 1
-    held: int = 0
-    _me: tuple[int, int] = field(init=False, default=(0, 0))  # this process: pid, start time
-
-    def __post_init__(self) -> None:
-        self._me = (os.getpid(), _start_time(os.getpid()))
-
-    def _others(self, fd: int) -> int:
-        """The bytes the host's other live HTTP processes hold."""
-        raw = os.pread(fd, _FLIGHT.size * self.processes, 0)
-        total = 0
-        for i in range(len(raw) // _FLIGHT.size):
-            pid, started, held = _FLIGHT.unpack_from(raw, i * _FLIGHT.size)
-            if i != self.process and held and _start_time(pid) == started:
-                total += held
-        return total
-
-    def _set(self, fd: int, held: int) -> None:
-        self.held = held
-        os.pwrite(fd, _FLIGHT.pack(*self._me, held), _FLIGHT.size * self.process)
-
-    def take(self, n: int) -> Callable[[], None]:
-        """Hold ``n`` bytes (`ManifestsBusy` beyond the budget); what gives them back (once,
-        however often it is called)."""
-        with locked(self.path) as fd:
-            held = self._others(fd) + self.held
-            if held and held + n > self.limit:
-                raise ManifestsBusy(
-                    f"{held} bytes of manifests in flight on this server (of "
-                    f"{self.limit}); try again later")
-            self._set(fd, self.held + n)
-        given = False
-
-        def give() -> None:
-            nonlocal given
-            if not given:
-                given = True
-                with locked(self.path) as fd:
-                    self._set(fd, self.held - n)
-
-        return give
-
-    @contextlib.contextmanager
-    def hold(self, n: int) -> Iterator[None]:
-        give = self.take(n)
-        try:
-            yield
-        finally:
-            give()
 
 
 def manifest_length(scope: Scope, settings: Settings) -> int | None:
@@ -184,7 +91,8 @@ CHARGE_STEP = 4 << 20  # a chunked body is charged to the rate limit as it arriv
 
 
 async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
-                        charge: Callable[[int], None] = lambda n: None) -> bytearray:
+                        charge: Callable[[int], Awaitable[None]] | None = None
+                        ) -> bytearray:
     """The body, streamed: at most ``max_manifest_bytes`` bytes and ``max_manifest_lines``
     lines. A Content-Length is not required (chunked bodies are taken). Each chunk must come
     within ``body_timeout``, and the whole body within ``body_timeout`` plus one second per
@@ -195,8 +103,8 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
     limit = settings.max_manifest_bytes
     expected = length if length is not None else limit
     charged = 0
-    if length is not None:
-        charge(length)
+    if length is not None and charge is not None:
+        await charge(length)
         charged = length
     deadline = time.monotonic() + settings.body_timeout + expected / RATE
     body = bytearray()
@@ -216,9 +124,9 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
         lines += chunk.count(b"\n")
         if lines > settings.max_manifest_lines:
             raise BodyTooLarge(f"manifest of more than {settings.max_manifest_lines} lines")
-        if len(body) + len(chunk) > charged:
+        if len(body) + len(chunk) > charged and charge is not None:
             step = max(CHARGE_STEP, len(body) + len(chunk) - charged)
-            charge(step)
+            await charge(step)
             charged += step
         body += chunk
         if not message.get("more_body", False):
@@ -300,33 +208,6 @@ def answer(parts: tuple[Text, ...], done: Callable[[], None]) -> Response:
     return _Answer(pieces(), size, done)
 
 
-def _start_time(pid: int) -> int:
-    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat), 0 if it is not
-    running: a process id and its start time name one process, even once the id is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22; the name may hold spaces
-
-
-class Budgets:
-    """The limits on manifests of HTTP process ``process`` (built from the settings on its
-    first manifest)."""
-
-    rate: ByteRateLimit
-    in_flight: InFlight
-
-    def __init__(self, settings: Settings, clock: Callable[[], float], process: int) -> None:
-        self.rate = ByteRateLimit(settings.run_dir / "manifest-bytes",
-                                  settings.manifest_bytes_per_client_hour,
-                                  settings.manifest_bytes_per_hour, clock)
-        self.in_flight = InFlight(settings.run_dir / "manifest-in-flight",
-                                  settings.manifest_bytes_in_flight or (1 << 62), process,
-                                  settings.api_process_count)
-
-
 # A manifest body: one or more checksum lines of one algorithm, the last LF optional.
 MANIFEST_PATTERN = "^(?:" + "|".join(
     rf"(?:{line_regex(alg)}\n)*{line_regex(alg)}\n?" for alg in MANIFEST_ALGORITHMS) + ")$"
@@ -344,7 +225,6 @@ Serial = Annotated[str, PathParam(), matching(SERIAL)]
 
 
 def add_manifest_routes(router: APIRouter) -> None:
-    budgets: list[Budgets] = []  # one, once the first manifest comes
     # One manifest checked at a time in this process: a check holds the GIL in a thread for
     # seconds (a million lines), and each more at once takes that much more from the event
     # loop (and the stamps it serves).
@@ -395,17 +275,15 @@ def add_manifest_routes(router: APIRouter) -> None:
                                        for k in ("format", "key")
                                        if k in request.query_params})
         key = choose_key(s.keys, fmt, fingerprint)
-        if not budgets:
-            budgets.append(Budgets(s.settings, s.clock, s.process))
-        limits = budgets[0]
+        budgets = s.budgets
+        assert budgets is not None
         length = manifest_length(request.scope, s.settings)
         # The bytes in flight first: a request refused for them charges nothing. They are held
         # until the answer has been sent (or has failed).
-        give = limits.in_flight.take(s.settings.max_manifest_bytes if length is None
-                                     else length)
+        give = await budgets.take(s.settings.max_manifest_bytes if length is None else length)
         try:
             body = await read_manifest(request.scope, request.receive, s.settings,
-                                       lambda n: limits.rate.charge(client, n))
+                                       lambda n: budgets.charge(MANIFEST_HOUR, client, n))
             req = await check(manifest_request, body)
             del body
             response = answer(await s.stamper.stamp(req, key), give)

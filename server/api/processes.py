@@ -25,12 +25,12 @@
 - **The workers.** HTTP process *n* runs its own dispatcher on its own Unix socket
   (`Settings.dispatch_socket_of`); every worker connects to all of them and takes jobs from
   each in turn (`workers.link.Dispatchers`). A stamp is signed by whichever worker is free.
-- **What stays single.** One journal: on SQLite the supervisor keeps the host's one journal
-  writer (`server.stamping.journal_host.JournalHost`), which commits the rows every HTTP
-  process sends it together, one fsync for all; on PostgreSQL each process commits its own
-  groups. One log writer and one cross-stamper: the process that
-  holds the log lock (`server.leadership.FileLeader`; with database dispatch the PostgreSQL
-  advisory lock), which another takes over when it dies.
+- **What stays single.** The host's coordinator (`server.coordinator.Coordinator`), in the
+  supervisor: it counts the budgets every HTTP process shares, and on SQLite it is the host's
+  one journal writer, which commits the rows every HTTP process sends it together, one fsync
+  for all; on PostgreSQL each process commits its own groups. One log writer and one
+  cross-stamper: the process that holds the log lock (`server.leadership.FileLeader`; with
+  database dispatch the PostgreSQL advisory lock), which another takes over when it dies.
 - **Metrics and /readyz** add up, or check, every process (`server.api.siblings`).
 
 Each process dies with its parent (SIGKILL, ``PR_SET_PDEATHSIG``): an HTTP process as the one
@@ -362,15 +362,16 @@ class ApiManager:
 
 def serve_processes(manager: ApiManager, settings: Settings) -> None:
     """Run the HTTP processes through ``manager`` until SIGTERM or SIGINT, then stop them
-    (they finish their requests first). On SQLite, this process runs the host's one journal
-    writer meanwhile."""
-    host = None
-    if settings.shared_journal:  # one journal writer for every HTTP process of this host
-        from server import db
-        from server.stamping.journal_host import JournalHost
+    (they finish their requests first). This process runs the host's coordinator meanwhile
+    (`server.coordinator`: the budgets, and on SQLite the one journal writer)."""
+    from server import db
+    from server.budgets import HostBudgets
+    from server.coordinator import Coordinator
 
-        host = JournalHost(settings.journal_socket, lambda: db.make_engine(settings.db_url))
-        host.start()
+    host = Coordinator(settings.coordinator_socket,
+                       (lambda: db.make_engine(settings.db_url)) if settings.shared_journal
+                       else None, HostBudgets(settings, time.time))
+    host.start()
 
     def _stop(_signum: int, _frame: object) -> None:
         manager.stopping.set()
@@ -379,9 +380,8 @@ def serve_processes(manager: ApiManager, settings: Settings) -> None:
     signal.signal(signal.SIGINT, _stop)
     try:
         manager.run()
-    finally:
-        if host is not None:  # (after every HTTP process stopped: nothing more to record)
-            host.stop()
+    finally:  # (after every HTTP process stopped: nothing more to record)
+        host.stop()
 
 
 # -- a started HTTP manager -------------------------------------------------------------------

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 
 from formats.keys import ServedKey
 from server.api.siblings import Overview, Siblings, overview
+from server.budgets import Budgets
 from server.dispatch import Dispatcher
 from server.gitlog.committer import LogCommitter
 from server.gitlog.peers import CrossStamper
@@ -46,6 +47,9 @@ class Services:
     witness: Witness | None = None  # this server as a witness of other logs; None: none
     proof_waiters: ProofWaiters | None = None  # GET /v1/proofs ?wait= (None: no log)
     process: int = 0  # this HTTP process's number among those of `stampd serve`
+    # The host's budgets (manifest bytes, witness requests): this process's own when it is
+    # the only one, else the coordinator's.
+    budgets: Budgets | None = None
 
     def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""

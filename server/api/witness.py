@@ -4,7 +4,7 @@
         a log's checkpoint, its old size and consistency proof: 200 and the cosignature line(s);
         each refusal its status (400, 403, 404, 409 with the size as text/x.tlog.size, 422),
         413 for a body over the limit, 429 (Retry-After) for a client over its requests of
-        the minute (`witness_budget`), 503 (Retry-After) when it was stored but not cosigned
+        the minute (`server.budgets`), 503 (Retry-After) when it was stored but not cosigned
     GET /tlog/witness-vkey
         the witness key's cosignature verifier key, one line
     GET /<hex SHA-256 of a log's origin>/checkpoint
@@ -42,7 +42,7 @@ from server.api.body import checked_length
 from server.api.deps import ClientDep, ServicesDep
 from server.api.errors import plain
 from server.api.openapi import TEXT, matching, request_body, text
-from server.api.ratelimit import RateLimited, WindowBudget
+from server.budgets import WITNESS_MINUTE, RateLimited
 from server.dispatch import Dispatcher
 from server.errors import BodyTooLarge, RequestTimeout, StampError
 from server.settings import Settings
@@ -71,16 +71,6 @@ def make_witness(settings: Settings, engine: Engine, dispatcher: Dispatcher,
                          "its key: start `stampd serve` or a `stampd worker` host with it")
     return Witness(engine, dispatcher, settings.witnessed, settings.witness_name,
                    ed25519_public_key(public), clock)
-
-
-def witness_budget(settings: Settings, clock: Callable[[], float]) -> WindowBudget:
-    """The ``add-checkpoint`` requests each client may send a clock minute
-    (``witness_requests_per_client_minute``), counted over every HTTP process of the host.
-    An honest log sends at most a few a second (a checkpoint, and once more after a 409);
-    a replay costs a read (`server.witness.service.REPLAY_REUSE`), and this bounds those."""
-    return WindowBudget(settings.run_dir / "witness-requests",
-                        settings.witness_requests_per_client_minute, 0, clock, window=60,
-                        unit="add-checkpoint requests", period="this minute")
 
 
 def witness_response(exc: WitnessError) -> Response:
@@ -118,7 +108,6 @@ def add_witness_routes(app: FastAPI) -> None:
         return PlainTextResponse("this server is no witness (STAMPD_WITNESS=off)\n",
                                  status_code=404)
 
-    budgets: list[WindowBudget] = []  # one, once the first request comes
 
     @app.post(
         "/add-checkpoint", tags=["witness"], operation_id="addCheckpoint",
@@ -147,10 +136,9 @@ def add_witness_routes(app: FastAPI) -> None:
         cosignature while it is at most 30 s old."""
         if s.witness is None:
             return not_witness()
-        if not budgets:
-            budgets.append(witness_budget(s.settings, s.clock))
+        assert s.budgets is not None
         try:  # (before the body is read: a refused request costs nothing more)
-            budgets[0].charge(client, 1)
+            await s.budgets.charge(WITNESS_MINUTE, client, 1)
         except RateLimited as e:
             return PlainTextResponse(e.message + "\n", status_code=429,
                                      headers={"Retry-After": str(e.retry_after)})

@@ -55,7 +55,7 @@ CHECKPOINT_EVERY = 0.5  # seconds between the SQLite journal's WAL checkpoints, 
 PIECE = 1 << 20  # characters (or bytes) of a signed text stored as one piece
 # A manifest's index rows, (`formats.manifests.bucket_key`, packed digests): a list
 # (`formats.manifests.Buckets`), or rows made one at a time as they are written
-# (`server.stamping.journal_host.FrameBuckets`).
+# (`server.coordinator.FrameBuckets`).
 IndexRows = Sequence[tuple[int, bytes]]
 
 
@@ -151,7 +151,7 @@ class _TextPieces(_Bulk):
 
 class JournalApi(Protocol):
     """What the stamping path asks of a journal: `Journal` (this process commits), or
-    `server.stamping.journal_host.RemoteJournal` (the host's one journal commits)."""
+    `server.coordinator.CoordinatorLink` (the host's one journal commits)."""
 
     def start(self) -> None: ...
 

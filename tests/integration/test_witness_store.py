@@ -348,6 +348,7 @@ def test_a_client_over_its_minute_is_answered_429_and_changes_nothing(tmp_path: 
 
     from server.api.deps import services
     from server.api.witness import add_witness_routes
+    from server.budgets import HostBudgets, LocalBudgets
     from server.settings import Settings
 
     now = [1_800_000_030.0]  # (30 s into a minute)
@@ -355,8 +356,9 @@ def test_a_client_over_its_minute_is_answered_429_and_changes_nothing(tmp_path: 
     settings = Settings(data_dir=tmp_path / "data", witness_requests_per_client_minute=3)
     app = FastAPI()
     add_witness_routes(app)
+    host = LocalBudgets(HostBudgets(settings, lambda: now[0]))
     app.dependency_overrides[services] = lambda: SimpleNamespace(
-        witness=w, settings=settings, clock=lambda: now[0], engine=w.engine)
+        witness=w, settings=settings, clock=lambda: now[0], engine=w.engine, budgets=host)
 
     def client(address: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(address, 1)),

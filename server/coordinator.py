@@ -1,22 +1,27 @@
-"""One journal writer for every HTTP process of a host (SQLite, ``--api-processes`` > 1).
+"""The host's coordinator: ``stampd serve``, when it runs several HTTP processes, owns what they
+share, and each of them asks it over one Unix socket connection (`CoordinatorLink`):
 
-Each HTTP process committing its own groups made the processes take turns at SQLite's one
-write lock, one fsync each: with four processes on 12 cores, 43% of the time spent inside a
-request went to waiting for the others' commits (bench/RESULTS.md, "Many cores"). Here the
-``stampd serve`` process, which supervises the HTTP processes and serves no request itself,
-runs the one `Journal` of the host in a thread of its own (`JournalHost`), and the HTTP
-processes send it their rows over a Unix socket (`RemoteJournal`, the journal's interface): the
-rows of every process that arrive while one commit runs go into the next, one fsync for all.
+- **the journal** (SQLite): one writer for every HTTP process of the host. Each HTTP process
+  committing its own groups made the processes take turns at SQLite's one write lock, one
+  fsync each: with four processes on 12 cores, 43% of the time spent inside a request went to
+  waiting for the others' commits (bench/RESULTS.md, "Many cores"). Here the rows of every
+  process that arrive while one commit runs go into the next, one fsync for all. (On
+  PostgreSQL each process commits its own groups; the database takes them together.)
+- **the budgets** (`server.budgets.HostBudgets`): the hourly manifest bytes, the manifest bytes
+  in flight, the witness's requests a minute. A process's bytes in flight are given back when
+  its connection closes.
 
-Nothing changes in what is promised: a request is answered (and signed) only after the host
-has committed its row and replied with its id. An HTTP process killed loses only its
-connection: the rows it sent are committed, or were never acknowledged. The host dies only with
-``stampd serve``, whose HTTP processes die with it; if its thread fails, it stops the server
-(SIGTERM to its own process) rather than leave the HTTP processes answering 503.
+The coordinator runs in a thread of its own of the ``stampd serve`` process, which serves no
+request itself (`Coordinator`). Nothing changes in what is promised: a request is answered (and
+signed) only after the host has committed its row and replied with its id. An HTTP process
+killed loses only its connection: the rows it sent are committed, or were never acknowledged.
+The coordinator dies only with ``stampd serve``, whose HTTP processes die with it; if its thread
+fails, it stops the server (SIGTERM to its own process) rather than leave the HTTP processes
+answering 503.
 
-The wire (`JournalCall`, `JournalReply`): frames of a 4-byte big-endian length, then a 4-byte
-length of a JSON object, the object, and the bytes it names (a manifest's digest buckets, or
-its signed text in UTF-8).
+The wire (`Call`, `Reply`): frames of a 4-byte big-endian length, then a 4-byte length of a
+JSON object, the object, and the bytes it names (a manifest's digest buckets, or its signed
+text in UTF-8).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any, overload
 from sqlalchemy import Engine
 
 from formats.manifests import Text, utf8_pieces, utf8_size
+from server.budgets import HostBudgets, ManifestsBusy, RateLimited, once
 from server.errors import CommandFailed, JournalError
 from server.stamping.journal import IndexRows, Journal, stamp_row
 from server.stamping.requests import Request
@@ -57,11 +63,13 @@ CONNECT_TIMEOUT = 30.0  # seconds an HTTP process waits for the host at its star
 # -- the wire -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class JournalCall:
-    """What an HTTP process asks of the host: ``record`` a stamp row (and a manifest's digest
-    buckets), or an outcome, ``signed`` or ``failed``, or ``manifest``: a signed manifest's
-    ``text`` (UTF-8) stored with its outcome. ``call_id`` 0: no reply wanted (an outcome that
-    rides along with the next commit, `Journal.signed`)."""
+class Call:
+    """What an HTTP process asks of the coordinator: of the journal, ``record`` a stamp row
+    (and a manifest's digest buckets), or an outcome, ``signed`` or ``failed``, or
+    ``manifest``: a signed manifest's ``text`` (UTF-8) stored with its outcome; of the
+    budgets, ``charge`` a client (``b``: the budget, ``c``: the client's key in hex, ``n``),
+    ``take`` or ``give`` back ``n`` manifest bytes in flight. ``call_id`` 0: no reply wanted
+    (an outcome that rides along with the next commit, `Journal.signed`; bytes given back)."""
 
     op: str
     call_id: int
@@ -69,7 +77,7 @@ class JournalCall:
     buckets: IndexRows | None = None
     text: bytes | memoryview | None = None
 
-    OPS = ("record", "signed", "failed", "manifest")
+    OPS = ("record", "signed", "failed", "manifest", "charge", "take", "give")
 
     def head(self, tail: int = 0) -> bytes:
         """The frame up to its tail, whose length is ``tail`` (a text sent after it)."""
@@ -90,7 +98,7 @@ class JournalCall:
         return self.head(len(text)) + tail + text
 
     @classmethod
-    def decode(cls, body: bytes | bytearray) -> JournalCall:
+    def decode(cls, body: bytes | bytearray) -> Call:
         """A call from a frame's body (after its length); ValueError if it is not one. A
         text is a view of ``body`` (not a copy of it)."""
         head, tail = _split(body)
@@ -104,28 +112,53 @@ class JournalCall:
 
 
 @dataclass(frozen=True)
-class JournalReply:
-    """The host's answer to a call with an id: the stamp id of a recorded row (None for an
-    outcome), or the error that kept it from being committed."""
+class Reply:
+    """The coordinator's answer to a call with an id: the stamp id of a recorded row (None for
+    an outcome or a budget's yes), the error that kept it from being committed, or the budget
+    that ``refused`` it: ``rate`` (`RateLimited`) or ``busy`` (`ManifestsBusy`), its message,
+    and the seconds after which to retry."""
 
     call_id: int
     stamp_id: int | None = None
     error: str | None = None
+    refused: tuple[str, str, int] | None = None
+
+    REFUSALS = ("rate", "busy")
 
     def encode(self) -> bytes:
-        text = json.dumps({"id": self.call_id, "sid": self.stamp_id, "error": self.error},
-                          separators=(",", ":")).encode()
+        head: dict[str, Any] = {"id": self.call_id, "sid": self.stamp_id, "error": self.error}
+        if self.refused is not None:
+            head["no"] = list(self.refused)
+        text = json.dumps(head, separators=(",", ":")).encode()
         body = LENGTH.pack(len(text)) + text
         return LENGTH.pack(len(body)) + body
 
     @classmethod
-    def decode(cls, body: bytes | bytearray) -> JournalReply:
+    def decode(cls, body: bytes | bytearray) -> Reply:
         head, _ = _split(body)
         call_id, sid, error = head.get("id"), head.get("sid"), head.get("error")
+        no = head.get("no")
         if (not isinstance(call_id, int) or not (sid is None or isinstance(sid, int))
                 or not (error is None or isinstance(error, str))):
-            raise ValueError("not a journal reply")
-        return cls(call_id, sid, error)
+            raise ValueError("not a coordinator reply")
+        refused = None
+        if no is not None:
+            if not (isinstance(no, list) and len(no) == 3 and no[0] in cls.REFUSALS
+                    and isinstance(no[1], str) and isinstance(no[2], int)):
+                raise ValueError("not a coordinator reply")
+            refused = (no[0], no[1], no[2])
+        return cls(call_id, sid, error, refused)
+
+    def raise_refusal(self) -> None:
+        """The refusal as the budget raised it, if this is one."""
+        if self.refused is None:
+            return
+        kind, message, retry = self.refused
+        if kind == "rate":
+            raise RateLimited(message, retry)
+        busy = ManifestsBusy(message)
+        busy.retry_after = retry
+        raise busy
 
 
 class FrameBuckets(Sequence[tuple[int, bytes]]):
@@ -205,26 +238,29 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes | bytearray | None:
 
 # -- the host -----------------------------------------------------------------------------------
 
-class JournalHost:
-    """The host's one `Journal`, in a thread with its own event loop, serving the HTTP
-    processes on ``socket_path`` (0600)."""
+class Coordinator:
+    """The host's one `Journal` (when ``make_engine`` is given: SQLite) and its `HostBudgets`,
+    in a thread with its own event loop, serving the HTTP processes on ``socket_path``
+    (0600)."""
 
-    def __init__(self, socket_path: Path, make_engine: Callable[[], Engine]) -> None:
+    def __init__(self, socket_path: Path, make_engine: Callable[[], Engine] | None,
+                 budgets: HostBudgets) -> None:
         self.socket_path = socket_path
         self.make_engine = make_engine
+        self.budgets = budgets
         self.journal: Journal | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._failed: BaseException | None = None
         self._links: set[asyncio.Task[None]] = set()  # one task per connected process
-        self._thread = threading.Thread(target=self._run, name="journal-host", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
         """Start serving; return once the socket listens (raise what kept it from it)."""
         self._thread.start()
         if not self._ready.wait(timeout) or self._failed is not None:
-            raise CommandFailed(f"the journal writer did not start: {self._failed}")
+            raise CommandFailed(f"the host's coordinator did not start: {self._failed}")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, commit what is queued, close (after the HTTP processes stopped)."""
@@ -245,16 +281,17 @@ class JournalHost:
         except BaseException as e:  # the HTTP processes cannot journal: stop the server
             self._failed = e
             if self._ready.is_set():
-                log.exception("the journal host failed; stopping the server")
+                log.exception("the host's coordinator failed; stopping the server")
                 os.kill(os.getpid(), signal.SIGTERM)
             self._ready.set()
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        engine = self.make_engine()
-        journal = self.journal = Journal(engine)
-        journal.start()
+        engine = None if self.make_engine is None else self.make_engine()
+        journal = self.journal = None if engine is None else Journal(engine)
+        if journal is not None:
+            journal.start()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
@@ -269,8 +306,10 @@ class JournalHost:
             if self._links:
                 await asyncio.wait(self._links, timeout=10)
             await server.wait_closed()
-            await journal.stop()
-            engine.dispose()
+            if journal is not None:
+                await journal.stop()
+            if engine is not None:
+                engine.dispose()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
 
@@ -280,32 +319,63 @@ class JournalHost:
         self._links.add(link)
         out = _Coalesced(writer)
         waiting: set[asyncio.Future[Any]] = set()
+        owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
             while (body := await _read_frame(reader)) is not None:
-                call = JournalCall.decode(body)
+                call = Call.decode(body)
                 # Nothing here holds a frame once it is taken: a manifest's text (a view of
                 # its frame) is the journal's until it is written. (The last frame of each
                 # connection stayed until the next came: +141 MiB after a 105 MiB manifest.)
                 del body
-                self._take(call, out, waiting)
+                if call.op in ("charge", "take", "give"):
+                    self._budget(call, owner, out)
+                else:
+                    self._take(call, out, waiting)
                 del call
         except (ValueError, ConnectionError) as e:
-            log.warning("journal host: dropping a connection: %s", e)
+            log.warning("coordinator: dropping a connection: %s", e)
         except asyncio.CancelledError:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
+            self.budgets.in_flight.drop(owner)  # (its process is gone, or going)
             if waiting:  # what was asked is recorded before the connection goes
                 await asyncio.wait(waiting, timeout=30)
             out.flush()
             writer.close()
             self._links.discard(link)
 
-    def _take(self, call: JournalCall, out: _Coalesced, waiting: set[asyncio.Future[Any]]
+    def _budget(self, call: Call, owner: int, out: _Coalesced) -> None:
+        """Count, hold or give back what ``call`` says, and answer at once."""
+        f = call.fields
+        n = f.get("n")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError("a budget call without its count")
+        if call.op == "give":
+            self.budgets.in_flight.give(owner, n)
+            return
+        try:
+            if call.op == "take":
+                self.budgets.in_flight.take(owner, n)
+            else:
+                self.budgets.charge(f["b"], bytes.fromhex(f["c"]), n)
+        except RateLimited as e:
+            out.put(Reply(call.call_id, refused=("rate", e.message, e.retry_after)).encode())
+        except ManifestsBusy as e:
+            out.put(Reply(call.call_id, refused=("busy", str(e), e.retry_after)).encode())
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"a malformed budget call: {e}") from None
+        else:
+            out.put(Reply(call.call_id).encode())
+
+    def _take(self, call: Call, out: _Coalesced, waiting: set[asyncio.Future[Any]]
               ) -> None:
         """Hand ``call`` to the journal; its reply goes out when its commit is done (no task
         per call: at thousands of stamps a second this thread serves every HTTP process)."""
-        assert self.journal is not None
         f, cid = call.fields, call.call_id
+        if self.journal is None:  # (PostgreSQL: each HTTP process journals itself)
+            if cid:
+                out.put(Reply(cid, error="journal unavailable: not kept here").encode())
+            return
         fut: asyncio.Future[Any] | None = None
         if call.op == "record":
             fut = self.journal.record_row_nowait(f, call.buckets)
@@ -330,13 +400,13 @@ class JournalHost:
         def done(fut: asyncio.Future[Any]) -> None:
             waiting.discard(fut)
             if fut.cancelled():
-                out.put(JournalReply(cid, error="journal unavailable: stopping").encode())
+                out.put(Reply(cid, error="journal unavailable: stopping").encode())
             elif (e := fut.exception()) is not None:
                 message = e.message if isinstance(e, JournalError) else "journal unavailable"
-                out.put(JournalReply(cid, error=message).encode())
+                out.put(Reply(cid, error=message).encode())
             else:
                 result = fut.result()
-                out.put(JournalReply(cid, result if isinstance(result, int) else None).encode())
+                out.put(Reply(cid, result if isinstance(result, int) else None).encode())
 
         fut.add_done_callback(done)
 
@@ -348,7 +418,7 @@ class _Coalesced:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.frames: list[bytes] = []
-        self.held = False  # a long frame is being written a piece at a time (`RemoteJournal`)
+        self.held = False  # a long frame is being written a piece at a time (`CoordinatorLink`)
 
     def put(self, frame: bytes) -> None:
         if not self.frames:
@@ -366,18 +436,19 @@ class _Coalesced:
 # -- the HTTP process's side ----------------------------------------------------------------------
 
 @dataclass
-class RemoteJournal:
-    """The journal of an HTTP process whose host's ``stampd serve`` keeps the one journal
-    (`JournalHost`): the interface of `Journal` over one Unix socket connection. Every call
-    fails with `JournalError` while the host cannot be reached; nothing is retried behind the
-    caller's back (a request not acknowledged was not recorded)."""
+class CoordinatorLink:
+    """An HTTP process's one connection to its host's coordinator (`Coordinator`): the
+    interface of `Journal` (where the coordinator keeps the journal: SQLite) and of
+    `server.budgets.Budgets`. Every call fails with `JournalError` while the coordinator cannot
+    be reached; nothing is retried behind the caller's back (a request not acknowledged was
+    not recorded)."""
 
     socket_path: Path
     stats: Stats = field(default_factory=Stats)
     _writer: asyncio.StreamWriter | None = None
     _out: _Coalesced | None = None
     _reader_task: asyncio.Task[None] | None = None
-    _calls: dict[int, asyncio.Future[JournalReply]] = field(default_factory=dict)
+    _calls: dict[int, asyncio.Future[Reply]] = field(default_factory=dict)
     _next_id: int = 1
     # Long frames (a manifest's buckets or text) are written one at a time, each alone.
     _long: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -419,7 +490,7 @@ class RemoteJournal:
         why = "the journal host closed the connection"
         try:
             while (body := await _read_frame(reader)) is not None:
-                reply = JournalReply.decode(body)
+                reply = Reply.decode(body)
                 fut = self._calls.pop(reply.call_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
@@ -439,14 +510,14 @@ class RemoteJournal:
 
     async def _call(self, op: str, fields: dict[str, Any], buckets: IndexRows | None = None,
                     reply: bool = True, text: tuple[Text, ...] | None = None
-                    ) -> JournalReply | None:
+                    ) -> Reply | None:
         writer = await self._connect()
         call_id = 0
-        fut: asyncio.Future[JournalReply] | None = None
+        fut: asyncio.Future[Reply] | None = None
         if reply:
             call_id, self._next_id = self._next_id, self._next_id + 1
             fut = self._calls[call_id] = asyncio.get_running_loop().create_future()
-        call = JournalCall(op, call_id, fields, buckets)
+        call = Call(op, call_id, fields, buckets)
         out = self._out
         assert out is not None
         if buckets or text:
@@ -464,9 +535,10 @@ class RemoteJournal:
         answer = await fut
         if answer.error is not None:
             raise JournalError(answer.error)
+        answer.raise_refusal()
         return answer
 
-    async def _send_long(self, call: JournalCall, text: tuple[Text, ...],
+    async def _send_long(self, call: Call, text: tuple[Text, ...],
                          writer: asyncio.StreamWriter, out: _Coalesced) -> None:
         """A manifest's buckets (megabytes) or signed text (up to 256 MiB), straight to the
         socket: the text a piece at a time in UTF-8 (no copy of it in bytes), waiting for the
@@ -531,13 +603,32 @@ class RemoteJournal:
         await self._call("failed", {"sid": stamp_id, "error": error})
 
     def _outcome(self, op: str, fields: dict[str, Any]) -> None:
-        if self._writer is None or self._writer.is_closing():
+        if not self._tell(op, fields):
             # (the host is gone, and with it `stampd serve`: this process is about to die)
-            log.warning("journal host unreachable: the %s outcome of stamp %s is not recorded",
+            log.warning("coordinator unreachable: the %s outcome of stamp %s is not recorded",
                         op, fields["sid"])
-            return
+
+    def _tell(self, op: str, fields: dict[str, Any]) -> bool:
+        """Send a call that wants no reply; False when the link is down."""
+        if self._writer is None or self._writer.is_closing():
+            return False
         assert self._out is not None
-        self._out.put(JournalCall(op, 0, fields).encode())
+        self._out.put(Call(op, 0, fields).encode())
+        return True
+
+    async def charge(self, budget: str, client: bytes, n: int) -> None:
+        """`server.budgets.Budgets.charge`, counted by the coordinator."""
+        await self._call("charge", {"b": budget, "c": client.hex(), "n": n})
+
+    async def take(self, n: int) -> Callable[[], None]:
+        """`server.budgets.Budgets.take`, held by the coordinator (until given back, or this
+        connection closes)."""
+        await self._call("take", {"n": n})
+
+        def give() -> None:
+            self._tell("give", {"n": n})  # (a link that is down gave them back already)
+
+        return once(give)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -1,6 +1,6 @@
-"""One journal writer for the HTTP processes of a host (server/stamping/journal_host.py): the
-rows of several processes go into shared group commits; replies, outcomes, manifests'
-digest buckets and the loss of the host behave as the journal's own do."""
+"""The host's coordinator (server/coordinator.py): one journal writer for the HTTP processes of
+a host, whose rows go into shared group commits (replies, outcomes, manifests' digest buckets
+and the loss of the host behave as the journal's own do); and the budgets they share."""
 
 from __future__ import annotations
 
@@ -16,19 +16,28 @@ from sqlalchemy import select
 from formats.manifests import PIECE as SEND_PIECE
 from formats.manifests import key_prefix, parse_body
 from server import db
+from server.budgets import MANIFEST_HOUR, HostBudgets, ManifestsBusy, RateLimited
+from server.coordinator import (
+    Call,
+    Coordinator,
+    CoordinatorLink,
+    FrameBuckets,
+    Reply,
+)
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
+from server.settings import Settings
 from server.stamping.journal import BULK_BYTES
 from server.stamping.journal import PIECE as STORE_PIECE
-from server.stamping.journal_host import (
-    FrameBuckets,
-    JournalCall,
-    JournalHost,
-    JournalReply,
-    RemoteJournal,
-)
 from server.stamping.requests import DigestRequest, ManifestRequest, TagRequest
 from tests.helpers import short_tmpdir
+
+HOUR = 1_795_399_200  # a whole hour, Unix seconds
+
+
+def budgets(tmp_path: Path, now: list[float]) -> HostBudgets:
+    return HostBudgets(Settings(data_dir=tmp_path, manifest_bytes_per_client_hour=1000,
+                                manifest_bytes_in_flight=1000), lambda: now[0])
 
 
 @pytest.fixture
@@ -38,7 +47,8 @@ def host(tmp_path: Path):  # type: ignore[no-untyped-def]
     db.upgrade(engine)
     engine.dispose()
     run = short_tmpdir("jh")
-    h = JournalHost(run / "journal.sock", lambda: db.make_engine(url))
+    h = Coordinator(run / "coordinator.sock", lambda: db.make_engine(url),
+                    budgets(tmp_path, [HOUR]))
     h.start()
     try:
         yield h, url
@@ -48,21 +58,23 @@ def host(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_the_wire_round_trips_calls_and_replies() -> None:
-    call = JournalCall("record", 7, {"kind": "manifest", "digest": None},
+    call = Call("record", 7, {"kind": "manifest", "digest": None},
                        [(1, b"\x00" * 32), (65535, b"\xff" * 64)])
     body = call.encode()[4:]
-    decoded = JournalCall.decode(body)
+    decoded = Call.decode(body)
     assert isinstance(decoded.buckets, FrameBuckets)  # rows made as they are written
     assert list(decoded.buckets) == call.buckets
     assert decoded.buckets[-1] == call.buckets[-1] and decoded.buckets[1:] == call.buckets[1:]
     assert replace(decoded, buckets=call.buckets) == call
-    assert JournalReply.decode(JournalReply(7, 42).encode()[4:]) == JournalReply(7, 42)
-    assert JournalReply.decode(JournalReply(8, error="down").encode()[4:]).error == "down"
-    call = JournalCall("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
-    assert JournalCall.decode(call.encode()[4:]) == call
-    for bad in (b"", b"\x00\x00\x00\x02[]", JournalReply(1).encode()[4:]):
+    assert Reply.decode(Reply(7, 42).encode()[4:]) == Reply(7, 42)
+    assert Reply.decode(Reply(8, error="down").encode()[4:]).error == "down"
+    refused = Reply(9, refused=("rate", "over", 30))
+    assert Reply.decode(refused.encode()[4:]) == refused
+    call = Call("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
+    assert Call.decode(call.encode()[4:]) == call
+    for bad in (b"", b"\x00\x00\x00\x02[]", Reply(1).encode()[4:]):
         with pytest.raises(ValueError):
-            JournalCall.decode(bad)
+            Call.decode(bad)
     # Index rows whose sizes do not add up to what follows, or are not sizes.
     for keys, sizes in (([1], [31]), ([1], [33]), ([1, 2], [32]), ([1], ["32"]), ([1], [0])):
         with pytest.raises(ValueError):
@@ -73,8 +85,8 @@ def test_two_processes_share_group_commits(host) -> None:  # type: ignore[no-unt
     h, url = host
 
     async def scenario() -> list[int]:
-        a = RemoteJournal(h.socket_path)
-        b = RemoteJournal(h.socket_path)
+        a = CoordinatorLink(h.socket_path)
+        b = CoordinatorLink(h.socket_path)
         await a.connect()
         await b.connect()
         reqs = [TagRequest(f"{i:040x}", "t") for i in range(200)]
@@ -111,7 +123,7 @@ def test_a_manifests_buckets_reach_the_database(host) -> None:  # type: ignore[n
     req = ManifestRequest(parse_body(lines.encode()))
 
     async def scenario() -> int:
-        j = RemoteJournal(h.socket_path)
+        j = CoordinatorLink(h.socket_path)
         sid = await j.record(req, 1700000000)
         await j.stop()
         return sid
@@ -140,7 +152,7 @@ def test_a_signed_manifest_is_sent_a_piece_at_a_time_and_stored(  # type: ignore
             return await calls()
 
     async def calls() -> tuple[int, list[int]]:
-        j = RemoteJournal(h.socket_path)
+        j = CoordinatorLink(h.socket_path)
         sid = await j.record(req, 1700000000)
         text = asyncio.ensure_future(j.signed_manifest_durably(sid, "w1", 1, parts))
         await asyncio.sleep(0)  # (its frame is under way)
@@ -178,7 +190,7 @@ def test_the_host_holds_one_copy_of_a_long_frame_and_none_once_it_is_written(  #
     size = sum(len(p) for p in parts)
 
     async def scenario() -> tuple[int, int]:
-        j = RemoteJournal(h.socket_path)
+        j = CoordinatorLink(h.socket_path)
         sid = await j.record(TagRequest("a" * 40, "t"), 1700000000)
         tracemalloc.start()
         try:
@@ -204,7 +216,7 @@ def test_the_host_holds_one_copy_of_a_long_frame_and_none_once_it_is_written(  #
 
 def test_without_the_host_a_record_fails_and_nothing_waits(tmp_path: Path) -> None:
     async def scenario() -> None:
-        j = RemoteJournal(tmp_path / "journal.sock")
+        j = CoordinatorLink(tmp_path / "coordinator.sock")
         with pytest.raises(JournalError):
             await j.record(TagRequest("a" * 40, "t"), 1)
         with pytest.raises(JournalError):
@@ -218,7 +230,7 @@ def test_the_host_going_away_fails_what_waits(host) -> None:  # type: ignore[no-
     h, _ = host
 
     async def scenario() -> None:
-        j = RemoteJournal(h.socket_path)
+        j = CoordinatorLink(h.socket_path)
         assert await j.record(TagRequest("a" * 40, "t"), 1) > 0
         await asyncio.to_thread(h.stop)
         with pytest.raises(JournalError):
@@ -237,8 +249,8 @@ def test_the_host_going_away_is_reported_and_a_stop_here_is_not(  # type: ignore
     lost: list[str] = []
 
     async def scenario() -> None:
-        ours = RemoteJournal(h.socket_path, on_host_lost=lambda: lost.append("ours"))
-        theirs = RemoteJournal(h.socket_path, on_host_lost=lambda: lost.append("theirs"))
+        ours = CoordinatorLink(h.socket_path, on_host_lost=lambda: lost.append("ours"))
+        theirs = CoordinatorLink(h.socket_path, on_host_lost=lambda: lost.append("theirs"))
         assert await ours.record(TagRequest("a" * 40, "t"), 1) > 0
         assert await theirs.record(TagRequest("b" * 40, "t"), 2) > 0
         await ours.stop()
@@ -262,7 +274,69 @@ def test_a_host_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
     """The server's start-up reports it as a command failure (one line), not a traceback."""
     from server.errors import CommandFailed
 
-    h = JournalHost(tmp_path / "no-such-dir" / "journal.sock",
-                    lambda: db.make_engine(f"sqlite:///{tmp_path / 'j.sqlite3'}"))
-    with pytest.raises(CommandFailed, match="the journal writer did not start"):
+    h = Coordinator(tmp_path / "no-such-dir" / "coordinator.sock",
+                    lambda: db.make_engine(f"sqlite:///{tmp_path / 'j.sqlite3'}"),
+                    budgets(tmp_path, [HOUR]))
+    with pytest.raises(CommandFailed, match="the host's coordinator did not start"):
         h.start()
+
+
+def test_the_http_processes_share_the_hosts_budgets(host) -> None:  # type: ignore[no-untyped-def]
+    """Two links stand for two HTTP processes: one's bytes count against the other's, a
+    refusal comes back as the budget raised it (its message and Retry-After), and what a
+    process held in flight is given back when its connection closes (the process died)."""
+    h, _ = host
+
+    async def scenario() -> None:
+        a = CoordinatorLink(h.socket_path)
+        b = CoordinatorLink(h.socket_path)
+        await a.connect()
+        await b.connect()
+        await a.charge(MANIFEST_HOUR, b"client", 600)
+        with pytest.raises(RateLimited) as e:
+            await b.charge(MANIFEST_HOUR, b"client", 500)
+        assert e.value.retry_after == 3600 and "sent 600 of its 1000" in e.value.message
+        await b.charge(MANIFEST_HOUR, b"another", 1000)
+
+        give = await a.take(600)
+        with pytest.raises(ManifestsBusy) as busy:
+            await b.take(500)
+        assert busy.value.retry_after == ManifestsBusy.retry_after
+        give()
+        give()  # (once)
+        held = await b.take(1000)  # given back: the whole budget again
+        held()
+        await a.take(900)
+        await a.stop()  # a's process is gone with its bytes in flight
+        for _ in range(100):
+            if not h.budgets.in_flight.held:
+                break
+            await asyncio.sleep(0.02)
+        assert h.budgets.in_flight.held == {}
+        (await b.take(1000))()
+        await b.stop()
+
+    asyncio.run(scenario())
+
+
+def test_without_a_journal_the_coordinator_keeps_the_budgets(tmp_path: Path) -> None:
+    """On PostgreSQL each HTTP process journals itself: the coordinator answers journal calls
+    with an error, and counts the budgets all the same."""
+    run = short_tmpdir("co")
+    h = Coordinator(run / "coordinator.sock", None, budgets(tmp_path, [HOUR]))
+    h.start()
+
+    async def scenario() -> None:
+        link = CoordinatorLink(h.socket_path)
+        await link.connect()
+        with pytest.raises(JournalError, match="not kept here"):
+            await link.record(TagRequest("a" * 40, "t"), 1)
+        (await link.take(10))()
+        await link.charge(MANIFEST_HOUR, b"c", 10)
+        await link.stop()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        h.stop()
+        shutil.rmtree(run, ignore_errors=True)
