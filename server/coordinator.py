@@ -10,6 +10,9 @@ share, and each of them asks it over one Unix socket connection (`CoordinatorLin
 - **the budgets** (`server.budgets.HostBudgets`): the hourly manifest bytes, the manifest bytes
   in flight, the witness's requests a minute. A process's bytes in flight are given back when
   its connection closes.
+- **the news** of each transparency log checkpoint published on the host: the HTTP process
+  that writes the tiles tells it, and it tells every HTTP process (their proof waiters, which
+  cost nothing until then, look again: `server.tlog.waiters`).
 
 The coordinator runs in a thread of its own of the ``stampd serve`` process, which serves no
 request itself (`Coordinator`). Nothing changes in what is promised: a request is answered (and
@@ -68,8 +71,11 @@ class Call:
     (and a manifest's digest buckets), or an outcome, ``signed`` or ``failed``, or
     ``manifest``: a signed manifest's ``text`` (UTF-8) stored with its outcome; of the
     budgets, ``charge`` a client (``b``: the budget, ``c``: the client's key in hex, ``n``),
-    ``take`` or ``give`` back ``n`` manifest bytes in flight. ``call_id`` 0: no reply wanted
-    (an outcome that rides along with the next commit, `Journal.signed`; bytes given back)."""
+    ``take`` or ``give`` back ``n`` manifest bytes in flight; of the news, that a checkpoint
+    of size ``n`` was ``published`` (told to every HTTP process); ``hello``, answered once
+    the connection is one the news go to (its first call). ``call_id`` 0: no reply
+    wanted (an outcome that rides along with the next commit, `Journal.signed`; bytes given
+    back; news)."""
 
     op: str
     call_id: int
@@ -77,7 +83,8 @@ class Call:
     buckets: IndexRows | None = None
     text: bytes | memoryview | None = None
 
-    OPS = ("record", "signed", "failed", "manifest", "charge", "take", "give")
+    OPS = ("hello", "record", "signed", "failed", "manifest", "charge", "take", "give",
+           "published")
 
     def head(self, tail: int = 0) -> bytes:
         """The frame up to its tail, whose length is ``tail`` (a text sent after it)."""
@@ -116,12 +123,14 @@ class Reply:
     """The coordinator's answer to a call with an id: the stamp id of a recorded row (None for
     an outcome or a budget's yes), the error that kept it from being committed, or the budget
     that ``refused`` it: ``rate`` (`RateLimited`) or ``busy`` (`ManifestsBusy`), its message,
-    and the seconds after which to retry."""
+    and the seconds after which to retry. Or, with ``call_id`` 0, news pushed to every HTTP
+    process: the size of a checkpoint ``published`` on the host."""
 
     call_id: int
     stamp_id: int | None = None
     error: str | None = None
     refused: tuple[str, str, int] | None = None
+    published: int | None = None
 
     REFUSALS = ("rate", "busy")
 
@@ -129,6 +138,8 @@ class Reply:
         head: dict[str, Any] = {"id": self.call_id, "sid": self.stamp_id, "error": self.error}
         if self.refused is not None:
             head["no"] = list(self.refused)
+        if self.published is not None:
+            head["pub"] = self.published
         text = json.dumps(head, separators=(",", ":")).encode()
         body = LENGTH.pack(len(text)) + text
         return LENGTH.pack(len(body)) + body
@@ -137,9 +148,10 @@ class Reply:
     def decode(cls, body: bytes | bytearray) -> Reply:
         head, _ = _split(body)
         call_id, sid, error = head.get("id"), head.get("sid"), head.get("error")
-        no = head.get("no")
+        no, published = head.get("no"), head.get("pub")
         if (not isinstance(call_id, int) or not (sid is None or isinstance(sid, int))
-                or not (error is None or isinstance(error, str))):
+                or not (error is None or isinstance(error, str))
+                or not (published is None or isinstance(published, int))):
             raise ValueError("not a coordinator reply")
         refused = None
         if no is not None:
@@ -147,7 +159,7 @@ class Reply:
                     and isinstance(no[1], str) and isinstance(no[2], int)):
                 raise ValueError("not a coordinator reply")
             refused = (no[0], no[1], no[2])
-        return cls(call_id, sid, error, refused)
+        return cls(call_id, sid, error, refused, published)
 
     def raise_refusal(self) -> None:
         """The refusal as the budget raised it, if this is one."""
@@ -254,6 +266,7 @@ class Coordinator:
         self._ready = threading.Event()
         self._failed: BaseException | None = None
         self._links: set[asyncio.Task[None]] = set()  # one task per connected process
+        self._outs: set[_Coalesced] = set()  # (what each of them is sent)
         self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -318,6 +331,7 @@ class Coordinator:
         assert link is not None
         self._links.add(link)
         out = _Coalesced(writer)
+        self._outs.add(out)
         waiting: set[asyncio.Future[Any]] = set()
         owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
@@ -327,7 +341,11 @@ class Coordinator:
                 # its frame) is the journal's until it is written. (The last frame of each
                 # connection stayed until the next came: +141 MiB after a 105 MiB manifest.)
                 del body
-                if call.op in ("charge", "take", "give"):
+                if call.op == "hello":
+                    out.put(Reply(call.call_id).encode())
+                elif call.op == "published":
+                    self._tell_all(call)
+                elif call.op in ("charge", "take", "give"):
                     self._budget(call, owner, out)
                 else:
                     self._take(call, out, waiting)
@@ -337,12 +355,23 @@ class Coordinator:
         except asyncio.CancelledError:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
+            self._outs.discard(out)
             self.budgets.in_flight.drop(owner)  # (its process is gone, or going)
             if waiting:  # what was asked is recorded before the connection goes
                 await asyncio.wait(waiting, timeout=30)
             out.flush()
             writer.close()
             self._links.discard(link)
+
+    def _tell_all(self, call: Call) -> None:
+        """News from one HTTP process (the one writing the host's transparency log tiles) to
+        every one of them: each wakes its proof waiters (`server.tlog.waiters`)."""
+        size = call.fields.get("n")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise ValueError("news without a size")
+        news = Reply(0, published=size).encode()
+        for out in self._outs:
+            out.put(news)
 
     def _budget(self, call: Call, owner: int, out: _Coalesced) -> None:
         """Count, hold or give back what ``call`` says, and answer at once."""
@@ -457,17 +486,22 @@ class CoordinatorLink:
     # would tell a client "not recorded" about a recorded stamp. The host lives as long as
     # ``stampd serve``; an HTTP process ends here (server.api.app), as it would with the server.
     on_host_lost: Callable[[], None] | None = None
+    # Called with the size of each checkpoint published on the host (in whichever of its HTTP
+    # processes writes the tiles): the process's proof waiters look again.
+    on_published: Callable[[int], None] | None = None
     _stopping: bool = False
 
     def start(self) -> None:
         pass  # (connects on the first call; `connect` waits for the host at start-up)
 
     async def connect(self, timeout: float = CONNECT_TIMEOUT) -> None:
-        """Connect, waiting (bounded) for the host to listen."""
+        """Connect, waiting (bounded) for the host to listen, and say hello: once answered,
+        every news of the host reaches this process."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 await self._connect()
+                await self._call("hello", {})
                 return
             except JournalError:
                 if time.monotonic() > deadline:
@@ -491,6 +525,10 @@ class CoordinatorLink:
         try:
             while (body := await _read_frame(reader)) is not None:
                 reply = Reply.decode(body)
+                if reply.published is not None:
+                    if self.on_published is not None:
+                        self.on_published(reply.published)
+                    continue
                 fut = self._calls.pop(reply.call_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
@@ -615,6 +653,11 @@ class CoordinatorLink:
         assert self._out is not None
         self._out.put(Call(op, 0, fields).encode())
         return True
+
+    def published(self, size: int) -> None:
+        """Tell every HTTP process of the host (this one too) that a checkpoint of ``size``
+        was published."""
+        self._tell("published", {"n": size})
 
     async def charge(self, budget: str, client: bytes, n: int) -> None:
         """`server.budgets.Budgets.charge`, counted by the coordinator."""

@@ -54,7 +54,6 @@ from server.stamping.rfc3161 import Tsa, TsaSource
 from server.stamping.stamper import Stamper
 from server.stats import Stats
 from server.tlog.proofs import locate_many
-from server.tlog.published import CheckpointWatch
 from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, TlogConfig
 from server.tlog.store import TileReader, checkpoint_file
 from server.tlog.waiters import ProofWaiters
@@ -128,11 +127,14 @@ def _transparency_log(
 
 
 def _proof_waiters(settings: Settings, engine: db.Engine, reader: TileReader | None,
-                   stats: Stats) -> tuple[ProofWaiters | None, CheckpointWatch | None]:
-    """The proof requests that wait, and the watch that wakes them when a checkpoint is
-    published (started; None, None without a transparency log)."""
+                   stats: Stats, tlog: Tlog | None, link: CoordinatorLink | None
+                   ) -> ProofWaiters | None:
+    """The proof requests that wait (None without a transparency log), woken whenever a
+    checkpoint of a new size is published on the host: told by this process's log writer
+    when it writes the host's tiles, and with several HTTP processes by the coordinator, to
+    which the writer tells it (`server.coordinator`)."""
     if reader is None:
-        return None, None
+        return None
 
     def size() -> int | None:
         published = reader.published()
@@ -141,22 +143,28 @@ def _proof_waiters(settings: Settings, engine: db.Engine, reader: TileReader | N
     waiters = ProofWaiters(size, lambda serials, objects: locate_many(engine, serials, objects),
                            limit=settings.proof_waiters,
                            per_client=settings.proof_waiters_per_client, stats=stats)
-    watch = CheckpointWatch(reader.root, waiters.published)
-    watch.start()
+
+    def look(_size: int) -> None:
+        waiters.published()
+
+    if link is not None:
+        link.on_published = look
+    if tlog is not None:
+        tlog.on_published = look if link is None else link.published
     waiters.published()  # (the size there is now)
-    return waiters, watch
+    return waiters
 
 
 log = logging.getLogger(__name__)
 
 
 def _server_gone() -> None:
-    """The journal host (in ``stampd serve``) closed this HTTP process's link: the server
+    """The host's coordinator (in ``stampd serve``) closed this HTTP process's link: the server
     stopped or died. The requests whose rows were sent are neither answered nor failed (the
     host may have committed them, and a stamp answered 503 must not be in the log): the
     process ends at once, as ``PR_SET_PDEATHSIG`` would end it a moment later."""
-    log.error("the journal host is gone (stampd serve stopped or died): this HTTP process "
-              "ends without answering")
+    log.error("the host's coordinator is gone (stampd serve stopped or died): this HTTP "
+              "process ends without answering")
     logging.shutdown()
     os._exit(1)
 
@@ -240,7 +248,7 @@ def create_app(
         if siblings is not None:
             siblings.start()
         lag = asyncio.create_task(looplag.watch(stats, busy=lambda: open_connections() > 0))
-        waiters, watch = _proof_waiters(settings, engine, tlog_reader, stats)
+        waiters = _proof_waiters(settings, engine, tlog_reader, stats, tlog, link)
         unhook = on_shutdown(waiters.close) if waiters is not None else None
         cell.append(Services(settings, engine, journal, dispatcher, stamper, committer, cross,
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
@@ -252,8 +260,6 @@ def create_app(
             yield
         finally:
             lag.cancel()
-            if watch is not None:
-                await watch.stop()
             if unhook is not None:
                 unhook()
             if before_shutdown is not None:

@@ -148,6 +148,7 @@ class Tlog:
         *,
         on_stop: Sequence[Callable[[], None]] = (),
         witnesses: Callable[[Tlog], WitnessSender] | None = None,
+        on_published: Callable[[int], None] | None = None,
     ) -> None:
         self.engine = engine
         self.dispatcher = dispatcher
@@ -160,6 +161,9 @@ class Tlog:
         self._opened = False
         self._origin_checked = False  # (the sequencer's origin against the stored checkpoint)
         self._published: int | None = None  # size of the checkpoint this host publishes
+        # Told of each new size published (on the event loop): the host's proof waiters.
+        self.on_published = on_published
+        self._told: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.last_error: str | None = None
@@ -221,6 +225,10 @@ class Tlog:
         else:
             async with self._publish_lock:  # (a sender of this process may still publish)
                 await asyncio.to_thread(self._follow)
+        if self._published is not None and self._published != self._told:
+            self._told = self._published
+            if self.on_published is not None:
+                self.on_published(self._published)
         return self._published
 
     # -- steps (in a thread) ----------------------------------------------------------------

@@ -4,7 +4,8 @@ cover their stamp (docs/transparency.md, "Waiting for a proof").
 A waiter costs nothing while it waits: it is an entry in a table and a future. Its stamp is
 looked up when it arrives, together with every other waiter that arrived meanwhile (one query
 per `server.tlog.proofs.CHUNK` of them, `server.tlog.proofs.locate_many`), and then only when
-a checkpoint of a new size is published (`server.tlog.published` says when): in one sweep,
+a checkpoint of a new size is published (the log writer says when, through the coordinator with
+several HTTP processes: `server.coordinator`): in one sweep,
 every waiter whose entry the new checkpoint covers is woken, and the stamps of those still
 without an entry (not sequenced, or a git object id not journalled yet) are looked up
 together again. A woken waiter makes its proof and answers. While no checkpoint is published

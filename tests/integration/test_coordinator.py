@@ -70,6 +70,7 @@ def test_the_wire_round_trips_calls_and_replies() -> None:
     assert Reply.decode(Reply(8, error="down").encode()[4:]).error == "down"
     refused = Reply(9, refused=("rate", "over", 30))
     assert Reply.decode(refused.encode()[4:]) == refused
+    assert Reply.decode(Reply(0, published=12).encode()[4:]).published == 12
     call = Call("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
     assert Call.decode(call.encode()[4:]) == call
     for bad in (b"", b"\x00\x00\x00\x02[]", Reply(1).encode()[4:]):
@@ -340,3 +341,29 @@ def test_without_a_journal_the_coordinator_keeps_the_budgets(tmp_path: Path) -> 
     finally:
         h.stop()
         shutil.rmtree(run, ignore_errors=True)
+
+
+def test_news_of_a_checkpoint_reaches_every_http_process(host) -> None:  # type: ignore[no-untyped-def]
+    """The process that writes the host's tiles tells the coordinator of each new size, and
+    every HTTP process (the teller too) is told: their proof waiters look again."""
+    h, _ = host
+
+    async def scenario() -> None:
+        told: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+        links = {}
+        for name in told:
+            link = links[name] = CoordinatorLink(h.socket_path,
+                                                 on_published=told[name].append)
+            await link.connect()
+        links["a"].published(7)
+        links["a"].published(9)
+        # The teller's round trip after it: the coordinator had sent the news to every
+        # process before it answered; then each other's: their news came before the answer.
+        await links["a"].charge(MANIFEST_HOUR, b"x", 1)
+        await links["b"].charge(MANIFEST_HOUR, b"x", 1)
+        await links["c"].charge(MANIFEST_HOUR, b"x", 1)
+        assert told == {"a": [7, 9], "b": [7, 9], "c": [7, 9]}
+        for link in links.values():
+            await link.stop()
+
+    asyncio.run(scenario())

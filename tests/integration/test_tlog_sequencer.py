@@ -208,9 +208,16 @@ def test_another_host_publishes_the_checkpoint_once_its_tiles_reach_it(
     add(engine, *(digest_row(n) for n in range(40)))
     leader = make_tlog(engine, tmp_path / "a", log_key, clock)
     follower = make_tlog(engine, tmp_path / "b", log_key, clock, sequencer=False)
+    told: dict[str, list[int]] = {"a": [], "b": []}  # (each host's proof waiters are told)
+    leader.on_published, follower.on_published = told["a"].append, told["b"].append
     assert run(follower.step()) is None  # nothing sequenced, nothing to publish
     assert run(leader.step()) == 40
     assert run(follower.step()) == 40
+    assert told == {"a": [40], "b": [40]}
+    add(engine, digest_row(40))
+    assert run(leader.step()) == 41 and run(follower.step()) == 41
+    assert run(leader.step()) == 41 and run(follower.step()) == 41  # (no news: nothing new)
+    assert told == {"a": [40, 41], "b": [40, 41]}
     assert (tmp_path / "a/checkpoint").read_bytes() == (tmp_path / "b/checkpoint").read_bytes()
     checked_proof(TileReader(tmp_path / "b"), 39, log_key[0])
 

@@ -121,3 +121,36 @@ def test_a_stopping_server_answers_its_waiters_at_once(tmp_path: Path) -> None:
     status, headers, body = answers[0]
     assert status == 503 and headers["retry-after"] == "1", body
     assert b"stopping" in body
+
+
+def test_every_http_process_wakes_its_waiters_when_a_checkpoint_is_published(
+        tmp_path: Path) -> None:
+    """With two HTTP processes only one writes the log; the coordinator tells the other of each
+    checkpoint. Proof requests held up by a stalled checkpoint, on connections of their own
+    (the kernel spreads them over both processes), all get their proofs once it is signed."""
+    s = start_server(seed_data_dir(tmp_path / "data"), workers=1, commit_interval=3600,
+                     api_processes=2, extra_env={"STAMPD_TLOG": "on"})
+    try:
+        s.wait_ready(2)
+        (log_worker,) = [p for p, key in s.worker_keys(s.worker_pids()).items()
+                         if key == LOG_KEY]
+        answers: list[tuple[int, dict[str, str], bytes]] = []
+        threads = []
+        os.kill(log_worker, signal.SIGSTOP)  # no checkpoint can be signed
+        try:
+            serials = [post_digest(s, secrets.token_hex(32)) for _ in range(8)]
+            for serial in serials:
+                t = threading.Thread(target=lambda n=serial: answers.append(
+                    get(s, f"/v1/proofs/{n}?wait=60")))
+                t.start()
+                threads.append(t)
+        finally:
+            os.kill(log_worker, signal.SIGCONT)
+        for t in threads:
+            t.join(90)
+        assert len(answers) == len(serials), "a proof request got no answer"
+        assert sorted(int(h["x-stampd-serial"]) for status, h, _ in answers
+                      if status == 200) == sorted(serials), [a[:2] for a in answers]
+        assert "exited" not in s.log()
+    finally:
+        assert s.stop() == 0, s.log()

@@ -1,4 +1,4 @@
-"""Proof waiters (`server.tlog.waiters`, `server.tlog.published`): a waiter costs no lookup
+"""Proof waiters (`server.tlog.waiters`): a waiter costs no lookup
 while nothing is published, all of a process's waiters are looked up together when a
 checkpoint is, and their number is bounded in all and per client."""
 
@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
 from server.tlog.proofs import Located
-from server.tlog.published import CheckpointWatch
 from server.tlog.waiters import ProofWaiters, TooManyWaiters, Waiter
 
 
@@ -160,42 +157,5 @@ def test_a_failing_lookup_wakes_the_arrivals_to_look_for_themselves() -> None:
             await settle(waiters)
             assert calls and w.woken.done() and not w.looked
             assert waiters._task is None  # (the next arrival or publication looks again)
-
-    asyncio.run(main())
-
-
-def publish(root: Path, data: bytes) -> None:
-    """As `server.tlog.store.write_whole` publishes: a new file renamed into place."""
-    tmp = root / ".checkpoint.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, root / "checkpoint")
-
-
-@pytest.mark.parametrize("kernel", [True, False])
-def test_the_watch_tells_of_each_published_checkpoint(tmp_path: Path, kernel: bool) -> None:
-    root = tmp_path / "tlog"
-
-    async def main() -> None:
-        told = asyncio.Event()
-        watch = CheckpointWatch(root, told.set, poll=0.01)
-        if kernel:
-            watch.start()
-            assert watch.kernel, "inotify is expected on Linux"
-        else:  # as where there is no inotify
-            root.mkdir()
-            watch._task = asyncio.get_running_loop().create_task(watch._polling())
-        try:
-            for i in range(3):
-                publish(root, b"checkpoint %d\n" % i)
-                await asyncio.wait_for(told.wait(), 10)
-                told.clear()
-            # A tile written beside it is no news.
-            (root / "tile").mkdir()
-            (root / "tile" / "x").write_bytes(b"x")
-            if kernel:
-                await asyncio.sleep(0.05)
-                assert not told.is_set()
-        finally:
-            await watch.stop()
 
     asyncio.run(main())
