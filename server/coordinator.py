@@ -10,6 +10,9 @@ share, and each of them asks it over one Unix socket connection (`CoordinatorLin
 - **the budgets** (`server.budgets.HostBudgets`): the hourly manifest bytes, the manifest bytes
   in flight, the witness's requests a minute. A process's bytes in flight are given back when
   its connection closes.
+- **the processes' view**: each HTTP process reports its counters and its view of the workers
+  four times a second; ``GET /metrics`` and ``GET /readyz``, in whichever process answers,
+  add up or check every process's last report (`server.api.siblings`);
 - **the news** of each transparency log checkpoint published on the host: the HTTP process
   that writes the tiles tells it, and it tells every HTTP process (their proof waiters, which
   cost nothing until then, look again: `server.tlog.waiters`).
@@ -73,7 +76,9 @@ class Call:
     budgets, ``charge`` a client (``b``: the budget, ``c``: the client's key in hex, ``n``),
     ``take`` or ``give`` back ``n`` manifest bytes in flight; of the news, that a checkpoint
     of size ``n`` was ``published`` (told to every HTTP process); ``hello``, answered once
-    the connection is one the news go to (its first call). ``call_id`` 0: no reply
+    the connection is one the news go to (its first call); of the processes' view, ``report``
+    this process's counters (``r``, `server.api.siblings.Siblings.record`), and ``view``
+    every process's last report. ``call_id`` 0: no reply
     wanted (an outcome that rides along with the next commit, `Journal.signed`; bytes given
     back; news)."""
 
@@ -84,7 +89,7 @@ class Call:
     text: bytes | memoryview | None = None
 
     OPS = ("hello", "record", "signed", "failed", "manifest", "charge", "take", "give",
-           "published")
+           "published", "report", "view")
 
     def head(self, tail: int = 0) -> bytes:
         """The frame up to its tail, whose length is ``tail`` (a text sent after it)."""
@@ -123,7 +128,8 @@ class Reply:
     """The coordinator's answer to a call with an id: the stamp id of a recorded row (None for
     an outcome or a budget's yes), the error that kept it from being committed, or the budget
     that ``refused`` it: ``rate`` (`RateLimited`) or ``busy`` (`ManifestsBusy`), its message,
-    and the seconds after which to retry. Or, with ``call_id`` 0, news pushed to every HTTP
+    and the seconds after which to retry; or the ``view`` asked for: every HTTP process's last
+    report, with its age in seconds. Or, with ``call_id`` 0, news pushed to every HTTP
     process: the size of a checkpoint ``published`` on the host."""
 
     call_id: int
@@ -131,6 +137,7 @@ class Reply:
     error: str | None = None
     refused: tuple[str, str, int] | None = None
     published: int | None = None
+    view: list[dict[str, Any]] | None = None
 
     REFUSALS = ("rate", "busy")
 
@@ -140,6 +147,8 @@ class Reply:
             head["no"] = list(self.refused)
         if self.published is not None:
             head["pub"] = self.published
+        if self.view is not None:
+            head["view"] = self.view
         text = json.dumps(head, separators=(",", ":")).encode()
         body = LENGTH.pack(len(text)) + text
         return LENGTH.pack(len(body)) + body
@@ -148,10 +157,12 @@ class Reply:
     def decode(cls, body: bytes | bytearray) -> Reply:
         head, _ = _split(body)
         call_id, sid, error = head.get("id"), head.get("sid"), head.get("error")
-        no, published = head.get("no"), head.get("pub")
+        no, published, view = head.get("no"), head.get("pub"), head.get("view")
         if (not isinstance(call_id, int) or not (sid is None or isinstance(sid, int))
                 or not (error is None or isinstance(error, str))
-                or not (published is None or isinstance(published, int))):
+                or not (published is None or isinstance(published, int))
+                or not (view is None or (isinstance(view, list)
+                                         and all(isinstance(r, dict) for r in view)))):
             raise ValueError("not a coordinator reply")
         refused = None
         if no is not None:
@@ -159,7 +170,7 @@ class Reply:
                     and isinstance(no[1], str) and isinstance(no[2], int)):
                 raise ValueError("not a coordinator reply")
             refused = (no[0], no[1], no[2])
-        return cls(call_id, sid, error, refused, published)
+        return cls(call_id, sid, error, refused, published, view)
 
     def raise_refusal(self) -> None:
         """The refusal as the budget raised it, if this is one."""
@@ -267,6 +278,8 @@ class Coordinator:
         self._failed: BaseException | None = None
         self._links: set[asyncio.Task[None]] = set()  # one task per connected process
         self._outs: set[_Coalesced] = set()  # (what each of them is sent)
+        # Each connected process's last report and when it came (monotonic seconds).
+        self._reports: dict[int, tuple[dict[str, Any], float]] = {}
         self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -343,6 +356,16 @@ class Coordinator:
                 del body
                 if call.op == "hello":
                     out.put(Reply(call.call_id).encode())
+                elif call.op == "report":
+                    record = call.fields.get("r")
+                    if not isinstance(record, dict):
+                        raise ValueError("a report without its record")
+                    self._reports[owner] = (record, time.monotonic())
+                elif call.op == "view":
+                    now = time.monotonic()
+                    out.put(Reply(call.call_id, view=[
+                        {"record": r, "age": now - t} for r, t in self._reports.values()
+                    ]).encode())
                 elif call.op == "published":
                     self._tell_all(call)
                 elif call.op in ("charge", "take", "give"):
@@ -356,6 +379,7 @@ class Coordinator:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
             self._outs.discard(out)
+            self._reports.pop(owner, None)  # (it serves no more)
             self.budgets.in_flight.drop(owner)  # (its process is gone, or going)
             if waiting:  # what was asked is recorded before the connection goes
                 await asyncio.wait(waiting, timeout=30)
@@ -653,6 +677,17 @@ class CoordinatorLink:
         assert self._out is not None
         self._out.put(Call(op, 0, fields).encode())
         return True
+
+    def report(self, record: dict[str, Any]) -> None:
+        """This process's counters and view of the workers, for the others' ``/metrics`` and
+        ``/readyz`` (`server.api.siblings`)."""
+        self._tell("report", {"r": record})
+
+    async def view(self) -> list[dict[str, Any]]:
+        """Every HTTP process's last report (``record``) and its ``age`` in seconds."""
+        answer = await self._call("view", {})
+        assert answer is not None
+        return answer.view or []
 
     def published(self, size: int) -> None:
         """Tell every HTTP process of the host (this one too) that a checkpoint of ``size``

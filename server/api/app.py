@@ -237,8 +237,8 @@ def create_app(
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count
-        siblings = None if count == 1 else Siblings(settings.run_dir, process, count, stats,
-                                                    dispatcher, clock)
+        siblings = None if link is None else Siblings(link, process, count, stats, dispatcher,
+                                                      clock)
         await dispatcher.start()
         journal.start()
         committer.start()

@@ -65,7 +65,7 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
         stale = {}
     for name in s.cross.peers:
         checks[f"peer:{name}"] = {"ok": name not in stale, "detail": stale.get(name, "ok")}
-    total = s.overview()
+    total = await s.overview()
     if s.siblings is not None:  # every HTTP process of this server, this one first
         checks[f"http:{s.siblings.index}"] = {"ok": True, "detail": "answering this request"}
         for other in total.others:
@@ -117,7 +117,7 @@ def _clock_check(synced: bool | None, *, tsa: bool, required: bool) -> dict[str,
 
 
 def _sibling_check(other: Sibling, workers: int) -> dict[str, Any]:
-    """Another HTTP process serves when its file is fresh and the workers reach it too."""
+    """Another HTTP process serves when its report is fresh and the workers reach it too."""
     if not other.serving:
         return {"ok": False, "detail": "not serving (no report for "
                 f"{'ever' if other.record is None else f'{other.age:.0f} s'}); "

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from server.api import looplag
 from server.api.services import Services
+from server.api.siblings import Overview
 from server.stats import Histogram
 from server.tlog.store import checkpoint_size
 
@@ -37,12 +38,14 @@ def _histogram(name: str, doc: str, labels: list[str],
 
 
 class StampdCollector(Collector):
-    def __init__(self, services: Callable[[], Services]) -> None:
-        self.services = services
+    """The metrics of ``s``, every HTTP process's counters in ``total`` added up."""
+
+    def __init__(self, s: Services, total: Overview) -> None:
+        self.s = s
+        self.total = total
 
     def collect(self) -> Iterator[Metric]:
-        s = self.services()
-        total = s.overview()
+        s, total = self.s, self.total
         st = total.stats()
         c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
                                 labels=["type", "status"])
@@ -111,6 +114,16 @@ class StampdCollector(Collector):
         yield GaugeMetricFamily(
             "stampd_http_processes", "HTTP processes serving (their counters are added up above)",
             value=1 + sum(o.serving for o in total.others))
+        each = CounterMetricFamily("stampd_http_process_requests",
+                                   "Stamp requests answered by each HTTP process (since it "
+                                   "started), counted in stampd_requests_total too",
+                                   labels=["process"])
+        each.add_metric([str(s.process)], sum(total.own.requests.values()))
+        for other in total.others:
+            if other.stats is not None:
+                each.add_metric([str(other.index)],
+                                sum(n for _kind, _status, n in other.stats["requests"]))
+        yield each
 
 
 def _witness_metrics(s: Services) -> Iterator[Metric]:
@@ -147,12 +160,13 @@ def _witness_metrics(s: Services) -> Iterator[Metric]:
 
 
 def add_metrics_route(app: FastAPI, services: Callable[[], Services]) -> None:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StampdCollector(services))
 
     @app.get("/metrics", tags=["operations"], operation_id="getMetrics",
              summary="Prometheus metrics (text exposition format)",
              response_class=PlainTextResponse, response_description="the metrics")
     async def metrics() -> Response:
+        s = services()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StampdCollector(s, await s.overview()))
         body = await asyncio.to_thread(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -51,9 +51,9 @@ class Services:
     # the only one, else the coordinator's.
     budgets: Budgets | None = None
 
-    def overview(self) -> Overview:
+    async def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""
-        return overview(self.stats, self.dispatcher, self.siblings)
+        return await overview(self.stats, self.dispatcher, self.siblings)
 
     def witness_states(self) -> list[WitnessState]:
         """Each configured witness's state: this process's own where it sends the checkpoints,

@@ -1,30 +1,28 @@
-"""What the HTTP processes of one `stampd serve` tell each other: each writes its counters and
-its view of the workers to ``<data_dir>/run/api/<n>.json`` four times a second, and ``GET /metrics``
-and ``GET /readyz``, whichever process answers them, add up or check every process's file.
+"""What the HTTP processes of one `stampd serve` tell each other, through the host's
+coordinator (`server.coordinator`): each reports its counters and its view of the workers four
+times a second, and ``GET /metrics`` and ``GET /readyz``, whichever process answers them, ask
+the coordinator for every process's last report and add them up or check them.
 
-A process's figures are read from its file, so they are up to `PUBLISH_EVERY` seconds old (the
-answering process's own are live). A file older than `STALE_AFTER` seconds, or missing, means
-that process is not serving: ``/readyz`` says so (the supervisor restarts it within about a
-second). A restarted process starts its counters from zero, as a restarted server would.
+A process's figures are up to `PUBLISH_EVERY` seconds old (the answering process's own are
+live). A report older than `STALE_AFTER` seconds (its event loop is stuck), or none (it is not
+connected: it died, and the coordinator forgot its report with its connection), means that
+process is not serving: ``/readyz`` says so (the supervisor restarts it). A restarted process
+starts its counters from zero, as a restarted server would. (Each process wrote its report to a
+file under ``run/api/`` before.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from server.coordinator import CoordinatorLink
 from server.dispatch import Dispatcher
 from server.stats import Stats
-
-log = logging.getLogger(__name__)
 
 PUBLISH_EVERY = 0.25
 STALE_AFTER = 5.0
@@ -32,7 +30,7 @@ STALE_AFTER = 5.0
 
 @dataclass(frozen=True)
 class Sibling:
-    """One other HTTP process, as its last file shows it (``record`` None: no file)."""
+    """One other HTTP process, as its last report shows it (``record`` None: none)."""
 
     index: int
     record: dict[str, Any] | None
@@ -49,8 +47,8 @@ class Sibling:
 
 @dataclass(frozen=True)
 class Overview:
-    """The figures of every HTTP process: this one's, live, and the others' last reports
-    (each file read once), added up."""
+    """The figures of every HTTP process: this one's, live, and the others' last reports,
+    added up."""
 
     own: Stats
     queue: int  # jobs waiting for a worker
@@ -64,8 +62,9 @@ class Overview:
         return self.own.plus(reports) if reports else self.own
 
 
-def overview(stats: Stats, dispatcher: Dispatcher, siblings: Siblings | None) -> Overview:
-    others = [] if siblings is None else siblings.others()
+async def overview(stats: Stats, dispatcher: Dispatcher, siblings: Siblings | None
+                   ) -> Overview:
+    others = [] if siblings is None else await siblings.others()
     records = [o.record for o in others if o.record is not None]
     return Overview(stats, dispatcher.queue_depth + sum(r["queue"] for r in records),
                     dispatcher.requeued + sum(r["requeued"] for r in records),
@@ -74,20 +73,18 @@ def overview(stats: Stats, dispatcher: Dispatcher, siblings: Siblings | None) ->
 
 
 class Siblings:
-    """Process ``index`` of ``count``: publishes its own file, reads the others'."""
+    """Process ``index`` of ``count``: reports its own figures to the coordinator through
+    ``link``, and asks it for the others'."""
 
-    def __init__(self, run_dir: Path, index: int, count: int, stats: Stats,
+    def __init__(self, link: CoordinatorLink, index: int, count: int, stats: Stats,
                  dispatcher: Dispatcher, clock: Callable[[], float] = time.time) -> None:
-        self.dir = run_dir / "api"
+        self.link = link
         self.index = index
         self.count = count
         self.stats = stats
         self.dispatcher = dispatcher
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
-
-    def path(self, index: int) -> Path:
-        return self.dir / f"{index}.json"
 
     def record(self) -> dict[str, Any]:
         return {"index": self.index, "pid": os.getpid(), "time": self.clock(),
@@ -96,44 +93,29 @@ class Siblings:
                 "taken_back": self.dispatcher.taken_back,
                 "workers": sorted(self.dispatcher.workers)}
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Write this process's file (atomically: a reader sees the old or the new one)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{self.index}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.path(self.index))
-
-    def others(self) -> list[Sibling]:
-        out = []
-        now = self.clock()
-        for i in range(self.count):
-            if i == self.index:
-                continue
-            try:
-                record = json.loads(self.path(i).read_text())
-            except (OSError, ValueError):
-                out.append(Sibling(i, None, float("inf")))
-                continue
-            out.append(Sibling(i, record, now - float(record["time"])))
-        return out
+    async def others(self) -> list[Sibling]:
+        """Every other process's last report (none where the coordinator has none)."""
+        reports = {}
+        for report in await self.link.view():
+            record = report.get("record")
+            if isinstance(record, dict) and record.get("index") != self.index:
+                reports[record.get("index")] = Sibling(record["index"], record,
+                                                       float(report.get("age", 0.0)))
+        return [reports.get(i, Sibling(i, None, float("inf")))
+                for i in range(self.count) if i != self.index]
 
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
-        self.write(self.record())
-        self._task = asyncio.create_task(self._run(), name="publish-stats")
+        self.link.report(self.record())
+        self._task = asyncio.create_task(self._run(), name="report-stats")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        with contextlib.suppress(OSError):
-            self.path(self.index).unlink()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(PUBLISH_EVERY)
-            try:
-                # (the record is taken here, in the loop that updates the counters)
-                await asyncio.to_thread(self.write, self.record())
-            except OSError as e:
-                log.warning("cannot write %s: %s", self.path(self.index), e)
+            # (the record is taken here, in the loop that updates the counters)
+            self.link.report(self.record())

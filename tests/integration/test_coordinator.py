@@ -367,3 +367,32 @@ def test_news_of_a_checkpoint_reaches_every_http_process(host) -> None:  # type:
             await link.stop()
 
     asyncio.run(scenario())
+
+
+def test_each_process_sees_the_others_last_reports_while_they_are_connected(  # type: ignore[no-untyped-def]
+        host) -> None:
+    """``/metrics`` and ``/readyz`` add up every process's last report: the coordinator keeps
+    each connected process's newest, and forgets it with its connection (the process died)."""
+    h, _ = host
+
+    async def scenario() -> None:
+        a, b = CoordinatorLink(h.socket_path), CoordinatorLink(h.socket_path)
+        await a.connect()
+        await b.connect()
+        a.report({"index": 0, "n": 1})
+        a.report({"index": 0, "n": 2})
+        b.report({"index": 1, "n": 5})
+        await a.charge(MANIFEST_HOUR, b"x", 1)  # (after the reports, on each connection)
+        await b.charge(MANIFEST_HOUR, b"x", 1)
+        view = sorted((r["record"]["index"], r["record"]["n"]) for r in await a.view())
+        assert view == [(0, 2), (1, 5)]
+        assert all(0 <= r["age"] < 60 for r in await b.view())
+        await b.stop()
+        for _ in range(100):
+            if len(await a.view()) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert [r["record"]["index"] for r in await a.view()] == [0]
+        await a.stop()
+
+    asyncio.run(scenario())
