@@ -8,8 +8,8 @@ call them:
 
 - ``socket``: the dispatcher's `job_frame` (for a manifest, its frame and the raw lines after
   it), then a worker's `FrameBuffer` (``feed``, ``next``) and `decode_job_frame`;
-- ``db``: the service's `encode_job` (``jobs.payload``, PostgreSQL), then a worker's
-  `decode_job`;
+- ``db``: the service's `encode_job` (``jobs.payload``, PostgreSQL), then what a worker's
+  `workers.loop.serve_db` does with the row: `decode_frame` of its UTF-8, `job_from_dict`;
 - ``result``: a worker's `Result.frame` (a signed tag, ~0.9 KB), then the dispatcher's
   `frame_size`, `decode_frame` and `Result.from_dict`.
 
@@ -40,6 +40,7 @@ from formats.jobs import (
     encode_job,
     frame_size,
     job_frame,
+    job_from_dict,
 )
 
 C = "c" * 40
@@ -69,7 +70,7 @@ def over_socket(job: Job) -> Callable[[], None]:
 
 def over_db(job: Job) -> Callable[[], None]:
     def run() -> None:
-        decode_job(encode_job(job))
+        job_from_dict(decode_frame(encode_job(job).encode()))
     return run
 
 
@@ -84,6 +85,7 @@ def check() -> None:
     """The codec under test gives back what it was given."""
     for job in (TAG, RECEIPT, MANIFEST):
         assert decode_job(encode_job(job)) == job
+        assert job_from_dict(decode_frame(encode_job(job).encode())) == job
         buf = FrameBuffer()
         buf.feed(job_frame(7, job))
         message = buf.next()
