@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from typing import Any
 
 import pytest
 
 from formats.jobs import (
     MAX_FRAME,
+    Busy,
     CommitJob,
+    CosignJob,
     FrameBuffer,
     Hello,
     MalformedMessage,
     ManifestJob,
     NoteJob,
+    Paused,
     ReceiptJob,
     Result,
     TagJob,
@@ -54,7 +59,7 @@ JOBS = [
     TagJob("c" * 64, "v1", 1_700_000_000, "msg\n", object_format="sha256"),
     CommitJob("e" * 64, ("a" * 64, "c" * 64), 5, "m\n", uid="X <x@y>", object_format="sha256"),
     ReceiptJob("stampd receipt v1\n", 7),
-    TimestampJob("sha256", "ab" * 32, 1, 1_700_000_000, "1.2.3.4"),
+    TimestampJob("sha256", "ab" * 32, 1, 1_700_000_000, "1.2.3.4", cert_req=False),
     TimestampJob("sha512", "0f" * 64, (1 << 160) - 1, 9, "2.25.1", accuracy=1,
                  nonce=str(1 << 159), cert_req=True),
     NoteJob("example.com/log\n42\nqUWxPL3Ns2ChdvTs+jMm+GCSbNFWlfKoBl+GjvdaQwA=\n"),
@@ -104,6 +109,125 @@ def test_jobs_round_trip(job: TagJob | CommitJob | ReceiptJob | TimestampJob | N
 def test_malformed_jobs_are_refused(payload: str) -> None:
     with pytest.raises(MalformedMessage):
         decode_job(payload)
+
+
+TAG: dict[str, Any] = {"op": "tag", "commit": C, "tagname": "t", "time": 1, "message": "m"}
+TSP: dict[str, Any] = {"op": "timestamp", "hash_algorithm": "sha256", "digest": "ab" * 32,
+                       "serial": 1, "time": 1, "policy": "1.2.3", "cert_req": False}
+
+
+@pytest.mark.parametrize("message, why", [
+    # (the database's payload is decoded straight into its job, a frame's object by its op)
+    ([], ("Expected `object`, got `array`", "not a JSON object")),
+    ({"commit": C}, ("Object missing required field `op`", "unknown job type None")),
+    ({"op": "sign"}, ("Invalid value 'sign' - at `$.op`", "unknown job type 'sign'")),
+    ({**TAG, "commit": 1}, "Expected `str`, got `int` - at `$.commit`"),
+    ({**TAG, "time": "1"}, "Expected `int`, got `str` - at `$.time`"),
+    ({**TAG, "time": True}, "Expected `int`, got `bool` - at `$.time`"),
+    ({**TAG, "time": 1.0}, "Expected `int`, got `float` - at `$.time`"),
+    ({k: v for k, v in TAG.items() if k != "message"}, "missing required field `message`"),
+    ({**TAG, "uid": 5}, "Expected `str | null`, got `int` - at `$.uid`"),
+    ({**TAG, "commit": "C" * 40}, "a sha1 object id is 40 lowercase hex digits"),
+    ({**TAG, "object_format": "sha256"}, "a sha256 object id is 64 lowercase hex digits"),
+    ({**TAG, "object_format": "sha512"}, "unknown object format 'sha512'"),
+    ({"op": "commit", "tree": T, "parents": "p", "time": 1, "message": "m"},
+     "Expected `array`, got `str` - at `$.parents`"),
+    ({"op": "commit", "tree": T, "parents": [P, 1], "time": 1, "message": "m"},
+     "Expected `str`, got `int` - at `$.parents[1]`"),
+    ({"op": "receipt", "time": 1}, "missing required field `text`"),
+    ({"op": "note", "text": "no newline"}, "a note's text ends in a newline"),
+    ({"op": "cosign", "body": "b\n", "timestamp": 0}, "cosignature timestamp 0 out of range"),
+    ({"op": "manifest", "algorithm": "sha256", "time": 1, "server": "u", "serial": 1,
+      "key": "F"}, "missing required field `lines`"),
+    ({**TSP, "cert_req": 1}, "Expected `bool`, got `int` - at `$.cert_req`"),
+    ({k: v for k, v in TSP.items() if k != "cert_req"}, "missing required field `cert_req`"),
+    ({**TSP, "hash_algorithm": "md5"}, "unknown hash algorithm 'md5'"),
+    ({**TSP, "nonce": "05"}, "the nonce must be a decimal number of at most 160 bits"),
+    ({**TSP, "accuracy": -1}, "the accuracy must not be negative"),
+])
+def test_malformed_jobs_say_what_is_wrong(message: object, why: str | tuple[str, str]
+                                          ) -> None:
+    """Each refusal names the field and what is wrong with it, in the database's
+    ``jobs.payload`` and in a socket frame alike (but for the type of the job itself)."""
+    db, socket = why if isinstance(why, tuple) else (why, why)
+    with pytest.raises(MalformedMessage, match=re.escape(db)):
+        decode_job(json.dumps(message))
+    with pytest.raises(MalformedMessage, match=re.escape(socket)):
+        [got] = frames_of(FrameBuffer(), frame(message if isinstance(message, list)
+                                               else {"id": 3, **message}))
+        decode_job_frame(got)
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"not json", "not JSON: JSON is malformed"),
+    (b'{"op": "note", "text": "\xff"}', "not JSON: Invalid UTF-8"),
+])
+def test_malformed_json_is_refused(data: bytes, why: str) -> None:
+    with pytest.raises(MalformedMessage, match=re.escape(why)):
+        decode_job(data)
+    with pytest.raises(MalformedMessage, match=re.escape(why)):
+        frames_of(FrameBuffer(), len(data).to_bytes(4, "big") + data)
+
+
+@pytest.mark.parametrize("message, why", [
+    ({"id": "1", **TAG}, "field 'id' must be an integer"),
+    ({"id": True, **TAG}, "field 'id' must be an integer"),
+])
+def test_a_job_frame_without_an_integer_id_is_refused(message: dict[str, object],
+                                                      why: str) -> None:
+    with pytest.raises(MalformedMessage, match=why):
+        decode_job_frame(message)
+
+
+@pytest.mark.parametrize("cls, message, why", [
+    (Hello, {"id": 1}, "expected a hello"),
+    (Hello, {"hello": {"worker": "w", "pid": "7", "fingerprint": "F", "key": "k"}},
+     "Expected `int`, got `str` - at `$.pid`"),
+    (Hello, {"hello": {"worker": "w", "pid": 7, "key": "k"}},
+     "missing required field `fingerprint`"),
+    (Result, {"id": 1}, "a result has either an object or an error"),
+    (Result, {"id": 1, "object": "o", "error": "e"}, "a result has either an object or an error"),
+    (Result, {"id": 1, "object": 5}, "Expected `str | null`, got `int` - at `$.object`"),
+    (Result, {"object": "o"}, "missing required field `id`"),
+    (Busy, {"busy": 1}, "Expected `bool`, got `int` - at `$.busy`"),
+])
+def test_malformed_answers_are_refused(cls: type[Hello] | type[Result] | type[Busy],
+                                       message: dict[str, object], why: str) -> None:
+    with pytest.raises(MalformedMessage, match=re.escape(why)):
+        cls.from_dict(message)
+
+
+def test_non_ascii_text_is_utf8_and_escaped_text_still_decodes() -> None:
+    """msgspec writes a non-ASCII character as its UTF-8 (the stdlib encoder wrote ``\\u00e9``):
+    the same JSON text, so a ``jobs.payload`` written before decodes to the same job."""
+    job = TagJob(C, "v1", 1, "m\u00e9\n", uid="J\u00f6rg <j@x>")
+    assert encode_job(job) == (f'{{"op":"tag","commit":"{C}","tagname":"v1","time":1,'
+                               '"message":"m\u00e9\\n","uid":"J\u00f6rg <j@x>"}')
+    assert decode_job(json.dumps(job.to_dict())) == job  # (ensure_ascii: as written before)
+    assert Result(1, object="\u00e9").frame()[4:] == '{"id":1,"object":"\u00e9"}'.encode()
+
+
+def test_every_message_frame_is_as_documented() -> None:
+    """The frames docs/jobs.md shows, byte for byte."""
+    assert Hello("w", 7, "F", "primary").frame()[4:] == \
+        b'{"hello":{"worker":"w","pid":7,"fingerprint":"F","key":"primary"}}'
+    assert Result(3, object="o").frame()[4:] == b'{"id":3,"object":"o"}'
+    assert Result(3, error="e").frame()[4:] == b'{"id":3,"error":"e"}'
+    assert Busy(True).frame()[4:] == b'{"busy":true}'
+    assert Busy(False).frame()[4:] == b'{"busy":false}'
+    assert Paused().frame()[4:] == b'{"paused":true}'
+    assert job_frame(5, ReceiptJob("r\n", 7))[4:] == \
+        b'{"id":5,"op":"receipt","text":"r\\n","time":7}'
+    assert job_frame(5, CosignJob("b\n", 9))[4:] == \
+        b'{"id":5,"op":"cosign","body":"b\\n","timestamp":9}'
+    assert job_frame(5, JOBS[7])[4:] == (
+        b'{"id":5,"op":"timestamp","hash_algorithm":"sha256","digest":"' + b"ab" * 32
+        + b'","serial":1,"time":1700000000,"policy":"1.2.3.4","cert_req":false}')
+    assert job_frame(5, JOBS[8])[4:].endswith(
+        b'"policy":"2.25.1","cert_req":true,"accuracy":1,"nonce":"%d"}' % (1 << 159))
+    head, _ = job_frame_parts(5, ManifestJob("sha256", 1, "u", 2, "F", "x\n"))
+    assert head[4:] == (b'{"id":5,"op":"manifest","algorithm":"sha256","time":1,"server":"u",'
+                        b'"serial":2,"key":"F","lines_bytes":2}')
 
 
 def test_sha1_jobs_are_encoded_as_before() -> None:
@@ -218,7 +342,8 @@ def test_non_ascii_manifest_lines_are_counted_in_bytes() -> None:
 
 
 def manifest_head(**fields: object) -> bytes:
-    return frame({"id": 1, **BIG_MANIFEST.head_dict(), **fields})
+    head = {k: v for k, v in BIG_MANIFEST.to_dict().items() if k != "lines"}
+    return frame({"id": 1, **head, **fields})
 
 
 @pytest.mark.parametrize("head, raw, why", [
