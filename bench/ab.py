@@ -1,0 +1,170 @@
+"""A/B: this tree's stampd against the same server at another commit, side by side in one run.
+
+Run from the repository root::
+
+    python -m bench.ab --ref 44c280a                     # tag stamps, c=16, one HTTP process
+    python -m bench.ab --ref 44c280a --tlog off           # the transparency log off
+    python -m bench.ab --ref 44c280a --api-processes 4 --conns 64
+
+The commit is checked out (``git worktree add --detach``) under the bench directory and run
+with this tree's venv, its packages found first (``PYTHONPATH``); two ``stampd serve`` (each
+with its own fresh data directory and key, ``--workers`` signers, the log commit hourly, the
+transparency log ``--tlog``) are started once and stay up. Then ``--rounds`` rounds, each one
+cell of ed25519 tag stamps at ``--conns`` connections for ``--duration`` seconds on each side
+(wrk with bench/stamp.lua, every answer checked, a sample verified with ``gpg --verify``, as
+in bench.run), the order of the two sides alternating from round to round so that the
+machine's drift hits both. The CPU of each server's whole process tree (HTTP processes,
+supervisor, workers, agents; wrk apart) is read from /proc around each cell.
+
+The table: per side, the median over the rounds of stamps per second, p99 and CPU ms per
+stamp, and the ratios this/ref. Exit status: 0 when every answer was right, 1 when one was not,
+2 when the bench could not run, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.cells import Cell, Measuring, log_trouble, print_wrong, stop_servers
+from bench.checks import make_home
+from bench.procs import (
+    BenchError,
+    add_cell_args,
+    ensure_tools,
+    idle_load,
+    keep_or_remove,
+    progress,
+    start_bench,
+)
+from bench.scale import split
+from bench.servers import Stampd
+
+KEY = "ed25519"
+MODE = "tag"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def checkout(ref: str, where: Path) -> str:
+    """``ref`` checked out (detached) at ``where``; its commit id."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode:
+        raise BenchError(f"--ref {ref}: not a commit of this repository")
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(where),
+                    commit.stdout.strip()], check=True)
+    return commit.stdout.strip()
+
+
+def remove_checkout(where: Path) -> None:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)],
+                   capture_output=True)
+
+
+def its_code(tree: Path) -> str:
+    """Where ``import server`` finds the server with ``PYTHONPATH=tree`` (it must be there)."""
+    out = subprocess.run([sys.executable, "-c", "import server; print(server.__file__)"],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(tree)},
+                         cwd="/")
+    return out.stdout.strip()
+
+
+class AB(Measuring):
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        args.budget = 1e9  # (the rounds are what they are: no cell is skipped)
+        super().__init__(args, root)
+        self.servers: list[Stampd] = []
+
+    def server(self, label: str, tree: Path | None) -> Stampd:
+        workdir = make_home(self.root / label)
+        s = Stampd(label, workdir, self.root / f"{label}-data", KEY, self.args.workers)
+        s.tlog = self.args.tlog == "on"
+        if self.args.api_processes:
+            s.serve_args = ["--api-processes", str(self.args.api_processes)]
+        if tree is not None:
+            s.env["PYTHONPATH"] = str(tree)
+        self.servers.append(s)
+        s.start()
+        s.wait_ready(180)
+        s.fetch_key(self.root / f"{label}-key")
+        return s
+
+    def run(self) -> dict[str, list[Cell]]:
+        ref_tree = self.root / "ref-tree"
+        commit = checkout(self.args.ref, ref_tree)
+        try:
+            found = its_code(ref_tree)
+            if not found.startswith(str(ref_tree)):
+                raise BenchError(f"the ref's server is not the one imported ({found})")
+            progress(f"ref {self.args.ref} = {commit[:12]}, run from {ref_tree}")
+            sides = {"ref": self.server("ref", ref_tree), "this": self.server("this", None)}
+            cells: dict[str, list[Cell]] = {"ref": [], "this": []}
+            for r in range(self.args.rounds):
+                order = ["ref", "this"] if r % 2 == 0 else ["this", "ref"]
+                for side in order:
+                    cells[side].append(self.measure(sides[side], KEY, MODE, self.args.conns,
+                                                    f"{side}-{r}"))
+            return cells
+        finally:
+            stop_servers(list(self.servers), self.root)
+            remove_checkout(ref_tree)
+
+
+def summary(cells: list[Cell]) -> dict[str, float]:
+    good = [c for c in cells if c.requests and c.seconds]
+    return {"rate": statistics.median(c.rate for c in good),
+            "p99": statistics.median(c.p99_ms for c in good),
+            "cpu_ms": statistics.median(split(c)["total_ms"] for c in good)}
+
+
+def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -> str:
+    ref, this = summary(cells["ref"]), summary(cells["this"])
+    head = (f"ed25519 tag stamps, c={args.conns}, {args.workers} workers, "
+            f"{args.api_processes or 'default'} HTTP processes, transparency log {args.tlog}; "
+            f"{args.rounds} rounds of {args.duration} s, medians; idle load {load:.2f}")
+    lines = [head, f"{'':22} {'ref ' + args.ref:>16} {'this tree':>12} {'this/ref':>9}"]
+    for name, key, fmt in (("stamps/s", "rate", "{:.0f}"), ("p99 ms", "p99", "{:.1f}"),
+                           ("CPU ms per stamp", "cpu_ms", "{:.3f}")):
+        lines.append(f"{name:22} {fmt.format(ref[key]):>16} {fmt.format(this[key]):>12} "
+                     f"{this[key] / ref[key] if ref[key] else float('nan'):>8.3f}x")
+    lines.append("rounds (stamps/s, ref | this): "
+                 + " ".join(f"{a.rate:.0f}|{b.rate:.0f}"
+                            for a, b in zip(cells["ref"], cells["this"], strict=True)))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
+    ap.add_argument("--ref", required=True, help="the commit to compare this tree against")
+    ap.add_argument("--conns", type=int, default=16, help="wrk connections (16)")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds, each a cell per side (4)")
+    ap.add_argument("--workers", type=int, default=2, help="signing workers (2)")
+    ap.add_argument("--api-processes", type=int, default=1,
+                    help="HTTP processes of each server (1; 0: the server's default)")
+    ap.add_argument("--tlog", choices=("on", "off"), default="on",
+                    help="the transparency log (on)")
+    add_cell_args(ap, duration=10, budget=None)
+    args = ap.parse_args(argv)
+    try:
+        ensure_tools("wrk", "gpg", "git")
+        load = idle_load()
+        root = start_bench("stampd-ab-")
+        bench = AB(args, root)
+        cells = bench.run()
+    except BenchError as e:
+        print(f"bench.ab: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(table(args, cells, load))
+    wrong = print_wrong([(c.server, c) for side in cells.values() for c in side], "cells")
+    trouble = log_trouble(list(bench.servers))
+    keep_or_remove(root, args.keep or bool(wrong) or any(trouble.values()))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
