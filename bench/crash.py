@@ -6,9 +6,9 @@ sending Zeitgitter tag stamps (``POST /``) and digest stamps (``POST /v1/stamps`
 one with a commit id or digest no other request uses. Three faults, one after another, each
 during at least ``--requests`` requests:
 
-- ``api``: SIGKILL the ``stampd serve`` process (its HTTP processes, worker supervisor, workers
-  and agents die with it); this program starts it again on the same port, data directory and
-  database;
+- ``api``: SIGKILL the ``stampd serve`` process, the host's coordinator (its HTTP processes,
+  worker supervisor, workers and agents die with it); this program starts it again on the same
+  port, data directory and database;
 - ``http``: with several HTTP processes (``--api-processes``, 2 by default), SIGKILL one of
   them while the others go on writing the journal; ``stampd serve`` starts another;
 - ``worker``: SIGKILL one worker process; the supervisor starts another;

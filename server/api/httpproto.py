@@ -291,6 +291,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
             # Weak: the cycle holds the scope, which would otherwise hold the cycle, a loop
             # per request that only the garbage collector frees.
             self.scope[CYCLE] = weakref.ref(cycle)  # type: ignore[literal-required]
+            cycle.transport = _AnswerTransport(self)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._in_body = False
@@ -332,15 +333,30 @@ class StampdHttpProtocol(HttpToolsProtocol):
                         b"content-length: " + str(len(msg)).encode("ascii") + b"\r\n",
                         b"connection: close\r\n", b"\r\n", msg.encode("ascii")])
         self.transport.write(b"".join(content))
-        # A lingering close: FIN after the answer, then whatever the client still sends is
-        # read and dropped for up to `LINGER` seconds. Closing at once with its bytes unread
-        # would reset the connection, and the client (still sending a huge head, say) would
-        # lose the answer.
+        self._linger()
+
+    def _linger(self) -> None:
+        """A lingering close: FIN after the answer, then whatever the client still sends is
+        read and dropped for up to `LINGER` seconds (until it closes its side). Closing at
+        once with its bytes unread would reset the connection, and the client (still sending
+        a huge head or body, say) would lose the answer."""
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self._lingering = True
             self._unset_keepalive_if_required()
+            self.flow.resume_reading()  # (what comes is dropped: nothing to hold back)
             self.loop.call_later(LINGER, self.transport.close)
+        else:
+            self.transport.close()
+
+    def _close_after_answer(self) -> None:
+        """The close that follows an answer with ``Connection: close`` (uvicorn's, and
+        `respond`'s): at once, or lingering (`_linger`) when the request's body is still
+        arriving, answered before it was read (a 413 by its Content-Length, a 404, a 415).
+        The client that sent a body of 4 MiB to ``/add-checkpoint`` lost its 413 to the reset
+        28 times in 40 before; `make fuzz` met it once in 10,000 requests."""
+        if self._in_body and not self._closing():
+            self._linger()
         else:
             self.transport.close()
 
@@ -376,6 +392,29 @@ class StampdHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             max(0.0, self._headers_deadline - now), self.timeout_keep_alive_handler
         )
+
+
+class _AnswerTransport:
+    """A request's view of its connection (``cycle.transport``): the connection's own, but
+    its ``close`` after the answer lingers while the request's body still arrives
+    (`StampdHttpProtocol._close_after_answer`). Weak: the protocol holds the cycle."""
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: StampdHttpProtocol) -> None:
+        self._protocol = weakref.proxy(protocol)
+
+    def write(self, data: bytes) -> None:
+        self._protocol.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return bool(self._protocol.transport.is_closing())
+
+    def close(self) -> None:
+        self._protocol._close_after_answer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._protocol.transport, name)
 
 
 class _CoalescingTransport:
