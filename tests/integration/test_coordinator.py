@@ -1,4 +1,4 @@
-"""The host's coordinator (server/coordinator.py): one journal writer for the HTTP processes of
+"""The host's coordinator (server/coordinator/): one journal writer for the HTTP processes of
 a host, whose rows go into shared group commits (replies, outcomes, manifests' digest buckets
 and the loss of the host behave as the journal's own do); and the budgets they share."""
 

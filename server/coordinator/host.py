@@ -1,0 +1,227 @@
+"""The coordinator itself, in a thread of ``stampd serve`` (`server.coordinator`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from server.budgets import HostBudgets, ManifestsBusy, RateLimited
+from server.coordinator.wire import Call, Coalesced, Reply, read_frame
+from server.errors import CommandFailed, JournalError
+from server.stamping.journal import Journal
+from workers import memory
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """The host's one `Journal` (when ``make_engine`` is given: SQLite) and its `HostBudgets`,
+    in a thread with its own event loop, serving the HTTP processes on ``socket_path``
+    (0600)."""
+
+    def __init__(self, socket_path: Path, make_engine: Callable[[], Engine] | None,
+                 budgets: HostBudgets) -> None:
+        self.socket_path = socket_path
+        self.make_engine = make_engine
+        self.budgets = budgets
+        self.journal: Journal | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self._links: set[asyncio.Task[None]] = set()  # one task per connected process
+        self._outs: set[Coalesced] = set()  # (what each of them is sent)
+        # Each connected process's last report and when it came (monotonic seconds).
+        self._reports: dict[int, tuple[dict[str, Any], float]] = {}
+        self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start serving; return once the socket listens (raise what kept it from it)."""
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._failed is not None:
+            raise CommandFailed(f"the host's coordinator did not start: {self._failed}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, commit what is queued, close (after the HTTP processes stopped)."""
+        if not self._thread.is_alive():
+            return
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # (its loop closed meanwhile)
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        memory.fix_thresholds()  # (the manifests' texts it takes go back to the system)
+        try:
+            import uvloop  # the event loop of the HTTP processes too (uvicorn[standard])
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(self._main())
+        except BaseException as e:  # the HTTP processes cannot journal: stop the server
+            self._failed = e
+            if self._ready.is_set():
+                log.exception("the host's coordinator failed; stopping the server")
+                os.kill(os.getpid(), signal.SIGTERM)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        engine = None if self.make_engine is None else self.make_engine()
+        journal = self.journal = None if engine is None else Journal(engine)
+        if journal is not None:
+            journal.start()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            for link in list(self._links):
+                link.cancel()
+            if self._links:
+                await asyncio.wait(self._links, timeout=10)
+            await server.wait_closed()
+            if journal is not None:
+                await journal.stop()
+            if engine is not None:
+                engine.dispose()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link = asyncio.current_task()
+        assert link is not None
+        self._links.add(link)
+        out = Coalesced(writer)
+        self._outs.add(out)
+        waiting: set[asyncio.Future[Any]] = set()
+        owner = id(link)  # (what the process holds in the budgets is under this name)
+        try:
+            while (body := await read_frame(reader)) is not None:
+                call = Call.decode(body)
+                # Nothing here holds a frame once it is taken: a manifest's text (a view of
+                # its frame) is the journal's until it is written. (The last frame of each
+                # connection stayed until the next came: +141 MiB after a 105 MiB manifest.)
+                del body
+                if call.op == "hello":
+                    out.put(Reply(call.call_id).encode())
+                elif call.op == "report":
+                    record = call.fields.get("r")
+                    if not isinstance(record, dict):
+                        raise ValueError("a report without its record")
+                    self._reports[owner] = (record, time.monotonic())
+                elif call.op == "view":
+                    now = time.monotonic()
+                    out.put(Reply(call.call_id, view=[
+                        {"record": r, "age": now - t} for r, t in self._reports.values()
+                    ]).encode())
+                elif call.op == "published":
+                    self._tell_all(call)
+                elif call.op in ("charge", "take", "give"):
+                    self._budget(call, owner, out)
+                else:
+                    self._take(call, out, waiting)
+                del call
+        except (ValueError, ConnectionError) as e:
+            log.warning("coordinator: dropping a connection: %s", e)
+        except asyncio.CancelledError:
+            pass  # (stopping: the rows already sent are in the journal's queue)
+        finally:
+            self._outs.discard(out)
+            self._reports.pop(owner, None)  # (it serves no more)
+            self.budgets.in_flight.drop(owner)  # (its process is gone, or going)
+            if waiting:  # what was asked is recorded before the connection goes
+                await asyncio.wait(waiting, timeout=30)
+            out.flush()
+            writer.close()
+            self._links.discard(link)
+
+    def _tell_all(self, call: Call) -> None:
+        """News from one HTTP process (the one writing the host's transparency log tiles) to
+        every one of them: each wakes its proof waiters (`server.tlog.waiters`)."""
+        size = call.fields.get("n")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise ValueError("news without a size")
+        news = Reply(0, published=size).encode()
+        for out in self._outs:
+            out.put(news)
+
+    def _budget(self, call: Call, owner: int, out: Coalesced) -> None:
+        """Count, hold or give back what ``call`` says, and answer at once."""
+        f = call.fields
+        n = f.get("n")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError("a budget call without its count")
+        if call.op == "give":
+            self.budgets.in_flight.give(owner, n)
+            return
+        try:
+            if call.op == "take":
+                self.budgets.in_flight.take(owner, n)
+            else:
+                self.budgets.charge(f["b"], bytes.fromhex(f["c"]), n)
+        except RateLimited as e:
+            out.put(Reply(call.call_id, refused=("rate", e.message, e.retry_after)).encode())
+        except ManifestsBusy as e:
+            out.put(Reply(call.call_id, refused=("busy", str(e), e.retry_after)).encode())
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"a malformed budget call: {e}") from None
+        else:
+            out.put(Reply(call.call_id).encode())
+
+    def _take(self, call: Call, out: Coalesced, waiting: set[asyncio.Future[Any]]
+              ) -> None:
+        """Hand ``call`` to the journal; its reply goes out when its commit is done (no task
+        per call: at thousands of stamps a second this thread serves every HTTP process)."""
+        f, cid = call.fields, call.call_id
+        if self.journal is None:  # (PostgreSQL: each HTTP process journals itself)
+            if cid:
+                out.put(Reply(cid, error="journal unavailable: not kept here").encode())
+            return
+        fut: asyncio.Future[Any] | None = None
+        if call.op == "record":
+            fut = self.journal.record_row_nowait(f, call.buckets)
+        elif call.op == "manifest":
+            fut = self.journal.signed_manifest_durably_nowait(f["sid"], f["worker"],
+                                                              f["attempts"], (call.text or b"",))
+        elif call.op == "signed":
+            if cid:
+                fut = self.journal.signed_durably_nowait(f["sid"], f["worker"], f["attempts"],
+                                                         f["receipt"])
+            else:
+                self.journal.signed(f["sid"], f["worker"], f["attempts"], f["object_id"],
+                                    f["receipt"])
+        elif cid:
+            fut = self.journal.failed_durably_nowait(f["sid"], f["error"])
+        else:
+            self.journal.failed(f["sid"], f["error"])
+        if fut is None:
+            return
+        waiting.add(fut)
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            waiting.discard(fut)
+            if fut.cancelled():
+                out.put(Reply(cid, error="journal unavailable: stopping").encode())
+            elif (e := fut.exception()) is not None:
+                message = e.message if isinstance(e, JournalError) else "journal unavailable"
+                out.put(Reply(cid, error=message).encode())
+            else:
+                result = fut.result()
+                out.put(Reply(cid, result if isinstance(result, int) else None).encode())
+
+        fut.add_done_callback(done)
