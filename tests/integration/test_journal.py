@@ -19,6 +19,7 @@ from server import db
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
 from server.stamping import journal as journal_module
+from server.stamping import journal_writers
 from server.stamping.journal import Journal
 from server.stamping.requests import BranchRequest, DigestRequest, ManifestRequest, TagRequest
 
@@ -346,7 +347,7 @@ def test_the_sqlite_journal_checkpoints_beside_its_commits(
     """The journal's writer makes no checkpoint in a commit (one that did waited tens of ms
     more, and the stamps behind it as long); a thread of its own copies the WAL into the
     database file after commits."""
-    monkeypatch.setattr(journal_module, "CHECKPOINT_EVERY", 0.01)
+    monkeypatch.setattr(journal_writers, "CHECKPOINT_EVERY", 0.01)
     path = tmp_path / "j.sqlite3"
     eng = db.make_engine(f"sqlite:///{path}")
     db.upgrade(eng)
