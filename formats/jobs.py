@@ -28,6 +28,7 @@ column and its result the ``result``/``error`` columns. docs/jobs.md shows every
 
 from __future__ import annotations
 
+import enum
 import re
 import struct
 from collections.abc import Iterator
@@ -45,6 +46,17 @@ MAX_FRAME = 1 << 20
 # (`job_frame_parts`); in a ``jobs.payload`` (PostgreSQL) its JSON may be larger than
 # MAX_FRAME, and only its (`decode_frame`).
 MAX_MANIFEST_TEXT = 256 << 20
+
+
+class JobState(enum.StrEnum):
+    """A job's state in the ``jobs`` table (several hosts: the service queues a job there, a
+    worker of any host claims it and writes its result; `workers.jobtable` holds every
+    statement on it, `server.models` the table)."""
+
+    QUEUED = "queued"  # waiting for a worker holding its key
+    CLAIMED = "claimed"  # a worker is signing it (``worker``, ``claimed_at``)
+    DONE = "done"  # ``result`` holds the signed object
+    FAILED = "failed"  # ``error`` says why; never retried
 
 
 class MalformedMessage(ValueError):

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from workers.jobtable import JobState
+from formats.jobs import JobState
 
 # SQLite only auto-increments INTEGER PRIMARY KEY columns.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

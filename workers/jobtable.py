@@ -22,23 +22,15 @@ constraint on ``jobs.state`` (`JobState`'s values) included, is ``server.models`
 
 from __future__ import annotations
 
-import enum
 from typing import Any, NamedTuple
+
+from formats.jobs import JobState
 
 JOBS_CHANNEL = "stampd_jobs"  # NOTIFY: a job was queued (or requeued); payload empty
 DONE_CHANNEL = "stampd_done"  # NOTIFY: a job is done or failed; payload its id
 LISTEN_JOBS = f"LISTEN {JOBS_CHANNEL}"  # (LISTEN takes no parameters)
 LISTEN_DONE = f"LISTEN {DONE_CHANNEL}"
 GAVE_UP = "signing failed too often"  # the error of a job the reaper failed
-
-
-class JobState(enum.StrEnum):
-    """The ``jobs.state`` column."""
-
-    QUEUED = "queued"  # waiting for a worker holding its key
-    CLAIMED = "claimed"  # a worker is signing it (``worker``, ``claimed_at``)
-    DONE = "done"  # ``result`` holds the signed object
-    FAILED = "failed"  # ``error`` says why; never retried
 
 
 # The states as bind parameters: %(queued)s, %(claimed)s, %(done)s, %(failed)s.

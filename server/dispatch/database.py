@@ -32,14 +32,13 @@ from typing import Any
 from sqlalchemy import URL, Connection, CursorResult, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from formats.jobs import Job, encode_job
+from formats.jobs import Job, JobState, encode_job
 from formats.keys import PRIMARY
 from server import db
 from server.dispatch import Signed
 from server.errors import QueueFull, SigningFailed, Unavailable
 from server.stats import Stats
 from workers import jobtable
-from workers.jobtable import JobState
 
 log = logging.getLogger(__name__)
 

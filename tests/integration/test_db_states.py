@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import CheckConstraint, Connection, Engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
+from formats.jobs import JobState
 from server import db
 from server.models import Base, CrossStampState, LogCommitState, StampState
-from workers.jobtable import JobState
 
 BEFORE = "0009"  # the revision before the state checks
 
