@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -57,7 +58,7 @@ from server.tlog.proofs import locate_many
 from server.tlog.sequencer import TLOG_LOCK, LogKey, Tlog, TlogConfig
 from server.tlog.store import TileReader, checkpoint_file
 from server.tlog.waiters import ProofWaiters
-from server.tlog.witness_client import STATE_FILE, Backoff, WitnessSender
+from server.tlog.witness_client import Backoff, WitnessSender, state_items
 
 
 def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, str]:
@@ -116,7 +117,7 @@ def _transparency_log(
         """The witnesses' sender: idle until the log, sequencing, offers it a checkpoint."""
         return WitnessSender(
             settings.witness_list, reader.node_reader, tlog.add_cosignatures,
-            settings.run_dir / STATE_FILE, timeout=settings.witness_timeout,
+            timeout=settings.witness_timeout,
             cosignature_skew=settings.witness_clock_skew,
             backoff=Backoff(settings.witness_retry_base, settings.witness_retry_max),
             clock=clock)
@@ -237,8 +238,15 @@ def create_app(
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count
+
+        def witness_states() -> list[dict[str, Any]] | None:
+            """The witnesses' states, where this process sends the checkpoints to them."""
+            sender = None if tlog is None else tlog.witnesses
+            return state_items(sender.states()) if sender is not None and sender.sending \
+                else None
+
         siblings = None if link is None else Siblings(link, process, count, stats, dispatcher,
-                                                      clock)
+                                                      clock, witness_states)
         await dispatcher.start()
         journal.start()
         committer.start()

@@ -4,7 +4,7 @@ operator sees which one failed)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, NotRequired
 
 from fastapi import FastAPI
@@ -74,16 +74,16 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
     body = {"ready": ready, "checks": checks, "workers": workers,
             "queue": total.queue, "requeued": total.requeued}
     if s.settings.witness_list:  # (shown, never a check: a witness down never stops stamping)
-        body["witnesses"] = await asyncio.to_thread(witness_report, s)
+        body["witnesses"] = witness_report(s, total.others)
     return ready, body
 
 
-def witness_report(s: Services) -> dict[str, dict[str, Any]]:
+def witness_report(s: Services, others: Sequence[Sibling] = ()) -> dict[str, dict[str, Any]]:
     """Each witness by name: whether its last attempt cosigned, what it last cosigned, its
     lag behind the published checkpoint and its errors. Information, not readiness."""
     published = s.published_size()
     out: dict[str, dict[str, Any]] = {}
-    for w in s.witness_states():
+    for w in s.witness_states(others):
         if w.consecutive_errors:
             detail = f"{w.consecutive_errors} failed in a row: {w.last_error}"
         elif w.cosigned_size is None:

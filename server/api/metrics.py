@@ -110,7 +110,7 @@ class StampdCollector(Collector):
                                     "Entries of the transparency log's published checkpoint "
                                     "(-1: none yet)",
                                     value=-1 if note is None else checkpoint_size(note))
-        yield from _witness_metrics(s)
+        yield from _witness_metrics(s, total)
         yield GaugeMetricFamily(
             "stampd_http_processes", "HTTP processes serving (their counters are added up above)",
             value=1 + sum(o.serving for o in total.others))
@@ -126,10 +126,10 @@ class StampdCollector(Collector):
         yield each
 
 
-def _witness_metrics(s: Services) -> Iterator[Metric]:
+def _witness_metrics(s: Services, total: Overview) -> Iterator[Metric]:
     """Each witness's last cosigned size, lag, errors and last cosignature time (none
     without witnesses)."""
-    states = s.witness_states()
+    states = s.witness_states(total.others)
     if not states:
         return
     published = s.published_size()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
 from formats.keys import ServedKey
-from server.api.siblings import Overview, Siblings, overview
+from server.api.siblings import Overview, Sibling, Siblings, overview
 from server.budgets import Budgets
 from server.dispatch import Dispatcher
 from server.gitlog.committer import LogCommitter
@@ -21,7 +21,7 @@ from server.stats import Stats
 from server.tlog.sequencer import LogKey, Tlog
 from server.tlog.store import TileReader
 from server.tlog.waiters import ProofWaiters
-from server.tlog.witness_client import STATE_FILE, WitnessState, read_states
+from server.tlog.witness_client import WitnessState, states_of
 from server.witness.service import Witness
 
 
@@ -55,16 +55,19 @@ class Services:
         """The counters and queues of every HTTP process of this server."""
         return await overview(self.stats, self.dispatcher, self.siblings)
 
-    def witness_states(self) -> list[WitnessState]:
+    def witness_states(self, others: Sequence[Sibling] = ()) -> list[WitnessState]:
         """Each configured witness's state: this process's own where it sends the checkpoints,
-        else as the host's sending process last wrote it (`server.tlog.witness_client`)."""
+        else as the host's sending process last reported it (among ``others``, the other
+        HTTP processes' reports: `Overview.others`)."""
         witnesses = self.settings.witness_list
         if not witnesses:
             return []
         sender = None if self.tlog is None else self.tlog.witnesses
         if sender is not None and sender.sending:
             return [WitnessState(**vars(s)) for s in sender.states()]  # (a copy)
-        return read_states(self.settings.run_dir / STATE_FILE, witnesses)
+        reported = next((o.record["witnesses"] for o in others
+                         if o.record is not None and "witnesses" in o.record), None)
+        return states_of(reported, witnesses)
 
     def published_size(self) -> int | None:
         """The tree size of the checkpoint this host publishes (None: none yet, or no log)."""

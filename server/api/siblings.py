@@ -1,14 +1,15 @@
 """What the HTTP processes of one `stampd serve` tell each other, through the host's
-coordinator (`server.coordinator`): each reports its counters and its view of the workers four
-times a second, and ``GET /metrics`` and ``GET /readyz``, whichever process answers them, ask
-the coordinator for every process's last report and add them up or check them.
+coordinator (`server.coordinator`): each reports its counters and its view of the workers (and
+the witnesses' states, where it sends the checkpoints to them) four times a second, and ``GET
+/metrics`` and ``GET /readyz`` (and the status page), whichever process answers them, ask the
+coordinator for every process's last report and add them up or check them.
 
 A process's figures are up to `PUBLISH_EVERY` seconds old (the answering process's own are
 live). A report older than `STALE_AFTER` seconds (its event loop is stuck), or none (it is not
 connected: it died, and the coordinator forgot its report with its connection), means that
 process is not serving: ``/readyz`` says so (the supervisor restarts it). A restarted process
 starts its counters from zero, as a restarted server would. (Each process wrote its report to a
-file under ``run/api/`` before.)
+file under ``run/api/`` before, and the witnesses' sender its states to ``run/witnesses.json``.)
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class Siblings:
     ``link``, and asks it for the others'."""
 
     def __init__(self, link: CoordinatorLink, index: int, count: int, stats: Stats,
-                 dispatcher: Dispatcher, clock: Callable[[], float] = time.time) -> None:
+                 dispatcher: Dispatcher, clock: Callable[[], float] = time.time,
+                 witnesses: Callable[[], list[dict[str, Any]] | None] = lambda: None) -> None:
         self.link = link
+        self.witnesses = witnesses  # the witnesses' states where this process sends to them
         self.index = index
         self.count = count
         self.stats = stats
@@ -87,11 +90,15 @@ class Siblings:
         self._task: asyncio.Task[None] | None = None
 
     def record(self) -> dict[str, Any]:
-        return {"index": self.index, "pid": os.getpid(), "time": self.clock(),
-                "stats": self.stats.snapshot(), "queue": self.dispatcher.queue_depth,
-                "requeued": self.dispatcher.requeued,
-                "taken_back": self.dispatcher.taken_back,
-                "workers": sorted(self.dispatcher.workers)}
+        record = {"index": self.index, "pid": os.getpid(), "time": self.clock(),
+                  "stats": self.stats.snapshot(), "queue": self.dispatcher.queue_depth,
+                  "requeued": self.dispatcher.requeued,
+                  "taken_back": self.dispatcher.taken_back,
+                  "workers": sorted(self.dispatcher.workers)}
+        witnesses = self.witnesses()
+        if witnesses is not None:
+            record["witnesses"] = witnesses
+        return record
 
     async def others(self) -> list[Sibling]:
         """Every other process's last report (none where the coordinator has none)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -18,6 +19,7 @@ from sqlalchemy import func, select
 from formats.keys import WITNESS_KEY, witness_vkey
 from server.api import templates
 from server.api.services import Services
+from server.api.siblings import Sibling
 from server.api.templates import TEMPLATE_DIR
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
@@ -48,7 +50,8 @@ class Snapshot:
     published: int | None = None  # the size of the published checkpoint
 
 
-def snapshot(s: Services) -> Snapshot:
+def snapshot(s: Services, others: Sequence[Sibling] = ()) -> Snapshot:
+    """What the status page shows (``others``: the other HTTP processes' reports)."""
     now = int(s.clock())
     start = now - MINUTES * 60
     per_minute = [0] * MINUTES
@@ -75,7 +78,7 @@ def snapshot(s: Services) -> Snapshot:
             peers.append(PeerRow(p.name, redact_userinfo(p.url), p.fingerprint, last,
                                  int(pending), err))
     log = LogRepository(s.settings.log_repo).recent(10)  # a handle of this thread's own
-    return Snapshot(per_minute, sum(per_minute), log, peers, s.witness_states(),
+    return Snapshot(per_minute, sum(per_minute), log, peers, s.witness_states(others),
                     s.published_size())
 
 

@@ -331,7 +331,8 @@ def add_zeitgitter_routes(app: FastAPI) -> None:
         Zeitgitter client pins). Without `request`: a one-line banner, or the status page for
         `Accept: text/html`."""
         if not requests and "text/html" in request.headers.get("accept", ""):
-            snap = await asyncio.to_thread(status.snapshot, s)
+            others = (await s.overview()).others  # (the witnesses' states, reported)
+            snap = await asyncio.to_thread(status.snapshot, s, others)
             return HTMLResponse(status.render(s, snap), headers=status.PAGE_HEADERS)
         if not requests:
             return PlainTextResponse(

@@ -22,8 +22,9 @@ Each witness has a task of its own in the process that sequences (`server.tlog.s
 
 Nothing here holds the sequencer up: it only hands the newest checkpoint over (`offer`).
 
-The state of every witness (`WitnessState`) is kept in memory and written, whole and atomically,
-to a small JSON file (`state_file`) that the host's other HTTP processes read (`read_states`).
+The state of every witness (`WitnessState`) is kept in memory; the host's other HTTP processes
+see it in this process's reports to the host's coordinator (`server.api.siblings`), read back
+with `states_of`. (It was a JSON file under ``run/`` before.)
 
 `policy_text` is the server's verification policy in c2sp tlog-policy form.
 """
@@ -33,13 +34,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from formats.note import Note, NoteError, Signature, Verifier, parse_note
@@ -54,14 +52,12 @@ from formats.tlog.witness import (
     parse_size,
 )
 from server.setting_values import WitnessConfig, redact_userinfo
-from server.tlog.store import write_whole
 
 if TYPE_CHECKING:  # (httpx is imported when the witnesses are first sent to: not at start)
     import httpx
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "witnesses.json"  # under the run directory
 MAX_ANSWER_BYTES = MAX_REQUEST_BYTES  # an answer is a few signature lines: more is refused
 USER_AGENT = "stampd-log"
 
@@ -192,20 +188,18 @@ def policy_text(log_vkey: str, log_url: str, witnesses: Sequence[WitnessConfig],
     return "".join(line + "\n" for line in lines)
 
 
-# -- the state file -------------------------------------------------------------------------
-def write_states(path: Path, states: Sequence[WitnessState], now: float) -> None:
-    """The witnesses' states at ``path``, whole or not at all (written aside, then renamed)."""
-    data = json.dumps({"pid": os.getpid(), "updated": now,
-                       "witnesses": [asdict(s) for s in states]}, sort_keys=True)
-    write_whole(path, data.encode())
+# -- the states as the other processes see them ------------------------------------------------
+def state_items(states: Sequence[WitnessState]) -> list[dict[str, Any]]:
+    """The states as JSON objects (what a process reports, `server.api.siblings`)."""
+    return [asdict(s) for s in states]
 
 
-def read_states(path: Path, witnesses: Sequence[WitnessConfig]) -> list[WitnessState]:
-    """The configured witnesses' states from the file of the process that sends (a witness
-    it does not list, or no file yet: never tried)."""
+def states_of(items: object, witnesses: Sequence[WitnessConfig]) -> list[WitnessState]:
+    """The configured witnesses' states from the items the sending process reported (a
+    witness it does not list, or no report: never tried)."""
     stored: dict[tuple[str, str], dict[str, Any]] = {}
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        for item in json.loads(path.read_text())["witnesses"]:
+    with contextlib.suppress(TypeError, KeyError):
+        for item in items if isinstance(items, list) else ():
             stored[(item["name"], item["url"])] = item
     out = []
     names = set(WitnessState.__dataclass_fields__)
@@ -241,7 +235,6 @@ class WitnessSender:
         witnesses: Sequence[WitnessConfig],
         node_reader: Callable[[int], NodeReader],
         on_cosigned: Callable[[Offered, list[Signature]], Awaitable[object]],
-        state_file: Path | None = None,
         *,
         timeout: float = 5.0,
         cosignature_skew: float = 60.0,
@@ -251,7 +244,6 @@ class WitnessSender:
     ) -> None:
         self.node_reader = node_reader
         self.on_cosigned = on_cosigned
-        self.state_file = state_file
         self.timeout = timeout
         self.cosignature_skew = cosignature_skew
         self.backoff = backoff or Backoff()
@@ -315,7 +307,6 @@ class WitnessSender:
                                 keepalive_expiry=60), follow_redirects=False)
         for w in self._witnesses:
             w.task = asyncio.create_task(self._run(w), name=f"witness {w.config.name}")
-        self._save()
 
     async def stop(self) -> None:
         tasks = [w.task for w in self._witnesses if w.task is not None]
@@ -369,7 +360,6 @@ class WitnessSender:
         s.cosigned_root = base64.b64encode(offered.checkpoint.root).decode("ascii")
         s.cosigned_at = self.clock()
         s.consecutive_errors, s.last_error, s.next_attempt_at = 0, None, 0.0
-        self._save()
         return True
 
     async def _add_checkpoint(self, w: _Witness, offered: Offered) -> list[Signature]:
@@ -429,15 +419,6 @@ class WitnessSender:
             log.warning("witness %s (%s): %s", w.config.name, s.url, error)
         s.last_error = error
         s.next_attempt_at = self.clock() + self.backoff.delay(s.consecutive_errors)
-        self._save()
-
-    def _save(self) -> None:
-        if self.state_file is None:
-            return
-        try:
-            write_states(self.state_file, self.states(), self.clock())
-        except OSError as e:
-            log.warning("cannot write the witnesses' state file %s: %s", self.state_file, e)
 
 
 def _describe(e: BaseException, timeout: float) -> str:

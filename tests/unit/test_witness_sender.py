@@ -42,9 +42,9 @@ from server.tlog.witness_client import (
     WitnessState,
     merge_cosignatures,
     policy_text,
-    read_states,
+    state_items,
+    states_of,
     verified_cosignatures,
-    write_states,
 )
 from tests.helpers import LocalWitness
 
@@ -160,11 +160,10 @@ def test_a_witness_url_is_published_and_logged_without_its_credentials(
     witness.trust(LOG_VKEY)
     log = Log(tmp_path / "tlog")
     configs = [WitnessConfig(f"http://ops:{SECRET}@127.0.0.1:{witness.port}", witness.vkey)]
-    state_file = tmp_path / "witnesses.json"
+    reported: list[str] = []  # (what the other HTTP processes are told: state_items)
 
     async def run() -> None:
-        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned, state_file,
-                               timeout=0.5)
+        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned, timeout=0.5)
         state = sender.states()[0]
         try:
             sender.offer(log.grow(2))
@@ -172,6 +171,7 @@ def test_a_witness_url_is_published_and_logged_without_its_credentials(
             witness.set_mode("refusing")
             sender.offer(log.grow(1))
             await _until(lambda: state.errors == 1, "a refusal")
+            reported.append(json.dumps(state_items(sender.states())))
         finally:
             await sender.stop()
 
@@ -184,8 +184,8 @@ def test_a_witness_url_is_published_and_logged_without_its_credentials(
     assert witness.authorizations and set(witness.authorizations) == {expected}
     assert "w1.test" in caplog.text and "HTTP Request: POST" in caplog.text
     assert SECRET not in caplog.text
-    assert SECRET not in state_file.read_text()
-    (state,) = read_states(state_file, configs)
+    assert reported and SECRET not in reported[0]
+    (state,) = states_of(json.loads(reported[0]), configs)
     assert state.url == f"http://127.0.0.1:{witness.port}" and state.cosigned_size == 2
 
 
@@ -260,19 +260,17 @@ def test_a_cosignature_dated_outside_the_window_is_refused() -> None:
                                  skew=60) == [near]
 
 
-def test_the_state_file_is_read_back_for_the_configured_witnesses(tmp_path: Path) -> None:
+def test_the_reported_states_are_read_back_for_the_configured_witnesses() -> None:
     ws = [WitnessConfig("http://a.test", W1_VKEY), WitnessConfig("http://b.test", W2_VKEY)]
-    path = tmp_path / "witnesses.json"
-    assert read_states(path, ws) == [WitnessState("w1.test", "http://a.test"),
-                                     WitnessState("w2.test", "http://b.test")]
+    assert states_of(None, ws) == [WitnessState("w1.test", "http://a.test"),
+                                   WitnessState("w2.test", "http://b.test")]
     a = WitnessState("w1.test", "http://a.test", cosigned_size=7, cosigned_at=5.0, errors=2)
     gone = WitnessState("old.test", "http://old.test", errors=9)
-    write_states(path, [a, gone], 10.0)
-    assert json.loads(path.read_text())["updated"] == 10.0
-    assert read_states(path, ws) == [a, WitnessState("w2.test", "http://b.test")]
+    items = json.loads(json.dumps(state_items([a, gone])))  # (as a report carries them)
+    assert states_of(items, ws) == [a, WitnessState("w2.test", "http://b.test")]
     assert a.lag(10) == 3 and WitnessState("x", "y").lag(10) == 10 and a.lag(None) is None
-    path.write_text("{not json")
-    assert read_states(path, ws)[0] == WitnessState("w1.test", "http://a.test")
+    assert states_of("not a list", ws)[0] == WitnessState("w1.test", "http://a.test")
+    assert states_of([{"name": "w1.test"}], ws)[0] == WitnessState("w1.test", "http://a.test")
 
 
 # -- the sender ---------------------------------------------------------------------------------
@@ -338,8 +336,7 @@ def test_the_sender_collects_cosignatures_with_consistency_proofs(
     configs = [WitnessConfig(w.url, w.vkey) for w in witnesses]
 
     async def run() -> None:
-        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned,
-                               tmp_path / "witnesses.json", timeout=0.5)
+        sender = WitnessSender(configs, log.reader.node_reader, log.on_cosigned, timeout=0.5)
         try:
             first = log.grow(3)
             sender.offer(first)
@@ -357,7 +354,7 @@ def test_the_sender_collects_cosignatures_with_consistency_proofs(
             [(8, "w1.test"), (8, "w2.test")], [(8, "w2.test"), (8, "w1.test")])
         # each witness checked the proof from the size it had cosigned (check_add_checkpoint)
         assert w1.requests == [(0, 3), (3, 8)] and w2.requests == [(0, 3), (3, 8)]
-        states = read_states(tmp_path / "witnesses.json", configs)
+        states = states_of(state_items(sender.states()), configs)
         assert [(s.cosigned_size, s.errors) for s in states] == [(8, 0), (8, 0)]
 
     asyncio.run(run())
