@@ -186,13 +186,14 @@ def test_fuzz_the_command_line(clean_env: Path, capsys: pytest.CaptureFixture[st
                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Every generated argument list ends in a documented exit status without a traceback,
     and none gets as far as serving, running workers or touching the data directory."""
-    import server.commands
+    import server.commands.serve
+    import server.commands.worker
 
     def tripwire(*_args: object) -> int:
         raise AssertionError("a poisoned argument list got past the checks")
 
-    monkeypatch.setattr(server.commands, "_serve", tripwire)
-    monkeypatch.setattr(server.commands, "_work", tripwire)
+    monkeypatch.setattr(server.commands.serve, "_serve", tripwire)
+    monkeypatch.setattr(server.commands.worker, "_work", tripwire)
     data = clean_env / "d"
     (data / "keep").mkdir(parents=True)
     rng = random.Random(20240611)
@@ -265,10 +266,11 @@ def test_a_new_data_dir_is_private(clean_env: Path, monkeypatch: pytest.MonkeyPa
     """The data directory holds the secret keys, the journal and the workers' homes: a command
     that makes it makes it 0700, whatever the umask (serving and working themselves are left
     out here: the directory is made before them)."""
-    import server.commands
+    import server.commands.serve
+    import server.commands.worker
 
-    monkeypatch.setattr(server.commands, "_serve", lambda *_args: 0)
-    monkeypatch.setattr(server.commands, "_work", lambda *_args: 0)
+    monkeypatch.setattr(server.commands.serve, "_serve", lambda *_args: 0)
+    monkeypatch.setattr(server.commands.worker, "_work", lambda *_args: 0)
     data = clean_env / "new" / "data"
     old = os.umask(0o022)
     try:
