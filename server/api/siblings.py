@@ -111,9 +111,14 @@ class Siblings:
         return [reports.get(i, Sibling(i, None, float("inf")))
                 for i in range(self.count) if i != self.index]
 
+    def report(self) -> None:
+        """Tell the coordinator this process's figures now (also when the witnesses' states
+        change, so that every process shows them at once)."""
+        self.link.report(self.record())
+
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
-        self.link.report(self.record())
+        self.report()
         self._task = asyncio.create_task(self._run(), name="report-stats")
 
     async def stop(self) -> None:
@@ -124,5 +129,4 @@ class Siblings:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(PUBLISH_EVERY)
-            # (the record is taken here, in the loop that updates the counters)
-            self.link.report(self.record())
+            self.report()  # (the record is taken in the loop that updates the counters)

@@ -244,6 +244,9 @@ class WitnessSender:
     ) -> None:
         self.node_reader = node_reader
         self.on_cosigned = on_cosigned
+        # Called after each change of a state (the HTTP process then reports them at once to
+        # the host's coordinator, for the other processes: `server.api.siblings`).
+        self.on_change: Callable[[], None] = lambda: None
         self.timeout = timeout
         self.cosignature_skew = cosignature_skew
         self.backoff = backoff or Backoff()
@@ -307,6 +310,7 @@ class WitnessSender:
                                 keepalive_expiry=60), follow_redirects=False)
         for w in self._witnesses:
             w.task = asyncio.create_task(self._run(w), name=f"witness {w.config.name}")
+        self.on_change()
 
     async def stop(self) -> None:
         tasks = [w.task for w in self._witnesses if w.task is not None]
@@ -360,6 +364,7 @@ class WitnessSender:
         s.cosigned_root = base64.b64encode(offered.checkpoint.root).decode("ascii")
         s.cosigned_at = self.clock()
         s.consecutive_errors, s.last_error, s.next_attempt_at = 0, None, 0.0
+        self.on_change()
         return True
 
     async def _add_checkpoint(self, w: _Witness, offered: Offered) -> list[Signature]:
@@ -419,6 +424,7 @@ class WitnessSender:
             log.warning("witness %s (%s): %s", w.config.name, s.url, error)
         s.last_error = error
         s.next_attempt_at = self.clock() + self.backoff.delay(s.consecutive_errors)
+        self.on_change()
 
 
 def _describe(e: BaseException, timeout: float) -> str:
