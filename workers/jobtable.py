@@ -162,12 +162,16 @@ def notify_done(job_id: int) -> Sql:
 
 
 def heartbeat(worker: str, key_id: str, pid: int, now: float) -> Sql:
-    """Say that ``worker`` (serving ``key_id``) is alive."""
+    """Say that ``worker`` (serving ``key_id``, process ``pid``) is alive. A worker's name is
+    its supervisor's and its slot's: a worker restarted in its slot has the name of the one
+    before, and its own pid and start time replace that one's."""
     return _sql(
         "INSERT INTO worker_heartbeats (name, key_id, pid, started_at, last_seen) "
         "VALUES (%(worker)s, %(key_id)s, %(pid)s, %(now)s, %(now)s) "
         "ON CONFLICT (name) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
-        "key_id = EXCLUDED.key_id",
+        "key_id = EXCLUDED.key_id, pid = EXCLUDED.pid, started_at = CASE "
+        "WHEN worker_heartbeats.pid = EXCLUDED.pid THEN worker_heartbeats.started_at "
+        "ELSE EXCLUDED.started_at END",
         worker=worker, key_id=key_id, pid=pid, now=now)
 
 

@@ -112,6 +112,27 @@ def test_enqueue_inserts_a_queued_job(pg_url: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.postgres
+def test_a_worker_restarted_in_its_slot_is_seen_with_its_own_pid(pg_url: str) -> None:
+    """A worker's name is its supervisor's and its slot's: the one restarted in a slot keeps
+    the name, and its heartbeat replaces the pid and start time of the one before."""
+    from server.dispatch.database import execute
+    from workers import jobtable
+
+    engine = db.make_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            for pid, now in ((100, 1.0), (100, 2.0), (200, 3.0), (200, 4.0)):
+                execute(conn, jobtable.heartbeat("host:1:0", "primary", pid, now))
+                row = conn.execute(text("SELECT pid, started_at, last_seen FROM "
+                                        "worker_heartbeats WHERE name = 'host:1:0'")).one()
+                assert tuple(row) == (pid, 1.0 if pid == 100 else 3.0, now)
+            alive = execute(conn, jobtable.live_workers(4.0)).all()
+        assert [tuple(r) for r in alive] == [("host:1:0", "primary", 200)]
+    finally:
+        engine.dispose()
+
+
 def seed_every_table(engine: Engine) -> None:
     """A row in every table the state checks' migration copies on SQLite, with the foreign
     keys between them: a manifest digest -> its stamp -> its log commit."""
