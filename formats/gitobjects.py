@@ -20,6 +20,9 @@ SHA1 = "sha1"
 SHA256 = "sha256"
 # object format -> (hex digits of an object id, the commit header that carries the signature)
 OBJECT_FORMATS: dict[str, tuple[int, str]] = {SHA1: (40, "gpgsig"), SHA256: (64, "gpgsig-sha256")}
+# object format -> the pattern of its object ids (lowercase hex), and either one's
+ID_PATTERNS = {name: f"[0-9a-f]{{{digits}}}" for name, (digits, _) in OBJECT_FORMATS.items()}
+OBJECT_ID = re.compile("|".join(ID_PATTERNS.values()))
 
 
 def object_format_of(oid: str) -> str:

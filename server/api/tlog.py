@@ -21,6 +21,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import WithJsonSchema
 from starlette.types import Receive
 
+from formats.gitobjects import OBJECT_ID
 from formats.tlog.errors import TlogError
 from formats.tlog.tiles import parse_entries_path, parse_tile_path
 from server.api.deps import ClientDep, ServicesDep
@@ -40,7 +41,6 @@ from server.tlog.witness_client import policy_text
 
 MAX_WAIT = 60.0  # seconds a proof request may wait (``?wait=``)
 IMMUTABLE = "public, max-age=31536000, immutable"
-_GIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _SERIAL = re.compile("[0-9]{1,18}")
 PROOF_TYPE = "text/plain; charset=utf-8"
 NO_LOG = text("no transparency log")
@@ -250,10 +250,10 @@ def add_proof_routes(router: APIRouter) -> None:
         "getGitProof", "A git stamp's proof of inclusion in the transparency log",
         "an object id or wait that is malformed"))
     async def git_proof(request: Request, s: ServicesDep, client: ClientDep,
-                        object_id: Annotated[str, Path(), matching(_GIT_ID)],
+                        object_id: Annotated[str, Path(), matching(OBJECT_ID)],
                         wait: Wait = None) -> Response:
         """By the id of the signed tag or commit the server answered, or by the commit
         stamped (its first stamp in the log)."""
-        if not _GIT_ID.fullmatch(object_id):
+        if not OBJECT_ID.fullmatch(object_id):
             raise BadRequest("object id must be 40 or 64 lowercase hex digits")
         return await answer(request, s, client, None, object_id, wait)

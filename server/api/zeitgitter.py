@@ -23,6 +23,7 @@ from python_multipart.multipart import parse_options_header
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from formats.gitobjects import ID_PATTERNS, OBJECT_ID, SHA1, SHA256
 from server.api import status
 from server.api.body import read_body
 from server.api.deps import ServicesDep
@@ -53,8 +54,7 @@ from server.errors import (
 from server.settings import Settings
 from server.stamping.requests import BranchRequest, GitRequest, TagRequest, choose_key, key_fields
 
-SHA1_ID, SHA256_ID = "[0-9a-f]{40}", "[0-9a-f]{64}"  # object ids of SHA-1, SHA-256 repositories
-OBJECT_ID = re.compile(f"{SHA1_ID}|{SHA256_ID}")
+SHA1_ID, SHA256_ID = ID_PATTERNS[SHA1], ID_PATTERNS[SHA256]  # of SHA-1, SHA-256 repositories
 TAGNAME = re.compile(r"[_a-zA-Z][-._a-zA-Z0-9]{0,99}")
 # The rules of git-check-ref-format that `valid_tagname` adds to TAGNAME, as lookaheads.
 TAGNAME_RULES = r"(?!.*\.\.)(?!.*\.$)(?!.*\.lock$)"
