@@ -5,6 +5,7 @@ Run from the repository root::
     python -m bench.ab --ref 44c280a                     # tag stamps, c=16, one HTTP process
     python -m bench.ab --ref 44c280a --tlog off           # the transparency log off
     python -m bench.ab --ref 44c280a --api-processes 4 --conns 64
+    python -m bench.ab --ref this --ref-tlog off          # this tree: the log on against off
 
 The commit is checked out (``git worktree add --detach``) under the bench directory and run
 with this tree's venv, its packages found first (``PYTHONPATH``); two ``stampd serve`` (each
@@ -15,6 +16,9 @@ cell of ed25519 tag stamps at ``--conns`` connections for ``--duration`` seconds
 in bench.run), the order of the two sides alternating from round to round so that the
 machine's drift hits both. The CPU of each server's whole process tree (HTTP processes,
 supervisor, workers, agents; wrk apart) is read from /proc around each cell.
+
+``--ref this`` runs this tree on both sides (no checkout), to compare settings: ``--ref-tlog``
+gives the ref side's transparency log (by default ``--tlog``'s).
 
 The table: per side, the median over the rounds of stamps per second, p99 and CPU ms per
 stamp, and the ratios this/ref. Exit status: 0 when every answer was right, 1 when one was not,
@@ -78,10 +82,10 @@ class AB(Measuring):
         super().__init__(args, root)
         self.servers: list[Stampd] = []
 
-    def server(self, label: str, tree: Path | None) -> Stampd:
+    def server(self, label: str, tree: Path | None, tlog: str) -> Stampd:
         workdir = make_home(self.root / label)
         s = Stampd(label, workdir, self.root / f"{label}-data", KEY, self.args.workers)
-        s.tlog = self.args.tlog == "on"
+        s.tlog = tlog == "on"
         if self.args.api_processes:
             s.serve_args = ["--api-processes", str(self.args.api_processes)]
         if tree is not None:
@@ -93,14 +97,17 @@ class AB(Measuring):
         return s
 
     def run(self) -> dict[str, list[Cell]]:
-        ref_tree = self.root / "ref-tree"
-        commit = checkout(self.args.ref, ref_tree)
+        ref_tree: Path | None = None
         try:
-            found = its_code(ref_tree)
-            if not found.startswith(str(ref_tree)):
-                raise BenchError(f"the ref's server is not the one imported ({found})")
-            progress(f"ref {self.args.ref} = {commit[:12]}, run from {ref_tree}")
-            sides = {"ref": self.server("ref", ref_tree), "this": self.server("this", None)}
+            if self.args.ref != "this":
+                ref_tree = self.root / "ref-tree"
+                commit = checkout(self.args.ref, ref_tree)
+                found = its_code(ref_tree)
+                if not found.startswith(str(ref_tree)):
+                    raise BenchError(f"the ref's server is not the one imported ({found})")
+                progress(f"ref {self.args.ref} = {commit[:12]}, run from {ref_tree}")
+            sides = {"ref": self.server("ref", ref_tree, self.args.ref_tlog or self.args.tlog),
+                     "this": self.server("this", None, self.args.tlog)}
             cells: dict[str, list[Cell]] = {"ref": [], "this": []}
             for r in range(self.args.rounds):
                 order = ["ref", "this"] if r % 2 == 0 else ["this", "ref"]
@@ -110,7 +117,8 @@ class AB(Measuring):
             return cells
         finally:
             stop_servers(list(self.servers), self.root)
-            remove_checkout(ref_tree)
+            if ref_tree is not None:
+                remove_checkout(ref_tree)
 
 
 def summary(cells: list[Cell]) -> dict[str, float]:
@@ -123,7 +131,8 @@ def summary(cells: list[Cell]) -> dict[str, float]:
 def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -> str:
     ref, this = summary(cells["ref"]), summary(cells["this"])
     head = (f"ed25519 tag stamps, c={args.conns}, {args.workers} workers, "
-            f"{args.api_processes or 'default'} HTTP processes, transparency log {args.tlog}; "
+            f"{args.api_processes or 'default'} HTTP processes, transparency log {args.tlog}"
+            f"{f' (ref: {args.ref_tlog})' if args.ref_tlog else ''}; "
             f"{args.rounds} rounds of {args.duration} s, medians; idle load {load:.2f}")
     lines = [head, f"{'':22} {'ref ' + args.ref:>16} {'this tree':>12} {'this/ref':>9}"]
     for name, key, fmt in (("stamps/s", "rate", "{:.0f}"), ("p99 ms", "p99", "{:.1f}"),
@@ -138,7 +147,10 @@ def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
-    ap.add_argument("--ref", required=True, help="the commit to compare this tree against")
+    ap.add_argument("--ref", required=True,
+                    help="the commit to compare this tree against ('this': this tree)")
+    ap.add_argument("--ref-tlog", choices=("on", "off"),
+                    help="the ref side's transparency log (default: --tlog's)")
     ap.add_argument("--conns", type=int, default=16, help="wrk connections (16)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds, each a cell per side (4)")
     ap.add_argument("--workers", type=int, default=2, help="signing workers (2)")
