@@ -81,7 +81,7 @@ class CoordinatorLink:
         return writer
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        why = "the journal host closed the connection"
+        why = "the coordinator closed the connection"
         try:
             while (body := await read_frame(reader)) is not None:
                 reply = Reply.decode(body)
