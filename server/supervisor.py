@@ -128,8 +128,7 @@ class PoolProcess:
             code = self.proc.wait()
             if self._stopping.is_set():
                 return
-            lived = self.restarts.lived()
-            delay = self.restarts.exited()
+            lived, delay = self.restarts.exited()
             log.error("worker supervisor exited with %s after %.1fs; restarting it in %.1fs",
                       code, lived, delay)
             if self._stopping.wait(delay):

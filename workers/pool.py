@@ -175,7 +175,9 @@ class WorkerPool:
             if slot.proc is None or slot.proc.poll() is None:
                 continue
             code = slot.proc.returncode
-            lived = slot.restarts.lived()
+            unusable = code == EXIT_KEY_UNUSABLE
+            cap = MAX_KEY_BACKOFF if unusable else MAX_BACKOFF
+            lived, backoff = slot.restarts.exited(cap)
             home = slot.home
             status = read_status(home) if home is not None else None
             if status is not None and home is not None:  # the same words for every attempt
@@ -184,9 +186,6 @@ class WorkerPool:
             slot.proc = None
             if self._stopping:
                 continue
-            unusable = code == EXIT_KEY_UNUSABLE
-            cap = MAX_KEY_BACKOFF if unusable else MAX_BACKOFF
-            backoff = slot.restarts.exited(cap)
             if unusable or slot.restarts.young_deaths >= FAILING_AFTER:
                 if unusable and status is not None and status.startswith(UNUSABLE + " "):
                     reason = status[len(UNUSABLE) + 1:]

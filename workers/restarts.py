@@ -30,8 +30,8 @@ MAX_BACKOFF = 5.0  # seconds: the longest wait before a process that keeps dying
 @dataclass
 class Restarts:
     """When to start a supervised process again. Call `started` when it starts and `exited`
-    when it has exited (which says how long to wait); start it when `due`. ``clock``: seconds,
-    monotonic (injected by tests)."""
+    when it has exited (which says how long it lived and how long to wait); start it when
+    `due`. ``clock``: seconds, monotonic (injected by tests)."""
 
     cap: float = MAX_BACKOFF
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
@@ -52,16 +52,18 @@ class Restarts:
         """It has lived past its youth (`YOUNG`)."""
         return self.lived() >= YOUNG
 
-    def exited(self, cap: float | None = None) -> float:
-        """It exited now: the seconds to wait before starting it again (0: at once), which
-        `due` then counts down. ``cap``: another longest wait than `cap` for this exit."""
+    def exited(self, cap: float | None = None) -> tuple[float, float]:
+        """It exited now: the seconds it lived, and those to wait before starting it again
+        (0: at once), which `due` then counts down. ``cap``: another longest wait than `cap`
+        for this exit."""
         now = self.clock()
-        self.young_deaths = self.young_deaths + 1 if now - self.start_time < YOUNG else 0
+        lived = now - self.start_time
+        self.young_deaths = self.young_deaths + 1 if lived < YOUNG else 0
         self.count += 1
         delay = (min(FIRST * 2 ** (self.young_deaths - 1), self.cap if cap is None else cap)
                  if self.young_deaths else 0.0)
         self.due_time = now + delay
-        return delay
+        return lived, delay
 
     def due(self) -> bool:
         """The wait `exited` set is over."""

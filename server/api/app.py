@@ -246,7 +246,7 @@ def create_app(
                 else None
 
         siblings = None if link is None else Siblings(link, process, count, stats, dispatcher,
-                                                      clock, witness_states)
+                                                      witness_states)
         if siblings is not None and tlog is not None and tlog.witnesses is not None:
             tlog.witnesses.on_change = siblings.report
         await dispatcher.start()

@@ -91,8 +91,7 @@ CHARGE_STEP = 4 << 20  # a chunked body is charged to the rate limit as it arriv
 
 
 async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
-                        charge: Callable[[int], Awaitable[None]] | None = None
-                        ) -> bytearray:
+                        charge: Callable[[int], Awaitable[None]]) -> bytearray:
     """The body, streamed: at most ``max_manifest_bytes`` bytes and ``max_manifest_lines``
     lines. A Content-Length is not required (chunked bodies are taken). Each chunk must come
     within ``body_timeout``, and the whole body within ``body_timeout`` plus one second per
@@ -103,7 +102,7 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
     limit = settings.max_manifest_bytes
     expected = length if length is not None else limit
     charged = 0
-    if length is not None and charge is not None:
+    if length is not None:
         await charge(length)
         charged = length
     deadline = time.monotonic() + settings.body_timeout + expected / RATE
@@ -124,7 +123,7 @@ async def read_manifest(scope: Scope, receive: Receive, settings: Settings,
         lines += chunk.count(b"\n")
         if lines > settings.max_manifest_lines:
             raise BodyTooLarge(f"manifest of more than {settings.max_manifest_lines} lines")
-        if len(body) + len(chunk) > charged and charge is not None:
+        if len(body) + len(chunk) > charged:
             step = max(CHARGE_STEP, len(body) + len(chunk) - charged)
             await charge(step)
             charged += step

@@ -213,8 +213,7 @@ class ApiProcesses:
                             self.spawn(i)
                     elif proc.poll() is not None:
                         self.procs[i] = None
-                        lived = self.restarts[i].lived()
-                        delay = self.restarts[i].exited()
+                        lived, delay = self.restarts[i].exited()
                         log.error("HTTP process %d (pid %d) exited with %s after %.1fs; "
                                   "restarting it in %.1fs", i, proc.pid, proc.returncode,
                                   lived, delay)
@@ -342,8 +341,7 @@ class ApiManager:
                         self._exec()
                 elif self.proc.poll() is not None:
                     proc, self.proc = self.proc, None
-                    lived = self.restarts.lived()
-                    delay = self.restarts.exited()
+                    lived, delay = self.restarts.exited()
                     log.error("the HTTP manager (pid %d) exited with %s after %.1fs; starting "
                               "it again in %.1fs", proc.pid, proc.returncode, lived, delay)
         finally:

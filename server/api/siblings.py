@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +77,7 @@ class Siblings:
     ``link``, and asks it for the others'."""
 
     def __init__(self, link: CoordinatorLink, index: int, count: int, stats: Stats,
-                 dispatcher: Dispatcher, clock: Callable[[], float] = time.time,
+                 dispatcher: Dispatcher,
                  witnesses: Callable[[], list[dict[str, Any]] | None] = lambda: None) -> None:
         self.link = link
         self.witnesses = witnesses  # the witnesses' states where this process sends to them
@@ -86,11 +85,11 @@ class Siblings:
         self.count = count
         self.stats = stats
         self.dispatcher = dispatcher
-        self.clock = clock
         self._task: asyncio.Task[None] | None = None
 
     def record(self) -> dict[str, Any]:
-        record = {"index": self.index, "pid": os.getpid(), "time": self.clock(),
+        # (no time: a report's age is the coordinator's to say, by its own clock)
+        record = {"index": self.index, "pid": os.getpid(),
                   "stats": self.stats.snapshot(), "queue": self.dispatcher.queue_depth,
                   "requeued": self.dispatcher.requeued,
                   "taken_back": self.dispatcher.taken_back,

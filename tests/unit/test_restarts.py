@@ -39,7 +39,9 @@ def test_young_deaths_double_the_wait_up_to_the_cap_and_a_stable_life_starts_afr
     for _ in range(8):
         r.started()
         clock.advance(1.0)  # (younger than YOUNG)
-        waits.append(r.exited())
+        lived, wait = r.exited()
+        assert lived == pytest.approx(1.0)
+        waits.append(wait)
         assert not r.due()
         clock.advance(waits[-1])
         assert r.due()
@@ -49,14 +51,15 @@ def test_young_deaths_double_the_wait_up_to_the_cap_and_a_stable_life_starts_afr
     r.started()
     clock.advance(YOUNG)
     assert r.stable
-    assert r.exited() == 0.0 and r.due()  # it had been working: at once
+    lived, wait = r.exited()
+    assert lived == pytest.approx(YOUNG) and wait == 0.0 and r.due()  # it had worked: at once
     assert r.young_deaths == 0
 
     r.started()
     assert not r.stable
-    assert r.exited() == FIRST  # the count starts afresh
+    assert r.exited()[1] == FIRST  # the count starts afresh
     r.started()
-    assert r.exited(cap=0.3) == 0.3  # another cap for this exit (a key that cannot be loaded)
+    assert r.exited(cap=0.3)[1] == 0.3  # another cap for this exit (a key that cannot be loaded)
 
 
 class _Child:
