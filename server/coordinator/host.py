@@ -39,8 +39,8 @@ class Coordinator:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._failed: BaseException | None = None
-        self._links: set[asyncio.Task[None]] = set()  # one task per connected process
-        self._outs: set[Coalesced] = set()  # (what each of them is sent)
+        # One task per connected process, and what it is sent.
+        self._links: dict[asyncio.Task[None], Coalesced] = {}
         # Each connected process's last report and when it came (monotonic seconds).
         self._reports: dict[int, tuple[dict[str, Any], float]] = {}
         self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
@@ -93,7 +93,7 @@ class Coordinator:
             for link in list(self._links):
                 link.cancel()
             if self._links:
-                await asyncio.wait(self._links, timeout=10)
+                await asyncio.wait(list(self._links), timeout=10)
             await server.wait_closed()
             if journal is not None:
                 await journal.stop()
@@ -105,9 +105,7 @@ class Coordinator:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = asyncio.current_task()
         assert link is not None
-        self._links.add(link)
-        out = Coalesced(writer)
-        self._outs.add(out)
+        out = self._links[link] = Coalesced(writer)
         waiting: set[asyncio.Future[Any]] = set()
         owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
@@ -141,14 +139,13 @@ class Coordinator:
         except asyncio.CancelledError:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
-            self._outs.discard(out)
             self._reports.pop(owner, None)  # (it serves no more)
             self.budgets.in_flight.drop(owner)  # (its process is gone, or going)
             if waiting:  # what was asked is recorded before the connection goes
                 await asyncio.wait(waiting, timeout=30)
             out.flush()
             writer.close()
-            self._links.discard(link)
+            self._links.pop(link, None)
 
     def _tell_all(self, call: Call) -> None:
         """News from one HTTP process (the one writing the host's transparency log tiles) to
@@ -157,7 +154,7 @@ class Coordinator:
         if not isinstance(size, int) or isinstance(size, bool):
             raise ValueError("news without a size")
         news = Reply(0, published=size).encode()
-        for out in self._outs:
+        for out in self._links.values():
             out.put(news)
 
     def _budget(self, call: Call, owner: int, out: Coalesced) -> None:
