@@ -14,7 +14,7 @@ the key's passphrase and the database DSN. It has a private 0700 home directory.
 
 The supervisor removes the home (and kills a left-over agent) after the process is reaped. The
 worker dies with its supervisor (SIGKILL, set by the supervisor), and its agent with it (the
-same, `workers.agents.base.die_with_parent`); a worker that finds its supervisor gone all the
+same, `procs.prctl.die_with_parent`); a worker that finds its supervisor gone all the
 same (where that signal is not to be had) stops its agent and removes its home itself: nobody
 else would until the next supervisor starts.
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from formats.jobs import Hello
 from formats.keys import TLOG, WITNESS, ed25519_public_key
-from workers.agents.base import set_process_name
+from procs.prctl import set_process_name
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig

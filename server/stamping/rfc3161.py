@@ -28,10 +28,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from formats.jobs import TimestampJob
 from formats.keys import ServedKey
 from formats.tsp.request import parse_request
+from procs import memory
 from server.errors import ClockUnsynchronised
 from server.signing_keys import registered_certificates
 from server.stamping.requests import Outcome, StampContext
-from workers import memory
 from workers.tsa import TSA_CHAIN_FILE, TsaError, parse_chain
 
 log = logging.getLogger(__name__)
