@@ -63,12 +63,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from formats.keys import PRIMARY, KeySpec
+from keystore.keyset import KeyUnusable
 from procs.forked import Child, fork_child, start_fresh
 from procs.prctl import die_with_parent, set_process_name
 from procs.restarts import MAX_BACKOFF, Restarts
 from workers.config import ConfigError, PoolConfig, WorkerConfig
-from workers.errors import AgentError, WorkerError
-from workers.keys.keyset import KeyUnusable, TsaError
+from workers.errors import AgentError, TsaError, WorkerError
 from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,

@@ -44,13 +44,13 @@ from pathlib import Path
 
 from formats.jobs import Hello
 from formats.keys import TLOG, WITNESS, ed25519_public_key
+from keystore.keyset import KeyUnusable, SshKeyStore, verify_openpgp
+from keystore.store import KeyStore, KeyStoreError
 from procs.prctl import set_process_name
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig
-from workers.errors import AgentError
-from workers.keys.keyset import KeyUnusable, SshKeyStore, TsaError, verify_openpgp
-from workers.keys.store import KeyStore, KeyStoreError
+from workers.errors import AgentError, TsaError
 from workers.link import Dispatchers
 from workers.loop import serve, serve_db
 from workers.signer import CosignSigner, NoteSigner, OpenPgpSigner, Signer, SshSigner

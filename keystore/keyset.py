@@ -23,20 +23,14 @@ from formats.keys import (
     spec_of,
 )
 from formats.sshsig import SshPublicKey, allowed_signers_line
-from workers.errors import WorkerError
-from workers.keys.gnupg import GpgError, TempGnupgHome
-from workers.keys.store import KeyStore, KeyStoreError, ensure_files
+from keystore.gnupg import GpgError, TempGnupgHome
+from keystore.store import KeyStore, KeyStoreError, ensure_files
 
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
 
-
-class TsaError(WorkerError, ValueError):
-    """A key that cannot be a TSA key, or a certificate chain that does not fit the key
-    (`workers.tsa`; here so that a worker that is no TSA need not import that module)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = " ".join(message.split())
+TSA_CHAIN_FILE = "tsa-chain.pem"
+"""The TSA's certificates in its key's directory, PEM, the TSA certificate first (written and
+read by `workers.tsa`; served by the server, `server.stamping.rfc3161`)."""
 
 
 class KeyUnusable(KeyStoreError):
