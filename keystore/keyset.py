@@ -1,8 +1,13 @@
 """The server's signing keys on disk: each extra key (and the log's and the witness's key) in its
 own directory of the key store (``keys/<id>/``, `formats.keys.KeySpec.id`), made on first start
 (`ensure_extra_keys`), found (`stored_key_specs`) and read into the public view every process
-shares (`served_keys`, `formats.keys.ServedKey`). What the keys are and what they may sign is
-the pure key model, `formats.keys`.
+shares (`served_keys`, `formats.keys.ServedKey`); the TSA key's directory also holds its
+certificate chain (`TSA_CHAIN_FILE`, written by `workers.tsa`). What the keys are and what
+they may sign is the pure key model, `formats.keys`.
+
+The key store is below the workers (``keystore``): the command line makes and lists keys with
+it, the service reads the public halves it serves (`server.signing_keys`), and each worker
+loads its key from it into its agent.
 """
 
 from __future__ import annotations
