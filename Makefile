@@ -162,7 +162,7 @@ client-only: venv
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: venv
-	$(BIN)/ruff check stampd server workers client formats migrations tests bench
+	$(BIN)/ruff check stampd server workers keystore procs client formats migrations tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
@@ -223,7 +223,7 @@ proof: fuzz soak crash slow readflood
 ## stay (see clean-data).
 clean:
 	rm -rf $(VENV) web/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info
-	find stampd server workers client formats migrations tests bench -name __pycache__ \
+	find stampd server workers keystore procs client formats migrations tests bench -name __pycache__ \
 		-type d -prune -exec rm -rf {} +
 
 DATA ?= var

@@ -1,5 +1,5 @@
 """The key model of a server: which keys it signs with, for what, and how verifiers name them
-(pure: no files, no agents; `workers.keys.keyset` makes and reads the keys on disk).
+(pure: no files, no agents; `keystore.keyset` makes and reads the keys on disk).
 
 The primary OpenPGP key signs stamps; ``STAMPD_EXTRA_KEYS`` lists extra keys as
 ``<format>:<algorithm>`` (`parse_extra_keys`), e.g. ``openpgp:rsa4096,ssh:ed25519``, each with

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from formats.keys import PRIMARY, TLOG, WITNESS, KeySpec
+from keystore.keyset import key_dir
 from workers.errors import WorkerError
-from workers.keys.keyset import key_dir
 
 DispatchMode = Literal["socket", "database"]
 KeyFormat = Literal["openpgp", "ssh"]

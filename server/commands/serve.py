@@ -73,11 +73,11 @@ def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
     """Data directory, keys (generated on first start; a host that keeps only public keys
     never gets new ones, and must not sign: ``signs_here``), migrated database, log
     repository. Returns the keys this server serves."""
+    from keystore.keyset import ensure_extra_keys
+    from keystore.store import KeyStore
     from server import db
     from server.gitlog.repository import LogRepository
     from server.signing_keys import serving_keys
-    from workers.keys.keyset import ensure_extra_keys
-    from workers.keys.store import KeyStore
 
     make_data_dir(settings)
     if signs_here:  # an API host never makes a key: it serves the registered ones
