@@ -32,10 +32,11 @@ from server.stamping.stamper import Stamper
 
 log = logging.getLogger(__name__)
 
-# An envelope sender we answer: a plain ASCII local@domain with a dot in the domain (the reply
-# goes to it, and it is written into the reply's To: header).
-SENDER = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
-                    r"[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+")
+# An envelope sender we answer: a plain ASCII local@domain, the domain a host name of two
+# labels or more, none starting or ending with '-' (the reply goes to it, and it is written
+# into the reply's To: header).
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+SENDER = re.compile(rf"[A-Za-z0-9.!#$%&'*+/=?^_`{{|}}~-]{{1,64}}@{_LABEL}(\.{_LABEL})+")
 
 
 @dataclass(frozen=True)
