@@ -179,6 +179,7 @@ bench: venv
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
+	$(BIN)/python -m bench.mail
 	$(BIN)/python -m bench.web
 	$(BIN)/python -m bench.verify_range
 
