@@ -12,6 +12,7 @@ import email
 import hashlib
 import http.client
 import json
+import os
 import smtplib
 import sqlite3
 import subprocess
@@ -27,7 +28,16 @@ from aiosmtpd.controller import Controller
 from formats.receipts import parse_statement, split_receipt
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof
-from tests.helpers import Server, free_port, keyring, seed_data_dir, start_server, wait_for
+from tests.helpers import (
+    Server,
+    free_port,
+    keyring,
+    proc_names,
+    run_stampd,
+    seed_data_dir,
+    start_server,
+    wait_for,
+)
 
 OWN = ("stamp@stampd.test", "ts@stampd.test")
 SESSIONS = 4
@@ -218,6 +228,12 @@ def test_a_mail_is_stamped_answered_and_in_the_log(server: Server, relay: Relay,
     assert statements[1].digest == hashlib.sha256(attachment).hexdigest()
     assert {s.key for s in statements} == {fingerprint}
     assert f"serial {statements[0].serial}" in text.decode()
+    # stampd verify checks a receipt against the attachment, trusting the mail key only
+    (tmp_path / "receipt.asc").write_text(found[1])
+    (tmp_path / "x.pdf").write_bytes(attachment)
+    r = run_stampd(["verify", tmp_path / "receipt.asc", "--key", tmp_path / "mail.asc",
+                    "--file", tmp_path / "x.pdf"])
+    assert r.returncode == 0, r.stdout + r.stderr
     for st in statements:
         status_code, proof = http_get(server, f"/v1/proofs/{st.serial}?wait=30")
         assert status_code == 200, proof
@@ -420,3 +436,52 @@ def test_sessions_beyond_the_limit_are_told_421(server: Server) -> None:
             return False
 
     wait_for(open_again, what="a session once the others closed")
+
+
+def listeners_of(port: int) -> list[int]:
+    """The processes holding a socket that listens on ``port`` (IPv4, TCP)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    pids = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                pids.append(int(fd_dir.parent.name))
+        except OSError:  # (gone, or not ours to read)
+            continue
+    return pids
+
+
+def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: Relay) -> None:
+    """With two HTTP processes the listener runs in the first only (one port, one owner of the
+    rates); with STAMPD_MAIL_AUTHSERV_ID only messages that MTA marked as passing for the
+    sender's domain are answered."""
+    mail_port = free_port()
+    s = start_server(seed_data_dir(tmp_path / "data"), workers=1, api_processes=2, extra_env={
+        "STAMPD_MAIL_LISTEN": f"127.0.0.1:{mail_port}",
+        "STAMPD_MAIL_RELAY": f"127.0.0.1:{relay.port}",
+        "STAMPD_MAIL_ADDRESSES": OWN[0],
+        "STAMPD_MAIL_AUTHSERV_ID": "mx.stampd.test"})
+    try:
+        s.mail_port = mail_port  # type: ignore[attr-defined]
+        forged = "victim@forged.example"
+        code, _ = send(s, forged, message(forged, headers=(
+            "Authentication-Results: mx.stampd.test; spf=fail smtp.mailfrom=forged.example",)))
+        assert code == 550 and relay.store.to(forged) == []
+        upstream = "u@upstream.example"  # a header of another authserv-id proves nothing
+        code, _ = send(s, upstream, message(upstream, headers=(
+            "Authentication-Results: elsewhere.example; dmarc=pass",)))
+        assert code == 550 and relay.store.to(upstream) == []
+        sender = "carol@three.example"
+        code, text = send(s, sender, message(sender, headers=(
+            "Authentication-Results: mx.stampd.test; spf=pass smtp.mailfrom=carol@three.example",
+        )))
+        assert code == 250, text
+        assert len(relay.store.to(sender)) == 1
+        holders = {proc_names().get(p, ("?", 0))[0] for p in listeners_of(mail_port)}
+        assert holders == {"stampd-http-0"}, holders
+    finally:
+        s.stop()
