@@ -234,6 +234,8 @@ def test_a_mail_is_stamped_answered_and_in_the_log(server: Server, relay: Relay,
     r = run_stampd(["verify", tmp_path / "receipt.asc", "--key", tmp_path / "mail.asc",
                     "--file", tmp_path / "x.pdf"])
     assert r.returncode == 0, r.stdout + r.stderr
+    status_code, metrics = http_get(server, "/metrics")
+    assert b'stampd_requests_total{status="250",type="mail"}' in metrics
     for st in statements:
         status_code, proof = http_get(server, f"/v1/proofs/{st.serial}?wait=30")
         assert status_code == 200, proof
