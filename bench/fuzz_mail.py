@@ -11,8 +11,9 @@ that each reply at the relay names the session it answers. Sessions are of two s
   mail in many spellings, relay attempts, senders that are no plain address, messages with no
   header or too many attachments, oversize messages, and command noise (garbage, NUL bytes,
   lines over 1000 bytes, commands out of order, pipelined junk, connections cut mid-DATA);
-- **may be answered**: well-formed messages mutated (nested and broken MIME, bad base64,
-  8-bit bytes, folded and repeated headers, a digest body, more recipients than allowed).
+- **may be answered**: well-formed messages mutated (nested and broken MIME, parts nested
+  hundreds deep, bad base64, 8-bit bytes, folded and repeated headers, a digest body, more
+  recipients than allowed).
 
 The promises: 0 crashes (the server answers /healthz at the end, no traceback and no ERROR
 line in its log, no ``451 ... internal error``), no session left hanging past ``--bound``
@@ -154,7 +155,7 @@ BAD_SENDERS = ["", "a@b", "a@[127.0.0.1]", "a b@c.example", "a@-c.example", "a@c
 
 def make_session(rng: random.Random, case: int) -> Session:
     sender = f"f{case}@c{case}.fuzz.example"
-    kind = rng.choice(["plain", "mime", "digest", "rcpts", "refused-header", "bounce",
+    kind = rng.choice(["plain", "mime", "deep", "digest", "rcpts", "refused-header", "bounce",
                        "bad-sender", "relay", "no-header", "attachments", "oversize",
                        "noise", "cut", "order"])
     if kind == "plain":
@@ -168,6 +169,12 @@ def make_session(rng: random.Random, case: int) -> Session:
         # (more attachments than stamped, or not, as the parser finds them: either answer is
         # right, so long as a reply comes exactly with a 250; the "attachments" kind is sure)
         return Session(case, kind, True, sender, _plain(sender, data))
+    if kind == "deep":  # MIME parts nested hundreds deep (the parser recurses): either answer
+        depth = rng.randint(100, 600)
+        data = b"".join(b"Content-Type: multipart/mixed; boundary=d%d\r\n\r\n--d%d\r\n" % (i, i)
+                        for i in range(depth)) + b"deep\r\n"
+        return Session(case, kind, True, sender, _plain(sender, _message(sender, [], b"")[:-2]
+                                                        + data))
     if kind == "digest":
         digest = hashlib.new(rng.choice(["sha256", "sha512"]), rng.randbytes(8)).hexdigest()
         return Session(case, kind, True, sender, _plain(sender, _message(

@@ -69,17 +69,22 @@ class Inbound:
         or too many, or more than ``max_attachments`` attachments."""
         try:
             msg = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(data)
+            if not msg.keys():
+                raise MalformedMail("the message has no header")
+            if len(msg.keys()) > MAX_HEADERS:
+                raise MalformedMail(f"the message has more than {MAX_HEADERS} headers")
+            attachments = tuple(hashlib.sha256(part).hexdigest() for part in _attachments(msg))
+            body_digest = _body_digest(msg)
         except (ValueError, TypeError, LookupError, RecursionError) as e:
+            # (MalformedMail is a ValueError: raised again as it is)
+            if isinstance(e, MalformedMail):
+                raise
+            # RecursionError: MIME parts nested thousands deep
             raise MalformedMail(f"the message cannot be parsed: {type(e).__name__}") from None
-        if not msg.keys():
-            raise MalformedMail("the message has no header")
-        if len(msg.keys()) > MAX_HEADERS:
-            raise MalformedMail(f"the message has more than {MAX_HEADERS} headers")
-        attachments = tuple(hashlib.sha256(part).hexdigest() for part in _attachments(msg))
         if len(attachments) > max_attachments:
             raise MalformedMail(f"the message has {len(attachments)} attachments; at most "
                                 f"{max_attachments} are stamped")
-        return cls(msg, hashlib.sha256(data).hexdigest(), attachments, _body_digest(msg))
+        return cls(msg, hashlib.sha256(data).hexdigest(), attachments, body_digest)
 
     def header(self, name: str) -> str:
         """The first ``name`` header, unfolded, or ``""``."""

@@ -90,8 +90,8 @@ class MailService:
         relay; returns once both are done. Refusals (`MailRefused`) record nothing; a
         failure after the stamps were recorded (a worker, the relay) leaves them in the
         journal and the log, unanswered: the sender's MTA sends the message again."""
-        try:
-            inbound = Inbound.parse(data, self.max_attachments)
+        try:  # (in a thread: a large or deeply nested message takes the CPU for a while)
+            inbound = await asyncio.to_thread(Inbound.parse, data, self.max_attachments)
         except MalformedMail as e:
             raise MalformedMessage(str(e)) from None
         why = inbound.refusal()

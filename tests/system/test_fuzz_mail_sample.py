@@ -16,7 +16,7 @@ def test_fuzz_mail_sample_keeps_every_promise() -> None:
     report = summary(result, 20261202)
     assert result.ok, report
     # Not vacuous: every kind ran, some were stamped and answered, some refused.
-    assert len(result.kinds) == 14, report
+    assert len(result.kinds) == 15, report
     assert result.answered > 20 and result.data_codes["554"] and result.data_codes["550"], report
 
 

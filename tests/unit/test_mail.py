@@ -63,8 +63,13 @@ def test_attachments_are_stamped_decoded_in_order() -> None:
                           body=parts), 1)
 
 
+NESTED = b"From: a@b.example\r\n" + b"".join(
+    b"Content-Type: multipart/mixed; boundary=b%d\r\n\r\n--b%d\r\n" % (i, i)
+    for i in range(5000)) + b"x\r\n"
+
+
 @pytest.mark.parametrize("data", [b"", b"no header line\r\n", b"\r\n\r\nbody",
-                                  b"".join(b"X-%d: y\r\n" % i for i in range(1001))])
+                                  b"".join(b"X-%d: y\r\n" % i for i in range(1001)), NESTED])
 def test_malformed(data: bytes) -> None:
     with pytest.raises(MalformedMail):
         Inbound.parse(data, 5)
