@@ -8,10 +8,11 @@ asks to have stamped, whether it may be answered at all, and the reply's bytes.
   reports never get an automatic answer), or None.
 - `Inbound.authenticated` says whether the MTA in front marked it as passing its checks
   (an RFC 8601 ``Authentication-Results`` header of a given authserv-id).
-- `reply` builds the answer: a plain ASCII text/plain message whose body holds one receipt per
-  digest stamped (formats.receipts: each an OpenPGP cleartext-signed statement) and nothing
-  the sender chose (no subject, no file name, no text of theirs), so that an answer to a
-  forged sender carries nothing anyone could use to spam.
+- `reply` builds the answer: a plain ASCII message whose text holds one receipt per digest
+  stamped (formats.receipts: each an OpenPGP cleartext-signed statement) and nothing the
+  sender chose (no subject, no file name, no text of theirs; only the Message-ID it answers,
+  in the headers mail readers do not show, and only a short plain one), so that an answer to
+  a forged sender carries nothing anyone could use to spam.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ AUTO_HEADERS = ("x-autoreply", "x-autorespond", "x-auto-response-suppress")
 BULK_PRECEDENCE = ("bulk", "list", "junk")
 MAX_HEADERS = 1000  # headers of a message that is parsed at all
 _HEX = re.compile(r"[0-9a-fA-F]+")
-_MSG_ID = re.compile(r"<[!-;=?-~]{1,250}>")  # a msg-id as we repeat it: no '<', '>' inside
+# A msg-id as the reply repeats it (In-Reply-To, References): short, dot-atoms around one '@'
+# (RFC 5322's id-left "@" id-right without quoting or a domain literal); others are left out.
+_MSG_ID = re.compile(r"<[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}@[A-Za-z0-9.-]{1,64}>")
 _RESULT = re.compile(r"\b(spf|dkim|dmarc)\s*=\s*([a-z]+)\b([^;]*)", re.IGNORECASE)
 _PROP = re.compile(r"\b(smtp\.mailfrom|header\.d|header\.from|header\.i)\s*=\s*"
                    r"\"?([^\s;\"]+)", re.IGNORECASE)

@@ -123,6 +123,15 @@ def test_the_reply_holds_nothing_the_sender_chose() -> None:
     assert parsed.get_payload().rstrip().endswith("-----END PGP SIGNATURE-----")
 
 
+@pytest.mark.parametrize(("value", "repeated"), [
+    ("<id@b.example>", True), ("<a.b+c@d-e.example>", True),
+    ("<BUY CHEAP PILLS@b.example>", False), ('<"q"@b.example>', False), ("<a@[1.2.3.4]>", False),
+    ("<" + "x" * 65 + "@b.example>", False), ("id@b.example", False), ("<a@b><c@d>", False),
+])
+def test_only_a_short_plain_message_id_is_repeated(value: str, repeated: bool) -> None:
+    assert (Inbound.parse(msg(f"Message-ID: {value}"), 5).message_id == value) == repeated
+
+
 def test_a_reply_with_attachments_attaches_their_receipts() -> None:
     stamped = [Stamped(Digest("sha256", "0" * 64, w), n, f"receipt {n}\n")
                for n, w in ((1, "message"), (2, "attachment 1"))]
