@@ -61,6 +61,17 @@ class Store:
     messages: list[Received] = field(default_factory=list)
     arrived: threading.Condition = field(default_factory=threading.Condition)
 
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
+                          rcpt_options: list[str]) -> str:
+        """A relay that refuses some recipients: for good (``refuse5-...``), for now
+        (``refuse4-...``)."""
+        if address.startswith("refuse5-"):
+            return "550 5.1.1 no such user"
+        if address.startswith("refuse4-"):
+            return "450 4.2.1 mailbox busy"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         with self.arrived:
             self.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
@@ -382,6 +393,16 @@ def test_relay_down_answers_451_and_sends_nothing(server: Server, relay: Relay) 
     code, text = send(server, sender, data)  # the sender's MTA tries again: answered once
     assert code == 250, text
     assert len(relay.store.to(sender)) == 1
+
+
+@pytest.mark.parametrize(("sender", "want"), [("refuse5-x@relayed.example", 550),
+                                               ("refuse4-x@relayed.example", 451)])
+def test_a_reply_the_relay_refuses(server: Server, relay: Relay, sender: str, want: int) -> None:
+    """The relay refuses the sender's address for good: 550 (a retry would not help); for now:
+    451 (the sender's MTA tries again). No reply either way."""
+    code, text = send(server, sender, message(sender, body=f"{sender}\r\n"))
+    assert code == want, text
+    assert relay.store.to(sender) == []
 
 
 def test_a_flood_is_bounded_and_nothing_accepted_is_lost(server: Server, relay: Relay) -> None:
