@@ -257,7 +257,8 @@ def test_a_mail_is_stamped_answered_and_in_the_log(server: Server, relay: Relay,
             st.serial, "digest", st.digest, fingerprint)
 
 
-def test_a_body_that_is_only_a_digest_stamps_that_digest(server: Server, relay: Relay) -> None:
+def test_a_body_that_is_only_a_digest_stamps_that_digest(server: Server, relay: Relay,
+                                                        tmp_path: Path) -> None:
     sender = "bob@two.example"
     digest = hashlib.sha512(b"my file").hexdigest()
     code, text = send(server, sender, message(sender, body=f"  {digest.upper()}\r\n"))
@@ -266,6 +267,9 @@ def test_a_body_that_is_only_a_digest_stamps_that_digest(server: Server, relay: 
     (receipt,) = receipts(reply.content)
     st = parse_statement(split_receipt(receipt)[0])
     assert (st.algorithm, st.digest) == ("sha512", digest)
+    # a one-receipt reply saved whole, headers and all, is what gpg --verify takes
+    fingerprint, home = mail_key(server, tmp_path)
+    assert f"VALIDSIG {fingerprint}" in gpg_verify(reply.content.decode(), home)
 
 
 REFUSED_DATA = {
