@@ -15,12 +15,12 @@ that each reply at the relay names the session it answers. Sessions are of two s
   hundreds deep, bad base64, 8-bit bytes, folded and repeated headers, a digest body, more
   recipients than allowed).
 
-The promises: 0 crashes (the server answers /healthz at the end, no traceback and no ERROR
-line in its log, no ``451 ... internal error``), no session left hanging past ``--bound``
-seconds, 0 replies to what must not be answered (nor a 250 to its DATA), and for the rest
-exactly one reply per ``250`` and none otherwise (nothing accepted is lost, nothing refused
-is answered). It prints a summary and exits 1 if a promise broke (2 if it could not run).
-`tests/system/test_fuzz_mail_sample.py` runs a sample through the same code.
+The promises: 0 crashes (the server answers /healthz at the end, no traceback, no ERROR line
+and no worker restart in its log, no ``451 ... internal error``), no session left hanging
+past ``--bound`` seconds, 0 replies to what must not be answered (nor a 250 to its DATA),
+and for the rest exactly one reply per ``250`` and none otherwise (nothing accepted is lost,
+nothing refused is answered). It prints a summary and exits 1 if a promise broke (2 if it
+could not run). `tests/system/test_fuzz_mail_sample.py` runs a sample through the same code.
 """
 
 from __future__ import annotations
@@ -395,6 +395,8 @@ def fuzz_mail(sessions: int = 2000, seed: int = 1, concurrency: int = 16,
         result.problems.append(f"{result.scan.tracebacks} traceback(s) in the server log")
     if result.scan.errors:
         result.problems.append(f"{result.scan.errors} ERROR line(s) in the server log")
+    if result.scan.restarts:
+        result.problems.append(f"{result.scan.restarts} worker restart(s) in the server log")
     if result.ok and not keep:
         shutil.rmtree(workdir, ignore_errors=True)
         result.workdir = None
