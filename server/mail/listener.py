@@ -120,19 +120,34 @@ class _Busy(asyncio.Protocol):
         transport.close()
 
 
+# How long one session may last however busy it keeps itself (a sender dripping a byte just
+# inside the idle timeout would hold a session for ever), and how often it may give each
+# command (a sender looping on NOOP likewise): beyond either the session is closed (aiosmtpd
+# answers 421 past a command's limit). Many messages on one connection stay possible.
+SESSION_SECONDS = 600.0
+COMMAND_LIMITS = {"*": 1000, "NOOP": 20, "HELO": 5, "EHLO": 5, "HELP": 5, "VRFY": 5,
+                  "EXPN": 5, "AUTH": 5, "STARTTLS": 5}
+
+
 class _Counted(SMTP):
-    """aiosmtpd's session, counted in its listener's open sessions."""
+    """aiosmtpd's session, counted in its listener's open sessions, closed after
+    `SESSION_SECONDS`."""
 
     def __init__(self, listener: MailListener, handler: Handler, **options: Any) -> None:
-        super().__init__(handler, **options)
+        super().__init__(handler, command_call_limit=COMMAND_LIMITS, **options)
         self.listener = listener
+        self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.listener.open += 1
+        self._deadline = asyncio.get_running_loop().call_later(SESSION_SECONDS,
+                                                               transport.close)
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.open -= 1
+        if self._deadline is not None:
+            self._deadline.cancel()
         super().connection_lost(exc)
 
 

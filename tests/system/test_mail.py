@@ -512,3 +512,11 @@ def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: 
         assert holders == {"stampd-http-0"}, holders
     finally:
         s.stop()
+
+
+def test_a_session_looping_on_noop_is_closed(server: Server) -> None:
+    with smtp(server) as s:
+        s.ehlo("client.test")
+        codes = [s.noop()[0] for _ in range(20)]
+        assert codes == [250] * 20
+        assert s.noop()[0] == 421
