@@ -485,13 +485,14 @@ def listeners_of(port: int) -> list[int]:
 def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: Relay) -> None:
     """With two HTTP processes the listener runs in the first only (one port, one owner of the
     rates); with STAMPD_MAIL_AUTHSERV_ID only messages that MTA marked as passing for the
-    sender's domain are answered."""
+    sender's domain are answered; the rate in all is bounded."""
     mail_port = free_port()
     s = start_server(seed_data_dir(tmp_path / "data"), workers=1, api_processes=2, extra_env={
         "STAMPD_MAIL_LISTEN": f"127.0.0.1:{mail_port}",
         "STAMPD_MAIL_RELAY": f"127.0.0.1:{relay.port}",
         "STAMPD_MAIL_ADDRESSES": OWN[0],
-        "STAMPD_MAIL_AUTHSERV_ID": "mx.stampd.test"})
+        "STAMPD_MAIL_AUTHSERV_ID": "mx.stampd.test",
+        "STAMPD_MAIL_PER_MINUTE": "4"})
     try:
         s.mail_port = mail_port  # type: ignore[attr-defined]
         forged = "victim@forged.example"
@@ -510,6 +511,16 @@ def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: 
         assert len(relay.store.to(sender)) == 1
         holders = {proc_names().get(p, ("?", 0))[0] for p in listeners_of(mail_port)}
         assert holders == {"stampd-http-0"}, holders
+        # The rate in all: at most 4 transactions a clock minute from any domains, so of 9
+        # more (with the 3 above, more than two minutes' worth) one is refused.
+        with smtp(s) as session:
+            session.ehlo("client.test")
+            for i in range(9):
+                code, text = session.mail(f"r@d{i}.rated.example")
+                session.rset()
+                if code != 250:
+                    break
+        assert code == 451 and b"4.7.1" in text, text
     finally:
         s.stop()
 
