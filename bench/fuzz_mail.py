@@ -133,7 +133,7 @@ def _mime(rng: random.Random, depth: int = 0) -> tuple[list[str], bytes]:
 
 def _plain(sender: str, message: bytes, rcpts: list[str] | None = None) -> list[Step]:
     return [Step(b"EHLO fuzz.example"), Step(f"MAIL FROM:<{sender}>".encode()),
-            *(Step(f"RCPT TO:<{r}>".encode()) for r in (rcpts or [OWN])),
+            *(Step(f"RCPT TO:<{r}>".encode()) for r in (rcpts or [OWN])),  # (UTF-8)
             Step(b"DATA", message)]
 
 
@@ -201,7 +201,8 @@ def make_session(rng: random.Random, case: int) -> Session:
     if kind == "relay":
         victim = rng.choice([f"v{case}@victim.example", f"{OWN}.victim.example",
                              f"stamp%victim.example@{OWN.split('@')[1]}",
-                             f"{OWN.split('@')[0]}@victim.example"])
+                             f"{OWN.split('@')[0]}@victim.example",
+                             f"st\u00e4mp@{OWN.split('@')[1]}", f"v{case}@vict\u00efm.example"])
         return Session(case, kind, False, sender, _plain(
             sender, _message(sender, [], b"relay me\r\n"), [victim]))
     if kind == "no-header":

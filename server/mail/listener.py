@@ -54,7 +54,9 @@ def smtp_reply(error: BaseException) -> str:
 
 
 def _one_line(reply: str) -> str:
-    return " ".join(reply.split())[:500]
+    """One ASCII line (aiosmtpd sends replies as ASCII: a character beyond would fail the
+    session), at most 500 characters."""
+    return " ".join(reply.split()).encode("ascii", "backslashreplace").decode()[:500]
 
 
 class Handler:

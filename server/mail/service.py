@@ -82,8 +82,8 @@ class MailService:
     def recipient(self, address: str) -> None:
         """Take ``address`` as a recipient (RCPT TO): only the service's own (no relaying)."""
         if address.lower() not in self.own:
-            raise NotOurAddress(f"{address[:100]!r} is not this service's address: relaying "
-                                "denied")
+            raise NotOurAddress(f"{address[:100]!a} is not this service's address: "
+                                "relaying denied")
 
     async def answer(self, sender: str, data: bytes) -> Answered:
         """Stamp the message ``data`` (as received) from ``sender`` and hand its reply to the
