@@ -119,9 +119,12 @@ class Inbound:
 
     def authenticated(self, authserv_id: str, sender_domain: str) -> bool:
         """Whether an ``Authentication-Results`` header of ``authserv_id`` (the MTA in front,
-        which removes such headers from what it receives) says the message passed: ``dmarc=
-        pass``, or ``spf=pass`` or ``dkim=pass`` for ``sender_domain`` (the envelope sender's
-        domain, or one below it)."""
+        which removes such headers from what it receives) says that the envelope sender's
+        domain, ``sender_domain``, sent the message: ``spf=pass`` for that very domain
+        (``smtp.mailfrom``), or ``dkim=pass`` or ``dmarc=pass`` for it or a domain it lies
+        under (``header.d``, ``header.i``, ``header.from``: DMARC's relaxed alignment). A
+        ``dmarc=pass`` alone proves nothing here: DMARC vouches for the ``From:`` header's
+        domain, and the reply goes to the envelope sender."""
         domain = sender_domain.lower().rstrip(".")
         for value in self.headers("authentication-results"):
             server, _, results = value.partition(";")
@@ -130,11 +133,13 @@ class Inbound:
             for method, result, props in _RESULT.findall(results):
                 if result.lower() != "pass":
                     continue
-                if method.lower() == "dmarc":
-                    return True
-                for _name, prop in _PROP.findall(props):
+                for name, prop in _PROP.findall(props):
                     d = prop.rsplit("@", 1)[-1].lower().rstrip(".")
-                    if d == domain or d.endswith("." + domain):
+                    if method.lower() == "spf":
+                        if name.lower() == "smtp.mailfrom" and d == domain:
+                            return True
+                    elif name.lower() != "smtp.mailfrom" and "." in d and (
+                            d == domain or domain.endswith("." + d)):
                         return True
         return False
 

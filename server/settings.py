@@ -217,8 +217,9 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="seconds to hand a reply to the relay")
     mail_authserv_id: str = Field(
         default="", description="answer only messages that the MTA in front marked as "
-        "passing: an Authentication-Results header of this authserv-id with dmarc=pass, or "
-        "spf=pass or dkim=pass for the sender's domain; empty: answer any (docs/mail.md)")
+        "passing: an Authentication-Results header of this authserv-id with spf=pass for the "
+        "envelope sender's domain, or dkim=pass or dmarc=pass for it or a domain it lies "
+        "under; empty: answer any (docs/mail.md)")
 
     # Limits and timeouts.
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")

@@ -499,6 +499,10 @@ def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: 
         code, _ = send(s, forged, message(forged, headers=(
             "Authentication-Results: mx.stampd.test; spf=fail smtp.mailfrom=forged.example",)))
         assert code == 550 and relay.store.to(forged) == []
+        # DMARC vouches for the From: header's domain, not the envelope sender the reply goes to
+        code, _ = send(s, forged, message(forged, headers=(
+            "Authentication-Results: mx.stampd.test; dmarc=pass header.from=attacker.example",)))
+        assert code == 550 and relay.store.to(forged) == []
         upstream = "u@upstream.example"  # a header of another authserv-id proves nothing
         code, _ = send(s, upstream, message(upstream, headers=(
             "Authentication-Results: elsewhere.example; dmarc=pass",)))

@@ -91,19 +91,29 @@ def test_rfc3834_refusals(header: str, answered: bool) -> None:
     assert (Inbound.parse(msg(header), 5).refusal() is None) == answered
 
 
-@pytest.mark.parametrize(("results", "ok"), [
-    ("mx.s.example; dmarc=pass header.from=b.example", True),
-    ("mx.s.example; spf=pass smtp.mailfrom=a@b.example", True),
-    ("mx.s.example; spf=pass smtp.mailfrom=a@mail.b.example", True),
-    ("mx.s.example; dkim=pass header.d=b.example header.s=k", True),
-    ("mx.s.example; spf=pass smtp.mailfrom=a@evil.example", False),
-    ("mx.s.example; spf=fail smtp.mailfrom=a@b.example; dmarc=fail", False),
-    ("other.example; dmarc=pass", False),  # another authserv-id: not the MTA trusted
-    ("mx.s.example; dkim=pass header.d=notb.example", False),
+@pytest.mark.parametrize(("results", "sender_domain", "ok"), [
+    ("mx.s.example; spf=pass smtp.mailfrom=a@b.example", "b.example", True),
+    ("mx.s.example; spf=pass smtp.mailfrom=b.example", "b.example", True),
+    # SPF of a subdomain proves nothing of its parent, nor the other way round
+    ("mx.s.example; spf=pass smtp.mailfrom=a@mail.b.example", "b.example", False),
+    ("mx.s.example; spf=pass smtp.mailfrom=a@b.example", "mail.b.example", False),
+    ("mx.s.example; dkim=pass header.d=b.example header.s=k", "b.example", True),
+    ("mx.s.example; dkim=pass header.d=b.example", "mail.b.example", True),  # relaxed
+    ("mx.s.example; dkim=pass header.d=notb.example", "b.example", False),
+    ("mx.s.example; dkim=pass header.d=example", "b.example", False),  # a bare TLD
+    ("mx.s.example; dmarc=pass header.from=b.example", "b.example", True),
+    # DMARC vouches for the From: header's domain; the reply goes to the envelope sender
+    ("mx.s.example; dmarc=pass header.from=evil.example", "b.example", False),
+    ("mx.s.example; dmarc=pass", "b.example", False),
+    ("mx.s.example; spf=pass smtp.mailfrom=a@evil.example", "b.example", False),
+    ("mx.s.example; spf=fail smtp.mailfrom=a@b.example; dmarc=fail", "b.example", False),
+    ("other.example; spf=pass smtp.mailfrom=a@b.example", "b.example", False),
+    ("mx.s.example 1; spf=pass smtp.mailfrom=a@b.example", "b.example", True),  # a version
 ])
-def test_authenticated_only_by_the_trusted_mta(results: str, ok: bool) -> None:
+def test_authenticated_only_by_the_trusted_mta(results: str, sender_domain: str,
+                                               ok: bool) -> None:
     inbound = Inbound.parse(msg(f"Authentication-Results: {results}"), 5)
-    assert inbound.authenticated("mx.s.example", "b.example") == ok
+    assert inbound.authenticated("mx.s.example", sender_domain) == ok
 
 
 def test_the_reply_holds_nothing_the_sender_chose() -> None:
