@@ -13,6 +13,7 @@ import hashlib
 import http.client
 import json
 import os
+import signal
 import smtplib
 import sqlite3
 import subprocess
@@ -485,7 +486,8 @@ def listeners_of(port: int) -> list[int]:
 def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: Relay) -> None:
     """With two HTTP processes the listener runs in the first only (one port, one owner of the
     rates); with STAMPD_MAIL_AUTHSERV_ID only messages that MTA marked as passing for the
-    sender's domain are answered; the rate in all is bounded."""
+    sender's domain are answered; the rate in all is bounded; the listener comes back with a
+    new process 0."""
     mail_port = free_port()
     s = start_server(seed_data_dir(tmp_path / "data"), workers=1, api_processes=2, extra_env={
         "STAMPD_MAIL_LISTEN": f"127.0.0.1:{mail_port}",
@@ -525,6 +527,16 @@ def test_two_http_processes_and_only_what_the_mta_passed(tmp_path: Path, relay: 
                 if code != 250:
                     break
         assert code == 451 and b"4.7.1" in text, text
+        # HTTP process 0 killed: the HTTP manager starts it again, and with it the listener
+        (pid,) = listeners_of(mail_port)
+        os.kill(pid, signal.SIGKILL)
+
+        def listening_again() -> bool:
+            return any(p != pid for p in listeners_of(mail_port))
+
+        wait_for(listening_again, timeout=60, what="the mail listener of the new process 0")
+        with smtp(s) as session:
+            assert session.ehlo("client.test")[0] == 250
     finally:
         s.stop()
 
