@@ -179,6 +179,7 @@ bench: venv
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
+	$(BIN)/python -m bench.mail
 	$(BIN)/python -m bench.web
 	$(BIN)/python -m bench.verify_range
 
@@ -196,9 +197,11 @@ bench-manifest: venv
 # under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
 # broken promise.
 
-## Every endpoint and method with generated and mutated requests, on SQLite and PostgreSQL.
+## Every endpoint and method with generated and mutated requests, on SQLite and PostgreSQL;
+## then the SMTP listener (docs/mail.md) with malformed and hostile sessions.
 fuzz: venv sysdeps
 	$(BIN)/python -m bench.fuzz
+	$(BIN)/python -m bench.fuzz_mail
 
 ## Two API hosts on one PostgreSQL, under load (60 s).
 soak: venv sysdeps

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from formats.keys import (
+    MAIL_KEY,
     PRIMARY,
     SSH_TYPES,
     STAMPS,
@@ -56,6 +57,9 @@ class KeyUnusable(KeyStoreError):
         elif key_id == WITNESS_KEY.id:
             todo = ("restore the key files from a backup (the logs witnessed know the old key), "
                     "or turn the witness off (STAMPD_WITNESS=off, no STAMPD_WITNESS_FOR)")
+        elif key_id == MAIL_KEY.id:
+            todo = ("restore the key files from a backup (the receipts already mailed name the "
+                    "old key), or turn the mail listener off (no STAMPD_MAIL_LISTEN)")
         else:
             fmt, _, algo = key_id.partition("-")
             todo = (f"restore the key files from a backup, or remove {fmt}:{algo} from "
@@ -182,7 +186,7 @@ def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
         if spec.format == "openpgp":
             pk = KeyStore(key_dir(keys_dir, spec)).public_key()
             out.append(ServedKey(spec.id, "openpgp", pk.fingerprint, pk.algorithm, pk.armored,
-                                 pk.uid))
+                                 pk.uid, purpose=spec.role or STAMPS))
         else:
             sk = SshKeyStore(key_dir(keys_dir, spec)).public_key()
             out.append(ServedKey(spec.id, "ssh", sk.fingerprint, sk.key_type,

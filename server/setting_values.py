@@ -193,3 +193,30 @@ def parse_witnesses(spec: str) -> list[WitnessConfig]:
         witnesses.append(w)
     return witnesses
 
+
+
+def parse_host_port(spec: str, what: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for an IPv6 address): the address of an SMTP listener or
+    relay (``STAMPD_MAIL_LISTEN``, ``STAMPD_MAIL_RELAY``); ValueError naming ``what``."""
+    host, sep, port = spec.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isascii() or not port.isdigit() \
+            or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise ValueError(f"{what} must be host:port (an IPv6 address in brackets), not {spec!r}")
+    return host, int(port)
+
+
+_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9.-]{1,253}")
+
+
+def parse_mail_addresses(spec: str) -> tuple[str, ...]:
+    """The service's own mail addresses (``STAMPD_MAIL_ADDRESSES``), comma-separated, each a
+    plain ``local@domain``; compared without regard to case. ValueError for one that is not."""
+    out: list[str] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        if not _ADDRESS.fullmatch(item):
+            raise ValueError(f"mail address {item!r} is not a plain local@domain address")
+        if item.lower() not in out:
+            out.append(item.lower())
+    return tuple(out)

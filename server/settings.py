@@ -16,11 +16,13 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
+from formats.keys import MAIL_KEY, TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 from formats.note import Ed25519Verifier, valid_key_name
 from server.setting_values import (
     PeerConfig,
     WitnessConfig,
+    parse_host_port,
+    parse_mail_addresses,
     parse_peers,
     parse_tsa_key,
     parse_witnessed,
@@ -182,6 +184,43 @@ class Settings(BaseSettings):
     witness_retry_max: float = Field(
         default=30.0, gt=0, description="longest retry delay for a failing witness, seconds")
 
+    # stampd as an e-mail timestamper (docs/mail.md): an SMTP listener of its own, in the
+    # first HTTP process, answering each message through a relay with its receipt.
+    mail_listen: str = Field(
+        default="", description="host:port of stampd's own SMTP listener (inbound mail to "
+        "stamp); empty: off. On, the mail key (keys/mail-ed25519/, OpenPGP) signs the replies")
+    mail_relay: str = Field(
+        default="", description="host:port where the replies are submitted (an MTA that "
+        "relays for this host, no authentication); needed with STAMPD_MAIL_LISTEN")
+    mail_addresses: str = Field(
+        default="", description="the service's own addresses, comma-separated: the only "
+        "recipients accepted (no relaying); the first is the replies' From; default the "
+        "e-mail of the key's user id")
+    mail_max_size: int = Field(
+        default=10 << 20, gt=0, description="largest message accepted, bytes (SIZE)")
+    mail_max_recipients: int = Field(
+        default=3, ge=1, description="recipients of one message (all the service's own)")
+    mail_max_attachments: int = Field(
+        default=20, ge=0, description="attachments stamped with one message (each one more "
+        "receipt); a message with more is refused")
+    mail_per_sender_domain_minute: int = Field(
+        default=10, ge=0, description="messages answered per clock minute to the addresses "
+        "of one sender domain; beyond them 451 (the sender's MTA retries); 0 = no limit")
+    mail_per_minute: int = Field(
+        default=120, ge=0, description="messages answered per clock minute in all; beyond "
+        "them 451; 0 = no limit")
+    mail_sessions: int = Field(
+        default=50, gt=0, description="SMTP sessions at once; beyond them 421")
+    mail_timeout: float = Field(
+        default=60.0, gt=0, description="seconds an SMTP session may stay idle")
+    mail_relay_timeout: float = Field(
+        default=30.0, gt=0, description="seconds to hand a reply to the relay")
+    mail_authserv_id: str = Field(
+        default="", description="answer only messages that the MTA in front marked as "
+        "passing: an Authentication-Results header of this authserv-id with spf=pass for the "
+        "envelope sender's domain, or dkim=pass or dmarc=pass for it or a domain it lies "
+        "under; empty: answer any (docs/mail.md)")
+
     # Limits and timeouts.
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")
     body_timeout: float = Field(default=10.0, gt=0, description="seconds to receive a body")
@@ -266,6 +305,9 @@ class Settings(BaseSettings):
     _witness_list: list[WitnessConfig] = PrivateAttr(default_factory=list)
     _tsa_spec: KeySpec | None = PrivateAttr(default=None)
     _witnessed: dict[str, list[Ed25519Verifier]] = PrivateAttr(default_factory=dict)
+    _mail_listen: tuple[str, int] | None = PrivateAttr(default=None)
+    _mail_relay: tuple[str, int] | None = PrivateAttr(default=None)
+    _mail_addresses: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("tsa_policy")
     @classmethod
@@ -351,7 +393,25 @@ class Settings(BaseSettings):
             self._extra_key_specs.append(TLOG_KEY)
         if self.witness:  # the witness key, likewise
             self._extra_key_specs.append(WITNESS_KEY)
+        self._mail_settings()
         return self
+
+    def _mail_settings(self) -> None:
+        """The listener's and the relay's addresses and the service's own addresses; the
+        mail key, served and given workers like the log key, when the listener is on."""
+        if not self.mail_listen.strip():
+            if self.mail_relay.strip():
+                raise ValueError("STAMPD_MAIL_RELAY is set but not STAMPD_MAIL_LISTEN")
+            return
+        self._mail_listen = parse_host_port(self.mail_listen, "STAMPD_MAIL_LISTEN")
+        if not self.mail_relay.strip():
+            raise ValueError("STAMPD_MAIL_LISTEN needs STAMPD_MAIL_RELAY: where the replies go")
+        self._mail_relay = parse_host_port(self.mail_relay, "STAMPD_MAIL_RELAY")
+        own = self.mail_addresses or self.key_uid.rsplit("<", 1)[-1].rstrip(">")
+        self._mail_addresses = parse_mail_addresses(own)
+        if not self._mail_addresses:
+            raise ValueError("STAMPD_MAIL_ADDRESSES names no address")
+        self._extra_key_specs.append(MAIL_KEY)
 
     @model_validator(mode="after")
     def _database_dispatch_needs_postgres(self) -> Settings:
@@ -392,6 +452,26 @@ class Settings(BaseSettings):
     def witness_spec(self) -> KeySpec | None:
         """The witness key (`WITNESS_KEY`, one of `extra_key_specs`); None when no witness."""
         return WITNESS_KEY if self.witness else None
+
+    @property
+    def mail_listen_address(self) -> tuple[str, int] | None:
+        """(host, port) of the SMTP listener; None when mail is off."""
+        return self._mail_listen
+
+    @property
+    def mail_relay_address(self) -> tuple[str, int] | None:
+        """(host, port) where replies are submitted; None when mail is off."""
+        return self._mail_relay
+
+    @property
+    def mail_own_addresses(self) -> tuple[str, ...]:
+        """The service's own addresses, lower case, the replies' From first."""
+        return self._mail_addresses
+
+    @property
+    def mail_spec(self) -> KeySpec | None:
+        """The mail key (`MAIL_KEY`, one of `extra_key_specs`); None when mail is off."""
+        return MAIL_KEY if self._mail_listen else None
 
     @property
     def witnessed(self) -> dict[str, list[Ed25519Verifier]]:

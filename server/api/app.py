@@ -48,6 +48,7 @@ from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.leadership import AdvisoryLeader, FileLeader
+from server.mail.listener import mail_listener
 from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal, JournalApi
@@ -257,6 +258,12 @@ def create_app(
         cross.start()
         if siblings is not None:
             siblings.start()
+        # The SMTP listener (STAMPD_MAIL_LISTEN) runs in the first HTTP process only: its
+        # rates have one owner, and a process restarting only delays mail, which the sending
+        # MTAs retry (docs/mail.md).
+        mail = mail_listener(settings, stamper, served, stats, clock) if process == 0 else None
+        if mail is not None:
+            await mail.start()
         lag = asyncio.create_task(looplag.watch(stats, busy=lambda: open_connections() > 0))
         waiters = _proof_waiters(settings, engine, tlog_reader, stats, tlog, link)
         unhook = on_shutdown(waiters.close) if waiters is not None else None
@@ -270,6 +277,8 @@ def create_app(
             yield
         finally:
             lag.cancel()
+            if mail is not None:
+                await mail.stop()
             if unhook is not None:
                 unhook()
             if before_shutdown is not None:

@@ -47,8 +47,8 @@ class StampdCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s, total = self.s, self.total
         st = total.stats()
-        c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
-                                labels=["type", "status"])
+        c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status (for "
+                                "type mail, the SMTP reply's code)", labels=["type", "status"])
         for (kind, status), n in sorted(st.requests.items()):
             c.add_metric([kind, str(status)], n)
         yield c
