@@ -15,6 +15,9 @@ the system's own mail configuration, ports 25/587/143 and services are never use
 Both master processes are our direct children (run as root, as Postfix and Dovecot require, with
 their daemons under the ``postfix``/``dovecot`` users and the mailboxes owned by ``nobody``), and
 are stopped by PID. Missing programs fail the test, never skip it.
+
+`Responder` is an email timestamper on the other side: it reads the requests in a user's
+mailbox and answers each with a ``gpg --clearsign`` reply (real gpg, a committed test key).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from email.message import EmailMessage
 from pathlib import Path
 
-from tests.helpers import free_port
+from tests.helpers import DATA, free_port, short_tmpdir
 
 MAIL_DOMAIN = "mail.test"
 POSTFIX_DIRS = (  # the queue's directories, as postfix-files makes them
@@ -48,6 +52,8 @@ POSTFIX_DIRS = (  # the queue's directories, as postfix-files makes them
 POSTFIX_MASTER = Path("/usr/lib/postfix/sbin/master")
 DOVECOT = Path("/usr/sbin/dovecot")
 MAILBOX_OWNER = "nobody"
+STAMPER_KEY = DATA / "keys" / "ed25519"  # the timestamper's key (.sec.asc, .pub.asc, .fpr)
+IMPOSTOR_KEY = DATA / "keys" / "nistp256"  # another key, for a reply signed by the wrong one
 
 
 class MailServerError(RuntimeError):
@@ -502,3 +508,70 @@ tls_random_source = dev:/dev/urandom
             with contextlib.suppress(OSError):
                 out.append(f"== {f.name}\n{f.read_text(errors='replace')[-3000:]}")
         return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# An email timestamper on the other side
+
+
+def key_fpr(key: Path) -> str:
+    return key.with_suffix(".fpr").read_text().strip()
+
+
+class Responder:
+    """The email timestamper: answers each request in the stamper's mailbox with a clear-signed
+    reply from the stamper's address to the sender, quoting the request's body."""
+
+    def __init__(self, servers: MailServers, user: MailUser) -> None:
+        self.servers = servers
+        self.user = user
+        self.home = short_tmpdir("mr")
+        os.chmod(self.home, 0o700)
+        for key in (STAMPER_KEY, IMPOSTOR_KEY):
+            self._gpg("--import", str(key.with_suffix(".sec.asc")))
+        self.answered = 0
+
+    def _gpg(self, *args: str, data: bytes | None = None) -> bytes:
+        r = subprocess.run(["gpg", "--homedir", str(self.home), "--batch", "--no-tty",
+                            "--pinentry-mode", "loopback", "--passphrase", "", *args],
+                           input=data, capture_output=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr.decode()
+        return r.stdout
+
+    def requests(self, count: int) -> list[EmailMessage]:
+        import email
+        import email.policy
+
+        raws = self.servers.wait_for_messages(self.user, count)
+        assert len(raws) >= count, self.servers.log_tail()
+        msgs = []
+        for raw in raws:
+            msg = email.message_from_bytes(raw, policy=email.policy.default)
+            assert isinstance(msg, EmailMessage)
+            msgs.append(msg)
+        return msgs
+
+    def answer(self, request: EmailMessage, *, key: Path = STAMPER_KEY,
+               body: str | None = None, tamper: bool = False) -> None:
+        """Reply to ``request``: its body quoted and clear-signed with ``key`` (``body``
+        instead of the request's; ``tamper``: the signed text altered after signing)."""
+        if body is None:
+            body = request.get_body().get_content()  # type: ignore[union-attr]
+        text = body.replace("\r\n", "\n")
+        signed = (f"The following message was received at {time.ctime()}.\n\n{text}"
+                  "\nEnd of the received message.\n")
+        reply = self._gpg("--local-user", key_fpr(key), "--clearsign", data=signed.encode())
+        if tamper:
+            reply = reply.replace(b"git commit: ", b"git commit:  ", 1)
+        msg = EmailMessage()
+        msg["From"], msg["To"] = self.user.address, str(request["From"])
+        msg["Subject"] = f"Re: {request['Subject']}"
+        msg.set_content("Your timestamp:\n\n" + reply.decode())
+        with self.servers.smtp(self.user) as s:
+            s.send_message(msg)
+        self.answered += 1
+
+    def close(self) -> None:
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"],
+                       capture_output=True, timeout=30, check=False)
+        shutil.rmtree(self.home, ignore_errors=True)

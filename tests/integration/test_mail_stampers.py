@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from email.message import EmailMessage
 from pathlib import Path
 from urllib.parse import quote
 
@@ -38,16 +36,10 @@ from server.models import MailStamp, MailStampState
 from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.requests import TagRequest
-from tests.helpers import DATA, TEST_PUBLIC_KEY, InProcessDispatcher, short_tmpdir
-from tests.mailservers import MailServers, MailUser
+from tests.helpers import TEST_PUBLIC_KEY, InProcessDispatcher
+from tests.mailservers import IMPOSTOR_KEY, STAMPER_KEY, MailServers, Responder, key_fpr
 
 PUBKEY = TEST_PUBLIC_KEY.read_text()
-STAMPER_KEY = DATA / "keys" / "ed25519"  # the timestamper's key (.sec.asc, .pub.asc, .fpr)
-IMPOSTOR_KEY = DATA / "keys" / "nistp256"  # another key, for a reply signed by the wrong one
-
-
-def _fpr(key: Path) -> str:
-    return key.with_suffix(".fpr").read_text().strip()
 
 
 class Clock:
@@ -56,65 +48,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
-
-
-class Responder:
-    """The email timestamper: answers each request in the stamper's mailbox with a clear-signed
-    reply from the stamper's address to the sender, quoting the request's body."""
-
-    def __init__(self, servers: MailServers, user: MailUser) -> None:
-        self.servers = servers
-        self.user = user
-        self.home = short_tmpdir("mr")
-        os.chmod(self.home, 0o700)
-        for key in (STAMPER_KEY, IMPOSTOR_KEY):
-            self._gpg("--import", str(key.with_suffix(".sec.asc")))
-        self.answered = 0
-
-    def _gpg(self, *args: str, data: bytes | None = None) -> bytes:
-        r = subprocess.run(["gpg", "--homedir", str(self.home), "--batch", "--no-tty",
-                            "--pinentry-mode", "loopback", "--passphrase", "", *args],
-                           input=data, capture_output=True, timeout=60, check=False)
-        assert r.returncode == 0, r.stderr.decode()
-        return r.stdout
-
-    def requests(self, count: int) -> list[EmailMessage]:
-        import email
-        import email.policy
-
-        raws = self.servers.wait_for_messages(self.user, count)
-        assert len(raws) >= count, self.servers.log_tail()
-        msgs = []
-        for raw in raws:
-            msg = email.message_from_bytes(raw, policy=email.policy.default)
-            assert isinstance(msg, EmailMessage)
-            msgs.append(msg)
-        return msgs
-
-    def answer(self, request: EmailMessage, *, key: Path = STAMPER_KEY,
-               body: str | None = None, tamper: bool = False) -> None:
-        """Reply to ``request``: its body quoted and clear-signed with ``key`` (``body``
-        instead of the request's; ``tamper``: the signed text altered after signing)."""
-        if body is None:
-            body = request.get_body().get_content()  # type: ignore[union-attr]
-        text = body.replace("\r\n", "\n")
-        signed = (f"The following message was received at {time.ctime()}.\n\n{text}"
-                  "\nEnd of the received message.\n")
-        reply = self._gpg("--local-user", _fpr(key), "--clearsign", data=signed.encode())
-        if tamper:
-            reply = reply.replace(b"git commit: ", b"git commit:  ", 1)
-        msg = EmailMessage()
-        msg["From"], msg["To"] = self.user.address, str(request["From"])
-        msg["Subject"] = f"Re: {request['Subject']}"
-        msg.set_content("Your timestamp:\n\n" + reply.decode())
-        with self.servers.smtp(self.user) as s:
-            s.send_message(msg)
-        self.answered += 1
-
-    def close(self) -> None:
-        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"],
-                       capture_output=True, timeout=30, check=False)
-        shutil.rmtree(self.home, ignore_errors=True)
 
 
 class Node:
@@ -131,7 +64,7 @@ class Node:
         self.password = me.password
         self.settings = Settings(
             data_dir=data_dir, mail_from=me.address,
-            mail_stampers=f"pgp=stamper@mail.test#{_fpr(STAMPER_KEY)[-16:]}",
+            mail_stampers=f"pgp=stamper@mail.test#{key_fpr(STAMPER_KEY)[-16:]}",
             mail_smtp=f"smtp://{user}:{quote(me.password, safe='')}@{servers.host}:"
                       f"{servers.smtp_port}",
             mail_imap=f"imap://{user}:{quote(imap_password or me.password, safe='')}@"
@@ -248,7 +181,7 @@ def test_reply_is_verified_and_committed(setup: tuple[Node, Responder, Clock], t
     parents, reply = branch_commit(node, stamp)
     assert parents == [first]
     ok = gpg_verify(reply, STAMPER_KEY.with_suffix(".pub.asc"), tmp_path / "v1")
-    assert ok.returncode == 0 and f"VALIDSIG {_fpr(STAMPER_KEY)}" in ok.stdout, ok.stderr
+    assert ok.returncode == 0 and f"VALIDSIG {key_fpr(STAMPER_KEY)}" in ok.stdout, ok.stderr
     assert f"git commit: {first}" in reply
 
     # The next log commit publishes the pinned key; its request chains on the branch.
