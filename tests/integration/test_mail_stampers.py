@@ -27,6 +27,7 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import select
 
+from client.audit import audit
 from server import db
 from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.mailstampers import MailStamper
@@ -198,6 +199,21 @@ def test_reply_is_verified_and_committed(setup: tuple[Node, Responder, Clock], t
     [status] = node.mail.statuses()
     assert status.last_reply is not None and status.overdue_since is None
     assert status.error is None
+
+    # stampd audit checks the replies with the key the log publishes, and counts them as stamps.
+    report = audit(node.settings.log_repo)
+    assert report.ok, [str(f) for f in report.failures]
+    [mail] = report.mail
+    assert (mail.name, mail.commits, mail.valid) == ("pgp", 2, 2)
+    assert mail.fingerprint == key_fpr(STAMPER_KEY)
+    assert [e.stamp.peer if e.stamp else None for e in report.log] == ["pgp (mail)"] * 2
+
+    # A reply moved onto another main commit quotes the wrong request: the audit fails it.
+    first_reply = branch_commit(node, stamp)[1]
+    forged = node.mail._commit("pgp", second, first_reply)
+    report = audit(node.settings.log_repo)
+    assert [(f.check, f.rule, f.commit) for f in report.failures] == [
+        ("mailstamps", "quote", forged)]
 
     # The credentials are in no log line and in no object of the log.
     assert node.password not in caplog.text

@@ -15,7 +15,14 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.helpers import Server, seed_data_dir, stamp_tag, start_server, wait_for
+from tests.helpers import (
+    Server,
+    run_stampd,
+    seed_data_dir,
+    stamp_tag,
+    start_server,
+    wait_for,
+)
 from tests.mailservers import STAMPER_KEY, MailServers, Responder, key_fpr
 
 pytestmark = pytest.mark.slow
@@ -91,6 +98,11 @@ def test_server_mails_its_log_heads_and_commits_the_replies(
         assert 'stampd_mail_stamper_last_reply_age_seconds{stamper="pgp"}' in metrics
         page = _get(server, "/", accept="text/html")
         assert "Email timestampers" in page and "stamper@mail.test" in page
+
+        audited = run_stampd(["audit", str(repo), "--no-tlog"], timeout=120)
+        assert audited.returncode == 0, audited.stdout + audited.stderr
+        assert "email timestamper pgp (refs/heads/pgp-mailstamps): 1 of 1 replies valid" \
+            in audited.stdout
 
         for text in (server.log(), page, metrics, str(ready)):
             assert me.password not in text
