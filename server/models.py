@@ -196,6 +196,8 @@ class MailStamp(Base):
     replied_at: Mapped[int | None] = mapped_column(BigInteger)
     reply_text: Mapped[str | None] = mapped_column(Text)  # the clear-signed reply
     stamp_commit: Mapped[str | None] = mapped_column(String(64))  # on <stamper>-mailstamps
+    stamp_text: Mapped[str | None] = mapped_column(Text)  # that commit, raw (another host
+    # that becomes the log writer rebuilds the branch from it)
 
     __table_args__ = (UniqueConstraint("stamper", "log_commit", name="uq_mail_stamps_head"),
                       Index("ix_mail_stamps_state", "state", "next_attempt_at"),

@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("replied_at", sa.BigInteger(), nullable=True),
         sa.Column("reply_text", sa.Text(), nullable=True),
         sa.Column("stamp_commit", sa.String(length=64), nullable=True),
+        sa.Column("stamp_text", sa.Text(), nullable=True),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("stamper", "log_commit", name="uq_mail_stamps_head"),
         sa.CheckConstraint("state IN ('pending', 'sent', 'done', 'superseded')",

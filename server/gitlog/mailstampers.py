@@ -333,6 +333,8 @@ class MailStamper:
                 self._mailbox = mailbox = self._open_mailbox()
                 try:
                     while not self._stop.is_set():
+                        if self.leader is not None and not self.leader():
+                            break  # (another process writes the log now)
                         self.collect(mailbox)
                         failures = 0
                         if mailbox.can_idle:
@@ -418,12 +420,15 @@ class MailStamper:
         if match.sent_at is not None and created < match.sent_at - CLOCK_SKEW:
             raise MailStampError(f"the signature ({created}) is older than the request "
                                  f"({match.sent_at})")
-        oid = self._commit(stamper.name, match.log_commit, block)
         now = int(self.clock())
+        if self.leader is not None:
+            self._sync_branch(stamper.name)
+        oid, raw = self._commit(stamper.name, match.log_commit, block, now)
         with self.engine.begin() as conn:
             conn.execute(update(MailStamp).where(MailStamp.id == match.id).values(
                 state=MailStampState.DONE, replied_at=now, reply_text=block,
-                stamp_commit=oid, updated_at=now, last_error=None))
+                stamp_commit=oid, stamp_text=raw.decode("utf-8"), updated_at=now,
+                last_error=None))
             conn.execute(update(MailStamp).where(
                 MailStamp.stamper == stamper.name, MailStamp.id < match.id,
                 MailStamp.state.in_([MailStampState.SENT, MailStampState.PENDING])).values(
@@ -432,19 +437,41 @@ class MailStamper:
         log.info("email timestamper %s stamped log head %s: %s", stamper.name,
                  match.log_commit, oid)
 
-    def _commit(self, name: str, head: str, block: str) -> str:
-        """Put the reply on ``<name>-mailstamps``: a commit over the previous one and
-        ``head``."""
-        branch = f"{name}{BRANCH_SUFFIX}"
+    def _reply_tree(self, block: str) -> str:
         repo = self.repo.repo
         builder = repo.TreeBuilder()
         builder.insert(REPLY_FILE, repo.create_blob(block.encode("utf-8")), FileMode.BLOB)
-        tree = str(builder.write())
+        return str(builder.write())
+
+    def _commit(self, name: str, head: str, block: str, when: int) -> tuple[str, bytes]:
+        """Put the reply on ``<name>-mailstamps``: a commit over the previous one and
+        ``head``; (its id, the raw commit)."""
+        branch = f"{name}{BRANCH_SUFFIX}"
         previous = self.repo.branch_head(branch)
-        ident = f"stampd <{self.settings.mail_from}>"
-        raw = stamp_commit(tree, [p for p in (previous, head) if p], ident,
-                           int(self.clock()), name, head)
-        return self.repo.store_on_branch(raw, branch, previous)
+        raw = stamp_commit(self._reply_tree(block), [p for p in (previous, head) if p],
+                           f"stampd <{self.settings.mail_from}>", when, name, head)
+        return self.repo.store_on_branch(raw, branch, previous), raw
+
+    def _sync_branch(self, name: str) -> None:
+        """Replies recorded by another host (the log writer moved here): put them on the
+        branch first, each rebuilt from its row and checked to have the recorded id."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(MailStamp.stamp_commit, MailStamp.stamp_text, MailStamp.reply_text)
+                .where(MailStamp.stamper == name, MailStamp.state == MailStampState.DONE,
+                       MailStamp.stamp_commit.is_not(None), MailStamp.stamp_text.is_not(None),
+                       MailStamp.reply_text.is_not(None))
+                .order_by(MailStamp.id)).all()
+        for oid, raw, reply in rows:
+            assert oid is not None and raw is not None and reply is not None
+            if not self.repo.has(oid):
+                self._reply_tree(reply)
+                if self.repo.write_raw_commit(raw.encode("utf-8")) != oid:
+                    raise MailStampError(f"recorded reply {oid} of {name} does not rebuild")
+        last = rows[-1][0] if rows else None
+        branch = f"{name}{BRANCH_SUFFIX}"
+        if last is not None and self.repo.branch_head(branch) != last:
+            self.repo.repo.references.create(f"refs/heads/{branch}", last, force=True)
 
     # -- state ---------------------------------------------------------------------------------
     def statuses(self) -> list[MailStamperStatus]:

@@ -19,6 +19,7 @@ import smtplib
 import socket
 import ssl
 import threading
+import time
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -131,23 +132,18 @@ class Mailbox:
             if not line.startswith(b"+"):
                 raise MailError(f"{self.server.public} refused IDLE: {line[:100]!r}")
             arrived = False
-            wait = threading.Event()
-            timer = threading.Timer(timeout, wait.set)
-            timer.start()
-            try:
-                while not (arrived or wait.is_set() or stop.is_set()):
-                    sock = imap.sock
-                    pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
-                    if not pending:
-                        ready, _, _ = select.select([sock], [], [], 0.5)
-                        if not ready:
-                            continue
-                    line = imap.readline()
-                    if not line or line.startswith(b"* BYE"):
-                        raise MailError(f"{self.server.public} closed the connection")
-                    arrived = re.match(rb"\* \d+ EXISTS", line) is not None
-            finally:
-                timer.cancel()
+            deadline = time.monotonic() + timeout
+            while not (arrived or stop.is_set()) and time.monotonic() < deadline:
+                sock = imap.sock
+                pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+                if not pending:  # (a short select: `stop` is looked at twice a second)
+                    ready, _, _ = select.select([sock], [], [], 0.5)
+                    if not ready:
+                        continue
+                line = imap.readline()
+                if not line or line.startswith(b"* BYE"):
+                    raise MailError(f"{self.server.public} closed the connection")
+                arrived = re.match(rb"\* \d+ EXISTS", line) is not None
             imap.send(b"DONE\r\n")
             while True:  # the tagged end of IDLE (after any untagged lines)
                 line = imap.readline()

@@ -210,10 +210,21 @@ def test_reply_is_verified_and_committed(setup: tuple[Node, Responder, Clock], t
 
     # A reply moved onto another main commit quotes the wrong request: the audit fails it.
     first_reply = branch_commit(node, stamp)[1]
-    forged = node.mail._commit("pgp", second, first_reply)
+    forged, _raw = node.mail._commit("pgp", second, first_reply, int(_clock()))
     report = audit(node.settings.log_repo)
     assert [(f.check, f.rule, f.commit) for f in report.failures] == [
         ("mailstamps", "quote", forged)]
+
+    # Another host that becomes the log writer rebuilds the branch from the database.
+    other = LogRepository(tmp_path / "other.git")
+    LogCommitter(node.engine, other, node.committer.dispatcher,
+                 CommitterConfig(PUBKEY, 3600, clock=_clock)).sync_from_db()
+    node.mail.repo = other
+    node.mail._sync_branch("pgp")
+    assert other.branch_head("pgp-mailstamps") == newer
+    assert branch_commit(node, newer)[1] == node.mail.repo.repo[newer].tree[  # type: ignore[attr-defined]
+        "mailstamp.asc"].data.decode()
+    node.mail.repo = node.repo
 
     # The credentials are in no log line and in no object of the log.
     assert node.password not in caplog.text
