@@ -19,6 +19,7 @@ import asyncio
 import logging
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -298,6 +299,32 @@ def test_wrong_imap_credentials(tmp_path: Path, mail_servers: MailServers,
         assert str(mail_servers.imap_port) in refused.value.message
     finally:
         node.close()
+
+
+def test_mailbox_down_is_shown_and_changes_nothing_else(
+        setup: tuple[Node, Responder, Clock], mail_servers: MailServers) -> None:
+    """Dovecot down (IMAP, and with it the submission's login, which it checks): the replies'
+    thread records the error (shown with the timestamper), backs off, and stops at once when
+    told; the log goes on, the request waits for its retry."""
+    node, _responder, _clock = setup
+    mail_servers.stop_dovecot()
+    with pytest.raises(MailError, match="cannot reach imap://"):
+        node.mail.collect_once()
+    thread = threading.Thread(target=node.mail._receive_loop)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while node.mail.mailbox_error is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "cannot reach imap://" in (node.mail.statuses()[0].error or "")
+        head = asyncio.run(node.new_head())
+        assert node.mail.send_due() == {"pgp": (1, head)}
+        assert node.rows()[0][1:3] == (MailStampState.PENDING, 1)
+    finally:
+        node.mail._stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()  # (woken from its backoff by the stop)
 
 
 def test_silent_stamper_is_overdue_and_changes_nothing_else(
