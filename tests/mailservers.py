@@ -195,7 +195,7 @@ class MailServers:
     # connection for a local, secured one (it would allow login without STARTTLS).
     host = "127.0.0.2"
 
-    def __init__(self, users: list[str] | None = None) -> None:
+    def __init__(self, users: list[str] | None = None, *, idle: bool = True) -> None:
         if os.geteuid() != 0:
             raise MailServerError("the throwaway Postfix and Dovecot need root (as the "
                                   "throwaway PostgreSQL runs as the postgres user)")
@@ -211,6 +211,7 @@ class MailServers:
         self.smtp_port = free_port(self.host)
         self.imap_port = free_port(self.host)
         self.users: dict[str, MailUser] = {}
+        self.idle = idle  # False: a server that offers no IDLE (clients poll)
         self.postfix: subprocess.Popen[bytes] | None = None
         self.dovecot: subprocess.Popen[bytes] | None = None
         for name in users or []:
@@ -294,6 +295,7 @@ mail_location = maildir:~/Maildir
 first_valid_uid = 1
 mail_fsync = never
 auth_failure_delay = 0
+{"" if self.idle else "imap_capability = IMAP4rev1 SASL-IR LOGIN-REFERRALS ID ENABLE LITERAL+"}
 passdb {{
   driver = passwd-file
   args = scheme=PLAIN {d}/users

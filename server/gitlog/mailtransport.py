@@ -96,7 +96,17 @@ class Mailbox:
             self.abort()
             raise MailError(f"IMAP with {server.public} failed: {type(e).__name__}: "
                             f"{_no_secrets(str(e), server)}") from None
-        self.can_idle = "IDLE" in self.imap.capabilities
+        self.can_idle = "IDLE" in self._capabilities()
+
+    def _capabilities(self) -> list[str]:
+        """The capabilities after login (a server may offer more, or fewer, than before)."""
+        try:
+            typ, data = self.imap.capability()
+        except (imaplib.IMAP4.error, OSError) as e:
+            raise MailError(f"IMAP with {self.server.public} failed: {e}") from None
+        if typ != "OK" or not data or not isinstance(data[-1], bytes):
+            return list(self.imap.capabilities)
+        return data[-1].decode("ascii", "replace").upper().split()
 
     def unseen(self) -> list[tuple[int, bytes]]:
         """(UID, whole message) of every message without the \\Seen flag."""

@@ -73,7 +73,7 @@ class Node:
                       f"{servers.host}:{servers.imap_port}",
             mail_ca_file=servers.ca.ca_file, mail_keys_dir=keys_dir, mail_timeout=20,
             mail_retry_base=60, mail_retry_max=3600, mail_overdue_after=6 * 3600,
-            mail_poll_interval=5, **extra)
+            **{"mail_poll_interval": 5, **extra})
         self.engine = db.make_engine(self.settings.db_url)
         db.upgrade(self.engine)
         self.clock = clock
@@ -370,6 +370,38 @@ def test_loops_send_and_collect_with_idle(setup: tuple[Node, Responder, Clock]) 
         assert receiver is not None and not receiver.is_alive()
 
     asyncio.run(run())
+
+
+def test_polling_where_the_server_offers_no_idle(
+        tmp_path: Path, inproc_dispatcher: InProcessDispatcher) -> None:
+    """A mailbox without IDLE is looked at every STAMPD_MAIL_POLL_INTERVAL seconds."""
+    servers = MailServers(["stampd", "stamper"], idle=False)
+    servers.start()
+    clock = Clock(time.time())
+    node = Node(tmp_path / "data", servers, clock, inproc_dispatcher, mail_poll_interval=0.2)
+    responder = Responder(servers, servers.users["stamper@mail.test"])
+    try:
+        mailbox = node.mail._open_mailbox()
+        assert not mailbox.can_idle
+        mailbox.close()
+
+        async def run() -> None:
+            node.mail.start()
+            await node.new_head()
+            node.mail.wake()
+            [request] = await asyncio.to_thread(responder.requests, 1)
+            await asyncio.to_thread(responder.answer, request)
+            deadline = time.monotonic() + 60
+            while node.repo.branch_head("pgp-mailstamps") is None:
+                assert time.monotonic() < deadline, node.mail.statuses()
+                await asyncio.sleep(0.1)
+            await node.mail.stop()
+
+        asyncio.run(run())
+    finally:
+        responder.close()
+        node.close()
+        servers.stop()
 
 
 def test_settings_need_the_account() -> None:
