@@ -162,7 +162,7 @@ client-only: venv
 
 ## ruff, the import-linter contracts (pyproject.toml) and mypy (pinned, configured there).
 lint: venv
-	$(BIN)/ruff check stampd server workers client formats migrations tests bench
+	$(BIN)/ruff check stampd server workers keystore procs client formats migrations tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
@@ -179,6 +179,7 @@ bench: venv
 	$(BIN)/python -m bench.tlog
 	$(BIN)/python -m bench.tlog_load --witnesses 3
 	$(BIN)/python -m bench.witness
+	$(BIN)/python -m bench.mail
 	$(BIN)/python -m bench.web
 	$(BIN)/python -m bench.verify_range
 
@@ -196,9 +197,11 @@ bench-manifest: venv
 # under load, slow clients and a read flood. Each prints its figures and exits nonzero on a
 # broken promise.
 
-## Every endpoint and method with generated and mutated requests, on SQLite and PostgreSQL.
+## Every endpoint and method with generated and mutated requests, on SQLite and PostgreSQL;
+## then the SMTP listener (docs/mail.md) with malformed and hostile sessions.
 fuzz: venv sysdeps
 	$(BIN)/python -m bench.fuzz
+	$(BIN)/python -m bench.fuzz_mail
 
 ## Two API hosts on one PostgreSQL, under load (60 s).
 soak: venv sysdeps
@@ -223,7 +226,7 @@ proof: fuzz soak crash slow readflood
 ## stay (see clean-data).
 clean:
 	rm -rf $(VENV) web/node_modules .mypy_cache .ruff_cache .pytest_cache build *.egg-info
-	find stampd server workers client formats migrations tests bench -name __pycache__ \
+	find stampd server workers keystore procs client formats migrations tests bench -name __pycache__ \
 		-type d -prune -exec rm -rf {} +
 
 DATA ?= var

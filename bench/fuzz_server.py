@@ -78,7 +78,10 @@ class UnderTest:
     """One server on one database."""
 
     def __init__(self, db: str, workdir: Path, database_url: str | None, workers: int,
-                 ssh_key: bool = True, tlog: bool = True) -> None:
+                 ssh_key: bool = True, tlog: bool = True,
+                 extra_env: dict[str, str] | None = None, extra_workers: int = 0) -> None:
+        """``extra_env``: more settings (`bench.fuzz_mail`: the mail listener), which bring
+        ``extra_workers`` more workers (the mail key's)."""
         self.db = db
         self.workdir = workdir
         self.data = seed_data_dir(workdir / "data")
@@ -93,13 +96,15 @@ class UnderTest:
                "STAMPD_WITNESS_REQUESTS_PER_CLIENT_MINUTE": "0"}
         if ssh_key:  # a second key, so that format=ssh and key=SHA256:... can be accepted
             env.update(STAMPD_EXTRA_KEYS="ssh:ed25519", STAMPD_EXTRA_KEY_WORKERS="1")
+        env.update(extra_env or {})
         self.db_url = database_url or f"sqlite:///{self.data / 'stampd.sqlite3'}"
         self.server: Server = start_server(self.data, workers=workers,
                                            commit_interval=COMMIT_INTERVAL,
                                            database_url=database_url, extra_env=env,
                                            runtime_dir=workdir / "rt")
         try:
-            self.server.wait_ready(workers + (1 if ssh_key else 0) + (1 if tlog else 0) + 1)
+            self.server.wait_ready(workers + (1 if ssh_key else 0) + (1 if tlog else 0) + 1
+                                   + extra_workers)
         except BaseException:
             self.stop()
             raise

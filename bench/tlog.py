@@ -37,10 +37,10 @@ from formats.note import Ed25519Verifier, ed25519_signer, sign_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
+from keystore.keyset import key_dir
 from server import db
 from server.tlog.sequencer import LogKey, Tlog, TlogConfig
 from server.tlog.store import TileWriter
-from workers.keys.keyset import key_dir
 
 FPR = "0123456789ABCDEF0123456789ABCDEF01234567"
 T0 = 1_790_000_000

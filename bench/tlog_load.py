@@ -192,7 +192,7 @@ class LoadBench(Measuring):
         """Start ``--witnesses`` stampd witnesses of ``log`` (one worker each) and configure
         ``log`` to send them its checkpoints; the keys are made here first."""
         from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, tlog_vkey, witness_vkey
-        from workers.keys.keyset import SshKeyStore, key_dir
+        from keystore.keyset import SshKeyStore, key_dir
 
         def keygen(keys: Path, spec: KeySpec) -> str:  # (as `stampd serve` makes it)
             store = SshKeyStore(key_dir(keys, spec))

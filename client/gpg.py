@@ -18,7 +18,7 @@ client needs it cannot express, so they are kept here, small:
   nothing public can kill it. A ``gpgbinary`` wrapper around coreutils' ``timeout`` would need
   a program macOS lacks. The way out is to leave python-gnupg: ``subprocess.run(timeout=)``
   with `formats.gpgstatus` and `formats.gpglisting` reading the output, as
-  `workers.keys.gnupg` does (the same readers), which also drops the dependency and its lock
+  `keystore.gnupg` does (the same readers), which also drops the dependency and its lock
   entries.
 - Quiet logs: python-gnupg logs a warning for every non-zero exit of gpg (a bad signature is
   one) and a traceback when gpg is missing; the client reports these itself, as one line, so

@@ -1,5 +1,5 @@
 """The key model of a server: which keys it signs with, for what, and how verifiers name them
-(pure: no files, no agents; `workers.keys.keyset` makes and reads the keys on disk).
+(pure: no files, no agents; `keystore.keyset` makes and reads the keys on disk).
 
 The primary OpenPGP key signs stamps; ``STAMPD_EXTRA_KEYS`` lists extra keys as
 ``<format>:<algorithm>`` (`parse_extra_keys`), e.g. ``openpgp:rsa4096,ssh:ed25519``, each with
@@ -7,7 +7,8 @@ an id of its own (`KeySpec.id`: ``<format>-<algorithm>``, its directory in the k
 are separated by purpose (`ServedKey.purpose`): `STAMPS`; `RFC3161`, the TSA key's, tokens only;
 `TLOG`, the transparency log's key (`TLOG_KEY`), checkpoint notes only (`tlog_vkey`: its C2SP
 verifier key); `WITNESS`, the witness key (`WITNESS_KEY`), cosignatures of other logs'
-checkpoints only (`witness_vkey`). A request that names a key of another purpose is refused.
+checkpoints only (`witness_vkey`); `MAIL`, the mail key (`MAIL_KEY`, OpenPGP), the receipts
+answered to mail (docs/mail.md) only. A request that names a key of another purpose is refused.
 SSH keys carry no user id: stamps made with them use the primary key's user id.
 """
 
@@ -39,13 +40,14 @@ STAMPS = "stamps"
 RFC3161 = "rfc3161"
 TLOG = "tlog"
 WITNESS = "witness"  # the witness key: cosignatures of other logs' checkpoints only
+MAIL = "mail"  # the mail key: the receipts of mail stamped (STAMPD_MAIL_LISTEN) only
 
 
 @dataclass(frozen=True)
 class KeySpec:
     format: str  # "openpgp" | "ssh"
     algo: str
-    role: str | None = None  # one purpose of its own (`TLOG`, `WITNESS`); None: an extra key
+    role: str | None = None  # one purpose of its own (`TLOG`, `WITNESS`, `MAIL`); None: extra
 
     @property
     def id(self) -> str:
@@ -57,7 +59,10 @@ class KeySpec:
 TLOG_KEY = KeySpec("ssh", "ed25519", role=TLOG)
 # The witness's key: signs cosignatures only (`formats.jobs.CosignJob`).
 WITNESS_KEY = KeySpec("ssh", "ed25519", role=WITNESS)
-ROLE_KEYS = (TLOG_KEY, WITNESS_KEY)
+# The mail key: signs the receipts answered to mail (`formats.jobs.ReceiptJob`), an OpenPGP
+# key, since the reply is a cleartext-signed message `gpg --verify` checks (docs/mail.md).
+MAIL_KEY = KeySpec("openpgp", "ed25519", role=MAIL)
+ROLE_KEYS = (TLOG_KEY, WITNESS_KEY, MAIL_KEY)
 
 
 def spec_of(key_id: str) -> KeySpec:
@@ -95,8 +100,8 @@ class ServedKey:
     public: str  # armored OpenPGP key or an OpenSSH public key line
     uid: str  # the user id written into stamps made with this key
     primary: bool = False
-    # STAMPS, RFC3161 (the TSA key: tokens only), TLOG (the log key: checkpoint notes only) or
-    # WITNESS (the witness key: cosignatures only)
+    # STAMPS, RFC3161 (the TSA key: tokens only), TLOG (the log key: checkpoint notes only),
+    # WITNESS (the witness key: cosignatures only) or MAIL (the mail key: mail receipts only)
     purpose: str = STAMPS
 
     def allowed_signers(self, namespaces: str | None = None) -> str | None:
@@ -118,11 +123,12 @@ class ServedKey:
 def with_purposes(keys: Sequence[ServedKey], tsa_key_id: str | None) -> list[ServedKey]:
     """``keys`` with the TSA key (id ``tsa_key_id``; None: RFC 3161 is off) marked as signing
     RFC 3161 tokens only, and the log key (id ``TLOG_KEY.id``, whatever the settings) as
-    signing checkpoint notes only. A key registry knows no purpose: the settings and the log
-    key's reserved id do."""
+    signing checkpoint notes only, and the witness and mail keys likewise. A key registry
+    knows no purpose: the settings and the role keys' reserved ids do."""
+    roles = {spec.id: spec.role for spec in ROLE_KEYS}
     return [replace(k, purpose=RFC3161) if k.id == tsa_key_id
-            else replace(k, purpose=TLOG) if k.id == TLOG_KEY.id
-            else replace(k, purpose=WITNESS) if k.id == WITNESS_KEY.id else k for k in keys]
+            else replace(k, purpose=roles[k.id] or STAMPS) if k.id in roles else k
+            for k in keys]
 
 
 def tlog_vkey(origin: str, public_line: str) -> str:

@@ -99,6 +99,24 @@ class ClockUnsynchronised(Unavailable):
     are not issued then."""
 
 
+class MailRefused(StampError):
+    """A message stampd must never answer (a bounce, an automatic or list message, a sender
+    the MTA in front did not pass, a malformed one): refused for good, nothing recorded."""
+
+
+class NotOurAddress(MailRefused):
+    """A recipient that is not one of the service's own addresses: stampd relays nothing."""
+
+
+class MalformedMessage(MailRefused):
+    """A message that cannot be read, or carries more attachments than are stamped."""
+
+
+class RelayFailed(Unavailable):
+    """The reply could not be handed to the relay (STAMPD_MAIL_RELAY): the message is refused
+    for now, and its sender's MTA, which keeps it, sends it again later."""
+
+
 class PeerError(StampError):
     """A peer could not be reached, or its answer failed a check."""
 

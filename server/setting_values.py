@@ -104,7 +104,7 @@ MAIL_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9.-]+")
 class MailStamperConfig:
     """An email timestamper (docs/mail.md): its name (the log's ``<name>-mailstamps``), the
     address requests go to, and the pinned key: its id (16 hex digits, the long key id) or
-    fingerprint (40), the key itself read from ``<mail_keys_dir>/<name>.asc``."""
+    fingerprint (40), the key itself read from ``<data_dir>/mail-stampers/<name>.asc``."""
 
     name: str
     address: str
@@ -273,3 +273,30 @@ def parse_witnesses(spec: str) -> list[WitnessConfig]:
         witnesses.append(w)
     return witnesses
 
+
+
+def parse_host_port(spec: str, what: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for an IPv6 address): the address of an SMTP listener or
+    relay (``STAMPD_MAIL_LISTEN``, ``STAMPD_MAIL_RELAY``); ValueError naming ``what``."""
+    host, sep, port = spec.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isascii() or not port.isdigit() \
+            or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise ValueError(f"{what} must be host:port (an IPv6 address in brackets), not {spec!r}")
+    return host, int(port)
+
+
+_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9.-]{1,253}")
+
+
+def parse_mail_addresses(spec: str) -> tuple[str, ...]:
+    """The service's own mail addresses (``STAMPD_MAIL_ADDRESSES``), comma-separated, each a
+    plain ``local@domain``; compared without regard to case. ValueError for one that is not."""
+    out: list[str] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        if not _ADDRESS.fullmatch(item):
+            raise ValueError(f"mail address {item!r} is not a plain local@domain address")
+        if item.lower() not in out:
+            out.append(item.lower())
+    return tuple(out)

@@ -16,13 +16,15 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
+from formats.keys import MAIL_KEY, TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 from formats.note import Ed25519Verifier, valid_key_name
 from server.setting_values import (
     MailServer,
     MailStamperConfig,
     PeerConfig,
     WitnessConfig,
+    parse_host_port,
+    parse_mail_addresses,
     parse_mail_server,
     parse_mail_stampers,
     parse_peers,
@@ -154,7 +156,7 @@ class Settings(BaseSettings):
     mail_stampers: str = Field(
         default="", description="email timestampers that stamp our log: name=ADDRESS#KEYID,... "
         "(KEYID the long key id or fingerprint of its OpenPGP key, the key itself in "
-        "<mail_keys_dir>/<name>.asc)")
+        "<data_dir>/mail-stampers/<name>.asc)")
     mail_from: str = Field(default="", description="our address, the sender of the requests")
     mail_smtp: str = Field(
         default="", repr=False, description="our SMTP submission server: smtp://USER:PASSWORD"
@@ -169,17 +171,16 @@ class Settings(BaseSettings):
     mail_ca_file: Path | None = Field(
         default=None, description="CA certificates the mail servers' certificates must chain "
         "to; default the system's")
-    mail_keys_dir: Path | None = Field(
-        default=None, description="the email timestampers' public keys, <name>.asc; default "
-        "<data_dir>/mail-stampers")
     mail_folder: str = Field(default="INBOX", description="the IMAP folder the replies come to")
-    mail_timeout: float = Field(default=60.0, gt=0, description="seconds per SMTP or IMAP step")
-    mail_retry_base: float = Field(default=60.0, gt=0, description="first retry delay, seconds")
-    mail_retry_max: float = Field(default=3600.0, gt=0, description="longest retry delay")
-    mail_poll_interval: float = Field(
+    mail_stamper_timeout: float = Field(
+        default=60.0, gt=0, description="seconds per SMTP or IMAP step of our mail account")
+    mail_stamper_retry_base: float = Field(
+        default=60.0, gt=0, description="first retry delay, seconds")
+    mail_stamper_retry_max: float = Field(default=3600.0, gt=0, description="longest retry delay")
+    mail_stamper_poll_interval: float = Field(
         default=60.0, gt=0, description="seconds between looks at the mailbox where it offers "
         "no IMAP IDLE (and the longest IDLE before it is renewed)")
-    mail_overdue_after: float = Field(
+    mail_stamper_overdue_after: float = Field(
         default=21600.0, gt=0, description="seconds a log head may wait for an email "
         "timestamper's reply before it is shown overdue (never a readiness failure)")
 
@@ -218,6 +219,43 @@ class Settings(BaseSettings):
         default=1.0, gt=0, description="first retry delay after a witness failed, seconds")
     witness_retry_max: float = Field(
         default=30.0, gt=0, description="longest retry delay for a failing witness, seconds")
+
+    # stampd as an e-mail timestamper (docs/mail.md): an SMTP listener of its own, in the
+    # first HTTP process, answering each message through a relay with its receipt.
+    mail_listen: str = Field(
+        default="", description="host:port of stampd's own SMTP listener (inbound mail to "
+        "stamp); empty: off. On, the mail key (keys/mail-ed25519/, OpenPGP) signs the replies")
+    mail_relay: str = Field(
+        default="", description="host:port where the replies are submitted (an MTA that "
+        "relays for this host, no authentication); needed with STAMPD_MAIL_LISTEN")
+    mail_addresses: str = Field(
+        default="", description="the service's own addresses, comma-separated: the only "
+        "recipients accepted (no relaying); the first is the replies' From; default the "
+        "e-mail of the key's user id")
+    mail_max_size: int = Field(
+        default=10 << 20, gt=0, description="largest message accepted, bytes (SIZE)")
+    mail_max_recipients: int = Field(
+        default=3, ge=1, description="recipients of one message (all the service's own)")
+    mail_max_attachments: int = Field(
+        default=20, ge=0, description="attachments stamped with one message (each one more "
+        "receipt); a message with more is refused")
+    mail_per_sender_domain_minute: int = Field(
+        default=10, ge=0, description="messages answered per clock minute to the addresses "
+        "of one sender domain; beyond them 451 (the sender's MTA retries); 0 = no limit")
+    mail_per_minute: int = Field(
+        default=120, ge=0, description="messages answered per clock minute in all; beyond "
+        "them 451; 0 = no limit")
+    mail_sessions: int = Field(
+        default=50, gt=0, description="SMTP sessions at once; beyond them 421")
+    mail_timeout: float = Field(
+        default=60.0, gt=0, description="seconds an SMTP session may stay idle")
+    mail_relay_timeout: float = Field(
+        default=30.0, gt=0, description="seconds to hand a reply to the relay")
+    mail_authserv_id: str = Field(
+        default="", description="answer only messages that the MTA in front marked as "
+        "passing: an Authentication-Results header of this authserv-id with spf=pass for the "
+        "envelope sender's domain, or dkim=pass or dmarc=pass for it or a domain it lies "
+        "under; empty: answer any (docs/mail.md)")
 
     # Limits and timeouts.
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")
@@ -306,6 +344,9 @@ class Settings(BaseSettings):
     _mail_imap: MailServer | None = PrivateAttr(default=None)
     _tsa_spec: KeySpec | None = PrivateAttr(default=None)
     _witnessed: dict[str, list[Ed25519Verifier]] = PrivateAttr(default_factory=dict)
+    _mail_listen: tuple[str, int] | None = PrivateAttr(default=None)
+    _mail_relay: tuple[str, int] | None = PrivateAttr(default=None)
+    _mail_addresses: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("tsa_policy")
     @classmethod
@@ -398,7 +439,25 @@ class Settings(BaseSettings):
             self._extra_key_specs.append(TLOG_KEY)
         if self.witness:  # the witness key, likewise
             self._extra_key_specs.append(WITNESS_KEY)
+        self._mail_settings()
         return self
+
+    def _mail_settings(self) -> None:
+        """The listener's and the relay's addresses and the service's own addresses; the
+        mail key, served and given workers like the log key, when the listener is on."""
+        if not self.mail_listen.strip():
+            if self.mail_relay.strip():
+                raise ValueError("STAMPD_MAIL_RELAY is set but not STAMPD_MAIL_LISTEN")
+            return
+        self._mail_listen = parse_host_port(self.mail_listen, "STAMPD_MAIL_LISTEN")
+        if not self.mail_relay.strip():
+            raise ValueError("STAMPD_MAIL_LISTEN needs STAMPD_MAIL_RELAY: where the replies go")
+        self._mail_relay = parse_host_port(self.mail_relay, "STAMPD_MAIL_RELAY")
+        own = self.mail_addresses or self.key_uid.rsplit("<", 1)[-1].rstrip(">")
+        self._mail_addresses = parse_mail_addresses(own)
+        if not self._mail_addresses:
+            raise ValueError("STAMPD_MAIL_ADDRESSES names no address")
+        self._extra_key_specs.append(MAIL_KEY)
 
     @model_validator(mode="after")
     def _database_dispatch_needs_postgres(self) -> Settings:
@@ -424,7 +483,8 @@ class Settings(BaseSettings):
 
     @property
     def mail_stamper_keys(self) -> Path:
-        return self.mail_keys_dir or self.data_dir / "mail-stampers"
+        """The email timestampers' public keys, ``<name>.asc``."""
+        return self.data_dir / "mail-stampers"
 
     @property
     def witness_list(self) -> list[WitnessConfig]:
@@ -455,6 +515,26 @@ class Settings(BaseSettings):
     def witness_spec(self) -> KeySpec | None:
         """The witness key (`WITNESS_KEY`, one of `extra_key_specs`); None when no witness."""
         return WITNESS_KEY if self.witness else None
+
+    @property
+    def mail_listen_address(self) -> tuple[str, int] | None:
+        """(host, port) of the SMTP listener; None when mail is off."""
+        return self._mail_listen
+
+    @property
+    def mail_relay_address(self) -> tuple[str, int] | None:
+        """(host, port) where replies are submitted; None when mail is off."""
+        return self._mail_relay
+
+    @property
+    def mail_own_addresses(self) -> tuple[str, ...]:
+        """The service's own addresses, lower case, the replies' From first."""
+        return self._mail_addresses
+
+    @property
+    def mail_spec(self) -> KeySpec | None:
+        """The mail key (`MAIL_KEY`, one of `extra_key_specs`); None when mail is off."""
+        return MAIL_KEY if self._mail_listen else None
 
     @property
     def witnessed(self) -> dict[str, list[Ed25519Verifier]]:

@@ -22,11 +22,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from formats.keys import PRIMARY, KeySpec, ServedKey, spec_of
+from keystore.keyset import SshKeyStore, key_dir, served_keys
+from keystore.store import KeyStore
 from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
-from workers.keys.keyset import SshKeyStore, key_dir, served_keys
-from workers.keys.store import KeyStore
 
 REPLACE_HINT = ("if the key was replaced on purpose, run `stampd keys register --replace` on "
                 "the host holding the new key")

@@ -12,11 +12,11 @@ import sys
 import threading
 import time
 
+from procs.forked import Child, fork_child
+from procs.restarts import Restarts
 from server.errors import CommandFailed
 from server.settings import Settings
 from workers.config import LOG_LEVELS, DispatchConfig, PoolConfig
-from workers.forked import Child, fork_child
-from workers.restarts import Restarts
 
 log = logging.getLogger("stampd")
 
@@ -60,7 +60,7 @@ def pool_config(settings: Settings) -> PoolConfig:
 class PoolProcess:
     """Runs the worker supervisor as a child process (forked: `workers.pool.forked_pool`; or
     ``python -m workers.pool``, its `PoolConfig` on stdin) and restarts it if it dies
-    (`workers.restarts`).
+    (`procs.restarts`).
 
     `start` waits until the first supervisor has checked every key (one test signature each,
     made in the supervisor's agents and verified against the key's public key file) and raises

@@ -31,7 +31,7 @@ for cmd in stamp verify audit hook; do
 done
 "$vpy" -m stampd verify --help >/dev/null || fail "python -m stampd verify --help failed"
 
-for mod in fastapi sqlalchemy uvicorn alembic psycopg prometheus_client msgspec; do
+for mod in fastapi sqlalchemy uvicorn alembic psycopg prometheus_client msgspec aiosmtpd; do
     if "$vpy" -c "import $mod" 2>/dev/null; then
         fail "$mod is importable in a client-only install: a server dependency crept in"
     fi

@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any
 
-from workers.forked import Forked
+from procs.forked import Forked
 
 # What `stampd serve` imports before it serves (one HTTP process, SQLite or PostgreSQL).
 PRELOAD = (

@@ -40,10 +40,10 @@ import pygit2
 from formats.jobs import Job
 from formats.keys import PRIMARY
 from formats.openpgp import PK_DSA, PK_ECDSA, PK_EDDSA, PK_RSA
+from procs.forked import Forked, stop_child
 from server.dispatch import Signed
 from server.errors import Unavailable
 from tests.forkserver import startup_variable
-from workers.forked import Forked, stop_child
 from workers.pool import POOL_NAME
 from workers.signer import OpenPgpSigner
 from workers.worker import WORKER_NAME

@@ -45,10 +45,11 @@ echo "installing the packages the tests need: $missing"
 # apt-get fails. needrestart, which apt runs after an install (it scans every process and may
 # ask which services to restart), is skipped (NEEDRESTART_SUSPEND; NEEDRESTART_MODE=a restarts
 # without asking should one run anyway). `env` sets the variables after sudo, which would
-# drop them from its environment (env_reset).
+# drop them from its environment (env_reset). Another apt at work (a second `make test`, an
+# unattended upgrade) holds dpkg's lock: apt-get waits for it, up to 5 minutes, rather than fail.
 apt_get() {
     if ! out=$($sudo env DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 \
-            NEEDRESTART_MODE=a apt-get -qq "$@" 2>&1 </dev/null); then
+            NEEDRESTART_MODE=a apt-get -qq -o DPkg::Lock::Timeout=300 "$@" 2>&1 </dev/null); then
         printf '%s\n' "$out" >&2
         echo "make test: apt-get $1 failed (above); install them with: sudo apt-get install -y $missing" >&2
         exit 1

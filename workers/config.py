@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from formats.keys import PRIMARY, TLOG, WITNESS, KeySpec
+from formats.keys import MAIL, PRIMARY, TLOG, WITNESS, KeySpec
+from keystore.keyset import key_dir
 from workers.errors import WorkerError
-from workers.keys.keyset import key_dir
 
 DispatchMode = Literal["socket", "database"]
 KeyFormat = Literal["openpgp", "ssh"]
@@ -217,9 +217,11 @@ def _load(text: str | bytes) -> dict[str, Any]:
 
 def _check_role(role: str | None, fmt: str) -> None:
     """The roles a key may have: the log key's (`TLOG`) or the witness key's (`WITNESS`), each
-    an ssh-agent key."""
-    if role is not None and (role not in (TLOG, WITNESS) or fmt != "ssh"):
-        raise ConfigError("a key's role must be 'tlog' or 'witness' (an SSH key) or none")
+    an ssh-agent key, or the mail key's (`MAIL`), a gpg-agent key."""
+    if role is not None and not ((role in (TLOG, WITNESS) and fmt == "ssh")
+                                 or (role == MAIL and fmt == "openpgp")):
+        raise ConfigError("a key's role must be 'tlog' or 'witness' (an SSH key), 'mail' (an "
+                          "OpenPGP key) or none")
 
 
 def _check_tsa_days(days: int) -> None:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from formats.jobs import Job, MalformedMessage, ManifestJob, Result, decode_frame, job_from_dict
-from workers import jobtable, memory
+from procs import memory
+from workers import jobtable
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.errors import AgentError

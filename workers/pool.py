@@ -5,12 +5,12 @@ Each worker gets a fresh private home (mode 0700) under the runtime directory: b
 home holds an imported copy of the secret key. When a worker exits for any reason, the
 supervisor kills the agent it left behind (recorded in ``<home>/agent.pid``), removes the home
 with the key, and starts a replacement at once, or after a short backoff that grows while
-workers keep dying young (`workers.restarts`, the policy of every supervised process).
+workers keep dying young (`procs.restarts`, the policy of every supervised process).
 
 Homes must not outlive their workers, even when the supervisor is killed with SIGKILL:
 
 - the workers die with the supervisor, and their agents with them (``PR_SET_PDEATHSIG``,
-  `workers.agents.base.die_with_parent`); a worker that outlives its supervisor all the same
+  `procs.prctl.die_with_parent`); a worker that outlives its supervisor all the same
   removes its own home;
 - the supervisor holds a lock (``flock``) on every home it made, for as long as the home is
   in use; at start it removes every home under the runtime directory that nobody holds
@@ -63,12 +63,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from formats.keys import PRIMARY, KeySpec
-from workers.agents.base import die_with_parent, set_process_name
+from keystore.keyset import KeyUnusable
+from procs.forked import Child, fork_child, start_fresh
+from procs.prctl import die_with_parent, set_process_name
+from procs.restarts import MAX_BACKOFF, Restarts
 from workers.config import ConfigError, PoolConfig, WorkerConfig
-from workers.errors import AgentError, WorkerError
-from workers.forked import Child, fork_child, start_fresh
-from workers.keys.keyset import KeyUnusable, TsaError
-from workers.restarts import MAX_BACKOFF, Restarts
+from workers.errors import AgentError, TsaError, WorkerError
 from workers.status import (
     AGENT_PID_FILE,
     EXIT_AGENT_DIED,
@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 
 POOL_NAME = "stampd-pool"  # the supervisor's /proc/PID/comm, as ps -o comm and top show it
 STOP_DEADLINE = 10.0
-MAX_KEY_BACKOFF = 30.0  # the longest wait (`workers.restarts`) of a worker that cannot load its key
+MAX_KEY_BACKOFF = 30.0  # the longest wait (`procs.restarts`) of a worker that cannot load its key
 FAILING_AFTER = 3  # young deaths in a row after which a key is reported as failing
 HOME_PREFIX = "stampd-w"  # a home is <runtime dir>/stampd-w<slot>-<8 random characters>
 SUN_PATH_MAX = 107  # bytes of a Unix socket path (sockaddr_un.sun_path, less its NUL)

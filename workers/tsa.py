@@ -1,9 +1,10 @@
 """RFC 3161 time-stamping with a key held by an agent: the TSA certificate, tokens.
 
 The TSA key is one more served key (``openpgp:nistp256`` by default, ``ssh:ecdsa-p256`` the
-fast choice, see `workers.keys.keyset`); its directory of the key store also holds its
-certificate chain, ``tsa-chain.pem`` (`TSA_CHAIN_FILE`): the PEM certificates, the TSA's own
-first. Every DER structure is built by the pure `formats.tsp`; this module adds the one
+fast choice, see `keystore.keyset`); its directory of the key store also holds its
+certificate chain, ``tsa-chain.pem`` (`keystore.keyset.TSA_CHAIN_FILE`): the PEM
+certificates, the TSA's own first. Every DER structure is built by the pure `formats.tsp`
+(the chain read by `formats.tsp.certificates.parse_chain`); this module adds the one
 private-key operation, made through the key's agent, and the chain file.
 
 * `TsaKey` is the key as the TSA uses it, whatever agent holds it: its DER
@@ -37,7 +38,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from asn1crypto import keys as asn1_keys
-from asn1crypto import pem as asn1_pem
 from asn1crypto import x509
 
 from formats import openpgp, sexp, sshsig
@@ -48,19 +48,21 @@ from formats.tsp.certificates import (
     certification_request,
     certification_request_info,
     ec_public_key_info,
+    parse_chain,
     pem,
     subject_of,
     tbs_certificate,
 )
+from formats.tsp.errors import TspError
 from formats.tsp.token import UnsignedToken, prepare_token
 from formats.tsp.tstinfo import TokenFields
+from keystore.keyset import TSA_CHAIN_FILE, SshKeyStore
+from keystore.store import KeyStore
 from workers.agents.gpg import AssuanConnection, GpgAgent, GpgAgentError
 from workers.agents.ssh import SshAgent, SshAgentConnection, SshAgentError
-from workers.keys.keyset import SshKeyStore, TsaError
-from workers.keys.store import KeyStore
+from workers.errors import TsaError
 
 __all__ = [
-    "TSA_CHAIN_FILE",
     "TSA_KEY_TYPES",
     "TsaError",
     "TsaKey",
@@ -80,9 +82,6 @@ __all__ = [
     "ssh_signature_algorithm_for",
     "write_chain",
 ]
-
-TSA_CHAIN_FILE = "tsa-chain.pem"
-"""The TSA's certificates in its key's directory, PEM, the TSA certificate first."""
 
 TSA_KEY_TYPES = "ECDSA on NIST P-256 or P-384, or RSA of at least 2048 bits"
 """The key types a TSA key may have (what RFC 3161 clients verify), for error messages."""
@@ -295,8 +294,8 @@ def read_chain(key_dir: Path) -> list[bytes] | None:
         raise TsaError(f"cannot read the TSA certificate chain {path}: {exc}") from None
     try:
         return parse_chain(data)
-    except TsaError as exc:
-        raise TsaError(f"{path}: {exc.message}") from None
+    except TspError as exc:
+        raise TsaError(f"{path}: {exc}") from None
 
 
 def write_chain(key_dir: Path, chain: Sequence[bytes]) -> Path:
@@ -319,26 +318,12 @@ def write_chain(key_dir: Path, chain: Sequence[bytes]) -> Path:
     return path
 
 
-def parse_chain(data: bytes) -> list[bytes]:
-    """The certificates (DER) of a PEM chain; `TsaError` if it holds anything else or a
-    certificate that cannot be read."""
-    if not asn1_pem.detect(data):
-        raise TsaError("not PEM certificates")
-    chain: list[bytes] = []
+def _parsed(data: bytes) -> list[bytes]:
+    """`formats.tsp.certificates.parse_chain`, its error a `TsaError`."""
     try:
-        for label, _headers, der in asn1_pem.unarmor(data, multiple=True):
-            if label != "CERTIFICATE":
-                raise TsaError(f"it holds a {label}, not only certificates")
-            cert = x509.Certificate.load(der, strict=True)
-            _ = cert.native  # asn1crypto parses lazily
-            chain.append(bytes(der))
-    except TsaError:
-        raise
-    except ValueError as exc:
-        raise TsaError(f"a certificate cannot be read: {exc}") from None
-    if not chain:
-        raise TsaError("it holds no certificate")
-    return chain
+        return parse_chain(data)
+    except TspError as exc:
+        raise TsaError(str(exc)) from None
 
 
 def check_chain(key_dir: Path, chain: Sequence[bytes], key: TsaKey) -> None:
@@ -410,7 +395,7 @@ def check_import(public_key_info: bytes, chain_pem: bytes,
     valid now and has extendedKeyUsage timeStamping alone and critical (RFC 3161 §2.3); each
     further certificate names the issuer of the one before. Signatures are not verified (an
     RFC 3161 client does that against its trust anchors). `TsaError` saying what is wrong."""
-    chain = parse_chain(chain_pem)
+    chain = _parsed(chain_pem)
     first = x509.Certificate.load(chain[0])
     if not _same_key(chain[0], public_key_info):
         raise TsaError("the first certificate is not for this key (it holds another public key)")

@@ -14,7 +14,7 @@ the key's passphrase and the database DSN. It has a private 0700 home directory.
 
 The supervisor removes the home (and kills a left-over agent) after the process is reaped. The
 worker dies with its supervisor (SIGKILL, set by the supervisor), and its agent with it (the
-same, `workers.agents.base.die_with_parent`); a worker that finds its supervisor gone all the
+same, `procs.prctl.die_with_parent`); a worker that finds its supervisor gone all the
 same (where that signal is not to be had) stops its agent and removes its home itself: nobody
 else would until the next supervisor starts.
 
@@ -44,13 +44,13 @@ from pathlib import Path
 
 from formats.jobs import Hello
 from formats.keys import TLOG, WITNESS, ed25519_public_key
-from workers.agents.base import set_process_name
+from keystore.keyset import KeyUnusable, SshKeyStore, verify_openpgp
+from keystore.store import KeyStore, KeyStoreError
+from procs.prctl import set_process_name
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig
-from workers.errors import AgentError
-from workers.keys.keyset import KeyUnusable, SshKeyStore, TsaError, verify_openpgp
-from workers.keys.store import KeyStore, KeyStoreError
+from workers.errors import AgentError, TsaError
 from workers.link import Dispatchers
 from workers.loop import serve, serve_db
 from workers.signer import CosignSigner, NoteSigner, OpenPgpSigner, Signer, SshSigner

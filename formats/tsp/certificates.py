@@ -2,7 +2,7 @@
 :func:`rsa_public_key_info`, then :func:`tbs_certificate` (what the issuer's key signs) and
 :func:`certificate`; or :func:`certification_request_info` and :func:`certification_request`
 for a PKCS#10 request to an outside CA. :func:`pem` armors any of them; :func:`load_certificate`
-reads one."""
+reads one, :func:`parse_chain` a PEM chain of them."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ __all__ = [
     "ec_public_key_info",
     "key_identifier",
     "load_certificate",
+    "parse_chain",
     "pem",
     "rsa_public_key_info",
     "subject_of",
@@ -224,6 +225,28 @@ def load_certificate(der: bytes) -> x509.Certificate:
     except ValueError as exc:
         raise TspError(f"not a DER certificate: {exc}") from exc
     return cert
+
+
+def parse_chain(data: bytes) -> list[bytes]:
+    """The certificates (DER) of a PEM chain; `TspError` if it holds anything else or a
+    certificate that cannot be read."""
+    if not asn1_pem.detect(data):
+        raise TspError("not PEM certificates")
+    chain: list[bytes] = []
+    try:
+        for label, _headers, der in asn1_pem.unarmor(data, multiple=True):
+            if label != "CERTIFICATE":
+                raise TspError(f"it holds a {label}, not only certificates")
+            cert = x509.Certificate.load(der, strict=True)
+            _ = cert.native  # asn1crypto parses lazily
+            chain.append(bytes(der))
+    except TspError:
+        raise
+    except ValueError as exc:
+        raise TspError(f"a certificate cannot be read: {exc}") from None
+    if not chain:
+        raise TspError("it holds no certificate")
+    return chain
 
 
 def subject_of(certificate_der: bytes) -> x509.Name:

@@ -49,6 +49,7 @@ from server.gitlog.mailstampers import MailStamper
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.leadership import AdvisoryLeader, FileLeader
+from server.mail.listener import mail_listener
 from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal, JournalApi
@@ -217,7 +218,7 @@ def create_app(
         else:
             leader = FileLeader(settings.run_dir / "log.lock")
         cross = CrossStamper(engine, settings, clock, leader=leader)
-        mail = MailStamper(engine, settings, clock, leader=leader)
+        mail_stampers = MailStamper(engine, settings, clock, leader=leader)
         loop = asyncio.get_running_loop()
 
         def on_commit(head: str) -> None:
@@ -225,8 +226,8 @@ def create_app(
                 cross.head_committed(head)
                 loop.call_soon_threadsafe(cross.wake)
             finally:  # (each on its own: a failure of one schedules the other all the same)
-                mail.head_committed(head)
-                loop.call_soon_threadsafe(mail.wake)
+                mail_stampers.head_committed(head)
+                loop.call_soon_threadsafe(mail_stampers.wake)
 
         tsa_source = None if settings.tsa_spec is None else TsaSource(
             served, settings.tsa_spec.id, settings.keys_dir, engine,
@@ -240,7 +241,7 @@ def create_app(
             engine, LogRepository(settings.log_repo), dispatcher,
             CommitterConfig.of(settings, served[0].public, log_key_files(served, tsa), clock),
             leader=leader, on_commit=on_commit, peer_keys=cross.pinned_keys,
-            extra_files=lambda: {**checkpoint_file(tlog_reader), **mail.published_keys()})
+            extra_files=lambda: {**checkpoint_file(tlog_reader), **mail_stampers.published_keys()})
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count
@@ -261,9 +262,15 @@ def create_app(
         if tlog is not None:
             tlog.start()
         cross.start()
-        mail.start()
+        mail_stampers.start()
         if siblings is not None:
             siblings.start()
+        # The SMTP listener (STAMPD_MAIL_LISTEN) runs in the first HTTP process only: its
+        # rates have one owner, and a process restarting only delays mail, which the sending
+        # MTAs retry (docs/mail.md).
+        mail = mail_listener(settings, stamper, served, stats, clock) if process == 0 else None
+        if mail is not None:
+            await mail.start()
         lag = asyncio.create_task(looplag.watch(stats, busy=lambda: open_connections() > 0))
         waiters = _proof_waiters(settings, engine, tlog_reader, stats, tlog, link)
         unhook = on_shutdown(waiters.close) if waiters is not None else None
@@ -271,12 +278,15 @@ def create_app(
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
                              tlog, witness=make_witness(settings, engine, dispatcher, served,
                                                         clock), process=process,
-                             proof_waiters=waiters, budgets=budgets, mail=mail))
+                             proof_waiters=waiters, budgets=budgets,
+                             mail_stampers=mail_stampers))
         app.state.services = cell[0]
         try:
             yield
         finally:
             lag.cancel()
+            if mail is not None:
+                await mail.stop()
             if unhook is not None:
                 unhook()
             if before_shutdown is not None:
@@ -284,7 +294,7 @@ def create_app(
             if siblings is not None:
                 await siblings.stop()
             await cross.stop()
-            await mail.stop()
+            await mail_stampers.stop()
             if tlog is not None:
                 await tlog.stop()
             await committer.stop()

@@ -73,7 +73,7 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
     ready = all(c["ok"] for c in checks.values())
     body = {"ready": ready, "checks": checks, "workers": workers,
             "queue": total.queue, "requeued": total.requeued}
-    if s.mail is not None and s.mail.stampers:  # (shown, never a check, as the witnesses)
+    if s.mail_stampers is not None and s.mail_stampers.stampers:  # (shown, never a check)
         body["mail_stampers"] = await asyncio.to_thread(mail_report, s)
     if s.settings.witness_list:  # (shown, never a check: a witness down never stops stamping)
         body["witnesses"] = witness_report(s, total.others)
@@ -84,7 +84,7 @@ def mail_report(s: Services) -> dict[str, dict[str, Any]]:
     """Each email timestamper by name: when we last sent it a request and had its reply,
     whether a head has waited too long (overdue), its failures and last error. Information,
     not readiness: a timestamper that never answers stops nothing."""
-    assert s.mail is not None
+    assert s.mail_stampers is not None
     return {m.name: {"ok": m.overdue_since is None and m.error is None,
                      "detail": ("overdue: a head waits since "
                                 f"{m.overdue_since}" if m.overdue_since is not None
@@ -92,7 +92,7 @@ def mail_report(s: Services) -> dict[str, dict[str, Any]]:
                      "address": m.address, "last_sent": m.last_sent,
                      "last_reply": m.last_reply, "overdue": m.overdue_since is not None,
                      "failures": m.failures, "refused": m.refused, "last_error": m.error}
-            for m in s.mail.statuses()}
+            for m in s.mail_stampers.statuses()}
 
 
 def witness_report(s: Services, others: Sequence[Sibling] = ()) -> dict[str, dict[str, Any]]:

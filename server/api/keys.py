@@ -22,11 +22,11 @@ class Key(TypedDict):
     fingerprint: str
     algorithm: str
     primary: bool
-    purpose: Annotated[Literal["stamps", "rfc3161", "tlog", "witness"], Field(
+    purpose: Annotated[Literal["stamps", "rfc3161", "tlog", "witness", "mail"], Field(
         description="what the key signs: stamps; RFC 3161 time-stamp tokens only (the TSA "
-                    "key); the transparency log's checkpoints only (the log key); or other "
-                    "logs' cosignatures only (the witness key). key= chooses none of the "
-                    "last three")]
+                    "key); the transparency log's checkpoints only (the log key); other "
+                    "logs' cosignatures only (the witness key); or the receipts of mail "
+                    "stamped only (the mail key). key= chooses none of the last four")]
     public_key: Annotated[str, Field(
         description="ASCII-armored OpenPGP key or OpenSSH public key line")]
     allowed_signers: Annotated[str | None, Field(

@@ -35,6 +35,7 @@ from formats.manifests import (
     utf8_pieces,
     utf8_size,
 )
+from procs import memory
 from server.api.body import checked_length, content_type
 from server.api.deps import ClientDep, ServicesDep
 from server.api.errors import problem_response
@@ -61,7 +62,6 @@ from server.errors import (
 from server.settings import Settings
 from server.stamping.queries import manifest_piece, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields
-from workers import memory
 from workers.manifest_check import IN_PROCESS_MAX, CheckFailed, check_elsewhere
 
 # What `curl --data-binary` sends by default, and the types a manifest honestly is.
@@ -191,7 +191,7 @@ def answer(parts: tuple[Text, ...], done: Callable[[], None]) -> Response:
     gives back the manifest's bytes in flight: the answer holds the signed text until it is
     sent) is called once its last piece has been taken, before the end of the answer is sent,
     or when the answer ends otherwise (a client gone). Once it is sent, the freed pages go back
-    to the system (`workers.memory.trim`, in a thread)."""
+    to the system (`procs.memory.trim`, in a thread)."""
     size = utf8_size(*parts)
 
     async def pieces() -> AsyncIterator[bytes]:

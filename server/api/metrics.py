@@ -47,8 +47,8 @@ class StampdCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s, total = self.s, self.total
         st = total.stats()
-        c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status",
-                                labels=["type", "status"])
+        c = CounterMetricFamily("stampd_requests", "Requests by type and HTTP status (for "
+                                "type mail, the SMTP reply's code)", labels=["type", "status"])
         for (kind, status), n in sorted(st.requests.items()):
             c.add_metric([kind, str(status)], n)
         yield c
@@ -129,7 +129,7 @@ class StampdCollector(Collector):
 
 def _mail_metrics(s: Services) -> Iterator[Metric]:
     """Each email timestamper's last request and reply, overdue state, failures, refusals."""
-    if s.mail is None or not s.mail.stampers:
+    if s.mail_stampers is None or not s.mail_stampers.stampers:
         return
     now = time.time()
     sent = GaugeMetricFamily("stampd_mail_stamper_last_sent_age_seconds",
@@ -140,14 +140,14 @@ def _mail_metrics(s: Services) -> Iterator[Metric]:
                               "(-1: never)", labels=["stamper"])
     overdue = GaugeMetricFamily("stampd_mail_stamper_overdue",
                                 "1 when a log head has waited longer than "
-                                "STAMPD_MAIL_OVERDUE_AFTER for the timestamper's reply",
+                                "STAMPD_MAIL_STAMPER_OVERDUE_AFTER for the timestamper's reply",
                                 labels=["stamper"])
     fails = CounterMetricFamily("stampd_mail_stamper_failures",
                                 "Requests that could not be sent", labels=["stamper"])
     refused = CounterMetricFamily("stampd_mail_stamper_refused_replies",
                                   "Replies refused (bad signature, not quoting a request)",
                                   labels=["stamper"])
-    for m in s.mail.statuses():
+    for m in s.mail_stampers.statuses():
         sent.add_metric([m.name], now - m.last_sent if m.last_sent else -1)
         reply.add_metric([m.name], now - m.last_reply if m.last_reply else -1)
         overdue.add_metric([m.name], 1 if m.overdue_since is not None else 0)

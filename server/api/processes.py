@@ -58,11 +58,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from procs import memory
+from procs.forked import Child, fork_child, stop_child
+from procs.prctl import die_with_parent, set_process_name
+from procs.restarts import Restarts
 from server.settings import Settings
-from workers import memory
-from workers.agents.base import die_with_parent, set_process_name
-from workers.forked import Child, fork_child, stop_child
-from workers.restarts import Restarts
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
     # that long at each of its turns, and a stamp served meanwhile take hundreds of ms more
     # (`python -m bench.manifest_flood`).
     sys.setswitchinterval(SWITCH_INTERVAL)
-    memory.fix_thresholds()  # (freed manifests go back to the system: workers.memory)
+    memory.fix_thresholds()  # (freed manifests go back to the system: procs.memory)
     # What is there now (the modules, the app) stays for the process's life: the collector
     # no longer walks it. A full collection walked ~120,000 objects, 80-115 ms holding the
     # GIL on a busy 2-core host, and a manifest's index rows set one off now and then. (No
@@ -201,7 +201,7 @@ class ApiProcesses:
         return 0
 
     def run(self, poll: float = 0.2) -> None:
-        """Start every process, restart those that exit (`workers.restarts`), until `stopping`
+        """Start every process, restart those that exit (`procs.restarts`), until `stopping`
         is set; then stop them all."""
         try:
             for i in range(len(self.socks)):
@@ -331,7 +331,7 @@ class ApiManager:
         self.restarts.started()
 
     def run(self, poll: float = 0.2) -> None:
-        """Let the manager go, start it again when it exits (`workers.restarts`), until
+        """Let the manager go, start it again when it exits (`procs.restarts`), until
         `stopping` is set; then stop it (it stops the HTTP processes)."""
         try:
             self.go()

@@ -51,7 +51,7 @@ class Services:
     # The host's budgets (manifest bytes, witness requests): this process's own when it is
     # the only one, else the coordinator's.
     budgets: Budgets | None = None
-    mail: MailStamper | None = None  # the email timestampers (none configured: idle)
+    mail_stampers: MailStamper | None = None  # the email timestampers (none configured: idle)
 
     async def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""

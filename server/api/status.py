@@ -81,7 +81,8 @@ def snapshot(s: Services, others: Sequence[Sibling] = ()) -> Snapshot:
                                  int(pending), err))
     log = LogRepository(s.settings.log_repo).recent(10)  # a handle of this thread's own
     return Snapshot(per_minute, sum(per_minute), log, peers, s.witness_states(others),
-                    s.published_size(), s.mail.statuses() if s.mail is not None else [])
+                    s.published_size(),
+                    s.mail_stampers.statuses() if s.mail_stampers is not None else [])
 
 
 def _when(t: float | None) -> str:

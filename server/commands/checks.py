@@ -61,7 +61,8 @@ def require_migrated(engine: Any) -> None:
                            "first (if a newer stampd migrated it, run that release here)")
 
 
-def check_listen(host: str, port: int) -> None:
+def check_listen(host: str, port: int,
+                 what: str = "--port/STAMPD_PORT or --host/STAMPD_HOST") -> None:
     """Fail at once, before anything is prepared or started, when the address cannot be
     listened on (in use, or not an address of this host)."""
     import socket
@@ -74,4 +75,4 @@ def check_listen(host: str, port: int) -> None:
         except (OSError, ValueError) as e:  # (ValueError: a host name IDNA cannot encode)
             reason = (e.strerror if isinstance(e, OSError) else None) or str(e) or "bad address"
             raise CommandFailed(f"cannot listen on {host}:{port}: {reason} "
-                               "(set --port/STAMPD_PORT or --host/STAMPD_HOST)") from None
+                               f"(set {what})") from None

@@ -16,6 +16,7 @@ EXIT_USAGE = 2  # bad arguments or settings (argparse uses 2 as well)
 def exit_status(exc: Exception) -> tuple[int, str] | None:
     """(exit code, one-line message) of an error any command may raise; None for a bug,
     which is left to propagate with its traceback."""
+    from keystore.errors import KeysError
     from server.errors import StampError
     from workers.errors import WorkerError
 
@@ -23,7 +24,8 @@ def exit_status(exc: Exception) -> tuple[int, str] | None:
         return EXIT_USAGE, invalid_settings(exc)
     if isinstance(exc, CommandFailed):
         return EXIT_USAGE if exc.usage else EXIT_FAILED, one_line(exc.message)
-    if isinstance(exc, StampError | WorkerError):  # (the service's and the workers' bases)
+    # (the bases of the service's, the workers' and the key store's errors)
+    if isinstance(exc, StampError | WorkerError | KeysError):
         return EXIT_FAILED, one_line(exc.message)
     from alembic.util.exc import CommandError as MigrationError
     from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError

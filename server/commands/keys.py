@@ -22,8 +22,8 @@ def export_public(keys_dir: Path, specs: list[Any], target: Path) -> None:
     import shutil
 
     from formats.keys import allowed_signers
-    from workers.keys.keyset import SshKeyStore, key_dir, served_keys
-    from workers.keys.store import KeyStore
+    from keystore.keyset import SshKeyStore, key_dir, served_keys
+    from keystore.store import KeyStore
 
     keys = served_keys(keys_dir, specs)  # checks every public key parses
     target.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def export_public(keys_dir: Path, specs: list[Any], target: Path) -> None:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from workers.keys.store import KeyStore
+    from keystore.store import KeyStore
 
     settings = build_settings(args)
     store = KeyStore(settings.keys_dir)
@@ -61,7 +61,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         tlog_vkey,
         witness_vkey,
     )
-    from workers.keys.keyset import served_keys, stored_key_specs
+    from keystore.keyset import served_keys, stored_key_specs
 
     # The configured extra keys (and the log key), and any other the data directory holds.
     stored = stored_key_specs(settings.keys_dir)

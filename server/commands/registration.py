@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from server.errors import CommandFailed
 from server.settings import Settings
 
 log = logging.getLogger("stampd")
@@ -14,8 +15,8 @@ log = logging.getLogger("stampd")
 def register_keys(settings: Settings, engine: Any, replace: bool = False) -> int:
     """Register the public halves of the keys this host signs with (`server.signing_keys`);
     returns how many."""
+    from keystore.keyset import served_keys
     from server.signing_keys import register, this_host
-    from workers.keys.keyset import served_keys
 
     keys = served_keys(settings.keys_dir, settings.extra_key_specs)
     register(engine, settings.keys_dir, keys, this_host(settings.data_dir), replace=replace)
@@ -29,9 +30,12 @@ def adopt_tsa_chain(settings: Settings) -> None:
     spec = settings.tsa_spec
     if settings.dispatch != "database" or spec is None:
         return
+    from formats.tsp.certificates import parse_chain
+    from formats.tsp.errors import TspError
+    from keystore.keyset import TSA_CHAIN_FILE
     from server import db
     from server.signing_keys import registered_certificates
-    from workers.tsa import TSA_CHAIN_FILE, parse_chain, write_chain
+    from workers.tsa import write_chain
 
     chain = settings.keys_dir / spec.id / TSA_CHAIN_FILE
     if chain.exists() or not chain.parent.is_dir():
@@ -42,7 +46,12 @@ def adopt_tsa_chain(settings: Settings) -> None:
     finally:
         engine.dispose()
     if registered:
-        write_chain(chain.parent, parse_chain(registered.encode()))
+        try:
+            certificates = parse_chain(registered.encode())
+        except TspError as e:
+            raise CommandFailed(f"the TSA certificate chain registered for key {spec.id} "
+                                f"cannot be read: {e}") from None
+        write_chain(chain.parent, certificates)
         log.info("took the registered TSA certificate chain of key %s into %s", spec.id, chain)
 
 
@@ -52,9 +61,9 @@ def register_tsa_chain(settings: Settings, replace: bool = False) -> None:
     spec = settings.tsa_spec
     if settings.dispatch != "database" or spec is None:
         return
+    from keystore.keyset import TSA_CHAIN_FILE
     from server import db
     from server.signing_keys import register_certificates
-    from workers.tsa import TSA_CHAIN_FILE
 
     chain = settings.keys_dir / spec.id / TSA_CHAIN_FILE
     if not chain.exists():  # (the supervisor's key check makes it; the server says it lacks)

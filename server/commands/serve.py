@@ -35,6 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             held.callback(lock.release)
             lock.acquire(create=False)
         check_listen(settings.host, settings.port)
+        if settings.mail_listen_address is not None:
+            check_listen(*settings.mail_listen_address, what="STAMPD_MAIL_LISTEN")
         require_programs(settings, signs_here=not args.no_workers)
         check_database(settings)
         make_data_dir(settings)
@@ -73,11 +75,11 @@ def _prepare(settings: Settings, signs_here: bool = True) -> list[ServedKey]:
     """Data directory, keys (generated on first start; a host that keeps only public keys
     never gets new ones, and must not sign: ``signs_here``), migrated database, log
     repository. Returns the keys this server serves."""
+    from keystore.keyset import ensure_extra_keys
+    from keystore.store import KeyStore
     from server import db
     from server.gitlog.repository import LogRepository
     from server.signing_keys import serving_keys
-    from workers.keys.keyset import ensure_extra_keys
-    from workers.keys.store import KeyStore
 
     make_data_dir(settings)
     if signs_here:  # an API host never makes a key: it serves the registered ones

@@ -15,11 +15,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from procs import memory
 from server.budgets import HostBudgets, ManifestsBusy, RateLimited
 from server.coordinator.wire import Call, Coalesced, Reply, read_frame
 from server.errors import CommandFailed, JournalError
 from server.stamping.journal import Journal
-from workers import memory
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ is good when its one clear-signed block verifies with the timestamper's pinned k
 signed text quotes a request we sent; it is then committed to ``<name>-mailstamps`` and the
 rows of older heads are superseded. A bad reply is refused: logged, counted, recorded as the
 row's last error, marked seen, nothing committed. A timestamper that never answers makes its
-head overdue after ``mail_overdue_after`` (shown in /readyz, /metrics and the status page,
-never a readiness failure) and changes nothing else.
+head overdue after ``mail_stamper_overdue_after`` (shown in /readyz, /metrics and the status
+page, never a readiness failure) and changes nothing else.
 
-The pinned key is read from ``<mail_keys_dir>/<name>.asc`` and must be the key the setting's
-key id names; the log publishes it as ``mailstampers/<name>.asc``.
+The pinned key is read from ``<data_dir>/mail-stampers/<name>.asc`` and must be the key the
+setting's key id names; the log publishes it as ``mailstampers/<name>.asc``.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from formats.mailstamps import (
     request_text,
     stamp_commit,
 )
+from keystore.gnupg import GpgError, TempGnupgHome
 from server.errors import PeerError, StampError
 from server.gitlog.mailtransport import Mailbox, MailError, submit
 from server.gitlog.repository import LogRepository
 from server.models import MailStamp, MailStampState
 from server.setting_values import MailStamperConfig
 from server.settings import Settings
-from workers.keys.gnupg import GpgError, TempGnupgHome
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class MailStamper:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         if receiver is not None:
-            await asyncio.to_thread(receiver.join, self.settings.mail_timeout + 5)
+            await asyncio.to_thread(receiver.join, self.settings.mail_stamper_timeout + 5)
         for kr in self.keyrings.values():
             kr.close()
         self.keyrings.clear()
@@ -275,7 +275,7 @@ class MailStamper:
                             f"stampd log commit {number or ''}".rstrip(), text,
                             starttls=self.settings.mail_starttls,
                             ca_file=self.settings.mail_ca_file,
-                            timeout=self.settings.mail_timeout)
+                            timeout=self.settings.mail_stamper_timeout)
         now = int(self.clock())
         with self.engine.begin() as conn:
             conn.execute(update(MailStamp).where(MailStamp.id == row_id).values(
@@ -306,8 +306,8 @@ class MailStamper:
         with self.engine.begin() as conn:
             attempts = conn.execute(select(MailStamp.attempts).where(
                 MailStamp.id == row_id)).scalar_one() + 1
-            delay = min(self.settings.mail_retry_base * 2 ** (attempts - 1),
-                        self.settings.mail_retry_max)
+            delay = min(self.settings.mail_stamper_retry_base * 2 ** (attempts - 1),
+                        self.settings.mail_stamper_retry_max)
             conn.execute(update(MailStamp).where(MailStamp.id == row_id).values(
                 attempts=attempts, last_error=error[:2000], updated_at=now,
                 next_attempt_at=now + int(delay)))
@@ -319,7 +319,8 @@ class MailStamper:
         imap = self.settings.mail_imap_server
         assert imap is not None
         return Mailbox(imap, self.settings.mail_folder, starttls=self.settings.mail_starttls,
-                       ca_file=self.settings.mail_ca_file, timeout=self.settings.mail_timeout)
+                       ca_file=self.settings.mail_ca_file,
+                       timeout=self.settings.mail_stamper_timeout)
 
     def _receive_loop(self) -> None:
         """The replies' thread: a session kept open, looked through, then IDLE (or a pause)
@@ -328,7 +329,7 @@ class MailStamper:
         while not self._stop.is_set():
             try:
                 if self.leader is not None and not self.leader():
-                    self._stop.wait(self.settings.mail_poll_interval)
+                    self._stop.wait(self.settings.mail_stamper_poll_interval)
                     continue
                 self._mailbox = mailbox = self._open_mailbox()
                 try:
@@ -338,9 +339,9 @@ class MailStamper:
                         self.collect(mailbox)
                         failures = 0
                         if mailbox.can_idle:
-                            mailbox.idle(self.settings.mail_poll_interval, self._stop)
+                            mailbox.idle(self.settings.mail_stamper_poll_interval, self._stop)
                         else:
-                            self._stop.wait(self.settings.mail_poll_interval)
+                            self._stop.wait(self.settings.mail_stamper_poll_interval)
                 finally:
                     self._mailbox = None
                     mailbox.close()
@@ -350,11 +351,11 @@ class MailStamper:
                 failures += 1
                 self.mailbox_error = e.message
                 log.warning("the mailbox of the email timestamps' replies: %s", e.message)
-                self._stop.wait(min(self.settings.mail_retry_base * 2 ** (failures - 1),
-                                    self.settings.mail_retry_max))
+                self._stop.wait(min(self.settings.mail_stamper_retry_base * 2 ** (failures - 1),
+                                    self.settings.mail_stamper_retry_max))
             except Exception:
                 log.exception("the mailbox of the email timestamps' replies failed")
-                self._stop.wait(self.settings.mail_retry_max)
+                self._stop.wait(self.settings.mail_stamper_retry_max)
 
     def collect_once(self) -> int:
         """Open the mailbox, look through it once, close it; replies accepted. (Tests, and a
@@ -477,7 +478,7 @@ class MailStamper:
     def statuses(self) -> list[MailStamperStatus]:
         if not self.stampers:
             return []
-        cutoff = int(self.clock() - self.settings.mail_overdue_after)
+        cutoff = int(self.clock() - self.settings.mail_stamper_overdue_after)
         out = []
         with self.engine.connect() as conn:
             for name, s in self.stampers.items():

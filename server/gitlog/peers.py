@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select, update
 
+from keystore.gnupg import GpgError, TempGnupgHome
+from keystore.store import describe_public_key
 from server.errors import PeerError
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer
 from server.setting_values import PeerConfig, redact_userinfo, url_credentials
 from server.settings import Settings
-from workers.keys.gnupg import GpgError, TempGnupgHome
-from workers.keys.store import describe_public_key
 
 log = logging.getLogger(__name__)
 

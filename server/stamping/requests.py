@@ -219,7 +219,7 @@ def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | No
     primary key when it asked for none. Only keys that sign stamps are chosen: the TSA key
     signs RFC 3161 tokens only and the log key checkpoint notes only, so naming either is
     refused like naming a key the server lacks, and ``format=`` never picks them."""
-    from formats.keys import TLOG, WITNESS
+    from formats.keys import MAIL, TLOG, WITNESS
 
     if fmt is not None and fmt not in ("openpgp", "ssh"):
         raise BadRequest("field 'format' must be 'openpgp' or 'ssh'")
@@ -233,6 +233,9 @@ def choose_key(keys: Sequence[ServedKey], fmt: str | None, fingerprint: str | No
                 if key.purpose == WITNESS:
                     raise BadRequest(f"key {fingerprint} is the server's witness key: it "
                                      "cosigns other logs' checkpoints only, not stamps")
+                if key.purpose == MAIL:
+                    raise BadRequest(f"key {fingerprint} is the server's mail key: it signs "
+                                     "the receipts of mail stamped only")
                 if key.purpose != STAMPS:
                     raise BadRequest(f"key {fingerprint} is the server's RFC 3161 key: it signs "
                                      "RFC 3161 time-stamp tokens only, not stamps")

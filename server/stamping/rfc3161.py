@@ -27,12 +27,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from formats.jobs import TimestampJob
 from formats.keys import ServedKey
+from formats.tsp.certificates import parse_chain
+from formats.tsp.errors import TspError
 from formats.tsp.request import parse_request
+from keystore.keyset import TSA_CHAIN_FILE
+from procs import memory
 from server.errors import ClockUnsynchronised
 from server.signing_keys import registered_certificates
 from server.stamping.requests import Outcome, StampContext
-from workers import memory
-from workers.tsa import TSA_CHAIN_FILE, TsaError, parse_chain
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +101,9 @@ class TsaSource:
             return None
         try:  # a chain that does not parse is not served
             parse_chain(text.encode())
-        except TsaError as e:
+        except TspError as e:
             log.warning("the TSA certificate chain of key %s cannot be read: %s", self.key_id,
-                        e.message)
+                        e)
             return None
         return text
 

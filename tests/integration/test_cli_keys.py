@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from formats.keys import TLOG_KEY, tlog_vkey
+from keystore.keyset import SshKeyStore, ensure_extra_keys, stored_key_specs
 from stampd.cli import main
 from tests.helpers import TEST_FPR, free_port, seed_data_dir
-from workers.keys.keyset import SshKeyStore, ensure_extra_keys, stored_key_specs
 
 
 def test_keys_show_finds_ssh_keys_of_the_data_dir(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from keystore.keyset import KeyUnusable, SshKeyStore
 from tests.broken_keys import corrupt_armor, corrupt_ssh_key, wrong_secret
 from tests.helpers import (
     TEST_FPR,
@@ -19,7 +20,6 @@ from tests.helpers import (
 )
 from workers.agents.programs import GNUPG, OPENSSH, ProgramError, parse_version, require
 from workers.config import DispatchConfig, WorkerConfig
-from workers.keys.keyset import KeyUnusable, SshKeyStore
 from workers.worker import check_key
 
 
@@ -100,7 +100,7 @@ def test_ssh_signatures_are_checked_against_the_public_key(tmp_path: Path) -> No
                    capture_output=True)
     signature = (tmp_path / "m.sig").read_text()
     store.verify(b"stampd key check\n", signature, "git")
-    from workers.keys.store import KeyStoreError
+    from keystore.store import KeyStoreError
 
     with pytest.raises(KeyStoreError, match="does not verify"):
         store.verify(b"another message\n", signature, "git")

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from formats.keys import KeySpec
+from keystore.keyset import SshKeyStore
 from server import db
 from server.commands import _prepare
 from server.errors import KeyRegistryError
@@ -16,7 +17,6 @@ from server.settings import Settings
 from server.signing_keys import registered, serving_keys
 from stampd.cli import main
 from tests.helpers import TEST_FPR, KeyMaker, seed_data_dir
-from workers.keys.keyset import SshKeyStore
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ class Node:
                  dispatcher: InProcessDispatcher, *, imap_password: str | None = None,
                  **extra: object) -> None:
         me = servers.users["stampd@mail.test"]
-        keys_dir = data_dir / "mail-keys"
+        keys_dir = data_dir / "mail-stampers"
         keys_dir.mkdir(parents=True)
         shutil.copy(STAMPER_KEY.with_suffix(".pub.asc"), keys_dir / "pgp.asc")
         user = quote(me.address, safe="")
@@ -71,9 +71,10 @@ class Node:
                       f"{servers.smtp_port}",
             mail_imap=f"imap://{user}:{quote(imap_password or me.password, safe='')}@"
                       f"{servers.host}:{servers.imap_port}",
-            mail_ca_file=servers.ca.ca_file, mail_keys_dir=keys_dir, mail_timeout=20,
-            mail_retry_base=60, mail_retry_max=3600, mail_overdue_after=6 * 3600,
-            **{"mail_poll_interval": 5, **extra})
+            mail_ca_file=servers.ca.ca_file,
+            mail_stamper_timeout=20, mail_stamper_retry_base=60, mail_stamper_retry_max=3600,
+            mail_stamper_overdue_after=6 * 3600,
+            **{"mail_stamper_poll_interval": 5, **extra})
         self.engine = db.make_engine(self.settings.db_url)
         db.upgrade(self.engine)
         self.clock = clock
@@ -374,11 +375,12 @@ def test_loops_send_and_collect_with_idle(setup: tuple[Node, Responder, Clock]) 
 
 def test_polling_where_the_server_offers_no_idle(
         tmp_path: Path, inproc_dispatcher: InProcessDispatcher) -> None:
-    """A mailbox without IDLE is looked at every STAMPD_MAIL_POLL_INTERVAL seconds."""
+    """A mailbox without IDLE is looked at every STAMPD_MAIL_STAMPER_POLL_INTERVAL seconds."""
     servers = MailServers(["stampd", "stamper"], idle=False)
     servers.start()
     clock = Clock(time.time())
-    node = Node(tmp_path / "data", servers, clock, inproc_dispatcher, mail_poll_interval=0.2)
+    node = Node(tmp_path / "data", servers, clock, inproc_dispatcher,
+                mail_stamper_poll_interval=0.2)
     responder = Responder(servers, servers.users["stamper@mail.test"])
     try:
         mailbox = node.mail._open_mailbox()

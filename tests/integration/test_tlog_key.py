@@ -21,12 +21,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from formats import note
 from formats.jobs import MalformedMessage, NoteJob, ReceiptJob
 from formats.keys import PRIMARY, TLOG, TLOG_KEY, ed25519_public_key, tlog_vkey
+from keystore.keyset import KeyUnusable, SshKeyStore, ensure_extra_keys, key_dir
 from server.dispatch.socket import SocketDispatcher
 from server.errors import SigningFailed
 from tests.helpers import agent_home, seed_data_dir, short_tmpdir, terminate
 from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
-from workers.keys.keyset import KeyUnusable, SshKeyStore, ensure_extra_keys, key_dir
 from workers.loop import sign_many
 from workers.signer import NoteSigner
 from workers.worker import check_key, load_signer

@@ -22,6 +22,7 @@ from formats.note import Ed25519Verifier, VerifierKey, open_note, parse_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import Entry
 from formats.tlog.proof import TlogProof, verify_proof
+from keystore.keyset import SshKeyStore, ensure_extra_keys, key_dir
 from server import db
 from server.gitlog.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
@@ -30,7 +31,6 @@ from server.tlog.sequencer import LogKey, OriginMismatch, Tlog, TlogConfig
 from server.tlog.store import TileReader
 from tests.helpers import InProcessDispatcher, agent_home
 from workers.agents.ssh import SshAgent
-from workers.keys.keyset import SshKeyStore, ensure_extra_keys, key_dir
 from workers.signer import NoteSigner
 
 T0 = 1_795_400_000

@@ -15,12 +15,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from sqlalchemy.orm import Session
 
 from formats.keys import ServedKey
+from keystore.keyset import TSA_CHAIN_FILE
 from server import db
 from server.errors import KeyRegistryError
 from server.models import SigningKey
 from server.signing_keys import register_certificates, registered_certificates
 from server.stamping.rfc3161 import RETRY_EVERY, TsaSource
-from workers.tsa import TSA_CHAIN_FILE
 
 KEY_ID = "openpgp-nistp256"
 

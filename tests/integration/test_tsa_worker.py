@@ -25,12 +25,12 @@ from formats.keys import KeySpec
 from formats.tsp.algorithms import ecdsa_signature
 from formats.tsp.response import granted
 from formats.tsp.token import parse_token
+from keystore.keyset import TSA_CHAIN_FILE, ensure_extra_keys, key_dir
 from tests.helpers import agent_home
 from workers import tsa
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import DispatchConfig, WorkerConfig
-from workers.keys.keyset import ensure_extra_keys, key_dir
 from workers.loop import sign, sign_many
 from workers.signer import OpenPgpSigner, SshSigner
 from workers.worker import check_key, load_signer
@@ -69,7 +69,7 @@ def _openssl(*args: str) -> subprocess.CompletedProcess[str]:
                                           ("ssh", "ecdsa-p256")])
 def test_tsa_key_certificate_and_tokens(tmp_path: Path, home: Path, fmt: str, algo: str) -> None:
     directory, key_id = _key(tmp_path / "keys", algo, fmt)
-    chain_file = directory / tsa.TSA_CHAIN_FILE
+    chain_file = directory / TSA_CHAIN_FILE
     started = time.monotonic()
     check_key(_config(home, directory, key_id))
     made = chain_file.read_bytes()
@@ -154,10 +154,10 @@ def test_a_chain_of_another_key_stops_the_check(tmp_path: Path, home: Path) -> N
     mine, mine_id = _key(tmp_path / "a", "nistp256")
     other, other_id = _key(tmp_path / "b", "nistp256")
     check_key(_config(home, other, other_id))
-    shutil.copy(other / tsa.TSA_CHAIN_FILE, mine / tsa.TSA_CHAIN_FILE)
+    shutil.copy(other / TSA_CHAIN_FILE, mine / TSA_CHAIN_FILE)
     with pytest.raises(tsa.TsaError) as caught:
         check_key(_config(home, mine, mine_id))
-    assert str(mine / tsa.TSA_CHAIN_FILE) in caught.value.message
+    assert str(mine / TSA_CHAIN_FILE) in caught.value.message
     assert "is for another key" in caught.value.message
 
     # A worker of that key does not start with it either.
@@ -204,5 +204,5 @@ def test_an_ed25519_key_cannot_be_the_tsa_key(tmp_path: Path, home: Path, fmt: s
     directory, key_id = _key(tmp_path / "keys", "ed25519", fmt)
     with pytest.raises(tsa.TsaError, match="cannot be a TSA key"):
         check_key(_config(home, directory, key_id))
-    assert not (directory / tsa.TSA_CHAIN_FILE).exists()
+    assert not (directory / TSA_CHAIN_FILE).exists()
     check_key(_config(home, directory, key_id, subject=None))  # as a plain key it signs

@@ -321,8 +321,8 @@ def test_transparency_log_across_hosts(tmp_path: Path, pg_url: str,
     from formats.keys import TLOG_KEY
     from formats.note import Ed25519Verifier
     from formats.tlog.proof import TlogProof, verify_proof
+    from keystore.keyset import ensure_extra_keys, key_dir
     from tests.system.test_tlog import get, post_digest
-    from workers.keys.keyset import ensure_extra_keys, key_dir
 
     env = {"STAMPD_DISPATCH": "database", "STAMPD_HEARTBEAT_TIMEOUT": "3", "STAMPD_TLOG": "on",
            "STAMPD_TLOG_ORIGIN": "stamps.test/tlog"}  # (one origin for the hosts of one log)

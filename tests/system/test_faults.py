@@ -186,7 +186,7 @@ def test_kill_the_log_writing_http_process_under_load(
 def test_the_worker_supervisor_killed_is_started_again(seeded_dir: Path,
                                                        server_factory: list[Server]) -> None:
     """kill -9 of the worker supervisor: its workers go with it, `stampd serve` starts another
-    (the restart policy, `workers.restarts`), whose workers sign the next stamps."""
+    (the restart policy, `procs.restarts`), whose workers sign the next stamps."""
     server = start_server(seeded_dir, workers=1)
     server_factory.append(server)
     assert "a" * 40 in stamp_tag(server, "a" * 40)

@@ -22,6 +22,7 @@ from tests.helpers import (
     start_server,
     wait_for,
 )
+from workers.manifest_check import IN_PROCESS_MAX
 
 STAMPS = 60
 
@@ -166,9 +167,10 @@ def test_manifests_of_both_processes_and_stamps_beside_them_are_all_signed_quiet
     (a message a side did not expect drops the connection, with a warning)."""
     server = start_server(seeded_dir, workers=2, api_processes=2)
     server_factory.append(server)
-    lines = 30_000  # ~2.3 MB each: checked in a process of its own, sent a MiB at a time
+    lines = 15_000  # ~1.1 MB each: checked in a process of its own, sent a MiB at a time
     bodies = ["".join(f"{hashlib.sha256(f'{m}/{n}'.encode()).hexdigest()} *f{n}\n"
-                      for n in range(lines)).encode() for m in range(8)]
+                      for n in range(lines)).encode() for m in range(4)]
+    assert all(len(b) > IN_PROCESS_MAX for b in bodies)
     digests = [hashlib.sha256(b"beside %d" % i).hexdigest() for i in range(40)]
     with ThreadPoolExecutor(16) as pool:
         signed = [pool.submit(_post, server, "/v1/manifests", b, "text/plain") for b in bodies]

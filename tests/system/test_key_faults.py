@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from keystore.keyset import SshKeyStore
 from tests.broken_keys import corrupt_armor, corrupt_ssh_key, wrong_secret
 from tests.helpers import (
     TEST_SECRET_KEY,
@@ -25,7 +26,6 @@ from tests.helpers import (
     start_stampd,
     wait_for,
 )
-from workers.keys.keyset import SshKeyStore
 
 Started = Callable[..., tuple[int, str]]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pygit2
 
+from keystore.keyset import SshKeyStore
 from stampd.cli import main
 from tests.helpers import (
     TEST_FPR,
@@ -23,7 +24,6 @@ from tests.helpers import (
     wait_for,
 )
 from tests.system.test_cluster import WorkerHost, heartbeats
-from workers.keys.keyset import SshKeyStore
 
 
 def test_an_api_host_without_keys_serves_what_the_worker_host_registered(

@@ -1,8 +1,10 @@
-"""Every key type GnuPG 2.2 signs with, end to end: a server whose primary key is of that
+"""Each family of key GnuPG 2.2 signs with, end to end: a server whose primary key is of that
 type, stamped by the real `git timestamp` client (tag, then a branch stamp; a second, merging
-one for two types), and the results checked by git verify-tag / verify-commit. (The
-packet-level gpg --verify tests of each type, leading-zero values included, are in
-tests/integration/test_agents.py.)"""
+one for two types), and the results checked by git verify-tag / verify-commit. Every type of
+`KEY_TYPES` is checked at the packet level with gpg --verify, leading-zero values included, in
+tests/integration/test_agents.py; here one type of each family (EdDSA, RSA, ECDSA on a NIST
+curve and on a Brainpool curve, DSA), since what git and the client add does not depend on
+the curve or the size (a server per type cost the suite ~60 s of CPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
-    KEY_TYPES,
     KeyMaker,
     Server,
     client,
@@ -27,7 +28,11 @@ from tests.helpers import (
 MERGE_TYPES = ("ed25519", "rsa2048")
 
 
-@pytest.mark.parametrize("key_type", list(KEY_TYPES))
+# ECDSA at 521 bits: the one size that is not a whole number of bytes.
+FAMILIES = ("ed25519", "rsa2048", "nistp521", "brainpoolP256r1", "dsa2048")
+
+
+@pytest.mark.parametrize("key_type", FAMILIES)
 def test_real_client_and_git_accept(key_type: str, keys: KeyMaker,
                                     tmp_path: Path, server_factory: list[Server]) -> None:
     key = keys.get(key_type)

@@ -38,7 +38,7 @@ def test_server_mails_its_log_heads_and_commits_the_replies(
         tmp_path: Path, server_factory: list[Server], mail_servers: MailServers) -> None:
     me = mail_servers.users["stampd@mail.test"]
     data = seed_data_dir(tmp_path / "data")
-    keys = tmp_path / "mail-keys"
+    keys = data / "mail-stampers"
     keys.mkdir()
     shutil.copy(STAMPER_KEY.with_suffix(".pub.asc"), keys / "pgp.asc")
     user, password = quote(me.address, safe=""), quote(me.password, safe="")
@@ -51,7 +51,6 @@ def test_server_mails_its_log_heads_and_commits_the_replies(
         "STAMPD_MAIL_IMAP": f"imap://{user}:{password}@{mail_servers.host}:"
                             f"{mail_servers.imap_port}",
         "STAMPD_MAIL_CA_FILE": str(mail_servers.ca.ca_file),
-        "STAMPD_MAIL_KEYS_DIR": str(keys),
     })
     server_factory.append(server)
     responder = Responder(mail_servers, mail_servers.users["stamper@mail.test"])

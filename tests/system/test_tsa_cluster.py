@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from keystore.keyset import TSA_CHAIN_FILE
 from tests.helpers import seed_data_dir, start_server, wait_for
 from tests.system.test_cluster import WorkerHost, heartbeats
 from tests.system.test_tsa import _server, chain, post, run
-from workers.tsa import TSA_CHAIN_FILE
 
 pytestmark = pytest.mark.slow
 

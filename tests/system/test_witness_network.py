@@ -35,9 +35,9 @@ from formats.keys import TLOG_KEY, WITNESS_KEY, KeySpec, ed25519_public_key, tlo
 from formats.note import Note, Signature, VerifierKey, ed25519_signer, parse_note, sign_note
 from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.proof import TlogProof
+from keystore.keyset import SshKeyStore, key_dir
 from stampd import cli
 from tests.helpers import Server, free_port, make_repo, seed_data_dir, start_server
-from workers.keys.keyset import SshKeyStore, key_dir
 
 COMMIT_INTERVAL = 2  # seconds between git log commits (the audit needs one)
 WAIT = 30.0  # seconds the test waits for cosignatures at most (bounded; no timing asserted)

@@ -10,11 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from client.errors import CommandError
+from keystore.store import KeyStoreError
 from server.errors import QueueFull
 from server.settings import Settings
 from stampd.cli import EXIT_FAILED, EXIT_USAGE, exit_status, main
 from tests.helpers import ROOT
-from workers.keys.store import KeyStoreError
 
 
 class Malformed(CommandError):

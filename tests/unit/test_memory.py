@@ -1,4 +1,4 @@
-"""workers.memory: freed memory goes back to the system (glibc; this machine runs glibc)."""
+"""procs.memory: freed memory goes back to the system (glibc; this machine runs glibc)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 # its arena); `trim` runs; the growth that stays is printed, in MiB.
 PROGRAM = """
 import os, sys, threading
-from workers import memory
+from procs import memory
 def rss():
     return int(open(f"/proc/{os.getpid()}/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 if sys.argv[1] == "fixed":

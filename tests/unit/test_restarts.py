@@ -1,4 +1,4 @@
-"""The one restart policy of every supervised process (`workers.restarts`), and the HTTP
+"""The one restart policy of every supervised process (`procs.restarts`), and the HTTP
 manager's loop that follows it, on an injected clock."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from procs.restarts import FIRST, MAX_BACKOFF, YOUNG, Restarts
 from server.api.processes import ApiProcesses
 from server.settings import Settings
-from workers.restarts import FIRST, MAX_BACKOFF, YOUNG, Restarts
 
 
 class Clock:

@@ -80,4 +80,4 @@ def test_a_failed_install_shows_what_apt_said(tmp_path: Path) -> None:
     assert r.stderr.rstrip("\n").splitlines()[-1].startswith(
         "make test: apt-get install failed (above); install them with: sudo apt-get install -y "
     ), r.stderr
-    assert calls[-1].startswith("apt-get -qq install -y gnupg ")
+    assert calls[-1].startswith("apt-get -qq -o DPkg::Lock::Timeout=300 install -y gnupg ")

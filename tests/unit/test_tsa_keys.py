@@ -24,6 +24,7 @@ from formats.keys import KeySpec
 from formats.tsp.certificates import certificate, tbs_certificate
 from formats.tsp.certificates import pem as armor
 from formats.tsp.token import parse_token
+from keystore.keyset import TSA_CHAIN_FILE
 from workers import tsa
 from workers.config import ConfigError, DispatchConfig, PoolConfig, WorkerConfig
 
@@ -129,7 +130,7 @@ def test_self_signed_certificate_and_token(tmp_path: Path, kind: str) -> None:
     key, _private = _software_key(kind)
     assert tsa.ensure_certificate(tmp_path, key, "stampd TSA at http://h/", 30,
                                   clock=lambda: 1_795_400_000.5)
-    path = tmp_path / tsa.TSA_CHAIN_FILE
+    path = tmp_path / TSA_CHAIN_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     before = path.read_bytes()
     assert not tsa.ensure_certificate(tmp_path, key, "another name", 30)
@@ -163,10 +164,10 @@ def test_a_chain_of_another_key_is_refused(tmp_path: Path) -> None:
     named = re.escape(f"{tmp_path / 'tsa-chain.pem'} is for another key")
     with pytest.raises(tsa.TsaError, match=named):
         tsa.ensure_certificate(tmp_path, key, "mine", 30)
-    chain_pem = (tmp_path / tsa.TSA_CHAIN_FILE).read_bytes()
+    chain_pem = (tmp_path / TSA_CHAIN_FILE).read_bytes()
     with pytest.raises(tsa.TsaError, match="not for this key"):
         tsa.check_import(key.public_key_info, chain_pem)
-    (tmp_path / tsa.TSA_CHAIN_FILE).write_text("garbage\n")
+    (tmp_path / TSA_CHAIN_FILE).write_text("garbage\n")
     with pytest.raises(tsa.TsaError, match=r"tsa-chain\.pem: not PEM certificates"):
         tsa.read_chain(tmp_path)
 

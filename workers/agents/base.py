@@ -6,20 +6,19 @@ confirming it started (`AgentProcess._confirm_start`), connections to it (`Agent
 closed when it stops), and stopping it for sure (a polite request, then SIGTERM, then SIGKILL,
 each waited for a bounded time; a finalizer as the safety net that kills and reaps it and
 removes its socket). `run_tool`: one run of an agent's tool (gpg, gpgconf, ssh-add, ssh-keygen).
-The agent dies with its parent: SIGKILL when the process that started it is gone
-(`die_with_parent`, Linux), so a worker killed with SIGKILL does not leave its agent serving.
+Each agent starts with ``preexec_fn=procs.prctl.die_with_parent()``: SIGKILL when the process
+that started it is gone (Linux), so a worker killed with SIGKILL does not leave its agent
+serving.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import stat
 import subprocess
-import sys
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,46 +32,6 @@ log = logging.getLogger(__name__)
 
 ConnectionT = TypeVar("ConnectionT", bound=AgentSocket)
 STOP_GRACE = 5.0  # seconds an agent gets to exit after each step of stop()
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_PR_SET_NAME = 15
-
-
-def _find_prctl() -> Callable[..., int] | None:
-    """libc's prctl(2), looked up once, before any fork (a forked child must not load it)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # pragma: no cover - every Linux libc has it
-        return None
-
-
-_prctl = _find_prctl()
-
-
-def set_process_name(name: str) -> None:
-    """Name this process as ``ps -o comm``, ``top`` and ``/proc/PID/comm`` show it (Linux
-    keeps 15 bytes; elsewhere nothing): a forked process is otherwise named as its parent."""
-    if _prctl is not None:
-        _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A ``preexec_fn`` for `subprocess.Popen`: the child gets ``sig`` when the process that
-    starts it (this one) is gone. (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing.)
-
-    The signal comes when the *thread* that forked the child ends, so start such children
-    from a thread that lives as long as they should: the main thread. The setting survives
-    ``exec`` (of anything but set-user-ID programs). A parent that died before the child set
-    it is caught too: the child then kills itself at once."""
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if _prctl is not None and _prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0 \
-                and os.getppid() != parent:
-            os.kill(os.getpid(), sig)
-
-    return preexec
 
 
 def run_tool(argv: list[str], *, env: Mapping[str, str], what: str, error: type[AgentError],

@@ -46,7 +46,8 @@ from typing import Any
 from formats.gpglisting import Key, ListingError, parse_key_listing
 from formats.openpgp import HASH_NAMES, HASH_SIZES, KeyInfo
 from formats.sexp import SexpError, signature_values
-from workers.agents.base import AgentProcess, die_with_parent, run_tool
+from procs.prctl import die_with_parent
+from workers.agents.base import AgentProcess, run_tool
 from workers.agents.base import stderr_tail as _stderr_tail
 from workers.agents.unixsocket import (
     DEFAULT_TIMEOUT,

@@ -45,7 +45,8 @@ from formats.sshsig import (
     sshsig_armor,
     sshsig_signed_data,
 )
-from workers.agents.base import AgentProcess, die_with_parent, run_tool
+from procs.prctl import die_with_parent
+from workers.agents.base import AgentProcess, run_tool
 from workers.agents.base import stderr_tail as _stderr_tail
 from workers.agents.unixsocket import (
     DEFAULT_TIMEOUT,

@@ -20,7 +20,7 @@ so gpg started by git with ``GNUPGHOME`` set starts none either: verifying needs
 Why not python-gnupg (``gnupg``, a declared dependency): it cannot stand in for `run_gpg` and
 `GnupgHome` without changing what their callers get. It waits for gpg without a timeout
 (`run_gpg` gives up after `GPG_TIMEOUT` with a `GpgError`); it cannot hand gpg an inherited
-descriptor (`workers.keys.store` passes a key's passphrase with ``--passphrase-fd`` and
+descriptor (`keystore.store` passes a key's passphrase with ``--passphrase-fd`` and
 ``pass_fds``, apart from the key data on stdin); it reads the status lines from stderr mixed
 with gpg's messages (`Imported.stderr` keeps them apart), and turns a listing's escaped user-id
 bytes into characters one by one (`formats.gpglisting` reads them as UTF-8); every `gnupg.GPG` runs
@@ -43,7 +43,7 @@ from types import TracebackType
 
 from formats.gpglisting import Key, parse_key_listing
 from formats.gpgstatus import SignatureTally
-from workers.errors import WorkerError
+from keystore.errors import KeysError
 
 GPG = "gpg"
 GPGCONF = "gpgconf"
@@ -52,7 +52,7 @@ GPG_TIMEOUT = 60.0
 SHORT_TMP = "/tmp"
 # Keywords of a signature that did not verify (or of input that held none).
 
-class GpgError(WorkerError):
+class GpgError(KeysError):
     """gpg could not be run at all: it is not installed, or it did not finish in time."""
 
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from formats.gpglisting import Key, KeyPart, ListingError, parse_key_listing
-from workers.errors import WorkerError
-from workers.keys.gnupg import GnupgHome, GpgError, TempGnupgHome
+from keystore.errors import KeysError
+from keystore.gnupg import GnupgHome, GpgError, TempGnupgHome
 
 log = logging.getLogger(__name__)
 
 
-class KeyStoreError(WorkerError):
+class KeyStoreError(KeysError):
     """The key store is missing, unreadable or inconsistent (a configuration error)."""
 
 

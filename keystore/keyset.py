@@ -1,8 +1,13 @@
 """The server's signing keys on disk: each extra key (and the log's and the witness's key) in its
 own directory of the key store (``keys/<id>/``, `formats.keys.KeySpec.id`), made on first start
 (`ensure_extra_keys`), found (`stored_key_specs`) and read into the public view every process
-shares (`served_keys`, `formats.keys.ServedKey`). What the keys are and what they may sign is
-the pure key model, `formats.keys`.
+shares (`served_keys`, `formats.keys.ServedKey`); the TSA key's directory also holds its
+certificate chain (`TSA_CHAIN_FILE`, written by `workers.tsa`). What the keys are and what
+they may sign is the pure key model, `formats.keys`.
+
+The key store is below the workers (``keystore``): the command line makes and lists keys with
+it, the service reads the public halves it serves (`server.signing_keys`), and each worker
+loads its key from it into its agent.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from formats.keys import (
+    MAIL_KEY,
     PRIMARY,
     SSH_TYPES,
     STAMPS,
@@ -23,20 +29,14 @@ from formats.keys import (
     spec_of,
 )
 from formats.sshsig import SshPublicKey, allowed_signers_line
-from workers.errors import WorkerError
-from workers.keys.gnupg import GpgError, TempGnupgHome
-from workers.keys.store import KeyStore, KeyStoreError, ensure_files
+from keystore.gnupg import GpgError, TempGnupgHome
+from keystore.store import KeyStore, KeyStoreError, ensure_files
 
 CHECK_PRINCIPAL = "key-check@stampd.invalid"  # the one signer of a start-up check's SSHSIG
 
-
-class TsaError(WorkerError, ValueError):
-    """A key that cannot be a TSA key, or a certificate chain that does not fit the key
-    (`workers.tsa`; here so that a worker that is no TSA need not import that module)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = " ".join(message.split())
+TSA_CHAIN_FILE = "tsa-chain.pem"
+"""The TSA's certificates in its key's directory, PEM, the TSA certificate first (written and
+read by `workers.tsa`; served by the server, `server.stamping.rfc3161`)."""
 
 
 class KeyUnusable(KeyStoreError):
@@ -57,6 +57,9 @@ class KeyUnusable(KeyStoreError):
         elif key_id == WITNESS_KEY.id:
             todo = ("restore the key files from a backup (the logs witnessed know the old key), "
                     "or turn the witness off (STAMPD_WITNESS=off, no STAMPD_WITNESS_FOR)")
+        elif key_id == MAIL_KEY.id:
+            todo = ("restore the key files from a backup (the receipts already mailed name the "
+                    "old key), or turn the mail listener off (no STAMPD_MAIL_LISTEN)")
         else:
             fmt, _, algo = key_id.partition("-")
             todo = (f"restore the key files from a backup, or remove {fmt}:{algo} from "
@@ -183,7 +186,7 @@ def served_keys(keys_dir: Path, specs: list[KeySpec]) -> list[ServedKey]:
         if spec.format == "openpgp":
             pk = KeyStore(key_dir(keys_dir, spec)).public_key()
             out.append(ServedKey(spec.id, "openpgp", pk.fingerprint, pk.algorithm, pk.armored,
-                                 pk.uid))
+                                 pk.uid, purpose=spec.role or STAMPS))
         else:
             sk = SshKeyStore(key_dir(keys_dir, spec)).public_key()
             out.append(ServedKey(spec.id, "ssh", sk.fingerprint, sk.key_type,
