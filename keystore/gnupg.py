@@ -137,6 +137,22 @@ class GnupgHome:
             os.unlink(name)
         return r.returncode == 0, GpgStatus.parse(r.stdout.decode("utf-8", "replace"))
 
+    def verify_cleartext(self, signed: bytes) -> tuple[bool, GpgStatus, bytes]:
+        """``gpg --verify`` a clear-signed message (any key of the home is trusted); (whether
+        gpg exited 0, its status lines, the signed text as gpg reads it: dash-escaping
+        undone, CR LF as LF)."""
+        fd, name = tempfile.mkstemp(suffix=".txt", dir=self.path)
+        os.close(fd)
+        try:
+            r = self.gpg("--trust-model", "always", "--status-fd", "1", "--yes",
+                         "--output", name, "--decrypt", "-", input=signed)
+            with open(name, "rb") as f:
+                text = f.read()
+        finally:
+            os.unlink(name)
+        return (r.returncode == 0, GpgStatus.parse(r.stdout.decode("utf-8", "replace")),
+                text.replace(b"\r\n", b"\n"))
+
 
 class TempGnupgHome(GnupgHome):
     """A private, temporary GNUPGHOME (mode 0700, a short path under /tmp), removed on `close`.

@@ -165,6 +165,45 @@ class CrossStamp(Base):
                       state_check("cross_stamps", CrossStampState))
 
 
+class MailStampState(enum.StrEnum):
+    """The ``mail_stamps.state`` column."""
+
+    PENDING = "pending"  # to be sent (again) at next_attempt_at
+    SENT = "sent"  # sent, waiting for the timestamper's reply
+    DONE = "done"  # a good reply is on <stamper>-mailstamps
+    SUPERSEDED = "superseded"  # a reply to a newer log head covers this one
+
+
+class MailStamp(Base):
+    """One request to an email timestamper to stamp one head of our log (docs/mail.md): the
+    text sent, the reply once a good one came, attempts and the last error."""
+
+    __tablename__ = "mail_stamps"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    stamper: Mapped[str] = mapped_column(String(64))
+    log_commit: Mapped[str] = mapped_column(String(64))  # the main-branch commit to stamp
+    state: Mapped[str] = mapped_column(String(16), default=MailStampState.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # sends tried
+    refused: Mapped[int] = mapped_column(Integer, default=0)  # replies refused
+    last_error: Mapped[str | None] = mapped_column(Text)
+    next_attempt_at: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+    sent_at: Mapped[int | None] = mapped_column(BigInteger)
+    message_id: Mapped[str | None] = mapped_column(String(255))
+    sent_text: Mapped[str | None] = mapped_column(Text)  # the body sent, to be quoted
+    replied_at: Mapped[int | None] = mapped_column(BigInteger)
+    reply_text: Mapped[str | None] = mapped_column(Text)  # the clear-signed reply
+    stamp_commit: Mapped[str | None] = mapped_column(String(64))  # on <stamper>-mailstamps
+    stamp_text: Mapped[str | None] = mapped_column(Text)  # that commit, raw (another host
+    # that becomes the log writer rebuilds the branch from it)
+
+    __table_args__ = (UniqueConstraint("stamper", "log_commit", name="uq_mail_stamps_head"),
+                      Index("ix_mail_stamps_state", "state", "next_attempt_at"),
+                      state_check("mail_stamps", MailStampState))
+
+
 class Job(Base):
     """A signing job handed over through the database (``STAMPD_DISPATCH=database``): API
     hosts insert jobs, worker hosts claim them with ``FOR UPDATE SKIP LOCKED``. The whole

@@ -1,5 +1,6 @@
 """The settings that hold more than one value, parsed and checked: the database URL, the
-peers (`PeerConfig`), the witnesses the log sends its checkpoints to (`WitnessConfig`), the
+peers (`PeerConfig`), the email timestampers and our mail account (`MailStamperConfig`,
+`MailServer`), the witnesses the log sends its checkpoints to (`WitnessConfig`), the
 logs this server witnesses, and the TSA key; and the credentials a configured URL may hold.
 
 `server.settings.Settings` keeps each of them as the string it was given and parses it here
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from formats.keys import KeySpec, parse_extra_keys
 from formats.note import Ed25519Verifier, NoteError
@@ -93,6 +94,85 @@ def parse_peers(spec: str) -> list[PeerConfig]:
             raise ValueError(f"peer {name} listed twice")
         peers.append(PeerConfig(name, url, fpr.upper() or None))
     return peers
+
+
+# An email timestamper's address: a plain addr-spec, no display name, no white space.
+MAIL_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9.-]+")
+
+
+@dataclass(frozen=True)
+class MailStamperConfig:
+    """An email timestamper (docs/mail.md): its name (the log's ``<name>-mailstamps``), the
+    address requests go to, and the pinned key: its id (16 hex digits, the long key id) or
+    fingerprint (40), the key itself read from ``<data_dir>/mail-stampers/<name>.asc``."""
+
+    name: str
+    address: str
+    key_id: str  # upper-case hex, 16 or 40 digits
+
+    def pins(self, fingerprint: str) -> bool:
+        """Whether a key of this ``fingerprint`` is the pinned one."""
+        return fingerprint.upper().endswith(self.key_id)
+
+
+def parse_mail_stampers(spec: str) -> list[MailStamperConfig]:
+    """``name=ADDRESS#KEYID`` items separated by commas."""
+    stampers: list[MailStamperConfig] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        name, sep, rest = item.partition("=")
+        address, _, key_id = rest.partition("#")
+        if not sep or not PEER_NAME.fullmatch(name):
+            raise ValueError(f"mail stamper {item!r}: use name=ADDRESS#KEYID, name in "
+                             "[a-z0-9_.-]")
+        if not MAIL_ADDRESS.fullmatch(address):
+            raise ValueError(f"mail stamper {name}: {address!r} is no plain email address")
+        if not re.fullmatch(r"[0-9A-Fa-f]{16}|[0-9A-Fa-f]{40}", key_id):
+            raise ValueError(f"mail stamper {name}: pin its key with #KEYID, the key id (16 "
+                             "hex digits) or fingerprint (40) of its OpenPGP key")
+        if any(s.name == name for s in stampers):
+            raise ValueError(f"mail stamper {name} listed twice")
+        stampers.append(MailStamperConfig(name, address, key_id.upper()))
+    return stampers
+
+
+@dataclass(frozen=True)
+class MailServer:
+    """Our SMTP submission server or IMAP server: ``smtp://USER:PASSWORD@HOST[:PORT]`` or
+    ``imap://...`` (user and password percent-encoded; an ``@`` in the user name as ``%40``).
+    Its `public` form, without the credentials, is what is logged and shown."""
+
+    scheme: str
+    host: str
+    port: int
+    user: str = field(repr=False)
+    password: str = field(repr=False)
+
+    @property
+    def public(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+MAIL_PORTS = {"smtp": 587, "imap": 143}
+
+
+def parse_mail_server(url: str, scheme: str) -> MailServer | None:
+    """``url`` of ``scheme`` (smtp or imap) with its credentials; None when empty."""
+    if not url:
+        return None
+    shown = redact_userinfo(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or MAIL_PORTS[scheme]
+    except ValueError:
+        raise ValueError(f"mail {scheme} server {shown!r}: not a URL") from None
+    if parts.scheme != scheme or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(f"mail {scheme} server {shown!r}: use {scheme}://USER:PASSWORD@HOST"
+                         f"[:PORT] (default port {MAIL_PORTS[scheme]})")
+    creds = url_credentials(url)
+    if creds is None or not creds[0]:
+        raise ValueError(f"mail {scheme} server {shown}: give the user and password "
+                         f"({scheme}://USER:PASSWORD@HOST)")
+    return MailServer(scheme, parts.hostname, port, creds[0], creds[1])
 
 
 # The user information of a URL (``user:password@``), up to the authority's last ``@``.

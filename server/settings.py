@@ -19,10 +19,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from formats.keys import MAIL_KEY, TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 from formats.note import Ed25519Verifier, valid_key_name
 from server.setting_values import (
+    MailServer,
+    MailStamperConfig,
     PeerConfig,
     WitnessConfig,
     parse_host_port,
     parse_mail_addresses,
+    parse_mail_server,
+    parse_mail_stampers,
     parse_peers,
     parse_tsa_key,
     parse_witnessed,
@@ -147,6 +151,38 @@ class Settings(BaseSettings):
     peer_stale_after: float = Field(
         default=7200.0, gt=0, description="seconds a head may wait for a peer before /readyz fails"
     )
+
+    # Email timestampers that stamp our log (docs/mail.md, "Outbound: email timestampers").
+    mail_stampers: str = Field(
+        default="", description="email timestampers that stamp our log: name=ADDRESS#KEYID,... "
+        "(KEYID the long key id or fingerprint of its OpenPGP key, the key itself in "
+        "<data_dir>/mail-stampers/<name>.asc)")
+    mail_from: str = Field(default="", description="our address, the sender of the requests")
+    mail_smtp: str = Field(
+        default="", repr=False, description="our SMTP submission server: smtp://USER:PASSWORD"
+        "@HOST[:PORT] (port 587 by default; an @ in USER as %40); logged and shown nowhere "
+        "with its credentials")
+    mail_imap: str = Field(
+        default="", repr=False, description="the IMAP mailbox the replies come to: imap://USER:"
+        "PASSWORD@HOST[:PORT] (port 143 by default)")
+    mail_starttls: bool = Field(
+        default=True, description="require STARTTLS on both servers (off: plain text, for a "
+        "server on this host only)")
+    mail_ca_file: Path | None = Field(
+        default=None, description="CA certificates the mail servers' certificates must chain "
+        "to; default the system's")
+    mail_folder: str = Field(default="INBOX", description="the IMAP folder the replies come to")
+    mail_stamper_timeout: float = Field(
+        default=60.0, gt=0, description="seconds per SMTP or IMAP step of our mail account")
+    mail_stamper_retry_base: float = Field(
+        default=60.0, gt=0, description="first retry delay, seconds")
+    mail_stamper_retry_max: float = Field(default=3600.0, gt=0, description="longest retry delay")
+    mail_stamper_poll_interval: float = Field(
+        default=60.0, gt=0, description="seconds between looks at the mailbox where it offers "
+        "no IMAP IDLE (and the longest IDLE before it is renewed)")
+    mail_stamper_overdue_after: float = Field(
+        default=21600.0, gt=0, description="seconds a log head may wait for an email "
+        "timestamper's reply before it is shown overdue (never a readiness failure)")
 
     # Witnesses that cosign the transparency log's checkpoints (docs/witness-log.md).
     witnesses: str = Field(
@@ -303,6 +339,9 @@ class Settings(BaseSettings):
     _extra_key_specs: list[KeySpec] = PrivateAttr(default_factory=list)
     _peer_list: list[PeerConfig] = PrivateAttr(default_factory=list)
     _witness_list: list[WitnessConfig] = PrivateAttr(default_factory=list)
+    _mail_stamper_list: list[MailStamperConfig] = PrivateAttr(default_factory=list)
+    _mail_smtp: MailServer | None = PrivateAttr(default=None)
+    _mail_imap: MailServer | None = PrivateAttr(default=None)
     _tsa_spec: KeySpec | None = PrivateAttr(default=None)
     _witnessed: dict[str, list[Ed25519Verifier]] = PrivateAttr(default_factory=dict)
     _mail_listen: tuple[str, int] | None = PrivateAttr(default=None)
@@ -378,6 +417,13 @@ class Settings(BaseSettings):
         self._extra_key_specs = parse_extra_keys(self.extra_keys)
         self._peer_list = parse_peers(self.peers)
         self._witness_list = parse_witnesses(self.witnesses)
+        self._mail_stamper_list = parse_mail_stampers(self.mail_stampers)
+        self._mail_smtp = parse_mail_server(self.mail_smtp, "smtp")
+        self._mail_imap = parse_mail_server(self.mail_imap, "imap")
+        if self._mail_stamper_list and not (self._mail_smtp and self._mail_imap
+                                            and self.mail_from):
+            raise ValueError("STAMPD_MAIL_STAMPERS need our mail account: STAMPD_MAIL_FROM, "
+                             "STAMPD_MAIL_SMTP and STAMPD_MAIL_IMAP")
         if self._witness_list and not self.tlog:
             raise ValueError("STAMPD_WITNESSES cosign the transparency log's checkpoints: "
                              "turn it on (STAMPD_TLOG=on) or list no witness")
@@ -422,6 +468,23 @@ class Settings(BaseSettings):
     @property
     def peer_list(self) -> list[PeerConfig]:
         return list(self._peer_list)
+
+    @property
+    def mail_stamper_list(self) -> list[MailStamperConfig]:
+        return list(self._mail_stamper_list)
+
+    @property
+    def mail_smtp_server(self) -> MailServer | None:
+        return self._mail_smtp
+
+    @property
+    def mail_imap_server(self) -> MailServer | None:
+        return self._mail_imap
+
+    @property
+    def mail_stamper_keys(self) -> Path:
+        """The email timestampers' public keys, ``<name>.asc``."""
+        return self.data_dir / "mail-stampers"
 
     @property
     def witness_list(self) -> list[WitnessConfig]:

@@ -40,6 +40,7 @@ from tests.helpers import (
     start_server,
     terminate,
 )
+from tests.mailservers import MailServerError, MailServers
 
 # RFC 3161 (on by default) adds a key, a worker and an agent to every server and worker host:
 # the processes tests start run without it unless a test turns it on (tests/system/test_tsa*).
@@ -345,6 +346,25 @@ def pg_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
     url = _pg_database(pg_admin_url, name, template=pg_template)
     yield url
     _drop_pg_database(pg_admin_url, name)
+
+
+@pytest.fixture
+def mail_servers() -> Iterator[MailServers]:
+    """A throwaway Postfix (submission: STARTTLS, SASL login) and Dovecot (IMAP: STARTTLS,
+    IDLE; LMTP delivery) on free loopback ports, with the users ``stampd`` and ``stamper`` of
+    ``MAIL_DOMAIN``, and a CA of their own (tests/mailservers.py); stopped by PID after the
+    test. Fails, never skips, when Postfix or Dovecot is missing (tests/sysdeps.sh)."""
+    try:
+        servers = MailServers(["stampd", "stamper"])
+        servers.start()
+    except MailServerError as e:
+        pytest.fail(str(e))
+    pids = servers.pids()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+    assert all(pid_gone(pid) for pid in pids)
 
 
 @pytest.fixture(autouse=True)

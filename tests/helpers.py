@@ -70,7 +70,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A loopback port free now, for a server a test starts next, chosen below the kernel's
     ephemeral range: a port the kernel gave out as free (bind to 0) may be taken by the source
     port of any outgoing connection before the server binds it, and the suite makes thousands
@@ -80,12 +80,12 @@ def free_port() -> int:
         port = secrets.randbelow(low - 10_000) + 10_000
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((host, port))
             except OSError:
                 continue
             return port
     with socket.socket() as s:  # (no free port below the range: take the kernel's)
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

@@ -24,6 +24,11 @@ need chromium chromium
 need docker-compose docker-compose
 need systemd-analyze systemd
 need '/usr/lib/postgresql/*/bin/initdb' postgresql
+# The throwaway mail servers of tests/mailservers.py: the programs only, never a system service.
+need /usr/lib/postfix/sbin/master postfix
+need /usr/sbin/dovecot dovecot-core
+need /usr/lib/dovecot/imap dovecot-imapd
+need /usr/lib/dovecot/lmtp dovecot-lmtpd
 
 [ -z "$missing" ] && exit 0
 missing=${missing# }
@@ -51,5 +56,34 @@ apt_get() {
     fi
 }
 apt_get update
+# Postfix and Dovecot are wanted as programs, not as the system's mail service: Postfix is told
+# "No configuration" (no /etc/postfix/main.cf, nothing to start), and while apt runs a
+# policy-rc.d (unless the system has one) forbids every package to start a service; the units
+# of the packages installed here are left disabled, and nothing may listen on port 25 after.
+mail_service=""
+case " $missing " in *" postfix "*|*" dovecot-"*) mail_service=1 ;; esac
+policy=/usr/sbin/policy-rc.d
+own_policy=""
+if [ -n "$mail_service" ]; then
+    echo "postfix postfix/main_mailer_type select No configuration" | $sudo debconf-set-selections
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# tests/sysdeps.sh: no service starts while it installs\nexit 101\n' \
+            | $sudo tee "$policy" >/dev/null
+        $sudo chmod 755 "$policy"
+        own_policy=1
+        trap '$sudo rm -f "$policy"' EXIT
+    fi
+fi
 # shellcheck disable=SC2086  # one word per package
 apt_get install -y $missing
+if [ -n "$mail_service" ]; then
+    if command -v systemctl >/dev/null 2>&1; then  # (--root: works without a running systemd)
+        $sudo systemctl --root=/ disable postfix.service dovecot.service dovecot.socket \
+            >/dev/null 2>&1 || true
+    fi
+    [ -n "$own_policy" ] && $sudo rm -f "$policy"
+    if command -v ss >/dev/null 2>&1 && ss -Hltn 'sport = :25' | grep -q .; then
+        echo "make test: something listens on port 25 after installing postfix; stop it" >&2
+        exit 1
+    fi
+fi

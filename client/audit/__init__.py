@@ -38,9 +38,13 @@ failure names the commit it concerns and the rule it breaks (``[<check>/<rule>] 
    and its hash tiles, both logs listing the same stamps, the git log's ``tlog-checkpoint``
    files and the checkpoints seen by earlier audits (`client.audit.state`) prefixes of today's
    tree.
-5. **coverage** (a report, never a failure): for each main commit, the earliest valid peer stamp
-   of it or of a later main commit, and the window ``stamp time - log commit time`` in which the
-   server could have backdated it.
+5. **mailstamps** (`client.audit.mailstamps`): every ``<name>-mailstamps`` branch, the replies
+   of an email timestamper: a merge chain over main commits like a peer's, each reply one
+   clear-signed message that gpg verifies with the key the log published as
+   ``mailstampers/<name>.asc`` and that quotes the request stampd sends for the stamped commit.
+6. **coverage** (a report, never a failure): for each main commit, the earliest valid stamp (a
+   peer's, or an email timestamper's at its signature's time) of it or of a later main commit,
+   and the window ``stamp time - log commit time`` in which the server could have backdated it.
 
 Signatures are checked with the real ``git verify-commit --raw`` and ``gpg`` in temporary
 keyrings (one per key, ``no-autostart``: no agent is started). The repository's own config
@@ -61,6 +65,7 @@ from client.audit.auditor import audit
 from client.audit.errors import AuditError, EmptyLog, TargetError
 from client.audit.report import (
     FILES_CHECK,
+    MAIL_CHECK,
     MAIN_CHECK,
     PEERS_CHECK,
     TLOG_CHECK,
@@ -71,6 +76,7 @@ from client.audit.repository import local_copy
 
 __all__ = [
     "FILES_CHECK",
+    "MAIL_CHECK",
     "MAIN_CHECK",
     "PEERS_CHECK",
     "TLOG_CHECK",

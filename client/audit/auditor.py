@@ -16,6 +16,7 @@ import pygit2
 
 from client.audit.errors import EmptyLog, KeyFileError, TargetError
 from client.audit.logfiles import DIGEST_LINE, HASH_LINE, check_lines
+from client.audit.mailstamps import check_mail_branch
 from client.audit.report import (
     FILES_CHECK,
     MAIN_CHECK,
@@ -424,6 +425,11 @@ class _Auditor:
         for name, ref in refs.peers.items():
             summary, valid = self.check_peer(name, ref, chain, main_index)
             report.peers.append(summary)
+            stamps.extend(valid)
+        for name, ref in refs.mail.items():
+            summary, valid = check_mail_branch(self.repo, self.keyrings, self.fail, name, ref,
+                                               chain, main_index)
+            report.mail.append(summary)
             stamps.extend(valid)
         self.cover(entries, stamps, main_index)
         if self.tlog is not None:

@@ -16,7 +16,8 @@ MAIN_CHECK = "main"
 FILES_CHECK = "files"
 PEERS_CHECK = "peers"
 TLOG_CHECK = "tlog"
-CHECKS = (MAIN_CHECK, FILES_CHECK, PEERS_CHECK, TLOG_CHECK)
+MAIL_CHECK = "mailstamps"  # the email timestampers' branches (client.audit.mailstamps)
+CHECKS = (MAIN_CHECK, FILES_CHECK, PEERS_CHECK, MAIL_CHECK, TLOG_CHECK)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class AuditReport:
     log: list[LogEntry] = field(default_factory=list)
     peers: list[PeerSummary] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    mail: list[PeerSummary] = field(default_factory=list)  # the <name>-mailstamps branches
     main_ref: str = f"refs/heads/{MAIN}"
     tlog: TlogSummary = field(default_factory=TlogSummary)
 
@@ -156,6 +158,7 @@ class AuditReport:
             "log": [{**asdict(e), "window": e.window} for e in self.log],
             "uncovered": self.uncovered,
             "peers": [asdict(p) for p in self.peers],
+            "mail_stampers": [asdict(m) for m in self.mail],
             "tlog": asdict(self.tlog),
             "failures": [asdict(f) for f in self.failures],
         }
@@ -190,6 +193,15 @@ class AuditReport:
         rest = [f for f in peer_failures if f.ref not in {p.ref for p in self.peers}]
         if rest:
             out.append(_status_line("peers", rest))
+        mail_failures = self.failures_of(MAIL_CHECK)
+        for m in self.mail:
+            key = f"key {m.fingerprint} from {m.key_source}" if m.fingerprint else "no key"
+            out.append(_status_line(f"email timestamper {m.name} ({m.ref}): {m.valid} of "
+                                    f"{m.commits} replies valid, {key}",
+                                    [f for f in mail_failures if f.ref == m.ref]))
+        rest = [f for f in mail_failures if f.ref not in {m.ref for m in self.mail}]
+        if rest:
+            out.append(_status_line("mailstamps", rest))
         out.extend(_tlog_lines(self.tlog, self.failures_of(TLOG_CHECK)))
         covered = len(self.log) - len(self.uncovered)
         out.append(f"coverage: {covered} of {len(self.log)} log commits stamped by a peer"

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pygit2
@@ -19,6 +19,7 @@ from pygit2.enums import RepositoryOpenFlag
 
 from client.audit.errors import EmptyLog, TargetError
 from client.fetch import tls_problem
+from formats.mailstamps import BRANCH_SUFFIX as MAIL_SUFFIX
 
 MAIN = "main"
 PEER_SUFFIX = "-timestamps"
@@ -84,6 +85,8 @@ class AuditedRefs:
     main: str  # full ref name of main
     peers: dict[str, str]  # peer name -> full ref name of its <name>-timestamps branch
     remote: str | None  # the remote whose remote-tracking refs these are; None: local refs
+    # email timestamper name -> full ref name of its <name>-mailstamps branch
+    mail: dict[str, str] = field(default_factory=dict)
 
 
 def audited_refs(names: Iterable[str], upstream: str | None,
@@ -125,7 +128,9 @@ def audited_refs(names: Iterable[str], upstream: str | None,
         raise TargetError(f"{target} has no '{MAIN}' branch")
     peers = {n[len(prefix):-len(PEER_SUFFIX)]: n for n in names
              if n.startswith(prefix) and n.endswith(PEER_SUFFIX)}
-    return AuditedRefs(main, peers, remote)
+    mail = {n[len(prefix):-len(MAIL_SUFFIX)]: n for n in names
+            if n.startswith(prefix) and n.endswith(MAIL_SUFFIX)}
+    return AuditedRefs(main, peers, remote, mail)
 
 
 def upstream_remote(repo: pygit2.Repository) -> str | None:

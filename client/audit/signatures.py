@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +126,39 @@ def verify_commit(git_dir: Path, commit: str, keyring: Keyring) -> SignatureChec
     sig = status.valid_sigs[0]
     return SignatureCheck(True, sig.primary, sig.created, None)
 
+
+
+@dataclass(frozen=True)
+class ClearCheck:
+    """The outcome of ``gpg --verify`` of a clear-signed message in one keyring."""
+
+    valid: bool
+    fingerprint: str | None  # primary key fingerprint from VALIDSIG
+    created: int | None
+    text: str  # the signed text as gpg reads it (dash-escaping undone, LF line ends)
+    problem: str | None
+
+
+def verify_cleartext(block: bytes, keyring: Keyring) -> ClearCheck:
+    """Verify a clear-signed message with the real gpg in ``keyring`` (its one key): exactly
+    one good signature."""
+    fd, name = tempfile.mkstemp(suffix=".txt", dir=keyring.home)
+    os.close(fd)
+    try:
+        r = subprocess.run(["gpg", "--homedir", str(keyring.home), "--batch", "--no-tty",
+                            "--no-autostart", "--status-fd", "1", "--trust-model", "always",
+                            "--yes", "--output", name, "--decrypt", "-"], input=block,
+                           capture_output=True, timeout=GIT_TIMEOUT, check=False)
+        text = Path(name).read_bytes().decode("utf-8", "replace").replace("\r\n", "\n")
+    except FileNotFoundError:
+        raise AuditError("gpg is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise AuditError("gpg did not finish in time") from None
+    finally:
+        os.unlink(name)
+    status = SignatureStatus.parse(r.stdout.decode("utf-8", "replace"))
+    sigs = status.valid_sigs
+    if r.returncode != 0 or len(sigs) != 1 or status.newsig > 1 or status.errors:
+        return ClearCheck(False, None, None, text, _gpg_problem(status, keyring.fingerprint)
+                          if status.errors or not sigs else "more than one signature")
+    return ClearCheck(True, sigs[0].primary, sigs[0].created, text, None)

@@ -45,6 +45,7 @@ from server.dispatch.database import DbDispatcher, psycopg_dsn
 from server.dispatch.socket import SocketDispatcher
 from server.errors import KeyRegistryError
 from server.gitlog.committer import CommitterConfig, LogCommitter
+from server.gitlog.mailstampers import MailStamper
 from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.leadership import AdvisoryLeader, FileLeader
@@ -217,11 +218,16 @@ def create_app(
         else:
             leader = FileLeader(settings.run_dir / "log.lock")
         cross = CrossStamper(engine, settings, clock, leader=leader)
+        mail_stampers = MailStamper(engine, settings, clock, leader=leader)
         loop = asyncio.get_running_loop()
 
         def on_commit(head: str) -> None:
-            cross.head_committed(head)
-            loop.call_soon_threadsafe(cross.wake)
+            try:
+                cross.head_committed(head)
+                loop.call_soon_threadsafe(cross.wake)
+            finally:  # (each on its own: a failure of one schedules the other all the same)
+                mail_stampers.head_committed(head)
+                loop.call_soon_threadsafe(mail_stampers.wake)
 
         tsa_source = None if settings.tsa_spec is None else TsaSource(
             served, settings.tsa_spec.id, settings.keys_dir, engine,
@@ -235,7 +241,7 @@ def create_app(
             engine, LogRepository(settings.log_repo), dispatcher,
             CommitterConfig.of(settings, served[0].public, log_key_files(served, tsa), clock),
             leader=leader, on_commit=on_commit, peer_keys=cross.pinned_keys,
-            extra_files=lambda: checkpoint_file(tlog_reader))
+            extra_files=lambda: {**checkpoint_file(tlog_reader), **mail_stampers.published_keys()})
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
                           request_timeout=settings.request_timeout, clock=clock)
         count = settings.api_process_count
@@ -256,6 +262,7 @@ def create_app(
         if tlog is not None:
             tlog.start()
         cross.start()
+        mail_stampers.start()
         if siblings is not None:
             siblings.start()
         # The SMTP listener (STAMPD_MAIL_LISTEN) runs in the first HTTP process only: its
@@ -271,7 +278,8 @@ def create_app(
                              stats, served, clock, tsa_source, siblings, log_key, tlog_reader,
                              tlog, witness=make_witness(settings, engine, dispatcher, served,
                                                         clock), process=process,
-                             proof_waiters=waiters, budgets=budgets))
+                             proof_waiters=waiters, budgets=budgets,
+                             mail_stampers=mail_stampers))
         app.state.services = cell[0]
         try:
             yield
@@ -286,6 +294,7 @@ def create_app(
             if siblings is not None:
                 await siblings.stop()
             await cross.stop()
+            await mail_stampers.stop()
             if tlog is not None:
                 await tlog.stop()
             await committer.stop()

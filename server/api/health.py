@@ -73,9 +73,26 @@ async def readiness(s: Services, clock: Callable[[], bool | None] = clock_synchr
     ready = all(c["ok"] for c in checks.values())
     body = {"ready": ready, "checks": checks, "workers": workers,
             "queue": total.queue, "requeued": total.requeued}
+    if s.mail_stampers is not None and s.mail_stampers.stampers:  # (shown, never a check)
+        body["mail_stampers"] = await asyncio.to_thread(mail_report, s)
     if s.settings.witness_list:  # (shown, never a check: a witness down never stops stamping)
         body["witnesses"] = witness_report(s, total.others)
     return ready, body
+
+
+def mail_report(s: Services) -> dict[str, dict[str, Any]]:
+    """Each email timestamper by name: when we last sent it a request and had its reply,
+    whether a head has waited too long (overdue), its failures and last error. Information,
+    not readiness: a timestamper that never answers stops nothing."""
+    assert s.mail_stampers is not None
+    return {m.name: {"ok": m.overdue_since is None and m.error is None,
+                     "detail": ("overdue: a head waits since "
+                                f"{m.overdue_since}" if m.overdue_since is not None
+                                else m.error or "ok"),
+                     "address": m.address, "last_sent": m.last_sent,
+                     "last_reply": m.last_reply, "overdue": m.overdue_since is not None,
+                     "failures": m.failures, "refused": m.refused, "last_error": m.error}
+            for m in s.mail_stampers.statuses()}
 
 
 def witness_report(s: Services, others: Sequence[Sibling] = ()) -> dict[str, dict[str, Any]]:
@@ -144,6 +161,16 @@ class WitnessCheck(Check, total=False):
     refused_cosignatures: int
 
 
+class MailStamperCheck(Check, total=False):
+    address: str
+    last_sent: int | None
+    last_reply: int | None
+    overdue: bool
+    failures: int
+    refused: int
+    last_error: str | None
+
+
 class Readiness(TypedDict):
     ready: bool
     checks: Annotated[dict[str, Check], Field(
@@ -154,6 +181,9 @@ class Readiness(TypedDict):
     witnesses: NotRequired[Annotated[dict[str, WitnessCheck], Field(
         description="each witness of the transparency log by name, where some are "
                     "configured: information, never a check")]]
+    mail_stampers: NotRequired[Annotated[dict[str, MailStamperCheck], Field(
+        description="each email timestamper by name, where some are configured (docs/mail.md):"
+                    " information, never a check")]]
 
 
 def add_health_routes(app: FastAPI) -> None:

@@ -104,6 +104,7 @@ class StampdCollector(Collector):
             fails.add_metric([p.name], p.failures)
         yield age
         yield fails
+        yield from _mail_metrics(s)
         if s.tlog_reader is not None:
             note = s.tlog_reader.checkpoint()
             yield GaugeMetricFamily("stampd_tlog_checkpoint_size",
@@ -124,6 +125,35 @@ class StampdCollector(Collector):
                 each.add_metric([str(other.index)],
                                 sum(n for _kind, _status, n in other.stats["requests"]))
         yield each
+
+
+def _mail_metrics(s: Services) -> Iterator[Metric]:
+    """Each email timestamper's last request and reply, overdue state, failures, refusals."""
+    if s.mail_stampers is None or not s.mail_stampers.stampers:
+        return
+    now = time.time()
+    sent = GaugeMetricFamily("stampd_mail_stamper_last_sent_age_seconds",
+                             "Seconds since a request was last mailed to the email "
+                             "timestamper (-1: never)", labels=["stamper"])
+    reply = GaugeMetricFamily("stampd_mail_stamper_last_reply_age_seconds",
+                              "Seconds since the email timestamper's last good reply "
+                              "(-1: never)", labels=["stamper"])
+    overdue = GaugeMetricFamily("stampd_mail_stamper_overdue",
+                                "1 when a log head has waited longer than "
+                                "STAMPD_MAIL_STAMPER_OVERDUE_AFTER for the timestamper's reply",
+                                labels=["stamper"])
+    fails = CounterMetricFamily("stampd_mail_stamper_failures",
+                                "Requests that could not be sent", labels=["stamper"])
+    refused = CounterMetricFamily("stampd_mail_stamper_refused_replies",
+                                  "Replies refused (bad signature, not quoting a request)",
+                                  labels=["stamper"])
+    for m in s.mail_stampers.statuses():
+        sent.add_metric([m.name], now - m.last_sent if m.last_sent else -1)
+        reply.add_metric([m.name], now - m.last_reply if m.last_reply else -1)
+        overdue.add_metric([m.name], 1 if m.overdue_since is not None else 0)
+        fails.add_metric([m.name], m.failures)
+        refused.add_metric([m.name], m.refused)
+    yield from (sent, reply, overdue, fails, refused)
 
 
 def _witness_metrics(s: Services, total: Overview) -> Iterator[Metric]:

@@ -12,6 +12,7 @@ from server.api.siblings import Overview, Sibling, Siblings, overview
 from server.budgets import Budgets
 from server.dispatch import Dispatcher
 from server.gitlog.committer import LogCommitter
+from server.gitlog.mailstampers import MailStamper
 from server.gitlog.peers import CrossStamper
 from server.settings import Settings
 from server.stamping.journal import JournalApi
@@ -50,6 +51,7 @@ class Services:
     # The host's budgets (manifest bytes, witness requests): this process's own when it is
     # the only one, else the coordinator's.
     budgets: Budgets | None = None
+    mail_stampers: MailStamper | None = None  # the email timestampers (none configured: idle)
 
     async def overview(self) -> Overview:
         """The counters and queues of every HTTP process of this server."""

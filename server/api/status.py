@@ -21,6 +21,7 @@ from server.api import templates
 from server.api.services import Services
 from server.api.siblings import Sibling
 from server.api.templates import TEMPLATE_DIR
+from server.gitlog.mailstampers import MailStamperStatus
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
 from server.setting_values import redact_userinfo
@@ -48,6 +49,7 @@ class Snapshot:
     peers: list[PeerRow]
     witnesses: list[WitnessState] = field(default_factory=list)  # (the transparency log's)
     published: int | None = None  # the size of the published checkpoint
+    mail_stampers: list[MailStamperStatus] = field(default_factory=list)
 
 
 def snapshot(s: Services, others: Sequence[Sibling] = ()) -> Snapshot:
@@ -79,7 +81,8 @@ def snapshot(s: Services, others: Sequence[Sibling] = ()) -> Snapshot:
                                  int(pending), err))
     log = LogRepository(s.settings.log_repo).recent(10)  # a handle of this thread's own
     return Snapshot(per_minute, sum(per_minute), log, peers, s.witness_states(others),
-                    s.published_size())
+                    s.published_size(),
+                    s.mail_stampers.statuses() if s.mail_stampers is not None else [])
 
 
 def _when(t: float | None) -> str:
@@ -178,4 +181,5 @@ def render(s: Services, snap: Snapshot) -> str:
         witnesses=[(w, w.lag(snap.published)) for w in snap.witnesses],
         witness_vkey=own_witness_vkey(s),
         tsa=None if tsa is None else tsa_view(tsa.chain_pem, tsa.policy),
-        chart=chart(snap.per_minute), log=snap.log, peers=snap.peers, when=_when)
+        chart=chart(snap.per_minute), log=snap.log, peers=snap.peers, when=_when,
+        mail_stampers=snap.mail_stampers)

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from formats.jobs import JobState
 from server import db
-from server.models import Base, CrossStampState, LogCommitState, StampState
+from server.models import Base, CrossStampState, LogCommitState, MailStampState, StampState
 
 BEFORE = "0009"  # the revision before the state checks
 
@@ -30,6 +30,10 @@ MACHINES: dict[str, tuple[type[enum.StrEnum], str]] = {
     "cross_stamps": (CrossStampState,
                      "INSERT INTO cross_stamps (peer, log_commit, attempts, next_attempt_at, "
                      "created_at, updated_at, state) VALUES ('p', :head, 0, 0, 1, 1, :state)"),
+    "mail_stamps": (MailStampState,
+                    "INSERT INTO mail_stamps (stamper, log_commit, attempts, refused, "
+                    "next_attempt_at, created_at, updated_at, state) "
+                    "VALUES ('p', :head, 0, 0, 0, 1, 1, :state)"),
     "jobs": (JobState,
              "INSERT INTO jobs (key_id, payload, attempts, created_at, state) "
              "VALUES ('primary', '{}', 0, 1, :state)"),
