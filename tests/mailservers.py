@@ -565,10 +565,27 @@ class Responder:
         reply = self._gpg("--local-user", key_fpr(key), "--clearsign", data=signed.encode())
         if tamper:
             reply = reply.replace(b"git commit: ", b"git commit:  ", 1)
+        self._send_reply(request, reply.decode())
+
+    def answer_receipt(self, request: EmailMessage, *, key: Path = STAMPER_KEY,
+                       digest: str | None = None) -> None:
+        """Reply to a digest-mode ``request`` as a stampd mail listener would: a stampd
+        receipt (formats.receipts) of the digest its body is (``digest`` instead), clear-signed
+        with ``key``, and no quoted text."""
+        from formats.receipts import Statement
+
+        if digest is None:
+            digest = request.get_body().get_content().strip()  # type: ignore[union-attr]
+        statement = Statement("sha256", digest, int(time.time()), "http://b.test/", 1,
+                              key_fpr(key))
+        self._send_reply(request, self._gpg("--local-user", key_fpr(key), "--clearsign",
+                                            data=statement.text().encode()).decode())
+
+    def _send_reply(self, request: EmailMessage, text: str) -> None:
         msg = EmailMessage()
         msg["From"], msg["To"] = self.user.address, str(request["From"])
         msg["Subject"] = f"Re: {request['Subject']}"
-        msg.set_content("Your timestamp:\n\n" + reply.decode())
+        msg.set_content("Your timestamp:\n\n" + text)
         with self.servers.smtp(self.user) as s:
             s.send_message(msg)
         self.answered += 1
