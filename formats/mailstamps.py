@@ -7,19 +7,32 @@ quotes it. A reply is good when it holds exactly one clear-signed block (`clears
 its signature verifies with the timestamper's pinned key (checked by gpg, elsewhere), and the
 signed text quotes every line of the request, in order and together (`quotes`).
 
+A timestamper in **digest mode** (another stampd, whose mail listener stamps a body that is only
+a digest and quotes nothing) is sent `request_body`: the SHA-256 (hex) of the request text, and
+nothing else. Its reply is good when the signed text is a stampd receipt (`formats.receipts`)
+of exactly that digest (`answers`).
+
 A good reply is committed to the branch ``<name>-mailstamps`` (`stamp_commit`): each commit
 has the previous one (if any) and then the stamped ``main`` commit as parents, and a tree of
-one file, ``mailstamp.asc``, the clear-signed block as received. `stampd audit` checks them
-with the key the log publishes as ``mailstampers/<name>.asc``.
+``mailstamp.asc``, the clear-signed block as received, and in digest mode ``request.txt``, the
+request text whose digest the receipt names (the digest is recomputed from it, and it names the
+stamped commit). `stampd audit` checks them with the key the log publishes as
+``mailstampers/<name>.asc``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+
+from formats.receipts import MalformedReceipt, Statement, parse_statement
 
 BEGIN_SIGNED = "-----BEGIN PGP SIGNED MESSAGE-----"
 END_SIGNATURE = "-----END PGP SIGNATURE-----"
 REPLY_FILE = "mailstamp.asc"
+REQUEST_FILE = "request.txt"  # digest mode: the request text whose digest was stamped
+QUOTE, DIGEST = "quote", "digest"  # how a timestamper answers (MODES: the setting's values)
+MODES = (QUOTE, DIGEST)
 KEYS_DIR = "mailstampers"
 BRANCH_SUFFIX = "-mailstamps"
 MAX_REPLY = 64 * 1024  # characters of a clear-signed block we keep
@@ -42,6 +55,42 @@ def request_text(head: str, number: int | None, checkpoint: str | None) -> str:
         body = checkpoint.split("\n\n", 1)[0]
         lines += ["tlog checkpoint:", *body.splitlines()]
     return "".join(f"{line}\n" for line in lines)
+
+
+def request_digest(text: str) -> str:
+    """The SHA-256 (lowercase hex) of a request text, as a digest-mode request carries it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def request_body(text: str, mode: str) -> str:
+    """What is mailed for the request ``text``: the text itself (``quote``), or only its
+    SHA-256 in hex (``digest``), which a stampd mail listener stamps as it is."""
+    if mode == DIGEST:
+        return request_digest(text) + "\n"
+    return text
+
+
+def receipt_of(signed_text: str) -> Statement:
+    """The stampd receipt statement a digest-mode reply's signed text is (as gpg gives it,
+    its line ends and final newline aside); `MailStampError` when it is none, or not of a
+    SHA-256 digest."""
+    text = signed_text.replace("\r\n", "\n").rstrip("\n") + "\n"
+    try:
+        statement = parse_statement(text)
+    except MalformedReceipt as e:
+        raise MailStampError(f"the signed text is no stampd receipt: {e}") from None
+    if statement.algorithm != "sha256":
+        raise MailStampError(f"the receipt is of a {statement.algorithm} digest, not sha256")
+    return statement
+
+
+def answers(signed_text: str, sent: str, mode: str) -> bool:
+    """Whether a reply whose signature covers ``signed_text`` answers the request ``sent``:
+    it quotes it (`quotes`), or, in digest mode, it is a receipt of its SHA-256
+    (`MailStampError` when it is no receipt at all)."""
+    if mode == DIGEST:
+        return receipt_of(signed_text).digest == request_digest(sent)
+    return quotes(signed_text, sent)
 
 
 def clearsigned_block(body: str) -> str:

@@ -14,6 +14,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from formats.keys import KeySpec, parse_extra_keys
+from formats.mailstamps import DIGEST, MODES, QUOTE
 from formats.note import Ed25519Verifier, NoteError
 from formats.tlog.checkpoint import CosignatureVerifier
 
@@ -104,11 +105,14 @@ MAIL_ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9.-]+")
 class MailStamperConfig:
     """An email timestamper (docs/mail.md): its name (the log's ``<name>-mailstamps``), the
     address requests go to, and the pinned key: its id (16 hex digits, the long key id) or
-    fingerprint (40), the key itself read from ``<data_dir>/mail-stampers/<name>.asc``."""
+    fingerprint (40), the key itself read from ``<data_dir>/mail-stampers/<name>.asc``; and
+    ``mode``, how it answers: ``quote`` (a clear-signed copy of the request) or ``digest`` (it
+    is mailed only the request's SHA-256 and answers with a stampd receipt of it)."""
 
     name: str
     address: str
     key_id: str  # upper-case hex, 16 or 40 digits
+    mode: str = QUOTE
 
     def pins(self, fingerprint: str) -> bool:
         """Whether a key of this ``fingerprint`` is the pinned one."""
@@ -116,11 +120,16 @@ class MailStamperConfig:
 
 
 def parse_mail_stampers(spec: str) -> list[MailStamperConfig]:
-    """``name=ADDRESS#KEYID`` items separated by commas."""
+    """``name=ADDRESS#KEYID[:MODE]`` items separated by commas; MODE ``quote`` (the default)
+    or ``digest``."""
     stampers: list[MailStamperConfig] = []
     for item in filter(None, (i.strip() for i in spec.split(","))):
         name, sep, rest = item.partition("=")
-        address, _, key_id = rest.partition("#")
+        address, _, pin = rest.partition("#")
+        key_id, colon, mode = pin.partition(":")
+        if colon and mode not in MODES:
+            raise ValueError(f"mail stamper {name}: unknown mode {mode[:20]!r} after the key "
+                             f"id; use :{QUOTE} (the default) or :{DIGEST}")
         if not sep or not PEER_NAME.fullmatch(name):
             raise ValueError(f"mail stamper {item!r}: use name=ADDRESS#KEYID, name in "
                              "[a-z0-9_.-]")
@@ -131,7 +140,7 @@ def parse_mail_stampers(spec: str) -> list[MailStamperConfig]:
                              "hex digits) or fingerprint (40) of its OpenPGP key")
         if any(s.name == name for s in stampers):
             raise ValueError(f"mail stamper {name} listed twice")
-        stampers.append(MailStamperConfig(name, address, key_id.upper()))
+        stampers.append(MailStamperConfig(name, address, key_id.upper(), mode or QUOTE))
     return stampers
 
 

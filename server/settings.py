@@ -154,9 +154,11 @@ class Settings(BaseSettings):
 
     # Email timestampers that stamp our log (docs/mail.md, "Outbound: email timestampers").
     mail_stampers: str = Field(
-        default="", description="email timestampers that stamp our log: name=ADDRESS#KEYID,... "
-        "(KEYID the long key id or fingerprint of its OpenPGP key, the key itself in "
-        "<data_dir>/mail-stampers/<name>.asc)")
+        default="", description="email timestampers that stamp our log: "
+        "name=ADDRESS#KEYID[:MODE],... (KEYID the long key id or fingerprint of its OpenPGP "
+        "key, the key itself in <data_dir>/mail-stampers/<name>.asc; MODE quote, the default: "
+        "it is mailed the request and answers with a clear-signed copy quoting it, or digest: "
+        "it is mailed only the request's SHA-256 and answers with a stampd receipt of it)")
     mail_from: str = Field(default="", description="our address, the sender of the requests")
     mail_smtp: str = Field(
         default="", repr=False, description="our SMTP submission server: smtp://USER:PASSWORD"

@@ -8,6 +8,7 @@ that uses the local PostgreSQL (the ``pg_url`` fixture) is marked ``postgres``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -31,6 +32,7 @@ from tests.helpers import (
     Server,
     ThrowawayPostgres,
     cmdlines,
+    free_port,
     kill_pids,
     pid_gone,
     pids_mentioning,
@@ -348,14 +350,15 @@ def pg_url(pg_admin_url: str, pg_template: str) -> Iterator[str]:
     _drop_pg_database(pg_admin_url, name)
 
 
-@pytest.fixture
-def mail_servers() -> Iterator[MailServers]:
-    """A throwaway Postfix (submission: STARTTLS, SASL login) and Dovecot (IMAP: STARTTLS,
-    IDLE; LMTP delivery) on free loopback ports, with the users ``stampd`` and ``stamper`` of
-    ``MAIL_DOMAIN``, and a CA of their own (tests/mailservers.py); stopped by PID after the
-    test. Fails, never skips, when Postfix or Dovecot is missing (tests/sysdeps.sh)."""
+@contextlib.contextmanager
+def running_mail_servers(users: list[str], routes: dict[str, tuple[str, int]] | None = None
+                         ) -> Iterator[MailServers]:
+    """`MailServers` with ``users`` (and ``routes``: domain -> host, port), started, and
+    stopped by PID at the end. Fails, never skips, when Postfix or Dovecot is missing."""
     try:
-        servers = MailServers(["stampd", "stamper"])
+        servers = MailServers(users)
+        for domain, (host, port) in (routes or {}).items():
+            servers.route(domain, host, port)
         servers.start()
     except MailServerError as e:
         pytest.fail(str(e))
@@ -365,6 +368,26 @@ def mail_servers() -> Iterator[MailServers]:
     finally:
         servers.stop()
     assert all(pid_gone(pid) for pid in pids)
+
+
+@pytest.fixture
+def mail_servers() -> Iterator[MailServers]:
+    """A throwaway Postfix (submission: STARTTLS, SASL login) and Dovecot (IMAP: STARTTLS,
+    IDLE; LMTP delivery) on free loopback ports, with the users ``stampd`` and ``stamper`` of
+    ``MAIL_DOMAIN``, and a CA of their own (tests/mailservers.py); stopped by PID after the
+    test. Fails, never skips, when Postfix or Dovecot is missing (tests/sysdeps.sh)."""
+    with running_mail_servers(["stampd", "stamper"]) as servers:
+        yield servers
+
+
+@pytest.fixture
+def routed_mail_servers() -> Iterator[tuple[MailServers, int]]:
+    """The mail servers with the user ``stampd`` only, Postfix relaying the domain ``b.test``
+    by SMTP to a free loopback port (another stampd's mail listener, to be started there);
+    (the servers, that port)."""
+    port = free_port()
+    with running_mail_servers(["stampd"], {"b.test": ("127.0.0.1", port)}) as servers:
+        yield servers, port
 
 
 @pytest.fixture(autouse=True)

@@ -3,8 +3,15 @@ tests/sysdeps.sh), started the way tests/helpers.py starts the throwaway Postgre
 
 - Postfix listens on a free loopback port for *submission*: STARTTLS required before anything
   else, then SASL login (PLAIN or LOGIN) checked by Dovecot's auth service over a Unix socket.
-  It accepts mail for the users of ``MAIL_DOMAIN`` only, and delivers it to Dovecot by LMTP
-  (a Unix socket); it sends nothing anywhere else (every other destination is an error).
+  It accepts mail for the users of ``MAIL_DOMAIN``, and delivers it to Dovecot by LMTP
+  (a Unix socket); it sends nothing anywhere else (every other destination is an error) but
+  to the routes of `MailServers.route`.
+- Postfix also listens on a free loopback port for plain SMTP (``plain_port``): no TLS, no
+  login, for loopback clients only (``mynetworks``), as a server's relay for its replies
+  (another stampd's ``STAMPD_MAIL_RELAY``).
+- `MailServers.route` (before `start`) makes Postfix relay one more domain by SMTP to a given
+  host and port (``relay_domains``, ``transport_maps``): another stampd's mail listener, whose
+  address is in that domain.
 - Dovecot serves IMAP on a free loopback port: STARTTLS required before login, IDLE, the
   users of a passwd-file with plain passwords, their Maildirs under the temporary directory.
 - TLS certificates come from a throwaway CA made here with ``cryptography`` (`TestCA`); a
@@ -209,7 +216,9 @@ class MailServers:
         self.ca = TestCA(self.dir)
         self.cert_file, self.key_file = self.ca.issue("server", self.host)
         self.smtp_port = free_port(self.host)
+        self.plain_port = free_port(self.host)  # plain SMTP, no login, loopback clients
         self.imap_port = free_port(self.host)
+        self.routes: dict[str, tuple[str, int]] = {}  # domain -> (host, port), by SMTP
         self.users: dict[str, MailUser] = {}
         self.idle = idle  # False: a server that offers no IDLE (clients poll)
         self.postfix: subprocess.Popen[bytes] | None = None
@@ -241,6 +250,11 @@ class MailServers:
         os.chown(users, 0, grp.getgrnam("dovecot").gr_gid)
         (self.dir / "postfix" / "conf").mkdir(parents=True, exist_ok=True)
         (self.dir / "postfix" / "conf" / "vmailbox").write_text("".join(vmail))
+
+    def route(self, domain: str, host: str, port: int) -> None:
+        """Relay mail for ``domain`` by SMTP to ``host``:``port`` (no MX look-up, no TLS);
+        before `start` (or `start_postfix`)."""
+        self.routes[domain] = (host, port)
 
     # -- start and stop ------------------------------------------------------------------------
     def start(self) -> None:
@@ -373,7 +387,8 @@ local_recipient_maps =
 local_transport = error:no local delivery
 alias_maps =
 alias_database =
-relay_domains =
+relay_domains = {", ".join(self.routes)}
+transport_maps = {f"texthash:{p}/conf/transport" if self.routes else ""}
 relayhost =
 default_transport = error:the test mail server delivers to {MAIL_DOMAIN} only
 virtual_mailbox_domains = {MAIL_DOMAIN}
@@ -382,6 +397,8 @@ virtual_transport = lmtp:unix:{d}/lmtp
 smtpd_peername_lookup = no
 smtp_dns_support_level = disabled
 lmtp_host_lookup = native
+smtp_host_lookup = native
+smtp_tls_security_level = none
 smtpd_banner = $myhostname ESMTP stampd test
 biff = no
 smtpd_error_sleep_time = 0
@@ -403,6 +420,13 @@ tls_random_source = dev:/dev/urandom
     def _postfix_master(self) -> str:
         rows = [
             f"{self.host}:{self.smtp_port} inet n - n - - smtpd",
+            # Plain SMTP for loopback clients: no TLS, no login (a server's relay).
+            f"{self.host}:{self.plain_port} inet n - n - - smtpd"
+            " -o smtpd_tls_security_level=none -o smtpd_tls_auth_only=no"
+            " -o smtpd_sasl_auth_enable=no"
+            " -o smtpd_client_restrictions=permit_mynetworks,reject"
+            " -o smtpd_relay_restrictions=permit_mynetworks,reject"
+            " -o smtpd_recipient_restrictions=permit_mynetworks,reject",
             "pickup unix n - n 60 1 pickup",
             "cleanup unix n - n - 0 cleanup",
             "qmgr unix n - n 300 1 qmgr",
@@ -433,6 +457,8 @@ tls_random_source = dev:/dev/urandom
         conf.mkdir(parents=True, exist_ok=True)
         (conf / "main.cf").write_text(self._postfix_main())
         (conf / "master.cf").write_text(self._postfix_master())
+        (conf / "transport").write_text("".join(
+            f"{domain} smtp:[{host}]:{port}\n" for domain, (host, port) in self.routes.items()))
         owner = pwd.getpwnam("postfix")
         postdrop = grp.getgrnam("postdrop").gr_gid
         queue = p / "queue"
@@ -454,6 +480,7 @@ tls_random_source = dev:/dev/urandom
             stdout=open(p / "stdout.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "MAIL_CONFIG": str(conf)})
         _wait_port(self.host, self.smtp_port, self.postfix, "Postfix", p / "stdout.log")
+        _wait_port(self.host, self.plain_port, self.postfix, "Postfix", p / "stdout.log")
 
     # -- clients -------------------------------------------------------------------------------
     def smtp(self, user: MailUser) -> smtplib.SMTP:
@@ -565,10 +592,27 @@ class Responder:
         reply = self._gpg("--local-user", key_fpr(key), "--clearsign", data=signed.encode())
         if tamper:
             reply = reply.replace(b"git commit: ", b"git commit:  ", 1)
+        self._send_reply(request, reply.decode())
+
+    def answer_receipt(self, request: EmailMessage, *, key: Path = STAMPER_KEY,
+                       digest: str | None = None) -> None:
+        """Reply to a digest-mode ``request`` as a stampd mail listener would: a stampd
+        receipt (formats.receipts) of the digest its body is (``digest`` instead), clear-signed
+        with ``key``, and no quoted text."""
+        from formats.receipts import Statement
+
+        if digest is None:
+            digest = request.get_body().get_content().strip()  # type: ignore[union-attr]
+        statement = Statement("sha256", digest, int(time.time()), "http://b.test/", 1,
+                              key_fpr(key))
+        self._send_reply(request, self._gpg("--local-user", key_fpr(key), "--clearsign",
+                                            data=statement.text().encode()).decode())
+
+    def _send_reply(self, request: EmailMessage, text: str) -> None:
         msg = EmailMessage()
         msg["From"], msg["To"] = self.user.address, str(request["From"])
         msg["Subject"] = f"Re: {request['Subject']}"
-        msg.set_content("Your timestamp:\n\n" + reply.decode())
+        msg.set_content("Your timestamp:\n\n" + text)
         with self.servers.smtp(self.user) as s:
             s.send_message(msg)
         self.answered += 1

@@ -9,6 +9,10 @@ else of the newest one before it; one key per timestamper) and nothing else; the
 quotes the request stampd sends for the stamped commit (rebuilt from that commit: its number and
 its ``tlog-checkpoint``); the signature is not older than the stamped commit (30 s of skew).
 
+A reply of a timestamper in digest mode (another stampd's mail listener, sent only the
+request's SHA-256) has the request text beside it, ``request.txt``: its signed text must be a
+stampd receipt of the SHA-256 of that text, and the text the request for the stamped commit.
+
 A valid reply covers the stamped commit and every earlier one from its signature's time on: it
 is a stamp for the coverage report, named ``<name> (mail)``.
 """
@@ -28,9 +32,12 @@ from client.audit.signatures import Keyring, Keyrings, verify_cleartext
 from formats.mailstamps import (
     KEYS_DIR,
     REPLY_FILE,
+    REQUEST_FILE,
     MailStampError,
     clearsigned_block,
     quotes,
+    receipt_of,
+    request_digest,
     request_text,
 )
 
@@ -148,7 +155,12 @@ def _check_reply(repo: pygit2.Repository, fail: Fail, name: str, ref: str, c: py
         fail(MAIL_CHECK, "signer", f"signed by {check.fingerprint}, not by {name}'s key "
              f"{keyring.fingerprint}", oid, REPLY_FILE, ref)
         return None
-    if not quotes(check.text, request_of(repo, main)):
+    request = request_of(repo, main)
+    committed = read_blob(repo, c.tree, REQUEST_FILE)
+    if committed is not None:
+        if not _check_digest(fail, ref, oid, main, check.text, request, committed):
+            return None
+    elif not quotes(check.text, request):
         fail(MAIL_CHECK, "quote", f"the signed text does not quote the request for {main.id}",
              oid, REPLY_FILE, ref)
         return None
@@ -158,6 +170,27 @@ def _check_reply(repo: pygit2.Repository, fail: Fail, name: str, ref: str, c: py
              f"log commit was made ({main.commit_time})", oid, REPLY_FILE, ref)
         return None
     return PeerStamp(f"{name} (mail)", oid, str(main.id), check.created)
+
+
+def _check_digest(fail: Fail, ref: str, oid: str, main: pygit2.Commit, signed: str,
+                  request: str, committed: bytes) -> bool:
+    """A digest-mode reply: the committed request text is the request for ``main``, and the
+    signed text a stampd receipt of its SHA-256."""
+    text = committed.decode("utf-8", "replace")
+    if text != request:
+        fail(MAIL_CHECK, "request", f"{REQUEST_FILE} is not the request for {main.id}", oid,
+             REQUEST_FILE, ref)
+        return False
+    try:
+        statement = receipt_of(signed)
+    except MailStampError as e:
+        fail(MAIL_CHECK, "receipt", str(e), oid, REPLY_FILE, ref)
+        return False
+    if statement.digest != request_digest(text):
+        fail(MAIL_CHECK, "digest", f"the receipt names {statement.digest}, not the SHA-256 of "
+             f"{REQUEST_FILE} ({request_digest(text)})", oid, REPLY_FILE, ref)
+        return False
+    return True
 
 
 def _commit(repo: pygit2.Repository, oid: str) -> pygit2.Commit:

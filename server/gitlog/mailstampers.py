@@ -7,9 +7,12 @@ background task mails it the request (`formats.mailstamps.request_text`) through
 submission server (failures recorded in the row, retried with exponential backoff); a thread
 watches our IMAP mailbox (IDLE, else polling) for replies. A reply from a timestamper's address
 is good when its one clear-signed block verifies with the timestamper's pinned key and its
-signed text quotes a request we sent; it is then committed to ``<name>-mailstamps`` and the
-rows of older heads are superseded. A bad reply is refused: logged, counted, recorded as the
-row's last error, marked seen, nothing committed. A timestamper that never answers makes its
+signed text answers a request we sent (`server.gitlog.mailreplies`: quotes it, or, for a
+timestamper in digest mode, which is sent only the request's SHA-256, is a stampd receipt of
+it); it is then
+committed to ``<name>-mailstamps`` and the rows of older heads are superseded. A bad reply
+is refused: logged, counted, recorded as the row's last error, marked seen, nothing
+committed. A timestamper that never answers makes its
 head overdue after ``mail_stamper_overdue_after`` (shown in /readyz, /metrics and the status
 page, never a readiness failure) and changes nothing else.
 
@@ -21,15 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email
-import email.policy
-import email.utils
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from email.message import EmailMessage
 
 import pygit2
 from pygit2.enums import FileMode
@@ -37,16 +36,19 @@ from sqlalchemy import Engine, insert, select, update
 
 from formats.mailstamps import (
     BRANCH_SUFFIX,
+    DIGEST,
     KEYS_DIR,
     REPLY_FILE,
+    REQUEST_FILE,
     MailStampError,
     clearsigned_block,
-    quotes,
+    request_body,
     request_text,
     stamp_commit,
 )
 from keystore.gnupg import GpgError, TempGnupgHome
 from server.errors import PeerError, StampError
+from server.gitlog.mailreplies import Waiting, match_request, reply_body
 from server.gitlog.mailtransport import Mailbox, MailError, submit
 from server.gitlog.repository import LogRepository
 from server.models import MailStamp, MailStampState
@@ -54,8 +56,6 @@ from server.setting_values import MailStamperConfig
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
-
-CLOCK_SKEW = 30  # a reply's signature may not be older than its request by more than this
 
 
 class StamperKeyring:
@@ -111,19 +111,6 @@ class MailStamperStatus:
     failures: int  # failed sends since start
     refused: int  # replies refused since start
     error: str | None  # the last error: sending, the mailbox, a refused reply or the key
-
-
-def reply_body(raw: bytes) -> tuple[str, str]:
-    """(sender address, text of the plain-text parts) of a message."""
-    msg = email.message_from_bytes(raw, policy=email.policy.default)
-    sender = email.utils.parseaddr(str(msg.get("From", "")))[1].lower()
-    texts = []
-    assert isinstance(msg, EmailMessage)
-    for part in msg.walk():
-        if part.get_content_type() == "text/plain" and not part.is_attachment():
-            with contextlib.suppress(LookupError, ValueError):
-                texts.append(str(part.get_content()))
-    return sender, "\n".join(texts)
 
 
 class MailStamper:
@@ -272,7 +259,8 @@ class MailStamper:
         smtp = self.settings.mail_smtp_server
         assert smtp is not None  # (the settings require it with timestampers)
         message_id = submit(smtp, self.settings.mail_from, stamper.address,
-                            f"stampd log commit {number or ''}".rstrip(), text,
+                            f"stampd log commit {number or ''}".rstrip(),
+                            request_body(text, stamper.mode),
                             starttls=self.settings.mail_starttls,
                             ca_file=self.settings.mail_ca_file,
                             timeout=self.settings.mail_stamper_timeout)
@@ -415,16 +403,12 @@ class MailStamper:
                 .where(MailStamp.stamper == stamper.name,
                        MailStamp.state == MailStampState.SENT)
                 .order_by(MailStamp.id.desc())).all()
-        match = next((r for r in rows if r.sent_text and quotes(signed, r.sent_text)), None)
-        if match is None:
-            raise MailStampError("the signed text quotes no request we are waiting for")
-        if match.sent_at is not None and created < match.sent_at - CLOCK_SKEW:
-            raise MailStampError(f"the signature ({created}) is older than the request "
-                                 f"({match.sent_at})")
+        match = match_request(signed, created, stamper.mode, [Waiting(*r) for r in rows])
+        request = match.sent_text if stamper.mode == DIGEST else None
         now = int(self.clock())
         if self.leader is not None:
             self._sync_branch(stamper.name)
-        oid, raw = self._commit(stamper.name, match.log_commit, block, now)
+        oid, raw = self._commit(stamper.name, match.log_commit, block, now, request)
         with self.engine.begin() as conn:
             conn.execute(update(MailStamp).where(MailStamp.id == match.id).values(
                 state=MailStampState.DONE, replied_at=now, reply_text=block,
@@ -438,18 +422,25 @@ class MailStamper:
         log.info("email timestamper %s stamped log head %s: %s", stamper.name,
                  match.log_commit, oid)
 
-    def _reply_tree(self, block: str) -> str:
+    def _reply_tree(self, block: str, request: str | None = None) -> str:
+        """The tree of a reply: ``mailstamp.asc``, and in digest mode ``request.txt``."""
         repo = self.repo.repo
         builder = repo.TreeBuilder()
         builder.insert(REPLY_FILE, repo.create_blob(block.encode("utf-8")), FileMode.BLOB)
+        if request is not None:
+            builder.insert(REQUEST_FILE, repo.create_blob(request.encode("utf-8")),
+                           FileMode.BLOB)
         return str(builder.write())
 
-    def _commit(self, name: str, head: str, block: str, when: int) -> tuple[str, bytes]:
+    def _commit(self, name: str, head: str, block: str, when: int,
+                request: str | None = None) -> tuple[str, bytes]:
         """Put the reply on ``<name>-mailstamps``: a commit over the previous one and
-        ``head``; (its id, the raw commit)."""
+        ``head`` (``request``: the request text a digest-mode reply stamps); (its id, the raw
+        commit)."""
         branch = f"{name}{BRANCH_SUFFIX}"
         previous = self.repo.branch_head(branch)
-        raw = stamp_commit(self._reply_tree(block), [p for p in (previous, head) if p],
+        raw = stamp_commit(self._reply_tree(block, request),
+                           [p for p in (previous, head) if p],
                            f"stampd <{self.settings.mail_from}>", when, name, head)
         return self.repo.store_on_branch(raw, branch, previous), raw
 
@@ -458,15 +449,17 @@ class MailStamper:
         branch first, each rebuilt from its row and checked to have the recorded id."""
         with self.engine.connect() as conn:
             rows = conn.execute(
-                select(MailStamp.stamp_commit, MailStamp.stamp_text, MailStamp.reply_text)
+                select(MailStamp.stamp_commit, MailStamp.stamp_text, MailStamp.reply_text,
+                       MailStamp.sent_text)
                 .where(MailStamp.stamper == name, MailStamp.state == MailStampState.DONE,
                        MailStamp.stamp_commit.is_not(None), MailStamp.stamp_text.is_not(None),
                        MailStamp.reply_text.is_not(None))
                 .order_by(MailStamp.id)).all()
-        for oid, raw, reply in rows:
+        digest = name in self.stampers and self.stampers[name].mode == DIGEST
+        for oid, raw, reply, sent in rows:
             assert oid is not None and raw is not None and reply is not None
             if not self.repo.has(oid):
-                self._reply_tree(reply)
+                self._reply_tree(reply, sent if digest else None)
                 if self.repo.write_raw_commit(raw.encode("utf-8")) != oid:
                     raise MailStampError(f"recorded reply {oid} of {name} does not rebuild")
         last = rows[-1][0] if rows else None

@@ -16,6 +16,8 @@ for a time. Waiting for a message to be delivered is waiting for a condition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 import shutil
 import subprocess
@@ -57,7 +59,7 @@ class Node:
 
     def __init__(self, data_dir: Path, servers: MailServers, clock: Clock,
                  dispatcher: InProcessDispatcher, *, imap_password: str | None = None,
-                 **extra: object) -> None:
+                 mode: str = "", **extra: object) -> None:
         me = servers.users["stampd@mail.test"]
         keys_dir = data_dir / "mail-stampers"
         keys_dir.mkdir(parents=True)
@@ -66,7 +68,8 @@ class Node:
         self.password = me.password
         self.settings = Settings(
             data_dir=data_dir, mail_from=me.address,
-            mail_stampers=f"pgp=stamper@mail.test#{key_fpr(STAMPER_KEY)[-16:]}",
+            mail_stampers=f"pgp=stamper@mail.test#{key_fpr(STAMPER_KEY)[-16:]}"
+                          + (f":{mode}" if mode else ""),
             mail_smtp=f"smtp://{user}:{quote(me.password, safe='')}@{servers.host}:"
                       f"{servers.smtp_port}",
             mail_imap=f"imap://{user}:{quote(imap_password or me.password, safe='')}@"
@@ -125,17 +128,25 @@ class Node:
         self.engine.dispose()
 
 
-@pytest.fixture
-def setup(tmp_path: Path, mail_servers: MailServers, inproc_dispatcher: InProcessDispatcher
-          ) -> Iterator[tuple[Node, Responder, Clock]]:
+@contextlib.contextmanager
+def node_and_responder(data_dir: Path, servers: MailServers,
+                       dispatcher: InProcessDispatcher, mode: str = ""
+                       ) -> Iterator[tuple[Node, Responder, Clock]]:
     clock = Clock(time.time())
-    node = Node(tmp_path / "data", mail_servers, clock, inproc_dispatcher)
-    responder = Responder(mail_servers, mail_servers.users["stamper@mail.test"])
+    node = Node(data_dir, servers, clock, dispatcher, mode=mode)
+    responder = Responder(servers, servers.users["stamper@mail.test"])
     try:
         yield node, responder, clock
     finally:
         responder.close()
         node.close()
+
+
+@pytest.fixture
+def setup(tmp_path: Path, mail_servers: MailServers, inproc_dispatcher: InProcessDispatcher
+          ) -> Iterator[tuple[Node, Responder, Clock]]:
+    with node_and_responder(tmp_path / "data", mail_servers, inproc_dispatcher) as parts:
+        yield parts
 
 
 def gpg_verify(text: str, pubkey: Path, home: Path) -> subprocess.CompletedProcess[str]:
@@ -146,6 +157,33 @@ def gpg_verify(text: str, pubkey: Path, home: Path) -> subprocess.CompletedProce
     return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--status-fd", "1",
                            "--verify"], input=text, capture_output=True, text=True,
                           timeout=60, check=False)
+
+
+def rebuilt_elsewhere(node: Node, path: Path, clock: Clock) -> LogRepository:
+    """Another host that becomes the log writer: its log repository at ``path`` synced from
+    the database, the mail stamper's branch rebuilt there from the rows."""
+    other = LogRepository(path)
+    LogCommitter(node.engine, other, node.committer.dispatcher,
+                 CommitterConfig(PUBKEY, 3600, clock=clock)).sync_from_db()
+    node.mail.repo = other
+    try:
+        node.mail._sync_branch("pgp")
+    finally:
+        node.mail.repo = node.repo
+    return other
+
+
+def branch_file(node: Node, oid: str, name: str) -> str | None:
+    import pygit2
+
+    commit = node.repo.repo[oid]
+    assert isinstance(commit, pygit2.Commit)
+    try:
+        blob = commit.tree[name]
+    except KeyError:
+        return None
+    assert isinstance(blob, pygit2.Blob)
+    return blob.data.decode()
 
 
 def branch_commit(node: Node, oid: str) -> tuple[list[str], str]:
@@ -218,20 +256,27 @@ def test_reply_is_verified_and_committed(setup: tuple[Node, Responder, Clock], t
         ("mailstamps", "quote", forged)]
 
     # Another host that becomes the log writer rebuilds the branch from the database.
-    other = LogRepository(tmp_path / "other.git")
-    LogCommitter(node.engine, other, node.committer.dispatcher,
-                 CommitterConfig(PUBKEY, 3600, clock=_clock)).sync_from_db()
-    node.mail.repo = other
-    node.mail._sync_branch("pgp")
+    other = rebuilt_elsewhere(node, tmp_path / "other.git", _clock)
     assert other.branch_head("pgp-mailstamps") == newer
-    assert branch_commit(node, newer)[1] == node.mail.repo.repo[newer].tree[  # type: ignore[attr-defined]
+    assert branch_commit(node, newer)[1] == other.repo[newer].tree[  # type: ignore[attr-defined]
         "mailstamp.asc"].data.decode()
-    node.mail.repo = node.repo
 
     # The credentials are in no log line and in no object of the log.
     assert node.password not in caplog.text
     objects = node.repo.repo.odb
     assert not any(node.password.encode() in objects.read(oid)[1] for oid in objects)
+
+
+def assert_refused(node: Node, n: int, why: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The ``n``-th reply, just sent, is refused for ``why``: counted, recorded in the row,
+    logged, nothing committed."""
+    assert node.collect_until(looked=n) == 0
+    assert node.mail.refused == {"pgp": n}
+    [(_, state, _, refused, error, _)] = node.rows()
+    assert (state, refused) == (MailStampState.SENT, n)
+    assert error is not None and why in error, error
+    assert why in caplog.text
+    assert node.repo.branch_head("pgp-mailstamps") is None
 
 
 def test_bad_replies_are_refused_and_nothing_is_committed(
@@ -249,19 +294,109 @@ def test_bad_replies_are_refused_and_nothing_is_committed(
     ]
     for n, (how, why) in enumerate(cases, start=1):
         responder.answer(request, **how)  # type: ignore[arg-type]
-        assert node.collect_until(looked=n) == 0
-        assert node.mail.refused == {"pgp": n}
-        [(_, state, _, refused, error, _)] = node.rows()
-        assert (state, refused) == (MailStampState.SENT, n)
-        assert error is not None and why in error, error
-        assert why in caplog.text
-        assert node.repo.branch_head("pgp-mailstamps") is None
+        assert_refused(node, n, why, caplog)
 
     # Refused replies are marked seen, not looked at again; a good one is then accepted.
     responder.answer(request)
     assert node.collect_until() == 1
     assert node.rows()[0][1] == MailStampState.DONE
     assert node.mail.refused == {"pgp": 3}
+
+
+@pytest.fixture
+def digest_setup(tmp_path: Path, mail_servers: MailServers,
+                 inproc_dispatcher: InProcessDispatcher
+                 ) -> Iterator[tuple[Node, Responder, Clock]]:
+    """A timestamper in digest mode (another stampd's mail listener, played by `Responder`)."""
+    with node_and_responder(tmp_path / "data", mail_servers, inproc_dispatcher,
+                            "digest") as parts:
+        yield parts
+
+
+def sent_text(node: Node, head: str) -> str:
+    with node.engine.connect() as conn:
+        text = conn.execute(select(MailStamp.sent_text).where(
+            MailStamp.log_commit == head)).scalar_one()
+    assert text is not None
+    return text
+
+
+def test_digest_mode_receipt_is_verified_and_committed(
+        digest_setup: tuple[Node, Responder, Clock], tmp_path: Path) -> None:
+    """Digest mode: the request mailed is only the SHA-256 of the request text; the reply, a
+    stampd receipt of it, is committed with the request text, and the audit checks both."""
+    node, responder, clock = digest_setup
+    first = asyncio.run(node.new_head())
+    assert node.mail.send_due() == {"pgp": (1, first)}
+    [request] = responder.requests(1)
+    text = sent_text(node, first)
+    assert text.startswith("stampd log commit 1\n") and f"git commit: {first}\n" in text
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    body = request.get_body().get_content()  # type: ignore[union-attr]
+    assert body.strip() == digest and first not in body
+
+    responder.answer_receipt(request)
+    assert node.collect_until() == 1
+    assert node.rows()[0][:2] == (first, MailStampState.DONE)
+    stamp = node.repo.branch_head("pgp-mailstamps")
+    assert stamp is not None
+    parents, reply = branch_commit(node, stamp)
+    assert parents == [first]
+    assert branch_file(node, stamp, "request.txt") == text
+    ok = gpg_verify(reply, STAMPER_KEY.with_suffix(".pub.asc"), tmp_path / "v1")
+    assert ok.returncode == 0 and f"VALIDSIG {key_fpr(STAMPER_KEY)}" in ok.stdout, ok.stderr
+    assert f"digest: {digest}\n" in reply
+
+    second = asyncio.run(node.new_head())
+    node.mail.send_due()
+    responder.answer_receipt(responder.requests(2)[-1])
+    assert node.collect_until() == 1
+    newer = node.repo.branch_head("pgp-mailstamps")
+    assert newer is not None and branch_commit(node, newer)[0] == [stamp, second]
+
+    report = audit(node.settings.log_repo)
+    assert report.ok, [str(f) for f in report.failures]
+    [mail] = report.mail
+    assert (mail.name, mail.commits, mail.valid) == ("pgp", 2, 2)
+
+    # Forged onto another main commit: the first reply with its request (not the request
+    # of the stamped commit), or with the stamped commit's request (not the digest stamped).
+    forged, _ = node.mail._commit("pgp", second, reply, int(clock()), text)
+    wrong, _ = node.mail._commit("pgp", second, reply, int(clock()), sent_text(node, second))
+    report = audit(node.settings.log_repo)
+    assert sorted((f.check, f.rule, f.commit) for f in report.failures) == sorted([
+        ("mailstamps", "request", forged), ("mailstamps", "digest", wrong)])
+
+    # Another log writer rebuilds the branch, request.txt and all.
+    other = rebuilt_elsewhere(node, tmp_path / "other.git", clock)
+    assert other.branch_head("pgp-mailstamps") == newer
+    assert "request.txt" in other.repo[newer].tree  # type: ignore[attr-defined]
+
+
+def test_digest_mode_bad_receipts_are_refused(
+        digest_setup: tuple[Node, Responder, Clock], caplog: pytest.LogCaptureFixture) -> None:
+    node, responder, _clock = digest_setup
+    asyncio.run(node.new_head())
+    node.mail.send_due()
+    [request] = responder.requests(1)
+    digest = request.get_body().get_content().strip()  # type: ignore[union-attr]
+
+    cases = [
+        (lambda: responder.answer_receipt(request, digest="0" * 64),
+         "names the digest of no request"),  # a receipt of another digest
+        (lambda: responder.answer_receipt(request, key=IMPOSTOR_KEY),
+         "NO_PUBKEY"),  # the right receipt, signed by another key
+        (lambda: responder.answer(request), "no stampd receipt"),  # a quoting reply
+    ]
+    for n, (answer, why) in enumerate(cases, start=1):
+        answer()
+        assert_refused(node, n, why, caplog)
+
+    responder.answer_receipt(request, digest=digest.upper())  # (not how a receipt writes it)
+    assert node.collect_until(looked=4) == 0
+    responder.answer_receipt(request)
+    assert node.collect_until() == 1
+    assert node.rows()[0][1] == MailStampState.DONE
 
 
 def test_submission_server_down_backs_off(setup: tuple[Node, Responder, Clock],
@@ -411,6 +546,8 @@ def test_settings_need_the_account() -> None:
         Settings(mail_stampers="pgp=a@b.example#0123456789ABCDEF")
     with pytest.raises(ValueError, match="key id"):
         Settings(mail_stampers="pgp=a@b.example")
+    with pytest.raises(ValueError, match="unknown mode 'quoted'"):
+        Settings(mail_stampers="pgp=a@b.example#0123456789ABCDEF:quoted")
     s = Settings(mail_stampers="pgp=a@b.example#0123456789abcdef", mail_from="me@x.example",
                  mail_smtp="smtp://me%40x.example:secret@mx.x.example",
                  mail_imap="imap://me%40x.example:secret@mx.x.example")
