@@ -222,7 +222,7 @@ class Settings(BaseSettings):
     witness_retry_max: float = Field(
         default=30.0, gt=0, description="longest retry delay for a failing witness, seconds")
 
-    # stampd as an e-mail timestamper (docs/mail.md): an SMTP listener of its own, in the
+    # stampd as an email timestamper (docs/mail.md): an SMTP listener of its own, in the
     # first HTTP process, answering each message through a relay with its receipt.
     mail_listen: str = Field(
         default="", description="host:port of stampd's own SMTP listener (inbound mail to "
