@@ -9,7 +9,9 @@ once, when the settings are built (a ValueError here is a settings error there).
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -309,3 +311,54 @@ def parse_mail_addresses(spec: str) -> tuple[str, ...]:
         if item.lower() not in out:
             out.append(item.lower())
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class MailInbound:
+    """stampd as an email timestamper: its SMTP listener's and its relay's (host, port), and
+    the service's own addresses (lower case, the replies' From first)."""
+
+    listen: tuple[str, int]
+    relay: tuple[str, int]
+    addresses: tuple[str, ...]
+
+
+def parse_mail_inbound(listen: str, relay: str, addresses: str, key_uid: str
+                        ) -> MailInbound | None:
+    """``STAMPD_MAIL_LISTEN``, ``STAMPD_MAIL_RELAY`` and ``STAMPD_MAIL_ADDRESSES`` (by default
+    the address of ``key_uid``); None when the listener is off. ValueError when they do not
+    go together."""
+    if not listen.strip():
+        if relay.strip():
+            raise ValueError("STAMPD_MAIL_RELAY is set but not STAMPD_MAIL_LISTEN")
+        return None
+    where = parse_host_port(listen, "STAMPD_MAIL_LISTEN")
+    if not relay.strip():
+        raise ValueError("STAMPD_MAIL_LISTEN needs STAMPD_MAIL_RELAY: where the replies go")
+    own = parse_mail_addresses(addresses or key_uid.rsplit("<", 1)[-1].rstrip(">"))
+    if not own:
+        raise ValueError("STAMPD_MAIL_ADDRESSES names no address")
+    return MailInbound(where, parse_host_port(relay, "STAMPD_MAIL_RELAY"), own)
+
+
+DEFAULT_UID = "stampd Timestamping Service <stampd@{host}>"
+# A host name that may stand after the @ of the default user id (git compares a tag's tagger
+# with it, so it must stay a plain 'Name <email>'); anything else falls back to localhost.
+_UID_HOST = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*")
+
+
+def default_uid(own_url: str | None) -> str:
+    """The user id of a generated key: its e-mail's host is the host of ``own_url`` where set,
+    else this machine's host name, so that keys of different servers differ; localhost where
+    that host is not a plain DNS name (an IPv6 address, odd characters)."""
+    host = (urllib.parse.urlsplit(own_url).hostname if own_url else socket.gethostname()) or ""
+    host = host.lower().rstrip(".")
+    return DEFAULT_UID.format(host=host if _UID_HOST.fullmatch(host) else "localhost")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (``taskset``, cgroup cpusets), not all the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # (no affinity where the platform has none)
+        return os.cpu_count() or 1

@@ -6,10 +6,7 @@ Every field can be set from the environment with the `STAMPD_` prefix (``STAMPD_
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import urllib.parse
 from pathlib import Path
 from typing import Literal
 
@@ -19,12 +16,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from formats.keys import MAIL_KEY, TLOG_KEY, WITNESS_KEY, KeySpec, parse_extra_keys
 from formats.note import Ed25519Verifier, valid_key_name
 from server.setting_values import (
+    DEFAULT_UID,
+    MailInbound,
     MailServer,
     MailStamperConfig,
     PeerConfig,
     WitnessConfig,
-    parse_host_port,
-    parse_mail_addresses,
+    default_uid,
+    parse_mail_inbound,
     parse_mail_server,
     parse_mail_stampers,
     parse_peers,
@@ -32,32 +31,12 @@ from server.setting_values import (
     parse_witnessed,
     parse_witnesses,
     supported_database_url,
+    usable_cpus,
 )
 
-DEFAULT_UID = "stampd Timestamping Service <stampd@{host}>"
-# A host name that may stand after the @ of the default user id (git compares a tag's tagger
-# with it, so it must stay a plain 'Name <email>'); anything else falls back to localhost.
-_UID_HOST = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)(\.(?!-)[a-z0-9-]{1,63}(?<!-))*")
-
-
-def default_uid(own_url: str | None) -> str:
-    """The user id of a generated key: its e-mail's host is the host of ``own_url`` where set,
-    else this machine's host name, so that keys of different servers differ; localhost where
-    that host is not a plain DNS name (an IPv6 address, odd characters)."""
-    host = (urllib.parse.urlsplit(own_url).hostname if own_url else socket.gethostname()) or ""
-    host = host.lower().rstrip(".")
-    return DEFAULT_UID.format(host=host if _UID_HOST.fullmatch(host) else "localhost")
 # The default policy of RFC 3161 tokens: an OID under 2.25 (ITU-T X.667, a UUID as an
 # integer), minted for stampd's policy as docs/tsa.md describes it.
 TSA_POLICY = "2.25.178387009458913539541377305212843591845"
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (``taskset``, cgroup cpusets), not all the machine's."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # (no affinity where the platform has none)
-        return os.cpu_count() or 1
 
 
 class Settings(BaseSettings):
@@ -346,9 +325,7 @@ class Settings(BaseSettings):
     _mail_imap: MailServer | None = PrivateAttr(default=None)
     _tsa_spec: KeySpec | None = PrivateAttr(default=None)
     _witnessed: dict[str, list[Ed25519Verifier]] = PrivateAttr(default_factory=dict)
-    _mail_listen: tuple[str, int] | None = PrivateAttr(default=None)
-    _mail_relay: tuple[str, int] | None = PrivateAttr(default=None)
-    _mail_addresses: tuple[str, ...] = PrivateAttr(default=())
+    _mail: MailInbound | None = PrivateAttr(default=None)
 
     @field_validator("tsa_policy")
     @classmethod
@@ -445,21 +422,12 @@ class Settings(BaseSettings):
         return self
 
     def _mail_settings(self) -> None:
-        """The listener's and the relay's addresses and the service's own addresses; the
-        mail key, served and given workers like the log key, when the listener is on."""
-        if not self.mail_listen.strip():
-            if self.mail_relay.strip():
-                raise ValueError("STAMPD_MAIL_RELAY is set but not STAMPD_MAIL_LISTEN")
-            return
-        self._mail_listen = parse_host_port(self.mail_listen, "STAMPD_MAIL_LISTEN")
-        if not self.mail_relay.strip():
-            raise ValueError("STAMPD_MAIL_LISTEN needs STAMPD_MAIL_RELAY: where the replies go")
-        self._mail_relay = parse_host_port(self.mail_relay, "STAMPD_MAIL_RELAY")
-        own = self.mail_addresses or self.key_uid.rsplit("<", 1)[-1].rstrip(">")
-        self._mail_addresses = parse_mail_addresses(own)
-        if not self._mail_addresses:
-            raise ValueError("STAMPD_MAIL_ADDRESSES names no address")
-        self._extra_key_specs.append(MAIL_KEY)
+        """stampd as an email timestamper: its listener, relay and own addresses; the mail key,
+        served and given workers like the log key, when the listener is on."""
+        self._mail = parse_mail_inbound(self.mail_listen, self.mail_relay,
+                                         self.mail_addresses, self.key_uid)
+        if self._mail is not None:
+            self._extra_key_specs.append(MAIL_KEY)
 
     @model_validator(mode="after")
     def _database_dispatch_needs_postgres(self) -> Settings:
@@ -519,24 +487,15 @@ class Settings(BaseSettings):
         return WITNESS_KEY if self.witness else None
 
     @property
-    def mail_listen_address(self) -> tuple[str, int] | None:
-        """(host, port) of the SMTP listener; None when mail is off."""
-        return self._mail_listen
-
-    @property
-    def mail_relay_address(self) -> tuple[str, int] | None:
-        """(host, port) where replies are submitted; None when mail is off."""
-        return self._mail_relay
-
-    @property
-    def mail_own_addresses(self) -> tuple[str, ...]:
-        """The service's own addresses, lower case, the replies' From first."""
-        return self._mail_addresses
+    def mail_inbound(self) -> MailInbound | None:
+        """stampd as an email timestamper: its listener, relay and own addresses; None when
+        the listener is off."""
+        return self._mail
 
     @property
     def mail_spec(self) -> KeySpec | None:
         """The mail key (`MAIL_KEY`, one of `extra_key_specs`); None when mail is off."""
-        return MAIL_KEY if self._mail_listen else None
+        return MAIL_KEY if self._mail is not None else None
 
     @property
     def witnessed(self) -> dict[str, list[Ed25519Verifier]]:

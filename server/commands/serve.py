@@ -35,8 +35,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             held.callback(lock.release)
             lock.acquire(create=False)
         check_listen(settings.host, settings.port)
-        if settings.mail_listen_address is not None:
-            check_listen(*settings.mail_listen_address, what="STAMPD_MAIL_LISTEN")
+        if settings.mail_inbound is not None:
+            check_listen(*settings.mail_inbound.listen, what="STAMPD_MAIL_LISTEN")
         require_programs(settings, signs_here=not args.no_workers)
         check_database(settings)
         make_data_dir(settings)

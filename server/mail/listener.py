@@ -205,12 +205,12 @@ class MailListener:
 def mail_listener(settings: Settings, stamper: Stamper, keys: Sequence[ServedKey],
                   stats: Stats, clock: Callable[[], float]) -> MailListener | None:
     """The listener the settings ask for (None when mail is off)."""
-    listen, relay = settings.mail_listen_address, settings.mail_relay_address
-    if listen is None or relay is None:
+    inbound = settings.mail_inbound
+    if inbound is None:
         return None
-    hostname = settings.mail_own_addresses[0].rpartition("@")[2]
+    hostname = inbound.addresses[0].rpartition("@")[2]
     service = MailService(settings, stamper, keys,
-                          Relay(relay, settings.mail_relay_timeout, hostname), clock)
-    return MailListener(service, stats, listen, sessions=settings.mail_sessions,
+                          Relay(inbound.relay, settings.mail_relay_timeout, hostname), clock)
+    return MailListener(service, stats, inbound.listen, sessions=settings.mail_sessions,
                         max_size=settings.mail_max_size, timeout=settings.mail_timeout,
                         hostname=hostname)

@@ -58,7 +58,7 @@ class MailService:
         self.stamper = stamper
         self.relay = relay
         self.clock = clock
-        self.own = settings.mail_own_addresses
+        self.own = settings.mail_inbound.addresses if settings.mail_inbound else ()
         self.server = settings.public_url
         self.max_recipients = settings.mail_max_recipients
         self.max_attachments = settings.mail_max_attachments

@@ -126,7 +126,7 @@ def test_a_generated_key_names_this_server_not_localhost(
 
 
 def test_the_default_user_id_falls_back_to_localhost() -> None:
-    from server.settings import default_uid
+    from server.setting_values import default_uid
 
     assert default_uid("http://[::1]:8080/") == "stampd Timestamping Service <stampd@localhost>"
     assert default_uid("http://a_b.example/") == "stampd Timestamping Service <stampd@localhost>"

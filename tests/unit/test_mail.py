@@ -156,8 +156,10 @@ def test_a_reply_with_attachments_attaches_their_receipts() -> None:
 def test_settings() -> None:
     s = Settings(mail_listen="127.0.0.1:2525", mail_relay="[::1]:25",
                  key_uid="x <Stamp@S.example>")
-    assert (s.mail_listen_address, s.mail_relay_address) == (("127.0.0.1", 2525), ("::1", 25))
-    assert s.mail_own_addresses == ("stamp@s.example",)
+    assert s.mail_inbound is not None
+    assert (s.mail_inbound.listen, s.mail_inbound.relay) == (("127.0.0.1", 2525), ("::1", 25))
+    assert s.mail_inbound.addresses == ("stamp@s.example",)
+    assert Settings().mail_inbound is None
     assert MAIL_KEY in s.extra_key_specs and s.mail_spec == MAIL_KEY
     assert MAIL_KEY not in Settings().extra_key_specs
     for bad in ({"mail_listen": "127.0.0.1:2525"}, {"mail_relay": "127.0.0.1:25"},
