@@ -11,11 +11,12 @@ import asyncio
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pymerkle import InmemoryTree
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, update
 
 from formats.keys import TLOG_KEY, tlog_vkey
 from formats.note import Ed25519Verifier, VerifierKey, open_note, parse_note
@@ -26,6 +27,7 @@ from keystore.keyset import SshKeyStore, ensure_extra_keys, key_dir
 from server import db
 from server.gitlog.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.stamping.journal import Journal
 from server.tlog.proofs import prove
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog, TlogConfig
 from server.tlog.store import TileReader
@@ -72,12 +74,14 @@ def log_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LogKey, 
 
 
 def make_tlog(engine: Engine, root: Path, log_key: tuple[LogKey, NoteSigner], clock: Clock,
-              sequencer: bool = True, shared: bool = True) -> Tlog:
+              sequencer: bool = True, shared: bool = True, journal: Journal | None = None
+              ) -> Tlog:
     key, signer = log_key
     dispatcher = InProcessDispatcher(signer, key=TLOG_KEY.id)  # type: ignore[arg-type]
     config = TlogConfig(root, key, {None: FPR, "primary": FPR, "ssh-ed25519": SSH_FPR},
                         request_timeout=REQUEST_TIMEOUT, shared=shared, clock=clock)
-    return Tlog(engine, dispatcher, config, lambda: True, lambda: sequencer)
+    return Tlog(engine, dispatcher, config, lambda: True, lambda: sequencer,
+                write_along=None if journal is None else journal.write_along)
 
 
 def add(engine: Engine, *rows: dict[str, object]) -> list[int]:
@@ -162,6 +166,51 @@ def test_stamps_become_entries_in_journal_order(engine: Engine, tmp_path: Path,
         state = dict(conn.execute(select(Stamp.id, Stamp.state)).all())
     assert [state[i] for i in ids] == [StampState.SIGNED] * 5 + [StampState.FAILED,
                                                                  StampState.ORPHANED]
+
+
+@pytest.mark.parametrize("along", [False, True], ids=["apart", "journal"])
+def test_a_stamp_that_changed_since_it_was_read_is_read_again(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner], along: bool) -> None:
+    """On SQLite the entries are made from stamps read before the transaction that writes
+    them (one of its own, or the journal's next group commit): a stamp whose outcome was
+    journalled in between, here a pending one that failed after all, gets no entry made from
+    what was read; the batch is read again inside the writing transaction."""
+    clock = Clock()
+    clock.t += REQUEST_TIMEOUT + OUTCOME_GRACE + 2  # (the pending stamp is taken for orphaned)
+    ids = add(engine, digest_row(1), digest_row(2, state=StampState.PENDING), digest_row(3))
+
+    async def steps() -> list[int | None]:
+        journal = Journal(engine) if along else None
+        if journal is not None:
+            journal.start()
+        tlog = make_tlog(engine, tmp_path / "tlog", log_key, clock, journal=journal)
+        read = tlog._read_apart
+
+        def then_failed() -> Any:
+            batch = read()
+            with engine.begin() as conn:
+                conn.execute(update(Stamp).where(Stamp.id == ids[1])
+                             .values(state=StampState.FAILED))
+            return batch
+
+        tlog._read_apart = then_failed  # type: ignore[method-assign]
+        sizes = [await tlog.step()]
+        tlog._read_apart = read  # type: ignore[method-assign]
+        ids.extend(add(engine, digest_row(4)))
+        sizes.append(await tlog.step())  # (nothing changed: written as read)
+        if journal is not None:
+            await journal.stop()
+        return sizes
+
+    assert asyncio.run(steps()) == [2, 3]
+    with engine.connect() as conn:
+        rows = {r.id: (r.state, r.tlog_index)
+                for r in conn.execute(select(Stamp.id, Stamp.state, Stamp.tlog_index))}
+    assert [rows[i] for i in ids] == [(StampState.SIGNED, 0), (StampState.FAILED, None),
+                                      (StampState.SIGNED, 1), (StampState.SIGNED, 2)]
+    reader = TileReader(tmp_path / "tlog")
+    assert [checked_proof(reader, i, log_key[0])[0].serial for i in range(3)] == [
+        ids[0], ids[2], ids[3]]
 
 
 def test_a_checkpoint_for_the_empty_log_and_none_while_idle(
