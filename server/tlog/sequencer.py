@@ -217,6 +217,10 @@ class Tlog:
         self.last_error: str | None = None
         self.last_checkpoint_at: float | None = None
         self.sequenced = 0  # entries this process sequenced (metrics)
+        # The tiles hold every entry of the database: this process sequenced the last ones in
+        # the step before, which went well (the next one need not catch up; had another one
+        # sequenced since, the sequencing would find out and fail, and the next catch up).
+        self._current = False
         self._note: bytes | None = None  # the checkpoint note this host publishes
         # (The checkpoint file is written by the sequencing step and by the witnesses'
         # cosignatures coming in: one at a time, so that only the newest is published.)
@@ -256,17 +260,20 @@ class Tlog:
     async def step(self) -> int | None:
         """One round (see the module docstring); the size published after it (None when this
         process does not write its host's tiles)."""
+        current, self._current = self._current, False
         if not await asyncio.to_thread(self.host_lock):
             return None
         if not self._opened:
             await asyncio.to_thread(self._open)
-        await asyncio.to_thread(self._catch_up)
+        if not current:
+            await asyncio.to_thread(self._catch_up)
         if await asyncio.to_thread(self.sequencer):
             if not self._origin_checked:
                 await asyncio.to_thread(self._stored_checkpoint)
                 self._origin_checked = True
             while await self._sequence() == BATCH:
                 pass
+            self._current = True
             if self._published != self.writer.size:
                 await self._checkpoint()
             self._offer()

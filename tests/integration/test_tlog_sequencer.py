@@ -251,6 +251,28 @@ def test_restart_and_lost_tiles_continue_the_same_tree(
     assert theirs.get_root(first.size) == first.root  # extends what was published first
 
 
+def test_a_sequencer_that_another_took_over_from_catches_up(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
+    """A sequencer whose step went well skips the catch-up in the next one; had another
+    sequenced meanwhile (the sequencing lock moved among hosts and back), that step fails
+    without writing anything, and the one after catches up and goes on with the same tree."""
+    clock = Clock()
+    add(engine, digest_row(1))
+    a = make_tlog(engine, tmp_path / "a", log_key, clock)
+    b = make_tlog(engine, tmp_path / "b", log_key, clock)
+    assert run(a.step()) == 1
+    add(engine, digest_row(2))
+    assert run(b.step()) == 2
+    add(engine, digest_row(3))
+    with pytest.raises(RuntimeError, match="the log has 2 entries, the tiles 1"):
+        run(a.step())
+    assert run(a.step()) == 3
+    for root in ("a", "b"):
+        assert [checked_proof(TileReader(tmp_path / root), i, log_key[0])[0].serial
+                for i in range(2)] == [1, 2]
+    assert checked_proof(TileReader(tmp_path / "a"), 2, log_key[0])[1] == 3
+
+
 def test_another_host_publishes_the_checkpoint_once_its_tiles_reach_it(
         engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
     clock = Clock()
