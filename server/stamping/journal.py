@@ -293,10 +293,11 @@ class Journal:
         return fut
 
     def write_along(self, writes: Writes) -> asyncio.Future[bool]:
-        """Have the next group commit run another writer's ``writes`` too (the transparency
-        log's entries: on SQLite, a transaction of their own would hold up every stamp's
-        commit while it holds the write lock); the future of whether they were kept
-        (`server.db.Writes`), or `JournalError`."""
+        """Have a group commit run another writer's ``writes`` too (the transparency log's
+        entries: on SQLite, a transaction of their own would hold up every stamp's commit
+        while it holds the write lock); the future of whether they were kept
+        (`server.db.Writes`), or `JournalError`. One set a commit, in the order given: what
+        it adds to a commit, every stamp in it waits for."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._along.append((writes, fut))
         self._wake.set()
@@ -325,7 +326,8 @@ class Journal:
         inserts, self._inserts = self._inserts, []
         updates, self._updates = self._updates, []
         waiters, self._update_waiters = self._update_waiters, []
-        along, self._along = [a for a in self._along if not a[1].done()], []
+        self._along = [a for a in self._along if not a[1].done()]
+        along, self._along = self._along[:1], self._along[1:]
         # (a bulk write whose waiter is gone, a request timed out, is dropped: what it wrote
         # is never read, its stamp not being signed)
         bulk = self._bulk = [b for b in self._bulk if not b.future.done()]
@@ -365,7 +367,7 @@ class Journal:
             for b in bulk:
                 if not b.future.done():
                     b.future.set_exception(error)
-            for _, fut in along:
+            for _, fut in along:  # (those queued behind it go on: each is guarded)
                 if not fut.done():
                     fut.set_exception(error)
             self._bulk = [b for b in self._bulk if b not in bulk]
@@ -389,7 +391,7 @@ class Journal:
                                              rows=p.buckets))
             elif not p.future.done():
                 p.future.set_result(sid)
-        if self._bulk:
+        if self._bulk or self._along:
             self._wake.set()  # the next slice, with whatever comes meanwhile
         return True
 

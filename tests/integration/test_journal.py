@@ -174,10 +174,10 @@ def test_an_orphaned_stamp_still_takes_its_outcome_and_no_other_state_does(
         (StampState.SIGNED, None), (StampState.FAILED_UNLOGGED, None)]
 
 
-def test_writes_along_go_into_a_group_commit_all_or_none(engine: Engine) -> None:
-    """Another writer's statements (`server.db.Writes`) go into a group commit: kept when they
-    change the rows they say, else rolled back to before them, and the group's own rows are
-    committed either way."""
+def test_writes_along_go_into_group_commits_all_or_none(engine: Engine) -> None:
+    """Another writer's statements (`server.db.Writes`) go into the group commits, one set a
+    commit, in order: kept when they change the rows they say, else rolled back to before
+    them, and the group's own rows are committed either way."""
     p = "?" if engine.dialect.paramstyle == "qmark" else "%s"
     mark = f"UPDATE stamps SET worker = {p} WHERE id = {p} AND state = 'pending'"
 
@@ -197,7 +197,7 @@ def test_writes_along_go_into_a_group_commit_all_or_none(engine: Engine) -> None
                                                    1700000001))
         results = list(await asyncio.gather(*kept))
         ids.append(await late)
-        assert journal.commits == commits + 1  # (one group commit: the stamp's, and both)
+        assert journal.commits == commits + 2  # (the stamp's with the first, then the other)
         await journal.stop()
         return ids, results
 

@@ -28,6 +28,7 @@ from server import db
 from server.gitlog.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.stamping.journal import Journal
+from server.tlog import sequencer as sequencer_module
 from server.tlog.proofs import prove
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog, TlogConfig
 from server.tlog.store import TileReader
@@ -168,13 +169,17 @@ def test_stamps_become_entries_in_journal_order(engine: Engine, tmp_path: Path,
                                                                  StampState.ORPHANED]
 
 
+@pytest.mark.parametrize("rows", [1, sequencer_module.WRITE_ROWS])
 @pytest.mark.parametrize("along", [False, True], ids=["apart", "journal"])
 def test_a_stamp_that_changed_since_it_was_read_is_read_again(
-        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner], along: bool) -> None:
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner], along: bool,
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """On SQLite the entries are made from stamps read before the transaction that writes
-    them (one of its own, or the journal's next group commit): a stamp whose outcome was
-    journalled in between, here a pending one that failed after all, gets no entry made from
-    what was read; the batch is read again inside the writing transaction."""
+    them (one of its own, or the journal's group commits, ``rows`` stamps a commit): a stamp
+    whose outcome was journalled in between, here a pending one that failed after all, gets
+    no entry made from what was read; the stamps from it on are read again inside a writing
+    transaction (those before it, in commits of their own, are kept)."""
+    monkeypatch.setattr(sequencer_module, "WRITE_ROWS", rows)
     clock = Clock()
     clock.t += REQUEST_TIMEOUT + OUTCOME_GRACE + 2  # (the pending stamp is taken for orphaned)
     ids = add(engine, digest_row(1), digest_row(2, state=StampState.PENDING), digest_row(3))
