@@ -9,6 +9,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -50,6 +51,19 @@ def _create_private(path: Path) -> None:
         os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class Writes:
+    """Statements made by one writer for another's transaction (`server.stamping.journal.
+    Journal.write_along`: the sequencer's, into the journal's next group commit, so that it
+    never waits for SQLite's write lock, nor the journal for it): each SQL in the database's
+    own parameter style, with its parameters. All or none: they are kept only when they
+    change ``rows`` rows in all, which is how they say that what they were made from is
+    still so; they must not raise on a database that is up."""
+
+    statements: tuple[tuple[str, tuple[Any, ...]], ...]
+    rows: int
 
 
 # Execution option of an engine or connection whose transactions only read (see `reading`).

@@ -89,7 +89,7 @@ def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats,
 
 def _transparency_log(
     settings: Settings, engine: db.Engine, dispatcher: Dispatcher, served: Sequence[ServedKey],
-    leader: AdvisoryLeader | FileLeader, clock: Callable[[], float],
+    leader: AdvisoryLeader | FileLeader, clock: Callable[[], float], journal: JournalApi,
 ) -> tuple[LogKey | None, TileReader | None, Tlog | None]:
     """The transparency log's key, reader and writer (None, None, None when it is off). The
     tiles of a host are written by the process holding the log lock when the host's processes
@@ -124,8 +124,12 @@ def _transparency_log(
             backoff=Backoff(settings.witness_retry_base, settings.witness_retry_max),
             clock=clock)
 
+    # On SQLite, the entries go into the group commits of this process's journal, if it has
+    # the host's (one HTTP process): not in a transaction that the journal would wait for.
+    along = journal.write_along if isinstance(journal, Journal) and \
+        engine.dialect.name == "sqlite" else None
     tlog = Tlog(engine, dispatcher, config, host_lock, sequencer, on_stop=closers,
-                witnesses=witnesses if settings.witness_list else None)
+                witnesses=witnesses if settings.witness_list else None, write_along=along)
     return config.key, reader, tlog
 
 
@@ -236,7 +240,7 @@ def create_app(
             require_clock_sync=settings.tsa_require_clock_sync)
         tsa = None if tsa_source is None else tsa_source.get()
         log_key, tlog_reader, tlog = _transparency_log(settings, engine, dispatcher, served,
-                                                       leader, clock)
+                                                       leader, clock, journal)
         committer = LogCommitter(
             engine, LogRepository(settings.log_repo), dispatcher,
             CommitterConfig.of(settings, served[0].public, log_key_files(served, tsa), clock),

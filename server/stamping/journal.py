@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from sqlalchemy import Engine
 
 from formats.manifests import Text, key_prefix
+from server.db import Writes
 from server.errors import JournalError
 from server.models import StampState
 from server.stamping.journal_writers import IndexRow, Piece, SqlAlchemyWriter, SqliteWriter
@@ -180,6 +181,7 @@ class Journal:
         self._updates: list[dict[str, Any]] = []
         self._update_waiters: list[asyncio.Future[None]] = []
         self._bulk: list[_Bulk] = []  # in the order they are written
+        self._along: list[tuple[Writes, asyncio.Future[bool]]] = []  # (`write_along`)
         self._bulk_due = False  # the last commit left the bulk writes out: the next takes a slice
         self._update_timer: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
@@ -209,7 +211,7 @@ class Journal:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        while self._inserts or self._updates or self._bulk:
+        while self._inserts or self._updates or self._bulk or self._along:
             if not await self._write_once():
                 break
         await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.shutdown)
@@ -290,6 +292,17 @@ class Journal:
         self._wake.set()
         return fut
 
+    def write_along(self, writes: Writes) -> asyncio.Future[bool]:
+        """Have a group commit run another writer's ``writes`` too (the transparency log's
+        entries: on SQLite, a transaction of their own would hold up every stamp's commit
+        while it holds the write lock); the future of whether they were kept
+        (`server.db.Writes`), or `JournalError`. One set a commit, in the order given: what
+        it adds to a commit, every stamp in it waits for."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._along.append((writes, fut))
+        self._wake.set()
+        return fut
+
     def _schedule_updates(self) -> None:
         """Outcomes ride along with the next insert; when none comes soon, flush them alone
         (so that an idle server does not pay a second commit per request)."""
@@ -313,10 +326,12 @@ class Journal:
         inserts, self._inserts = self._inserts, []
         updates, self._updates = self._updates, []
         waiters, self._update_waiters = self._update_waiters, []
+        self._along = [a for a in self._along if not a[1].done()]
+        along, self._along = self._along[:1], self._along[1:]
         # (a bulk write whose waiter is gone, a request timed out, is dropped: what it wrote
         # is never read, its stamp not being signed)
         bulk = self._bulk = [b for b in self._bulk if not b.future.done()]
-        if not inserts and not updates and not bulk:
+        if not inserts and not updates and not bulk and not along:
             return True
         # A commit that someone waits for (a stamp's row, an outcome awaited) leaves the bulk
         # writes out, unless the last one did: a stamp waits for the slice being committed
@@ -332,8 +347,9 @@ class Journal:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            ids, progress = await loop.run_in_executor(
-                self._executor, self._write, [p.row for p in inserts], updates, list(bulk))
+            (ids, kept), progress = await loop.run_in_executor(
+                self._executor, self._write, [p.row for p in inserts], updates, list(bulk),
+                [w for w, _ in along])
         except Exception as e:
             log.exception("journal write of %d rows failed", len(inserts))
             # Completion updates are kept for the next transaction (bounded); the requests
@@ -351,6 +367,9 @@ class Journal:
             for b in bulk:
                 if not b.future.done():
                     b.future.set_exception(error)
+            for _, fut in along:  # (those queued behind it go on: each is guarded)
+                if not fut.done():
+                    fut.set_exception(error)
             self._bulk = [b for b in self._bulk if b not in bulk]
             return False
         self.commits += 1
@@ -358,6 +377,9 @@ class Journal:
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+        for (_, fut), ok in zip(along, kept, strict=True):
+            if not fut.done():
+                fut.set_result(ok)
         for b, done in progress:
             b.done = done
             if done == b.total:
@@ -369,15 +391,17 @@ class Journal:
                                              rows=p.buckets))
             elif not p.future.done():
                 p.future.set_result(sid)
-        if self._bulk:
+        if self._bulk or self._along:
             self._wake.set()  # the next slice, with whatever comes meanwhile
         return True
 
     def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-               bulk: Sequence[_Bulk] = ()) -> tuple[list[int], list[tuple[_Bulk, int]]]:
+               bulk: Sequence[_Bulk] = (), along: Sequence[Writes] = ()
+               ) -> tuple[tuple[list[int], list[bool]], list[tuple[_Bulk, int]]]:
         """One group commit (in the journal thread): ``rows`` inserted, ``updates`` applied,
-        and the next slice of the ``bulk`` writes, `BULK_BYTES` at most; the inserted rows'
-        ids, and how far each bulk write then is."""
+        the next slice of the ``bulk`` writes, `BULK_BYTES` at most, and the ``along``
+        writes; the inserted rows' ids and whether each of ``along`` was kept, and how far
+        each bulk write then is."""
         budget = BULK_BYTES
         index: list[IndexRow] = []
         pieces: list[Piece] = []
@@ -397,6 +421,6 @@ class Journal:
                     finished.append(b.update)
             budget -= size
             progress.append((b, done))
-        return self._writer.write(rows, updates + finished, index, pieces), progress
+        return self._writer.write(rows, updates + finished, index, pieces, along), progress
 
 

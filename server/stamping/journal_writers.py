@@ -1,6 +1,10 @@
 """How the journal's group commits reach the database (`server.stamping.journal`): one
 connection kept by the journal's thread, through SQLAlchemy on any database
-(`SqlAlchemyWriter`), or sqlite3 itself on a SQLite file (`SqliteWriter`)."""
+(`SqlAlchemyWriter`), or sqlite3 itself on a SQLite file (`SqliteWriter`).
+
+Both also run other writers' statements in a group commit (`server.db.Writes`, the
+transparency log's entries): each set in a savepoint, rolled back to it when they did not
+change the rows they should have."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+from collections.abc import Sequence
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, or_, update
@@ -73,16 +78,18 @@ class SqlAlchemyWriter(Writer):
         self.retries = 0  # groups run again after a transient error (for tests and logs)
 
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-              index: list[IndexRow], pieces: list[Piece]) -> list[int]:
+              index: list[IndexRow], pieces: list[Piece], along: Sequence[db.Writes] = ()
+              ) -> tuple[list[int], list[bool]]:
         ordered = sorted(updates, key=lambda u: int(u["sid"]))
-        return db.retry_transient(lambda: self._write(rows, ordered, index, pieces),
+        return db.retry_transient(lambda: self._write(rows, ordered, index, pieces, along),
                                   what="journal write", on_retry=self._retried)
 
     def _retried(self, _error: BaseException) -> None:
         self.retries += 1
 
     def _write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-               index: list[IndexRow], pieces: list[Piece]) -> list[int]:
+               index: list[IndexRow], pieces: list[Piece], along: Sequence[db.Writes]
+               ) -> tuple[list[int], list[bool]]:
         if self.conn is None or self.conn.closed or self.conn.invalidated:
             self.conn = self.engine.connect()
         table = cast(Table, Stamp.__table__)
@@ -112,18 +119,32 @@ class SqlAlchemyWriter(Writer):
                                 receipt=bindparam("receipt")),
                         updates,
                     )
+                kept = [self._along(w) for w in along]
             except BaseException:
                 with contextlib.suppress(Exception):
                     tx.rollback()
                 raise
             # Outcomes and text pieces (written again as they are) may be committed twice;
-            # inserted requests and index rows may not.
+            # inserted requests and index rows may not. (Other writers' statements are
+            # guarded: run again after they were committed, they are not kept.)
             db.commit(tx, idempotent=not rows and not index)
-            return ids
+            return ids, kept
         except Exception:
             self.close()
             raise
 
+
+    def _along(self, writes: db.Writes) -> bool:
+        """Run ``writes`` in a savepoint; whether they were kept."""
+        assert self.conn is not None
+        savepoint = self.conn.begin_nested()
+        changed = sum(self.conn.exec_driver_sql(sql, params).rowcount
+                      for sql, params in writes.statements)
+        if changed != writes.rows:
+            savepoint.rollback()
+            return False
+        savepoint.commit()
+        return True
 
     def _insert_index(self, rows: list[IndexRow]) -> None:
         """A slice of manifests' digest index rows (about 65,536 for a million digests in
@@ -232,6 +253,16 @@ class SqliteWriter(Writer):
             self._checkpointer.join(timeout=30)
         self.close()
 
+    @staticmethod
+    def _along(conn: sqlite3.Connection, writes: db.Writes) -> bool:
+        """Run ``writes`` in a savepoint; whether they were kept."""
+        conn.execute("SAVEPOINT along")
+        changed = sum(conn.execute(sql, params).rowcount for sql, params in writes.statements)
+        if changed != writes.rows:
+            conn.execute("ROLLBACK TO along")
+        conn.execute("RELEASE along")
+        return changed == writes.rows
+
     def _insert_sql(self, n: int) -> str:
         sql = self._inserts.get(n)
         if sql is None:
@@ -242,7 +273,8 @@ class SqliteWriter(Writer):
         return sql
 
     def write(self, rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-              index: list[IndexRow], pieces: list[Piece]) -> list[int]:
+              index: list[IndexRow], pieces: list[Piece], along: Sequence[db.Writes] = ()
+              ) -> tuple[list[int], list[bool]]:
         conn = self.conn = self.conn or self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -270,9 +302,10 @@ class SqliteWriter(Writer):
                     (u["state"], u["worker"], u["attempts"], u["object_id"], u["error"],
                      u["receipt"], u["sid"])
                     for u in updates])
+            kept = [self._along(conn, w) for w in along]
             conn.execute("COMMIT")
             self._written.set()
-            return ids
+            return ids, kept
         except BaseException:
             self.close()
             raise

@@ -20,7 +20,7 @@ from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
 from server.stamping import journal as journal_module
 from server.stamping import journal_writers
-from server.stamping.journal import Journal
+from server.stamping.journal import Journal, stamp_row
 from server.stamping.requests import BranchRequest, DigestRequest, ManifestRequest, TagRequest
 
 
@@ -174,6 +174,40 @@ def test_an_orphaned_stamp_still_takes_its_outcome_and_no_other_state_does(
         (StampState.SIGNED, None), (StampState.FAILED_UNLOGGED, None)]
 
 
+def test_writes_along_go_into_group_commits_all_or_none(engine: Engine) -> None:
+    """Another writer's statements (`server.db.Writes`) go into the group commits, one set a
+    commit, in order: kept when they change the rows they say, else rolled back to before
+    them, and the group's own rows are committed either way."""
+    p = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+    mark = f"UPDATE stamps SET worker = {p} WHERE id = {p} AND state = 'pending'"
+
+    async def scenario() -> tuple[list[int], list[bool]]:
+        journal = Journal(engine)
+        journal.start()
+        ids = list(await asyncio.gather(*(journal.record(DigestRequest("sha256", f"{i:064x}"),
+                                                         1700000000) for i in range(3))))
+        commits = journal.commits
+        kept = [journal.write_along(db.Writes(((mark, ("kept", ids[0])),
+                                               (mark, ("kept", ids[1]))), 2)),
+                # (the third stamp is not signed: one row changed, not two)
+                journal.write_along(db.Writes(((mark, ("lost", ids[2])),
+                                               (mark.replace("pending", "signed"),
+                                                ("lost", ids[2]))), 2))]
+        late = journal.record_row_nowait(stamp_row(DigestRequest("sha256", "f" * 64),
+                                                   1700000001))
+        results = list(await asyncio.gather(*kept))
+        ids.append(await late)
+        assert journal.commits == commits + 2  # (the stamp's with the first, then the other)
+        await journal.stop()
+        return ids, results
+
+    ids, kept = asyncio.run(scenario())
+    assert kept == [True, False]
+    with engine.connect() as conn:
+        workers = {r.id: r.worker for r in conn.execute(select(Stamp.id, Stamp.worker))}
+    assert [workers[i] for i in ids] == ["kept", "kept", None, None]
+
+
 def test_database_down_fails_request_without_signing(tmp_path: Path) -> None:
     """A journal that cannot write answers JournalError (503), never a stamp."""
     eng = db.make_engine(f"sqlite:///{tmp_path / 'j.sqlite3'}")
@@ -284,9 +318,9 @@ def test_a_stamp_waits_for_at_most_one_slice_besides_its_own_commit(
         write = journal._write
 
         def counted(rows: list[dict[str, Any]], updates: list[dict[str, Any]],
-                    bulk: Sequence[Any] = ()) -> Any:
+                    bulk: Sequence[Any] = (), along: Sequence[Any] = ()) -> Any:
             commits.append((len(rows), bool(bulk)))
-            return write(rows, updates, bulk)
+            return write(rows, updates, bulk, along)
 
         journal._write = counted  # type: ignore[method-assign]
         journal.start()

@@ -11,11 +11,12 @@ import asyncio
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pymerkle import InmemoryTree
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, update
 
 from formats.keys import TLOG_KEY, tlog_vkey
 from formats.note import Ed25519Verifier, VerifierKey, open_note, parse_note
@@ -26,6 +27,8 @@ from keystore.keyset import SshKeyStore, ensure_extra_keys, key_dir
 from server import db
 from server.gitlog.committer import OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
+from server.stamping.journal import Journal
+from server.tlog import sequencer as sequencer_module
 from server.tlog.proofs import prove
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog, TlogConfig
 from server.tlog.store import TileReader
@@ -72,12 +75,14 @@ def log_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LogKey, 
 
 
 def make_tlog(engine: Engine, root: Path, log_key: tuple[LogKey, NoteSigner], clock: Clock,
-              sequencer: bool = True, shared: bool = True) -> Tlog:
+              sequencer: bool = True, shared: bool = True, journal: Journal | None = None
+              ) -> Tlog:
     key, signer = log_key
     dispatcher = InProcessDispatcher(signer, key=TLOG_KEY.id)  # type: ignore[arg-type]
     config = TlogConfig(root, key, {None: FPR, "primary": FPR, "ssh-ed25519": SSH_FPR},
                         request_timeout=REQUEST_TIMEOUT, shared=shared, clock=clock)
-    return Tlog(engine, dispatcher, config, lambda: True, lambda: sequencer)
+    return Tlog(engine, dispatcher, config, lambda: True, lambda: sequencer,
+                write_along=None if journal is None else journal.write_along)
 
 
 def add(engine: Engine, *rows: dict[str, object]) -> list[int]:
@@ -164,6 +169,55 @@ def test_stamps_become_entries_in_journal_order(engine: Engine, tmp_path: Path,
                                                                  StampState.ORPHANED]
 
 
+@pytest.mark.parametrize("rows", [1, sequencer_module.WRITE_ROWS])
+@pytest.mark.parametrize("along", [False, True], ids=["apart", "journal"])
+def test_a_stamp_that_changed_since_it_was_read_is_read_again(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner], along: bool,
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite the entries are made from stamps read before the transaction that writes
+    them (one of its own, or the journal's group commits, ``rows`` stamps a commit): a stamp
+    whose outcome was journalled in between, here a pending one that failed after all, gets
+    no entry made from what was read; the stamps from it on are read again inside a writing
+    transaction (those before it, in commits of their own, are kept)."""
+    monkeypatch.setattr(sequencer_module, "WRITE_ROWS", rows)
+    clock = Clock()
+    clock.t += REQUEST_TIMEOUT + OUTCOME_GRACE + 2  # (the pending stamp is taken for orphaned)
+    ids = add(engine, digest_row(1), digest_row(2, state=StampState.PENDING), digest_row(3))
+
+    async def steps() -> list[int | None]:
+        journal = Journal(engine) if along else None
+        if journal is not None:
+            journal.start()
+        tlog = make_tlog(engine, tmp_path / "tlog", log_key, clock, journal=journal)
+        read = tlog._read_apart
+
+        def then_failed() -> Any:
+            batch = read()
+            with engine.begin() as conn:
+                conn.execute(update(Stamp).where(Stamp.id == ids[1])
+                             .values(state=StampState.FAILED))
+            return batch
+
+        tlog._read_apart = then_failed  # type: ignore[method-assign]
+        sizes = [await tlog.step()]
+        tlog._read_apart = read  # type: ignore[method-assign]
+        ids.extend(add(engine, digest_row(4)))
+        sizes.append(await tlog.step())  # (nothing changed: written as read)
+        if journal is not None:
+            await journal.stop()
+        return sizes
+
+    assert asyncio.run(steps()) == [2, 3]
+    with engine.connect() as conn:
+        rows = {r.id: (r.state, r.tlog_index)
+                for r in conn.execute(select(Stamp.id, Stamp.state, Stamp.tlog_index))}
+    assert [rows[i] for i in ids] == [(StampState.SIGNED, 0), (StampState.FAILED, None),
+                                      (StampState.SIGNED, 1), (StampState.SIGNED, 2)]
+    reader = TileReader(tmp_path / "tlog")
+    assert [checked_proof(reader, i, log_key[0])[0].serial for i in range(3)] == [
+        ids[0], ids[2], ids[3]]
+
+
 def test_a_checkpoint_for_the_empty_log_and_none_while_idle(
         engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
     tlog = make_tlog(engine, tmp_path / "tlog", log_key, Clock())
@@ -200,6 +254,28 @@ def test_restart_and_lost_tiles_continue_the_same_tree(
         for (e,) in conn.execute(select(TlogEntry.entry).order_by(TlogEntry.idx)):
             theirs.append_entry(bytes(e))
     assert theirs.get_root(first.size) == first.root  # extends what was published first
+
+
+def test_a_sequencer_that_another_took_over_from_catches_up(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner]) -> None:
+    """A sequencer whose step went well skips the catch-up in the next one; had another
+    sequenced meanwhile (the sequencing lock moved among hosts and back), that step fails
+    without writing anything, and the one after catches up and goes on with the same tree."""
+    clock = Clock()
+    add(engine, digest_row(1))
+    a = make_tlog(engine, tmp_path / "a", log_key, clock)
+    b = make_tlog(engine, tmp_path / "b", log_key, clock)
+    assert run(a.step()) == 1
+    add(engine, digest_row(2))
+    assert run(b.step()) == 2
+    add(engine, digest_row(3))
+    with pytest.raises(RuntimeError, match="the log has 2 entries, the tiles 1"):
+        run(a.step())
+    assert run(a.step()) == 3
+    for root in ("a", "b"):
+        assert [checked_proof(TileReader(tmp_path / root), i, log_key[0])[0].serial
+                for i in range(2)] == [1, 2]
+    assert checked_proof(TileReader(tmp_path / "a"), 2, log_key[0])[1] == 3
 
 
 def test_another_host_publishes_the_checkpoint_once_its_tiles_reach_it(
