@@ -38,7 +38,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import smtplib
 import socket
 import ssl
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from pathlib import Path
 
+from procs.forked import stop_child
 from tests.helpers import DATA, free_port, short_tmpdir
 
 MAIL_DOMAIN = "mail.test"
@@ -180,15 +180,10 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], what: str, l
         time.sleep(0.05)
 
 
-def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 20) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """A master by PID (`procs.forked.stop_child`: SIGTERM, SIGKILL after 20 s)."""
+    if proc is not None:
+        stop_child(proc, 20)
 
 
 class MailServers:
