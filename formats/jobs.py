@@ -6,8 +6,7 @@ A job is one object for a worker to build and sign: a git tag (`TagJob`), a git 
 transparency log's checkpoint note (`NoteJob`, the log key's only kind) or a witness's
 cosignature of another log's checkpoint (`CosignJob`, the witness key's only kind). The service
 builds jobs; a worker decodes them, builds the object, has its agent sign it and answers with a
-`Result`. A worker first introduces itself with a `Hello`; with several dispatchers it tells the
-others when a manifest keeps it busy (`Busy`, answered `Paused`). Each job class names its
+`Result`. A worker first introduces itself with a `Hello`. Each job class names its
 ``op`` (its type on the wire) and its ``kind``: what a worker builds of it, tag and commit jobs
 both git objects (a worker looks up what builds each kind, and signs the jobs of one kind
 together where its agent can). Every message is a JSON object, and a msgspec struct here
@@ -33,7 +32,7 @@ import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -429,46 +428,58 @@ class Result(_Message, frozen=True):
         return _convert(d, cls)
 
 
-class Busy(_Message, frozen=True):
-    """A worker's word to a dispatcher of another HTTP process than the one whose manifest it
-    is about to sign (socket dispatch, several HTTP processes): ``busy`` True, it signs for
-    seconds and takes nothing more from this dispatcher until it says False. The dispatcher
-    takes back the jobs it has in flight with it (other workers sign them, the attempt not
-    counted), sends it none meanwhile and answers `Paused`; the worker drops the jobs that
-    reach it before that answer (they were taken back). Each dispatcher knows only the jobs
-    it sent: without this, the stamps it gave a worker waited behind another process's
-    manifest (a second and more)."""
-
-    busy: bool
-
-    def frame(self) -> bytes:
-        return frame(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Busy:
-        return _convert(d, cls)
-
-
-class Paused(msgspec.Struct, frozen=True):
-    """A dispatcher's answer to `Busy` (True): the jobs it sent before are taken back."""
-
-    paused: Literal[True] = True  # (written out: not a `_Message`, which leaves defaults out)
-
-    def frame(self) -> bytes:
-        return frame(self)
-
-    @staticmethod
-    def is_one(d: dict[str, Any]) -> bool:
-        return d.get("paused") is True and "id" not in d
-
-
-def job_frame_parts(job_id: int, job: Job) -> tuple[bytes, Iterator[bytes]]:
+def job_frame_parts(job_id: int, job: Job | RelayedJob
+                    ) -> tuple[bytes, Iterator[bytes | memoryview]]:
     """What hands ``job`` to a worker over the dispatcher socket: its frame, then the raw bytes
     that follow it, a piece at a time (a manifest's lines, announced as ``lines_bytes``;
     nothing for any other job)."""
+    if isinstance(job, RelayedJob):
+        body = b'{"id":%d,' % job_id + bytes(job.message[1:])
+        return HEADER.pack(len(body)) + body, job.pieces()
     if isinstance(job, ManifestJob):
         return _job_frame(job_id, job._head()), job.pieces()
     return _job_frame(job_id, job), iter(())
+
+
+@dataclass(frozen=True)
+class RelayedJob:
+    """A job on its way through the host's coordinator (several HTTP processes): encoded once
+    by the HTTP process that made it (`job_message`), its JSON (``message``, starting
+    ``{"op":``) and a manifest's ``lines`` (UTF-8; none for another job) handed on to a worker
+    as they came, neither decoded nor copied; the worker checks the job as it checks any
+    other."""
+
+    message: bytes | memoryview
+    lines: bytes | memoryview = b""
+
+    def __post_init__(self) -> None:
+        if bytes(self.message[:6]) != b'{"op":':
+            raise MalformedMessage("a relayed job's message is not a job")
+        if self.is_manifest != bool(len(self.lines)):
+            raise MalformedMessage("a manifest job, and only one, has lines")
+
+    @property
+    def is_manifest(self) -> bool:
+        return bytes(self.message[:17]) == b'{"op":"manifest",'
+
+    def lines_size(self) -> int:
+        return len(self.lines)
+
+    def pieces(self) -> Iterator[bytes | memoryview]:
+        view = memoryview(self.lines)
+        for at in range(0, len(view), manifests.PIECE):
+            yield view[at:at + manifests.PIECE]
+
+
+def job_message(job: Job) -> bytes:
+    """``job``'s JSON as a worker gets it, without its id (a manifest's without its lines,
+    which follow it: `RelayedJob`)."""
+    return _ENCODER.encode(job._head() if isinstance(job, ManifestJob) else job)
+
+
+def is_manifest(job: Job | RelayedJob) -> bool:
+    """Whether ``job`` is a manifest's (it keeps its worker busy for seconds)."""
+    return job.is_manifest if isinstance(job, RelayedJob) else isinstance(job, ManifestJob)
 
 
 def _job_frame(job_id: int, message: _Job) -> bytes:

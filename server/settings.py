@@ -556,17 +556,9 @@ class Settings(BaseSettings):
 
     @property
     def dispatch_socket(self) -> Path:
-        """The dispatch socket of the first (or only) HTTP process."""
-        return self.dispatch_socket_of(0)
-
-    def dispatch_socket_of(self, process: int) -> Path:
-        """The Unix socket where the workers reach HTTP process ``process`` (0, 1, ...)."""
-        return self.run_dir / ("dispatch.sock" if process == 0 else f"dispatch-{process}.sock")
-
-    @property
-    def dispatch_sockets(self) -> list[Path]:
-        """Every HTTP process's dispatch socket: each worker connects to all of them."""
-        return [self.dispatch_socket_of(i) for i in range(self.api_process_count)]
+        """Where every worker of the host connects, once: the host's dispatcher, in ``stampd
+        serve`` (socket dispatch)."""
+        return self.run_dir / "dispatch.sock"
 
     @property
     def worker_homes_dir(self) -> Path:

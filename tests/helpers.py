@@ -1129,7 +1129,6 @@ class InProcessDispatcher:
     thread, as it would in a worker. ``jobs`` records every job signed, in order."""
 
     requeued: int = 0
-    taken_back: int = 0
 
     def __init__(self, signer: OpenPgpSigner, key: str = PRIMARY) -> None:
         self.signer = signer

@@ -32,34 +32,33 @@ class ConfigError(WorkerError, ValueError):
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    """How a worker gets its jobs: from the dispatchers of this host's HTTP processes, one Unix
-    socket each (``socket``: a worker connects to every one of them), or from the ``jobs``
-    table of a PostgreSQL database shared by several hosts (``database``)."""
+    """How a worker gets its jobs: from the host's dispatcher, in ``stampd serve``, over its
+    Unix socket (``socket``), or from the ``jobs`` table of a PostgreSQL database shared by
+    several hosts (``database``)."""
 
     mode: DispatchMode
-    sockets: tuple[Path, ...] = ()  # socket: the dispatchers' Unix sockets
+    socket: Path | None = None  # socket: the dispatcher's Unix socket
     dsn: str | None = field(default=None, repr=False)  # database: libpq DSN (may hold a password)
 
     def __post_init__(self) -> None:
         if self.mode not in ("socket", "database"):
             raise ConfigError("dispatch mode must be 'socket' or 'database'")
-        if self.mode == "socket" and not self.sockets:
-            raise ConfigError("socket dispatch needs the sockets' paths")
+        if self.mode == "socket" and self.socket is None:
+            raise ConfigError("socket dispatch needs the socket's path")
         if self.mode == "database" and not self.dsn:
             raise ConfigError("database dispatch needs a DSN")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "sockets": [str(p) for p in self.sockets], "dsn": self.dsn}
+        return {"mode": self.mode, "socket": None if self.socket is None else str(self.socket),
+                "dsn": self.dsn}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DispatchConfig:
         mode = _str(d, "mode")
         if mode not in ("socket", "database"):
             raise ConfigError("dispatch mode must be 'socket' or 'database'")
-        sockets = d.get("sockets")
-        if not isinstance(sockets, list) or not all(isinstance(p, str) for p in sockets):
-            raise ConfigError("field 'sockets' must be a list of paths")
-        return cls(cast(DispatchMode, mode), tuple(Path(p) for p in sockets),
+        path = _opt_str(d, "socket")
+        return cls(cast(DispatchMode, mode), None if path is None else Path(path),
                    _opt_str(d, "dsn"))
 
 

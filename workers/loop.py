@@ -1,4 +1,4 @@
-"""The serve loops of a worker whose key is loaded: jobs from the dispatchers' sockets
+"""The serve loops of a worker whose key is loaded: jobs from the host's dispatcher's socket
 (`serve`) or claimed from the database's ``jobs`` table (`serve_db`), each batch signed by the
 worker's `Signer` (`sign_many`, `sign`). Between jobs a waiting worker checks that its agent
 and its supervisor are still there (`idle_check`); a loop returns the worker's exit status
@@ -20,7 +20,7 @@ from workers import jobtable
 from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.errors import AgentError
-from workers.link import Dispatchers
+from workers.link import DispatcherLink
 from workers.signer import REFUSED, Signer
 from workers.status import EXIT_AGENT_DIED, EXIT_NO_DISPATCHER
 
@@ -73,42 +73,38 @@ def sign(signer: Signer, job_id: int | None, data: dict[str, Any]) -> Result:
         return Result(int(job_id or 0), error=f"malformed job: {e!r}")
 
 
-def serve(dispatchers: Dispatchers, signer: Signer, agent: GpgAgent | SshAgent, name: str,
+def serve(link: DispatcherLink, signer: Signer, agent: GpgAgent | SshAgent, name: str,
           parent: int | None = None) -> int:
-    """Sign the jobs that come from ``dispatchers``. ``parent``: the supervisor's PID (default:
-    our parent's now)."""
+    """Sign the jobs that come over ``link``. ``parent``: the supervisor's PID (default: our
+    parent's now)."""
     parent = os.getppid() if parent is None else parent
-    alone_since: float | None = None  # when the last dispatcher went
+    alone_since: float | None = None  # when the dispatcher went
     while True:
-        found = dispatchers.next_jobs(1.0)
-        if found is None:
-            if dispatchers.links:
+        messages = link.next_jobs(1.0)
+        if messages is None:
+            if link.connected:
                 alone_since = None
             elif alone_since is None:
                 alone_since = time.monotonic()
-            elif time.monotonic() - alone_since > dispatchers.ALONE_FOR:
-                log.warning("worker %s: no dispatcher left", name)
+            elif time.monotonic() - alone_since > link.ALONE_FOR:
+                log.warning("worker %s: no dispatcher", name)
                 return EXIT_NO_DISPATCHER
             else:
-                time.sleep(dispatchers.RETRY)
+                time.sleep(link.RETRY)
             code = idle_check(agent, parent, name)
             if code is not None:
                 return code
             continue
-        path, messages = found
         large = any(m.get("op") == ManifestJob.op for m in messages)
-        if large:  # the other dispatchers' jobs go to other workers meanwhile
-            dispatchers.busy_for(path)
         try:
             replies = sign_many(signer, messages)
         except AgentError as e:
             log.error("worker %s: signing failed (%s); exiting so that another worker signs",
                       name, " ".join(str(e).split()))
             return EXIT_AGENT_DIED
-        dispatchers.answer(path, b"".join(reply.frame() for reply in replies))
+        link.answer(b"".join(reply.frame() for reply in replies))
         if large:  # what held the manifest is free: give its pages back to the system
-            dispatchers.free()
-            del found, messages, replies
+            del messages, replies
             memory.trim()
 
 

@@ -24,7 +24,7 @@ note signature, checked as plain Ed25519); for the TSA key, it then makes the ke
 self-signed TSA certificate if it has none (`workers.tsa`).
 
 This module starts the worker (its agent and key, `load_signer`, `run`, `main`); what signs is
-in `workers.signer`, the dispatchers' sockets in `workers.link`, the serve loops in
+in `workers.signer`, the dispatcher's socket in `workers.link`, the serve loops in
 `workers.loop`, and what the worker tells its supervisor (exit status, status file) in
 `workers.status`.
 """
@@ -51,7 +51,7 @@ from workers.agents.gpg import GpgAgent
 from workers.agents.ssh import SshAgent
 from workers.config import ConfigError, WorkerConfig
 from workers.errors import AgentError, TsaError
-from workers.link import Dispatchers
+from workers.link import DispatcherLink
 from workers.loop import serve, serve_db
 from workers.signer import CosignSigner, NoteSigner, OpenPgpSigner, Signer, SshSigner
 from workers.status import (
@@ -222,16 +222,16 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
                      fingerprint, config.key_id, agent.pid)
             return serve_db(dispatch.dsn, signer, agent, config.name, config.key_id,
                             parent=supervisor)
-        dispatchers = Dispatchers(
-            dispatch.sockets, Hello(config.name, os.getpid(), fingerprint, config.key_id).frame(),
-            config.name)
+        assert dispatch.socket is not None  # (DispatchConfig checks it)
+        link = DispatcherLink(dispatch.socket, Hello(config.name, os.getpid(), fingerprint,
+                                                     config.key_id).frame(), config.name)
         try:
-            dispatchers.connect(time.monotonic() + 120)
-            log.info("ready: key %s (%s), agent pid %d, %d of %d dispatchers", fingerprint,
-                     config.key_id, agent.pid, len(dispatchers.links), len(dispatch.sockets))
-            return serve(dispatchers, signer, agent, config.name, supervisor)
+            link.connect(time.monotonic() + 120)
+            log.info("ready: key %s (%s), agent pid %d, jobs from %s", fingerprint,
+                     config.key_id, agent.pid, dispatch.socket)
+            return serve(link, signer, agent, config.name, supervisor)
         finally:
-            dispatchers.close()
+            link.close()
     except (KeyUnusable, TsaError) as e:  # the supervisor reports it, once for all attempts
         log.info("worker %s: %s", config.name, e.message)
         with contextlib.suppress(OSError):
@@ -241,8 +241,7 @@ def run(config: WorkerConfig, supervisor: int | None = None) -> int:
         log.error("worker %s: the agent failed: %s", config.name, " ".join(str(e).split()))
         return EXIT_AGENT_DIED
     except (FileNotFoundError, ConnectionRefusedError):
-        log.exception("cannot reach a dispatcher at %s",
-                      ", ".join(map(str, config.dispatch.sockets)))
+        log.exception("cannot reach the dispatcher at %s", config.dispatch.socket)
         return EXIT_NO_DISPATCHER
     finally:
         agent.stop()

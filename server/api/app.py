@@ -39,10 +39,10 @@ from server.api.web import add_web_routes
 from server.api.witness import add_witness_routes, make_witness
 from server.api.zeitgitter import ZeitgitterPost, add_zeitgitter_routes
 from server.budgets import Budgets, HostBudgets, LocalBudgets
-from server.coordinator import CoordinatorLink
+from server.coordinator import CoordinatorLink, HostDispatcher
 from server.dispatch import Dispatcher
 from server.dispatch.database import DbDispatcher, psycopg_dsn
-from server.dispatch.socket import SocketDispatcher
+from server.dispatch.socket import socket_dispatcher
 from server.errors import KeyRegistryError
 from server.gitlog.committer import CommitterConfig, LogCommitter
 from server.gitlog.mailstampers import MailStamper
@@ -76,15 +76,17 @@ def log_key_files(keys: list[ServedKey], tsa: Tsa | None = None) -> dict[str, st
 
 
 def make_dispatcher(settings: Settings, engine: db.Engine, stats: Stats,
-                    process: int = 0) -> Dispatcher:
+                    link: CoordinatorLink | None = None) -> Dispatcher:
+    """The database's dispatch, else the host's one `SocketDispatcher`: this process's own
+    when it is the only HTTP process, else the coordinator's (over ``link``)."""
     if settings.dispatch == "database":
         return DbDispatcher(engine, max_queue=settings.max_queue,
                             sign_timeout=settings.sign_timeout,
                             max_attempts=settings.max_attempts,
                             heartbeat_timeout=settings.heartbeat_timeout, stats=stats)
-    return SocketDispatcher(settings.dispatch_socket_of(process), max_queue=settings.max_queue,
-                            sign_timeout=settings.sign_timeout,
-                            max_attempts=settings.max_attempts, stats=stats)
+    if link is not None:
+        return HostDispatcher(link)
+    return socket_dispatcher(settings, stats)
 
 
 def _transparency_log(
@@ -186,8 +188,7 @@ def create_app(
     thread) when the server stops, after the last request and before the dispatcher closes:
     `stampd serve` stops its worker pool there, so that workers are stopped rather than cut
     off and respawned. ``process`` is the number of this HTTP process among those of
-    `stampd serve` (`server.api.processes`): its workers reach it on its own dispatch
-    socket."""
+    `stampd serve` (`server.api.processes`)."""
     cell: list[Services] = []  # filled when the app starts
 
     def services() -> Services:
@@ -214,7 +215,7 @@ def create_app(
         # (on SQLite, the coordinator keeps the host's one journal)
         journal = link if link is not None and settings.shared_journal else Journal(engine,
                                                                                     stats)
-        dispatcher = make_dispatcher(settings, engine, stats, process)
+        dispatcher = make_dispatcher(settings, engine, stats, link)
         # One log writer and one cross-stamper: the HTTP process holding the log lock.
         leader: AdvisoryLeader | FileLeader
         if settings.dispatch == "database":

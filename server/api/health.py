@@ -134,7 +134,8 @@ def _clock_check(synced: bool | None, *, tsa: bool, required: bool) -> dict[str,
 
 
 def _sibling_check(other: Sibling, workers: int) -> dict[str, Any]:
-    """Another HTTP process serves when its report is fresh and the workers reach it too."""
+    """Another HTTP process serves when its report is fresh and it sees workers (those of the
+    host's dispatcher, as the coordinator told it, or on PostgreSQL those it found alive)."""
     if not other.serving:
         return {"ok": False, "detail": "not serving (no report for "
                 f"{'ever' if other.record is None else f'{other.age:.0f} s'}); "

@@ -67,10 +67,6 @@ class StampdCollector(Collector):
         yield CounterMetricFamily("stampd_requeued_jobs",
                                   "Jobs handed to another worker after a fault",
                                   value=total.requeued)
-        yield CounterMetricFamily("stampd_taken_back_jobs",
-                                  "Jobs taken back from a worker that another HTTP process's "
-                                  "manifest keeps busy, and signed by another",
-                                  value=total.taken_back)
         yield GaugeMetricFamily("stampd_proof_waiters",
                                 "Proof requests (GET /v1/proofs ?wait=) waiting for a checkpoint",
                                 value=st.proof_waiters)

@@ -1,9 +1,10 @@
 """Several HTTP processes on one host: `stampd serve` with ``--api-processes N`` (N > 1).
 
-    stampd serve ─┬─ its fork "stampd-api" ─┬─ fork "stampd-http-0" ─┐ run/dispatch.sock,
-                  │  (starts, restarts and  └─ fork "stampd-http-1" ─┤ run/dispatch-1.sock
-                  │   stops the HTTP processes)                       │
-                  └─ fork "stampd-pool" ─ forks "stampd-worker", each connected to every one
+    stampd serve ─┬─ its fork "stampd-api" ─┬─ fork "stampd-http-0" ─┐ run/coordinator.sock
+    (coordinator) │  (starts, restarts and  └─ fork "stampd-http-1" ─┘ (to stampd serve)
+                  │   stops the HTTP processes)
+                  └─ fork "stampd-pool" ─ forks "stampd-worker", each connected to
+                                          run/dispatch.sock (to stampd serve)
 
 - **The port.** The supervisor binds N listening sockets to the same address with
   ``SO_REUSEPORT``; HTTP process *n* serves on socket *n* (and closes the others): the kernel
@@ -22,15 +23,17 @@
 - **Names.** The manager is called ``stampd-api`` and HTTP process *n* ``stampd-http-n``
   (``/proc/PID/comm``, as ``ps -o comm`` and ``top`` show them; the command line stays the
   supervisor's).
-- **The workers.** HTTP process *n* runs its own dispatcher on its own Unix socket
-  (`Settings.dispatch_socket_of`); every worker connects to all of them and takes jobs from
-  each in turn (`workers.link.Dispatchers`). A stamp is signed by whichever worker is free.
+- **The workers.** The host's one dispatcher runs in the coordinator; every worker connects
+  once, to it (`Settings.dispatch_socket`, `workers.link.DispatcherLink`), and each HTTP
+  process hands it its jobs over its connection to the coordinator
+  (`server.coordinator.HostDispatcher`). A stamp is signed by whichever worker is free.
 - **What stays single.** The host's coordinator (`server.coordinator.Coordinator`), in the
-  supervisor: it counts the budgets every HTTP process shares, and on SQLite it is the host's
-  one journal writer, which commits the rows every HTTP process sends it together, one fsync
-  for all; on PostgreSQL each process commits its own groups. One log writer and one
-  cross-stamper: the process that holds the log lock (`server.leadership.FileLeader`; with
-  database dispatch the PostgreSQL advisory lock), which another takes over when it dies.
+  supervisor: it runs the dispatcher, counts the budgets every HTTP process shares, and on
+  SQLite it is the host's one journal writer, which commits the rows every HTTP process sends
+  it together, one fsync for all; on PostgreSQL each process commits its own groups. One log
+  writer and one cross-stamper: the process that holds the log lock
+  (`server.leadership.FileLeader`; with database dispatch the PostgreSQL advisory lock), which
+  another takes over when it dies.
 - **Metrics and /readyz** add up, or check, every process (`server.api.siblings`).
 
 Each process dies with its parent (SIGKILL, ``PR_SET_PDEATHSIG``): an HTTP process as the one
@@ -361,14 +364,18 @@ class ApiManager:
 def serve_processes(manager: ApiManager, settings: Settings) -> None:
     """Run the HTTP processes through ``manager`` until SIGTERM or SIGINT, then stop them
     (they finish their requests first). This process runs the host's coordinator meanwhile
-    (`server.coordinator`: the budgets, and on SQLite the one journal writer)."""
+    (`server.coordinator`: the budgets, the workers' dispatcher on socket dispatch, and on
+    SQLite the one journal writer)."""
     from server import db
     from server.budgets import HostBudgets
     from server.coordinator import Coordinator
+    from server.dispatch.socket import socket_dispatcher
 
     host = Coordinator(settings.coordinator_socket,
                        (lambda: db.make_engine(settings.db_url)) if settings.shared_journal
-                       else None, HostBudgets(settings, time.time))
+                       else None, HostBudgets(settings, time.time),
+                       (lambda: socket_dispatcher(settings)) if settings.dispatch == "socket"
+                       else None)
     host.start()
 
     def _stop(_signum: int, _frame: object) -> None:

@@ -53,23 +53,31 @@ class Overview:
     own: Stats
     queue: int  # jobs waiting for a worker
     requeued: int  # jobs handed to another worker after a fault
-    taken_back: int  # jobs taken back from a worker busy with another process's manifest
     others: list[Sibling]
+    disconnects: int = 0  # worker connections lost, as the host's dispatcher counts them
 
     def stats(self) -> Stats:
         """The counters, added up (only /metrics needs them)."""
         reports = [o.stats for o in self.others if o.stats is not None]
-        return self.own.plus(reports) if reports else self.own
+        if not reports and not self.disconnects:
+            return self.own
+        total = self.own.plus(reports)  # (a new one: this process's counters stay its own)
+        total.worker_disconnects += self.disconnects
+        return total
 
 
 async def overview(stats: Stats, dispatcher: Dispatcher, siblings: Siblings | None
                    ) -> Overview:
+    """The figures of every HTTP process, and of the host's dispatcher where it is the
+    coordinator's (each process's own queue is then empty)."""
     others = [] if siblings is None else await siblings.others()
     records = [o.record for o in others if o.record is not None]
-    return Overview(stats, dispatcher.queue_depth + sum(r["queue"] for r in records),
-                    dispatcher.requeued + sum(r["requeued"] for r in records),
-                    dispatcher.taken_back + sum(r.get("taken_back", 0) for r in records),
-                    others)
+    host = {} if siblings is None else siblings.link.host
+    return Overview(stats, dispatcher.queue_depth + sum(r["queue"] for r in records)
+                    + host.get("queue", 0),
+                    dispatcher.requeued + sum(r["requeued"] for r in records)
+                    + host.get("requeued", 0),
+                    others, host.get("disconnects", 0))
 
 
 class Siblings:
@@ -92,7 +100,6 @@ class Siblings:
         record = {"index": self.index, "pid": os.getpid(),
                   "stats": self.stats.snapshot(), "queue": self.dispatcher.queue_depth,
                   "requeued": self.dispatcher.requeued,
-                  "taken_back": self.dispatcher.taken_back,
                   "workers": sorted(self.dispatcher.workers)}
         witnesses = self.witnesses()
         if witnesses is not None:

@@ -31,7 +31,7 @@ text in UTF-8).
 """
 
 from server.coordinator.host import Coordinator
-from server.coordinator.link import CoordinatorLink
+from server.coordinator.link import CoordinatorLink, HostDispatcher
 from server.coordinator.wire import Call, FrameBuckets, Reply
 
-__all__ = ["Call", "Coordinator", "CoordinatorLink", "FrameBuckets", "Reply"]
+__all__ = ["Call", "Coordinator", "CoordinatorLink", "FrameBuckets", "HostDispatcher", "Reply"]

@@ -15,25 +15,32 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from formats.jobs import MalformedMessage, RelayedJob
 from procs import memory
 from server.budgets import HostBudgets, ManifestsBusy, RateLimited
 from server.coordinator.wire import Call, Coalesced, Reply, read_frame
-from server.errors import CommandFailed, JournalError
+from server.dispatch import Signed
+from server.dispatch.socket import SocketDispatcher
+from server.errors import CommandFailed, JournalError, QueueFull, SigningFailed
 from server.stamping.journal import Journal
 
 log = logging.getLogger(__name__)
 
 
 class Coordinator:
-    """The host's one `Journal` (when ``make_engine`` is given: SQLite) and its `HostBudgets`,
-    in a thread with its own event loop, serving the HTTP processes on ``socket_path``
-    (0600)."""
+    """The host's one `Journal` (when ``make_engine`` is given: SQLite), its `HostBudgets`
+    and its one `SocketDispatcher` (when ``make_dispatcher`` is given: socket dispatch), in a
+    thread with its own event loop, serving the HTTP processes on ``socket_path`` (0600) and
+    the workers on the dispatcher's."""
 
     def __init__(self, socket_path: Path, make_engine: Callable[[], Engine] | None,
-                 budgets: HostBudgets) -> None:
+                 budgets: HostBudgets,
+                 make_dispatcher: Callable[[], SocketDispatcher] | None = None) -> None:
         self.socket_path = socket_path
         self.make_engine = make_engine
         self.budgets = budgets
+        self.make_dispatcher = make_dispatcher
+        self.dispatcher: SocketDispatcher | None = None
         self.journal: Journal | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -81,6 +88,11 @@ class Coordinator:
         journal = self.journal = None if engine is None else Journal(engine)
         if journal is not None:
             journal.start()
+        dispatcher = self.dispatcher = None if self.make_dispatcher is None \
+            else self.make_dispatcher()
+        if dispatcher is not None:
+            dispatcher.on_workers = self._tell_workers
+            await dispatcher.start()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
@@ -95,6 +107,8 @@ class Coordinator:
             if self._links:
                 await asyncio.wait(list(self._links), timeout=10)
             await server.wait_closed()
+            if dispatcher is not None:
+                await dispatcher.stop()
             if journal is not None:
                 await journal.stop()
             if engine is not None:
@@ -107,6 +121,7 @@ class Coordinator:
         assert link is not None
         out = self._links[link] = Coalesced(writer)
         waiting: set[asyncio.Future[Any]] = set()
+        jobs: dict[int, asyncio.Future[Signed]] = {}  # its jobs with the dispatcher, by call
         owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
             while (body := await read_frame(reader)) is not None:
@@ -115,7 +130,15 @@ class Coordinator:
                 # its frame) is the journal's until it is written. (The last frame of each
                 # connection stayed until the next came: +141 MiB after a 105 MiB manifest.)
                 del body
-                if call.op == "hello":
+                if call.op == "sign":
+                    self._sign(call, out, jobs)
+                elif call.op == "drop":
+                    dropped = call.fields.get("c")
+                    if isinstance(dropped, int) and dropped in jobs:
+                        jobs.pop(dropped).cancel()
+                elif call.op == "hello":
+                    if self.dispatcher is not None:  # (known before the hello is answered)
+                        out.put(self._workers_news())
                     out.put(Reply(call.call_id).encode())
                 elif call.op == "report":
                     record = call.fields.get("r")
@@ -124,9 +147,12 @@ class Coordinator:
                     self._reports[owner] = (record, time.monotonic())
                 elif call.op == "view":
                     now = time.monotonic()
+                    d = self.dispatcher
                     out.put(Reply(call.call_id, view=[
                         {"record": r, "age": now - t} for r, t in self._reports.values()
-                    ]).encode())
+                    ], host=None if d is None else {
+                        "queue": d.queue_depth, "requeued": d.requeued,
+                        "disconnects": d.stats.worker_disconnects}).encode())
                 elif call.op == "published":
                     self._tell_all(call)
                 elif call.op in ("charge", "take", "give"):
@@ -139,6 +165,8 @@ class Coordinator:
         except asyncio.CancelledError:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
+            for job in list(jobs.values()):  # (nobody waits for them: a worker signs none
+                job.cancel()                 # of them that it has not been sent yet)
             self._reports.pop(owner, None)  # (it serves no more)
             self.budgets.in_flight.drop(owner)  # (its process is gone, or going)
             if waiting:  # what was asked is recorded before the connection goes
@@ -156,6 +184,51 @@ class Coordinator:
         news = Reply(0, published=size).encode()
         for out in self._links.values():
             out.put(news)
+
+    def _workers_news(self) -> bytes:
+        assert self.dispatcher is not None
+        return Reply(0, workers=[(w.name, w.key, w.pid)
+                                 for w in self.dispatcher.workers.values()]).encode()
+
+    def _tell_workers(self) -> None:
+        """A worker came or went: every HTTP process hears which are connected now."""
+        news = self._workers_news()
+        for out in self._links.values():
+            out.put(news)
+
+    def _sign(self, call: Call, out: Coalesced, jobs: dict[int, asyncio.Future[Signed]]
+              ) -> None:
+        """Hand ``call``'s job to the host's dispatcher; the answer goes out when a worker
+        gives it (no task per job, as for the journal's calls)."""
+        cid, f = call.call_id, call.fields
+        key, size, text = f.get("k"), f.get("m"), call.text or b""
+        if not isinstance(key, str) or not isinstance(size, int) or not 0 < size <= len(text):
+            raise ValueError("a sign call without its key or job")
+        if self.dispatcher is None:
+            out.put(Reply(cid, unsigned=("unavailable", "no dispatcher here")).encode())
+            return
+        try:
+            fut = self.dispatcher.submit(RelayedJob(text[:size], text[size:]), key)
+        except MalformedMessage as e:
+            raise ValueError(f"a sign call's job: {e}") from None
+        except QueueFull as e:
+            out.put(Reply(cid, unsigned=("queue", e.message)).encode())
+            return
+        jobs[cid] = fut
+
+        def done(fut: asyncio.Future[Signed]) -> None:
+            jobs.pop(cid, None)
+            if fut.cancelled():
+                return  # (its caller gave up, or is gone)
+            e = fut.exception()
+            if e is None:
+                r = fut.result()
+                out.put(Reply(cid, signed=(r.text, r.worker, r.attempts)).encode())
+            else:
+                kind = "signing" if isinstance(e, SigningFailed) else "unavailable"
+                out.put(Reply(cid, unsigned=(kind, str(e))).encode())
+
+        fut.add_done_callback(done)
 
     def _budget(self, call: Call, owner: int, out: Coalesced) -> None:
         """Count, hold or give back what ``call`` says, and answer at once."""

@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats.jobs import Job, ManifestJob, job_message
+from formats.keys import PRIMARY
 from formats.manifests import Text, utf8_pieces, utf8_size
 from server.budgets import once
 from server.coordinator.wire import LONG_FRAME, Call, Coalesced, Reply, read_frame
-from server.errors import JournalError
+from server.dispatch import Signed
+from server.errors import JournalError, QueueFull, SigningFailed, Unavailable
 from server.stamping.journal import IndexRows, stamp_row
 from server.stamping.requests import Request
 from server.stats import Stats
@@ -50,6 +53,10 @@ class CoordinatorLink:
     # processes writes the tiles): the process's proof waiters look again.
     on_published: Callable[[int], None] | None = None
     _stopping: bool = False
+    # The workers connected to the host's dispatcher (name: (key, pid)), as it last told, and
+    # its figures as its last answer to `view` gave them (socket dispatch).
+    workers: dict[str, tuple[str, int]] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> None:
         pass  # (connects on the first call; `connect` waits for the host at start-up)
@@ -89,6 +96,9 @@ class CoordinatorLink:
                     if self.on_published is not None:
                         self.on_published(reply.published)
                     continue
+                if reply.workers is not None:
+                    self.workers = {name: (key, pid) for name, key, pid in reply.workers}
+                    continue
                 fut = self._calls.pop(reply.call_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
@@ -115,22 +125,33 @@ class CoordinatorLink:
         if reply:
             call_id, self._next_id = self._next_id, self._next_id + 1
             fut = self._calls[call_id] = asyncio.get_running_loop().create_future()
-        call = Call(op, call_id, fields, buckets)
         out = self._out
         assert out is not None
-        if buckets or text:
-            try:
-                await self._send_long(call, text or (), writer, out)
-            except BaseException as e:
-                self._calls.pop(call_id, None)
-                if isinstance(e, OSError | RuntimeError):  # (the link broke: `_read` fails
-                    raise JournalError(f"journal unavailable: {e}") from None  # the rest)
-                raise
-        else:
-            out.put(call.encode())
-        if fut is None:
-            return None
-        answer = await fut
+        short: bytes | None = None  # (a job's message: one frame like any other)
+        if text is not None and len(text) == 1 and isinstance(text[0], bytes) \
+                and len(text[0]) <= LONG_FRAME:
+            short = text[0]
+        call = Call(op, call_id, fields, buckets, short)
+        try:
+            if buckets or (text and short is None):
+                # A frame cut short would break the link: one whose caller gives up is sent
+                # to its end all the same.
+                sending = asyncio.ensure_future(self._send_long(call, text or (), writer, out))
+                sending.add_done_callback(_retrieved)
+                try:
+                    await asyncio.shield(sending)
+                except (OSError, RuntimeError) as e:  # (the link broke: `_read` fails the rest)
+                    self._calls.pop(call_id, None)
+                    raise JournalError(f"journal unavailable: {e}") from None
+            else:
+                out.put(call.encode())
+            if fut is None:
+                return None
+            answer = await fut
+        except asyncio.CancelledError:
+            if self._calls.pop(call_id, None) is not None and op == "sign":
+                self._tell("drop", {"c": call_id})  # (the host forgets its job)
+            raise
         if answer.error is not None:
             raise JournalError(answer.error)
         answer.raise_refusal()
@@ -220,10 +241,28 @@ class CoordinatorLink:
         self._tell("report", {"r": record})
 
     async def view(self) -> list[dict[str, Any]]:
-        """Every HTTP process's last report (``record``) and its ``age`` in seconds."""
+        """Every HTTP process's last report (``record``) and its ``age`` in seconds (and the
+        host dispatcher's figures, in `host`)."""
         answer = await self._call("view", {})
         assert answer is not None
+        self.host = answer.host or {}
         return answer.view or []
+
+    async def sign(self, job: Job, key: str) -> Signed:
+        """Have the host's dispatcher get ``job`` signed by a worker holding ``key``
+        (`HostDispatcher`)."""
+        message = job_message(job)
+        lines = (job.lines,) if isinstance(job, ManifestJob) else ()
+        try:
+            answer = await self._call("sign", {"k": key, "m": len(message)},
+                                      text=(message, *lines))
+        except JournalError as e:  # (the link is down: this process is about to end)
+            raise Unavailable(e.message) from None
+        assert answer is not None
+        if answer.signed is not None:
+            return Signed(*answer.signed)
+        kind, message_ = answer.unsigned or ("unavailable", "no answer")
+        raise {"queue": QueueFull, "signing": SigningFailed}.get(kind, Unavailable)(message_)
 
     def published(self, size: int) -> None:
         """Tell every HTTP process of the host (this one too) that a checkpoint of ``size``
@@ -255,3 +294,54 @@ class CoordinatorLink:
         if self._reader_task is not None:
             with contextlib.suppress(BaseException):
                 await self._reader_task
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """(a long frame's send whose caller gave up: its failure, if any, is the link's)"""
+    if not task.cancelled():
+        task.exception()
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    """A worker connected to the host's dispatcher (`server.dispatch.WorkerView`)."""
+
+    name: str
+    key: str
+    pid: int
+
+
+class HostDispatcher:
+    """The `Dispatcher` of an HTTP process when the host's coordinator runs the host's one
+    (socket dispatch, several HTTP processes): each job goes over ``link``, one call, and its
+    answer comes back on it. The queue, its retries and the workers are the coordinator's;
+    its figures reach `/metrics` through `CoordinatorLink.host`."""
+
+    requeued = 0  # (the host's: `CoordinatorLink.host`)
+
+    def __init__(self, link: CoordinatorLink) -> None:
+        self.link = link
+
+    async def start(self) -> None:
+        pass  # (the link is connected: `server.api.app`)
+
+    async def stop(self) -> None:
+        pass
+
+    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+        started = time.perf_counter()
+        signed = await self.link.sign(job, key)
+        self.link.stats.signing[signed.worker].observe(time.perf_counter() - started)
+        return signed
+
+    @property
+    def workers(self) -> dict[str, WorkerSeen]:
+        return {name: WorkerSeen(name, key, pid)
+                for name, (key, pid) in self.link.workers.items()}
+
+    @property
+    def queue_depth(self) -> int:
+        return 0  # (the host's: `CoordinatorLink.host`)
+
+    def keys_served(self) -> set[str]:
+        return {key for key, _ in self.link.workers.values()}

@@ -32,7 +32,10 @@ class Call:
     of size ``n`` was ``published`` (told to every HTTP process); ``hello``, answered once
     the connection is one the news go to (its first call); of the processes' view, ``report``
     this process's counters (``r``, `server.api.siblings.Siblings.record`), and ``view``
-    every process's last report. ``call_id`` 0: no reply
+    every process's last report; of the host's dispatcher, ``sign`` a job (``k``: the key's
+    id, ``m``: the length of the job's message, which is the start of ``text``, a manifest's
+    lines the rest: `formats.jobs.RelayedJob`), or ``drop`` the job of call ``c`` (its
+    caller gave up). ``call_id`` 0: no reply
     wanted (an outcome that rides along with the next commit, `Journal.signed`; bytes given
     back; news)."""
 
@@ -43,7 +46,8 @@ class Call:
     text: bytes | memoryview | None = None
 
     OPS = ("hello", "record", "signed", "failed", "manifest", "charge", "take", "give",
-           "published", "report", "view")
+           "published", "report", "view", "sign", "drop")
+    TEXT_OPS = ("manifest", "sign")
 
     def head(self, tail: int = 0) -> bytes:
         """The frame up to its tail, whose length is ``tail`` (a text sent after it)."""
@@ -74,7 +78,7 @@ class Call:
         buckets: IndexRows | None = None
         if "bk" in head:
             buckets = FrameBuckets(head["bk"], head.get("bn"), tail)
-        return cls(op, call_id, fields, buckets, tail if op == "manifest" else None)
+        return cls(op, call_id, fields, buckets, tail if op in cls.TEXT_OPS else None)
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,12 @@ class Reply:
     an outcome or a budget's yes), the error that kept it from being committed, or the budget
     that ``refused`` it: ``rate`` (`RateLimited`) or ``busy`` (`ManifestsBusy`), its message,
     and the seconds after which to retry; or the ``view`` asked for: every HTTP process's last
-    report, with its age in seconds. Or, with ``call_id`` 0, news pushed to every HTTP
-    process: the size of a checkpoint ``published`` on the host."""
+    report, with its age in seconds, and the ``host``'s dispatcher's figures (``queue``,
+    ``requeued``, ``disconnects``); or a job ``signed`` (its text, worker and attempts) or
+    ``unsigned`` (why: ``queue`` full, ``signing`` failed, ``unavailable``; and the message).
+    Or, with ``call_id`` 0, news pushed to every HTTP process: the size of a checkpoint
+    ``published`` on the host, or the ``workers`` connected to the host's dispatcher (name,
+    key, pid), sent on ``hello`` and whenever one comes or goes."""
 
     call_id: int
     stamp_id: int | None = None
@@ -92,17 +100,20 @@ class Reply:
     refused: tuple[str, str, int] | None = None
     published: int | None = None
     view: list[dict[str, Any]] | None = None
+    host: dict[str, int] | None = None
+    signed: tuple[str, str, int] | None = None
+    unsigned: tuple[str, str] | None = None
+    workers: list[tuple[str, str, int]] | None = None
 
     REFUSALS = ("rate", "busy")
+    UNSIGNED = ("queue", "signing", "unavailable")
 
     def encode(self) -> bytes:
         head: dict[str, Any] = {"id": self.call_id, "sid": self.stamp_id, "error": self.error}
-        if self.refused is not None:
-            head["no"] = list(self.refused)
-        if self.published is not None:
-            head["pub"] = self.published
-        if self.view is not None:
-            head["view"] = self.view
+        for attr, name in _OPTIONAL:
+            value = getattr(self, attr)
+            if value is not None:
+                head[name] = value
         text = json.dumps(head, separators=(",", ":")).encode()
         body = LENGTH.pack(len(text)) + text
         return LENGTH.pack(len(body)) + body
@@ -124,7 +135,22 @@ class Reply:
                     and isinstance(no[1], str) and isinstance(no[2], int)):
                 raise ValueError("not a coordinator reply")
             refused = (no[0], no[1], no[2])
-        return cls(call_id, sid, error, refused, published, view)
+        host, sig, uns, wk = head.get("host"), head.get("sig"), head.get("uns"), head.get("wk")
+        if not ((host is None or (isinstance(host, dict)
+                                  and all(isinstance(v, int) for v in host.values())))
+                and (sig is None or (isinstance(sig, list) and len(sig) == 3
+                                     and isinstance(sig[0], str) and isinstance(sig[1], str)
+                                     and isinstance(sig[2], int)))
+                and (uns is None or (isinstance(uns, list) and len(uns) == 2
+                                     and uns[0] in cls.UNSIGNED and isinstance(uns[1], str)))
+                and (wk is None or (isinstance(wk, list) and all(
+                    isinstance(w, list) and len(w) == 3 and isinstance(w[0], str)
+                    and isinstance(w[1], str) and isinstance(w[2], int) for w in wk)))):
+            raise ValueError("not a coordinator reply")
+        return cls(call_id, sid, error, refused, published, view, host,
+                   None if sig is None else (sig[0], sig[1], sig[2]),
+                   None if uns is None else (uns[0], uns[1]),
+                   None if wk is None else [(w[0], w[1], w[2]) for w in wk])
 
     def raise_refusal(self) -> None:
         """The refusal as the budget raised it, if this is one."""
@@ -136,6 +162,11 @@ class Reply:
         busy = ManifestsBusy(message)
         busy.retry_after = retry
         raise busy
+
+
+# A reply's optional fields, and their names on the wire (left out when None).
+_OPTIONAL = (("refused", "no"), ("published", "pub"), ("view", "view"), ("host", "host"),
+             ("signed", "sig"), ("unsigned", "uns"), ("workers", "wk"))
 
 
 class FrameBuckets(Sequence[tuple[int, bytes]]):

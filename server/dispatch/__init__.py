@@ -1,8 +1,10 @@
 """Dispatch: how a signing job reaches a worker holding its key, and how its answer comes back.
 
 Two transports offer the same `Dispatcher` protocol: `server.dispatch.socket` (workers on this
-host connect to a Unix socket) and `server.dispatch.database` (several hosts share one
-PostgreSQL; workers claim jobs from the ``jobs`` table).
+host connect to a Unix socket of ``stampd serve``) and `server.dispatch.database` (several hosts
+share one PostgreSQL; workers claim jobs from the ``jobs`` table). With several HTTP processes
+on socket dispatch, each hands its jobs to the host's coordinator, which runs the one
+`SocketDispatcher` (`server.coordinator.link.HostDispatcher`).
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ class WorkerView(Protocol):
 
 
 class Dispatcher(Protocol):
-    """Hands jobs to workers and their answers back (`SocketDispatcher`, `DbDispatcher`)."""
+    """Hands jobs to workers and their answers back (`SocketDispatcher`, `DbDispatcher`,
+    `HostDispatcher`)."""
 
     requeued: int  # jobs handed to another worker after a fault
-    taken_back: int  # jobs taken back from a worker another HTTP process's manifest keeps busy
 
     async def start(self) -> None: ...
 

@@ -78,7 +78,6 @@ class DbDispatcher:
         self.heartbeat_timeout = heartbeat_timeout
         self.stats = stats or Stats()
         self.requeued = 0
-        self.taken_back = 0  # (socket dispatch only: a worker here claims one job at a time)
         self.workers: dict[str, WorkerView] = {}
         self._waiting: dict[int, asyncio.Future[Signed]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -1,7 +1,10 @@
-"""Socket dispatch (one host): hands signing jobs from the HTTP process to worker processes
-and back, as frames of the job contract (`formats.jobs`).
+"""Socket dispatch (one host): hands signing jobs to worker processes and back, as frames of
+the job contract (`formats.jobs`). It runs in ``stampd serve``: in its HTTP process's event loop
+when it serves alone, else in the host's coordinator (`server.coordinator`), to which the HTTP
+processes hand their jobs; one dispatcher knows every job of the host.
 
-Workers connect to a Unix socket (``<data_dir>/run/dispatch.sock``) and receive jobs over it.
+Every worker connects once, to its Unix socket (``<data_dir>/run/dispatch.sock``), and receives
+jobs over it.
 Each connection keeps up to ``depth`` jobs in flight, so a worker never waits for a round trip;
 there is no polling anywhere. When a connection drops (the worker or its agent died) or a job
 times out, the jobs that were in flight go back to the front of the queue and another worker
@@ -16,26 +19,28 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from formats.jobs import (
     HEADER,
-    Busy,
     Hello,
     Job,
     MalformedMessage,
     ManifestJob,
-    Paused,
+    RelayedJob,
     Result,
     decode_frame,
     frame_size,
+    is_manifest,
     job_frame_parts,
 )
 from formats.keys import PRIMARY
 from server.dispatch import Signed
 from server.errors import QueueFull, SigningFailed, Unavailable
+from server.settings import Settings
 from server.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -47,7 +52,7 @@ RETRY, NEW = 0, 1  # queue priorities: retried jobs first
 class Pending:
     """A job waiting for, or held by, a worker."""
 
-    job: Job
+    job: Job | RelayedJob
     future: asyncio.Future[Signed]
     key: str = PRIMARY
     attempts: int = 0
@@ -74,6 +79,7 @@ class SocketDispatcher:
         max_attempts: int = 3,
         depth: int = 4,
         stats: Stats | None = None,
+        on_workers: Callable[[], None] = lambda: None,
     ) -> None:
         self.stats = stats or Stats()
         self.socket_path = socket_path
@@ -96,7 +102,7 @@ class SocketDispatcher:
         self._manifests_out: dict[str, int] = {}
         self._held_back: dict[str, list[tuple[int, int, Pending]]] = {}
         self.requeued = 0  # jobs handed to another worker after a fault (for tests, metrics)
-        self.taken_back = 0  # jobs taken back from a worker busy with another's manifest
+        self.on_workers = on_workers  # called when a worker connects or goes
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -142,22 +148,28 @@ class SocketDispatcher:
         return {w.key for w in self.workers.values()}
 
     # -- the API for the HTTP side -------------------------------------------------------
-    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+    async def sign(self, job: Job | RelayedJob, key: str = PRIMARY) -> Signed:
         """Have a worker holding ``key`` build and sign ``job``."""
+        return await self.submit(job, key)
+
+    def submit(self, job: Job | RelayedJob, key: str = PRIMARY) -> asyncio.Future[Signed]:
+        """`sign` without a task: the future of ``job``'s answer (`QueueFull` at once when too
+        many wait). Cancelling it drops the job, unless a worker has it already."""
         if self._outstanding >= self.max_queue:
             raise QueueFull("too many stamps waiting; retry shortly")
         pending = Pending(job=job, future=asyncio.get_running_loop().create_future(), key=key)
         self._outstanding += 1
-        try:
-            self.queue(key).put_nowait((NEW, next(self._seq), pending))
-            return await pending.future
-        finally:
-            self._outstanding -= 1
+        pending.future.add_done_callback(self._done)
+        self.queue(key).put_nowait((NEW, next(self._seq), pending))
+        return pending.future
+
+    def _done(self, _future: asyncio.Future[Signed]) -> None:
+        self._outstanding -= 1
 
     # -- manifests: all but one worker of a key at most ------------------------------------
     def _hold_back(self, key: str, item: tuple[int, int, Pending]) -> bool:
         """Keep back a manifest job that would leave no worker of ``key`` free for stamps."""
-        if not isinstance(item[2].job, ManifestJob):
+        if not is_manifest(item[2].job):
             return False
         serving = sum(1 for w in self.workers.values() if w.key == key)
         if serving > 1 and self._manifests_out.get(key, 0) >= serving - 1:
@@ -202,6 +214,7 @@ class SocketDispatcher:
             info = WorkerInfo(name=hello.worker, pid=hello.pid, fingerprint=hello.fingerprint,
                               key=hello.key)
             self.workers[info.name] = info
+            self.on_workers()
             log.info("worker %s (pid %d) connected", info.name, info.pid)
             await self._serve(info, reader, writer, inflight)
         except asyncio.IncompleteReadError as e:
@@ -215,8 +228,9 @@ class SocketDispatcher:
             if info is not None:
                 self.workers.pop(info.name, None)
                 self.stats.worker_disconnects += 1
+                self.on_workers()
             for job in inflight.values():
-                if isinstance(job.job, ManifestJob):
+                if is_manifest(job.job):
                     self._manifest_done(job.key)
                 self._requeue(job, f"worker {info.name if info else '?'} went away")
             inflight.clear()
@@ -245,15 +259,10 @@ class SocketDispatcher:
         slots: dict[int, int] = {}
         queue = self.queue(info.key)
         freed = asyncio.Event()
-        # The worker signs a manifest of another HTTP process's dispatcher (`Busy`): it gets
-        # nothing from here until it says it is free.
-        busy = [False]
-        writing = asyncio.Lock()  # one frame at a time: a job (with its pieces), a `Paused`
-        acks: set[asyncio.Task[None]] = set()
 
         async def feed() -> None:
             while True:
-                while free[0] <= 0 or busy[0]:
+                while free[0] <= 0:
                     freed.clear()
                     await freed.wait()
                 # (the jobs are held by `send` alone: while this waits for the next one it
@@ -265,80 +274,46 @@ class SocketDispatcher:
             # Hand over every job that is ready and fits, in one write; a manifest's lines
             # (raw bytes after its frame) a piece at a time, each written when the last one
             # has gone (the transport holds a piece, not a copy of the manifest).
-            async with writing:
-                frames = []
-                now = loop.time()
-                t0 = time.perf_counter()
-                while True:
-                    job = item[2]
-                    if busy[0]:  # (said while this waited: the job is another worker's)
-                        queue.put_nowait(item)
-                        break
-                    # (a job whose future is done: its client went away or timed out)
-                    if not job.future.done() and not self._hold_back(info.key, item):
-                        job_id = next(self._ids)
-                        job.attempts += 1
-                        inflight[job_id] = job
-                        deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
-                        sent[job_id] = t0
-                        head, pieces = job_frame_parts(job_id, job.job)
-                        frames.append(head)
-                        slots[job_id] = self.depth if isinstance(job.job, ManifestJob) else 1
-                        free[0] -= slots[job_id]
-                        for piece in pieces:
-                            frames.append(piece)
-                            writer.write(b"".join(frames))
-                            frames = []
-                            await writer.drain()
-                            # A turn of the loop per piece, whether drain() waited or not: in
-                            # a loaded server a manifest's pieces were seen going out in one
-                            # callback that held the loop for 90-120 ms.
-                            await asyncio.sleep(0)
-                    if free[0] <= 0 or queue.empty() or busy[0]:
-                        break
-                    item = queue.get_nowait()
-                if frames:
-                    writer.write(b"".join(frames))
-
-        async def paused() -> None:
-            async with writing:  # (after a job being written: its frame stays whole)
-                writer.write(Paused().frame())
+            frames: list[bytes | memoryview] = []
+            now = loop.time()
+            t0 = time.perf_counter()
+            while True:
+                job = item[2]
+                # (a job whose future is done: its client went away or timed out)
+                if not job.future.done() and not self._hold_back(info.key, item):
+                    job_id = next(self._ids)
+                    job.attempts += 1
+                    inflight[job_id] = job
+                    deadlines[job_id] = now + self.sign_timeout + _extra_time(job.job)
+                    sent[job_id] = t0
+                    head, pieces = job_frame_parts(job_id, job.job)
+                    frames.append(head)
+                    slots[job_id] = self.depth if is_manifest(job.job) else 1
+                    free[0] -= slots[job_id]
+                    for piece in pieces:
+                        frames.append(piece)
+                        writer.write(b"".join(frames))
+                        frames = []
+                        await writer.drain()
+                        # A turn of the loop per piece, whether drain() waited or not: in
+                        # a loaded server a manifest's pieces were seen going out in one
+                        # callback that held the loop for 90-120 ms.
+                        await asyncio.sleep(0)
+                if free[0] <= 0 or queue.empty():
+                    break
+                item = queue.get_nowait()
+            if frames:
+                writer.write(b"".join(frames))
 
         def release(job_id: int) -> tuple[Pending | None, float | None]:
-            """Job ``job_id`` is with this worker no more (answered, or taken back): its
-            slots are free again; the job, and when it was sent."""
+            """Job ``job_id`` is answered: its slots are free again; the job, and when it was
+            sent."""
             job = inflight.pop(job_id, None)
             deadlines.pop(job_id, None)
             free[0] += slots.pop(job_id, 0)
-            if job is not None and isinstance(job.job, ManifestJob):
+            if job is not None and is_manifest(job.job):
                 self._manifest_done(info.key)
             return job, sent.pop(job_id, None)
-
-        def told(now_busy: bool) -> None:
-            """The worker is busy with another dispatcher's manifest (or free again)."""
-            if not now_busy:
-                if busy[0]:
-                    busy[0] = False
-                    self._manifest_done(info.key)
-                    freed.set()
-                return
-            if not busy[0]:
-                busy[0] = True
-                # A manifest signed by one of this key's workers, as one of ours would be:
-                # at most all but one of them sign manifests, whichever process sent them.
-                self._manifests_out[info.key] = self._manifests_out.get(info.key, 0) + 1
-            # Every job in flight with it goes back to the front of the queue, for another
-            # worker; it was never signed, so the attempt is not counted. The worker drops
-            # what it gets from here before the `Paused` that follows.
-            for job_id in list(inflight):
-                job, _ = release(job_id)
-                if job is not None and not job.future.done():
-                    job.attempts -= 1
-                    self.taken_back += 1
-                    self.queue(job.key).put_nowait((RETRY, next(self._seq), job))
-            ack = asyncio.create_task(paused())
-            acks.add(ack)
-            ack.add_done_callback(acks.discard)
 
         async def watchdog() -> None:
             while True:
@@ -353,11 +328,7 @@ class SocketDispatcher:
         dog = asyncio.create_task(watchdog())
         try:
             while True:
-                message = await _read_frame(reader)
-                if "busy" in message:
-                    told(Busy.from_dict(message).busy)
-                    continue
-                result = Result.from_dict(message)
+                result = Result.from_dict(await _read_frame(reader))
                 job, sent_at = release(result.id)
                 t1 = time.perf_counter()
                 signing.observe(t1 - (t1 if sent_at is None else sent_at))
@@ -371,21 +342,27 @@ class SocketDispatcher:
                         job.future.set_exception(SigningFailed(str(result.error)))
                 job = None  # (not held while the next answer is awaited: see feed)
         finally:
-            if busy[0]:
-                self._manifest_done(info.key)
-            for task in (feeder, dog, *acks):
+            for task in (feeder, dog):
                 task.cancel()
-            await asyncio.gather(feeder, dog, *acks, return_exceptions=True)
+            await asyncio.gather(feeder, dog, return_exceptions=True)
+
+
+def socket_dispatcher(settings: Settings, stats: Stats | None = None) -> SocketDispatcher:
+    """The host's dispatcher, as ``settings`` say (on ``run/dispatch.sock``)."""
+    return SocketDispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
+                            sign_timeout=settings.sign_timeout,
+                            max_attempts=settings.max_attempts, stats=stats)
 
 
 MANIFEST_RATE = 1 << 20  # bytes per second a worker gets, on top of the signing timeout
 
 
-def _extra_time(job: Job) -> float:
+def _extra_time(job: Job | RelayedJob) -> float:
     """Seconds a job may take beyond the signing timeout: a manifest's worker receives, checks
     and hashes it first (a 127 MiB one takes seconds, and with eight in flight on a 2-core
     host a worker was dropped for the 10 s timeout), one second per MiB of its lines."""
-    return job.lines_size() / MANIFEST_RATE if isinstance(job, ManifestJob) else 0.0
+    return job.lines_size() / MANIFEST_RATE if isinstance(job, ManifestJob | RelayedJob) \
+        else 0.0
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:

@@ -366,7 +366,6 @@ class FailingDispatcher:
     ``error``, or never answers when ``error`` is None. (The dispatcher is not under test.)"""
 
     requeued = 0
-    taken_back = 0
 
     def __init__(self, error: BaseException | None) -> None:
         self.error = error

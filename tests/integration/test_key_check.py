@@ -33,7 +33,7 @@ def home() -> Iterator[Path]:
 def config(home: Path, key_dir: Path, key_id: str = "primary",
            fmt: str = "openpgp") -> WorkerConfig:
     return WorkerConfig("check:1:0", home, key_dir,
-                        DispatchConfig("socket", sockets=(home / "unused.sock",)), key_id=key_id,
+                        DispatchConfig("socket", socket=home / "unused.sock"), key_id=key_id,
                         format=fmt)  # type: ignore[arg-type]
 
 

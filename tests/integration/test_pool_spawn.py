@@ -42,7 +42,7 @@ def test_a_supervisor_with_threads_starts_its_worker_as_a_program() -> None:
         dispatcher.listen()
         dispatcher.settimeout(60)
         pool = WorkerPool(PoolConfig(1, data / "keys", base / "run",
-                                     DispatchConfig("socket", sockets=(base / "d.sock",))))
+                                     DispatchConfig("socket", socket=base / "d.sock")))
         pool.prepare()
         slot = pool.slots[0]
         pool._spawn(slot)

@@ -50,9 +50,9 @@ def _tlog_key(keys: Path) -> SshKeyStore:
 
 def _config(home: Path, directory: Path, name: str = "t:1:0", key_id: str = TLOG_KEY.id,
             fmt: str = "ssh", role: str | None = TLOG,
-            sockets: tuple[Path, ...] | None = None) -> WorkerConfig:
+            socket: Path | None = None) -> WorkerConfig:
     return WorkerConfig(name, home, directory,
-                        DispatchConfig("socket", sockets=sockets or (home / "unused.sock",)),
+                        DispatchConfig("socket", socket=socket or home / "unused.sock"),
                         key_id=key_id, format=fmt, role=role)  # type: ignore[arg-type]
 
 
@@ -167,8 +167,8 @@ def test_workers_refuse_each_others_jobs_and_go_on(tmp_path: Path, home: Path) -
     run = short_tmpdir("tlr")
     sock = run / "dispatch.sock"
     homes = [home / "w0", home / "w1"]
-    configs = [_config(homes[0], keys, "t:1:0", PRIMARY, "openpgp", None, (sock,)),
-               _config(homes[1], store.dir, "t:1:1", sockets=(sock,))]
+    configs = [_config(homes[0], keys, "t:1:0", PRIMARY, "openpgp", None, sock),
+               _config(homes[1], store.dir, "t:1:1", socket=sock)]
     workers: list[subprocess.Popen[bytes]] = []
     try:
         for h, config in zip(homes, configs, strict=True):

@@ -56,7 +56,7 @@ def _config(home: Path, directory: Path, key_id: str, subject: str | None = SUBJ
             ) -> WorkerConfig:
     fmt = "ssh" if key_id.startswith("ssh-") else "openpgp"
     return WorkerConfig("check:1:0", home, directory,
-                        DispatchConfig("socket", sockets=(home / "unused.sock",)), key_id=key_id,
+                        DispatchConfig("socket", socket=home / "unused.sock"), key_id=key_id,
                         format=fmt, tsa_subject=subject, tsa_days=30)
 
 

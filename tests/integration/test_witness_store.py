@@ -50,7 +50,6 @@ class LocalCosigner:
     """A dispatcher whose one "worker" signs `CosignJob`s with a key in this process."""
 
     requeued = 0
-    taken_back = 0
 
     def __init__(self) -> None:
         self.key = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))

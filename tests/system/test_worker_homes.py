@@ -241,7 +241,7 @@ def test_an_orphaned_worker_removes_its_home() -> None:
         dispatcher.listen()
         dispatcher.settimeout(60)
         config = WorkerConfig("orphan:1:0", home, data / "keys",
-                              DispatchConfig("socket", sockets=(base / "d.sock",)))
+                              DispatchConfig("socket", socket=base / "d.sock"))
         # A parent that starts the worker, tells it its PID, and exits.
         parent = (
             "import os, subprocess, sys\n"

@@ -59,7 +59,7 @@ def test_requests_may_not_name_the_log_key() -> None:
 
 
 def test_the_pool_tells_the_log_key_its_role(tmp_path: Path) -> None:
-    dispatch = DispatchConfig("socket", sockets=(tmp_path / "s",))
+    dispatch = DispatchConfig("socket", socket=tmp_path / "s")
     ssh = KeySpec("ssh", "ed25519")
     pool = PoolConfig(1, tmp_path / "keys", tmp_path / "run", dispatch, (ssh, TLOG_KEY))
     assert PoolConfig.from_json(pool.to_json()) == pool

@@ -216,7 +216,7 @@ def _t(days: int) -> datetime:
 
 def test_the_pool_tells_the_tsa_key_its_subject(tmp_path: Path) -> None:
     tsa_key, other = KeySpec("openpgp", "nistp256"), KeySpec("ssh", "ed25519")
-    dispatch = DispatchConfig("socket", sockets=(tmp_path / "s",))
+    dispatch = DispatchConfig("socket", socket=tmp_path / "s")
     pool = PoolConfig(1, tmp_path / "keys", tmp_path / "run", dispatch, (other, tsa_key),
                       tsa_key=tsa_key, tsa_subject="stampd TSA", tsa_days=7)
     assert PoolConfig.from_json(pool.to_json()) == pool
