@@ -113,7 +113,7 @@ class Settings(BaseSettings):
     # Public log.
     commit_interval: float = Field(default=3600.0, gt=0, description="seconds between log commits")
 
-    # How jobs reach workers: "socket" (workers on this host, over data_dir/run/dispatch.sock)
+    # How jobs reach workers: "socket" (workers on this host, over data_dir/run/serve.sock)
     # or "database" (several hosts sharing one PostgreSQL; jobs claimed FOR UPDATE SKIP LOCKED).
     dispatch: Literal["socket", "database"] = Field(
         default="socket", description="socket (one host) or database (hosts share PostgreSQL)"
@@ -543,10 +543,10 @@ class Settings(BaseSettings):
         return self.data_dir / "run"
 
     @property
-    def coordinator_socket(self) -> Path:
-        """Where the HTTP processes reach the host's coordinator (several HTTP processes:
-        `server.coordinator`)."""
-        return self.run_dir / "coordinator.sock"
+    def serve_socket(self) -> Path:
+        """``stampd serve``'s Unix socket: where its workers connect (socket dispatch), and
+        its HTTP processes, when it runs several (its coordinator: `server.coordinator`)."""
+        return self.run_dir / "serve.sock"
 
     @property
     def shared_journal(self) -> bool:
@@ -554,11 +554,6 @@ class Settings(BaseSettings):
         on one SQLite file. (PostgreSQL takes every process's commits itself.)"""
         return self.api_process_count > 1 and self.db_url.startswith("sqlite")
 
-    @property
-    def dispatch_socket(self) -> Path:
-        """Where every worker of the host connects, once: the host's dispatcher, in ``stampd
-        serve`` (socket dispatch)."""
-        return self.run_dir / "dispatch.sock"
 
     @property
     def worker_homes_dir(self) -> Path:

@@ -39,7 +39,7 @@ def pool_config(settings: Settings) -> PoolConfig:
 
         dispatch = DispatchConfig("database", dsn=psycopg_dsn(settings.db_url))
     else:
-        dispatch = DispatchConfig("socket", socket=settings.dispatch_socket.resolve())
+        dispatch = DispatchConfig("socket", socket=settings.serve_socket.resolve())
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     return PoolConfig(
         workers=settings.worker_count,

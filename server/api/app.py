@@ -206,7 +206,7 @@ def create_app(
         budgets: Budgets
         link = None
         if settings.api_process_count > 1:  # `stampd serve` is the host's coordinator
-            link = CoordinatorLink(settings.coordinator_socket, stats,
+            link = CoordinatorLink(settings.serve_socket, stats,
                                    on_host_lost=_server_gone)
             await link.connect()
             budgets = link

@@ -1,10 +1,9 @@
 """Several HTTP processes on one host: `stampd serve` with ``--api-processes N`` (N > 1).
 
-    stampd serve ─┬─ its fork "stampd-api" ─┬─ fork "stampd-http-0" ─┐ run/coordinator.sock
-    (coordinator) │  (starts, restarts and  └─ fork "stampd-http-1" ─┘ (to stampd serve)
-                  │   stops the HTTP processes)
-                  └─ fork "stampd-pool" ─ forks "stampd-worker", each connected to
-                                          run/dispatch.sock (to stampd serve)
+    stampd serve ─┬─ its fork "stampd-api" ─┬─ fork "stampd-http-0" ─┐
+    (coordinator) │  (starts, restarts and  └─ fork "stampd-http-1" ─┤ each connected once
+                  │   stops the HTTP processes)                       ├ to run/serve.sock
+                  └─ fork "stampd-pool" ─ forks "stampd-worker" ──────┘ (stampd serve)
 
 - **The port.** The supervisor binds N listening sockets to the same address with
   ``SO_REUSEPORT``; HTTP process *n* serves on socket *n* (and closes the others): the kernel
@@ -24,7 +23,7 @@
   (``/proc/PID/comm``, as ``ps -o comm`` and ``top`` show them; the command line stays the
   supervisor's).
 - **The workers.** The host's one dispatcher runs in the coordinator; every worker connects
-  once, to it (`Settings.dispatch_socket`, `workers.link.DispatcherLink`), and each HTTP
+  once, to it (`Settings.serve_socket`, `workers.link.DispatcherLink`), and each HTTP
   process hands it its jobs over its connection to the coordinator
   (`server.coordinator.HostDispatcher`). A stamp is signed by whichever worker is free.
 - **What stays single.** The host's coordinator (`server.coordinator.Coordinator`), in the
@@ -371,10 +370,11 @@ def serve_processes(manager: ApiManager, settings: Settings) -> None:
     from server.coordinator import Coordinator
     from server.dispatch.socket import socket_dispatcher
 
-    host = Coordinator(settings.coordinator_socket,
+    host = Coordinator(settings.serve_socket,
                        (lambda: db.make_engine(settings.db_url)) if settings.shared_journal
                        else None, HostBudgets(settings, time.time),
-                       (lambda: socket_dispatcher(settings)) if settings.dispatch == "socket"
+                       (lambda: socket_dispatcher(settings, listen=False))
+                       if settings.dispatch == "socket"
                        else None)
     host.start()
 

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from formats.jobs import MalformedMessage, RelayedJob
 from procs import memory
 from server.budgets import HostBudgets, ManifestsBusy, RateLimited
-from server.coordinator.wire import Call, Coalesced, Reply, read_frame
+from server.coordinator.wire import Call, Coalesced, Frame, Reply, read_frame
 from server.dispatch import Signed
 from server.dispatch.socket import SocketDispatcher
 from server.errors import CommandFailed, JournalError, QueueFull, SigningFailed
@@ -95,20 +95,23 @@ class Coordinator:
             await dispatcher.start()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        server = await asyncio.start_unix_server(self._accept, path=str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         self._ready.set()
         try:
             await self._stop.wait()
         finally:
             server.close()
+            # (gone before the workers are hung up on: they know the server stopped)
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
             for link in list(self._links):
                 link.cancel()
             if self._links:
                 await asyncio.wait(list(self._links), timeout=10)
-            await server.wait_closed()
             if dispatcher is not None:
                 await dispatcher.stop()
+            await server.wait_closed()
             if journal is not None:
                 await journal.stop()
             if engine is not None:
@@ -116,7 +119,24 @@ class Coordinator:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                      ) -> None:
+        """A worker (its first frame: `formats.jobs.Hello`) goes to the dispatcher, an HTTP
+        process (a `Call`) is served here."""
+        try:
+            first = await asyncio.wait_for(read_frame(reader), 30)
+        except (ValueError, ConnectionError, TimeoutError) as e:
+            log.warning("coordinator: dropping a connection: %s", e)
+            first = None
+        if first is None:
+            writer.close()
+        elif "hello" in first[0] and self.dispatcher is not None:
+            await self.dispatcher.serve_worker(reader, writer, first[0])
+        else:
+            await self._serve(reader, writer, first)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     frame: Frame | None) -> None:
         link = asyncio.current_task()
         assert link is not None
         out = self._links[link] = Coalesced(writer)
@@ -124,12 +144,12 @@ class Coordinator:
         jobs: dict[int, asyncio.Future[Signed]] = {}  # its jobs with the dispatcher, by call
         owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
-            while (body := await read_frame(reader)) is not None:
-                call = Call.decode(body)
+            while frame is not None:
+                call = Call.decode(*frame)
                 # Nothing here holds a frame once it is taken: a manifest's text (a view of
                 # its frame) is the journal's until it is written. (The last frame of each
                 # connection stayed until the next came: +141 MiB after a 105 MiB manifest.)
-                del body
+                del frame
                 if call.op == "sign":
                     self._sign(call, out, jobs)
                 elif call.op == "drop":
@@ -160,6 +180,7 @@ class Coordinator:
                 else:
                     self._take(call, out, waiting)
                 del call
+                frame = await read_frame(reader)
         except (ValueError, ConnectionError) as e:
             log.warning("coordinator: dropping a connection: %s", e)
         except asyncio.CancelledError:

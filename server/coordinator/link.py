@@ -90,8 +90,8 @@ class CoordinatorLink:
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         why = "the coordinator closed the connection"
         try:
-            while (body := await read_frame(reader)) is not None:
-                reply = Reply.decode(body)
+            while (frame := await read_frame(reader)) is not None:
+                reply = Reply.decode(frame[0])
                 if reply.published is not None:
                     if self.on_published is not None:
                         self.on_published(reply.published)

@@ -1,25 +1,53 @@
-"""The coordinator's wire (`server.coordinator`): frames of a 4-byte big-endian length, then a
-4-byte length of a JSON object, the object, and the bytes it names (a manifest's digest
-buckets, or its signed text in UTF-8). `Call` is what an HTTP process asks, `Reply` what the
-coordinator answers or pushes; `Coalesced` joins the frames of one event-loop turn."""
+"""The coordinator's wire (`server.coordinator`): the frames of the job contract
+(`formats.jobs`), a 4-byte big-endian length and a JSON object that long, then as many raw
+bytes as the object's ``t`` says (none without it: a manifest's digest buckets, or its signed
+text in UTF-8, or a job's message and a manifest's lines). One framing for everything that
+reaches ``stampd serve``'s socket: a worker's frames, and an HTTP process's. `Call` is what an
+HTTP process asks, `Reply` what the coordinator answers or pushes; `Coalesced` joins the frames
+of one event-loop turn."""
 
 from __future__ import annotations
 
 import array
 import asyncio
 import itertools
-import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+import msgspec
+
+from formats.jobs import HEADER
 from server.budgets import ManifestsBusy, RateLimited
 from server.stamping.journal import IndexRows
 
-LENGTH = struct.Struct(">I")
+MAX_HEAD = 1 << 24  # a call's JSON (a manifest's 65,536 index keys and sizes: ~0.8 MB)
 MAX_CALL = 1 << 30  # a manifest of 10^6 sha512 digests packs into ~64 MB; far below this
-LONG_FRAME = 1 << 20  # a frame longer than this is read into a buffer of its own (`read_frame`)
+LONG_FRAME = 1 << 20  # a tail longer than this is read into a buffer of its own (`read_frame`)
+Frame = tuple[dict[str, Any], memoryview]  # a frame's object, and its tail
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def frame(head: dict[str, Any], tail: int = 0) -> bytes:
+    """The frame of ``head`` up to its tail, ``tail`` bytes sent after it."""
+    if tail:
+        head["t"] = tail
+    text = _encode(head)
+    return HEADER.pack(len(text)) + text
+
+
+def split(data: bytes | bytearray) -> Frame:
+    """A whole frame's object and tail (`read_frame` reads them off a stream); ValueError if
+    it is not one."""
+    if len(data) < HEADER.size:
+        raise ValueError("short frame")
+    (n,) = HEADER.unpack(data[:HEADER.size])
+    head = _object(data[HEADER.size:HEADER.size + n])
+    tail = memoryview(data)[HEADER.size + n:]
+    if len(tail) != _tail(head):
+        raise ValueError("a frame whose tail is not as long as it says")
+    return head, tail
 
 
 @dataclass(frozen=True)
@@ -59,8 +87,7 @@ class Call:
             head["bk"] = [key for key, _ in self.buckets]
             head["bn"] = sizes
             tail += sum(sizes)
-        text = json.dumps(head, separators=(",", ":")).encode()
-        return LENGTH.pack(LENGTH.size + len(text) + tail) + LENGTH.pack(len(text)) + text
+        return frame(head, tail)
 
     def encode(self) -> bytes:
         text = bytes(self.text or b"")
@@ -68,10 +95,9 @@ class Call:
         return self.head(len(text)) + tail + text
 
     @classmethod
-    def decode(cls, body: bytes | bytearray) -> Call:
-        """A call from a frame's body (after its length); ValueError if it is not one. A
-        text is a view of ``body`` (not a copy of it)."""
-        head, tail = _split(body)
+    def decode(cls, head: dict[str, Any], tail: memoryview) -> Call:
+        """A call from a frame (`read_frame`); ValueError if it is not one. A text is a view
+        of ``tail`` (not a copy of it)."""
         op, call_id, fields = head.get("op"), head.get("id"), head.get("f")
         if op not in cls.OPS or not isinstance(call_id, int) or not isinstance(fields, dict):
             raise ValueError("not a journal call")
@@ -114,13 +140,10 @@ class Reply:
             value = getattr(self, attr)
             if value is not None:
                 head[name] = value
-        text = json.dumps(head, separators=(",", ":")).encode()
-        body = LENGTH.pack(len(text)) + text
-        return LENGTH.pack(len(body)) + body
+        return frame(head)
 
     @classmethod
-    def decode(cls, body: bytes | bytearray) -> Reply:
-        head, _ = _split(body)
+    def decode(cls, head: dict[str, Any]) -> Reply:
         call_id, sid, error = head.get("id"), head.get("sid"), head.get("error")
         no, published, view = head.get("no"), head.get("pub"), head.get("view")
         if (not isinstance(call_id, int) or not (sid is None or isinstance(sid, int))
@@ -207,32 +230,47 @@ class FrameBuckets(Sequence[tuple[int, bytes]]):
         return self.keys[i], bytes(self.data[start:self.ends[i]])
 
 
-def _split(body: bytes | bytearray) -> tuple[dict[str, Any], memoryview]:
-    if len(body) < LENGTH.size:
-        raise ValueError("short frame")
-    (n,) = LENGTH.unpack(body[:LENGTH.size])
-    head = json.loads(body[LENGTH.size:LENGTH.size + n])
+def _object(text: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        head = _decode(text)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
     if not isinstance(head, dict):
         raise ValueError("not a JSON object")
-    return head, memoryview(body)[LENGTH.size + n:]
+    return head
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes | bytearray | None:
-    """The next frame's body; None at the end of the stream (ConnectionError inside a frame).
-    A long one (a manifest's text, its buckets) is read into one buffer of its size as it
-    arrives: ``readexactly`` gathers it in the stream's own buffer and then copies that, and
-    the host held three copies of a 105 MiB text at once (+275 MiB; one copy now)."""
-    try:
-        (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
-    except asyncio.IncompleteReadError:
-        return None
-    if size > MAX_CALL:
-        raise ValueError(f"a frame of {size} bytes")
-    if size <= LONG_FRAME:
+def _tail(head: dict[str, Any]) -> int:
+    size = head.get("t", 0)
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_CALL:
+        raise ValueError(f"a tail of {size!r} bytes")
+    return size
+
+
+async def read_frame(reader: asyncio.StreamReader, first: bytes | None = None
+                     ) -> Frame | None:
+    """The next frame; None at the end of the stream (ConnectionError inside a frame).
+    ``first``: its object's JSON, already read. A long tail (a manifest's text, its buckets,
+    its lines) is read into one buffer of its size as it arrives: ``readexactly`` gathers it in
+    the stream's own buffer and then copies that, and the host held three copies of a 105 MiB
+    text at once (+275 MiB; one copy now)."""
+    if first is None:
         try:
-            return await reader.readexactly(size)
-        except asyncio.IncompleteReadError:
-            raise ConnectionError("the connection closed inside a frame") from None
+            header = await reader.readexactly(HEADER.size)
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise ConnectionError("the connection closed inside a frame") from None
+            return None
+        (length,) = HEADER.unpack(header)
+        if length > MAX_HEAD:
+            raise ValueError(f"a frame of {length} bytes")
+    try:
+        head = _object(first if first is not None else await reader.readexactly(length))
+        size = _tail(head)
+        if size <= LONG_FRAME:
+            return head, memoryview(await reader.readexactly(size) if size else b"")
+    except asyncio.IncompleteReadError:
+        raise ConnectionError("the connection closed inside a frame") from None
     body = bytearray(size)
     view, at = memoryview(body), 0
     while at < size:
@@ -241,8 +279,7 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes | bytearray | None:
             raise ConnectionError("the connection closed inside a frame")
         view[at:at + len(chunk)] = chunk
         at += len(chunk)
-    return body
-
+    return head, view
 
 
 class Coalesced:

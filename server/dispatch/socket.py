@@ -3,8 +3,8 @@ the job contract (`formats.jobs`). It runs in ``stampd serve``: in its HTTP proc
 when it serves alone, else in the host's coordinator (`server.coordinator`), to which the HTTP
 processes hand their jobs; one dispatcher knows every job of the host.
 
-Every worker connects once, to its Unix socket (``<data_dir>/run/dispatch.sock``), and receives
-jobs over it.
+Every worker connects once, to ``stampd serve``'s Unix socket (``<data_dir>/run/serve.sock``),
+and receives jobs over it.
 Each connection keeps up to ``depth`` jobs in flight, so a worker never waits for a round trip;
 there is no polling anywhere. When a connection drops (the worker or its agent died) or a job
 times out, the jobs that were in flight go back to the front of the queue and another worker
@@ -72,7 +72,7 @@ class SocketDispatcher:
 
     def __init__(
         self,
-        socket_path: Path,
+        socket_path: Path | None,
         *,
         max_queue: int = 5000,
         sign_timeout: float = 30.0,
@@ -106,6 +106,10 @@ class SocketDispatcher:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        """Listen on `socket_path`; none: the workers come through `serve_worker` (the
+        host's coordinator listens, and hands them over)."""
+        if self.socket_path is None:
+            return
         self.socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
@@ -118,9 +122,10 @@ class SocketDispatcher:
             self._server.close()
             await self._server.wait_closed()
         # The socket goes before the workers are hung up on: a worker that finds it gone
-        # knows this dispatcher stopped (quiet), not that its HTTP process died (a warning).
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        # knows this dispatcher stopped (quiet), not that its server died (a warning).
+        if self.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
         # Hang up on the workers; their handlers then finish on their own (no cancellation).
         for writer in list(self._writers):
             writer.transport.abort()
@@ -203,6 +208,12 @@ class SocketDispatcher:
         self.queue(job.key).put_nowait((RETRY, next(self._seq), job))
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.serve_worker(reader, writer)
+
+    async def serve_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           first: dict[str, Any] | None = None) -> None:
+        """Serve the worker on this connection until it goes; ``first``: its hello, if it has
+        been read."""
         task = asyncio.current_task()
         assert task is not None
         self._conn_tasks.add(task)
@@ -210,7 +221,8 @@ class SocketDispatcher:
         inflight: dict[int, Pending] = {}
         info: WorkerInfo | None = None
         try:
-            hello = Hello.from_dict(await asyncio.wait_for(_read_frame(reader), 30))
+            hello = Hello.from_dict(first if first is not None
+                                    else await asyncio.wait_for(_read_frame(reader), 30))
             info = WorkerInfo(name=hello.worker, pid=hello.pid, fingerprint=hello.fingerprint,
                               key=hello.key)
             self.workers[info.name] = info
@@ -347,9 +359,13 @@ class SocketDispatcher:
             await asyncio.gather(feeder, dog, return_exceptions=True)
 
 
-def socket_dispatcher(settings: Settings, stats: Stats | None = None) -> SocketDispatcher:
-    """The host's dispatcher, as ``settings`` say (on ``run/dispatch.sock``)."""
-    return SocketDispatcher(settings.dispatch_socket, max_queue=settings.max_queue,
+def socket_dispatcher(settings: Settings, stats: Stats | None = None, listen: bool = True
+                      ) -> SocketDispatcher:
+    """The host's dispatcher, as ``settings`` say: on ``stampd serve``'s socket
+    (`Settings.serve_socket`), where it listens itself unless the host's coordinator does
+    (``listen`` false)."""
+    return SocketDispatcher(settings.serve_socket if listen else None,
+                            max_queue=settings.max_queue,
                             sign_timeout=settings.sign_timeout,
                             max_attempts=settings.max_attempts, stats=stats)
 

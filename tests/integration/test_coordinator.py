@@ -24,6 +24,7 @@ from server.coordinator import (
     FrameBuckets,
     Reply,
 )
+from server.coordinator.wire import split
 from server.errors import JournalError
 from server.models import ManifestDigests, ManifestText, Stamp, StampState
 from server.settings import Settings
@@ -60,22 +61,23 @@ def host(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_the_wire_round_trips_calls_and_replies() -> None:
     call = Call("record", 7, {"kind": "manifest", "digest": None},
                        [(1, b"\x00" * 32), (65535, b"\xff" * 64)])
-    body = call.encode()[4:]
-    decoded = Call.decode(body)
+    decoded = Call.decode(*split(call.encode()))
     assert isinstance(decoded.buckets, FrameBuckets)  # rows made as they are written
     assert list(decoded.buckets) == call.buckets
     assert decoded.buckets[-1] == call.buckets[-1] and decoded.buckets[1:] == call.buckets[1:]
     assert replace(decoded, buckets=call.buckets) == call
-    assert Reply.decode(Reply(7, 42).encode()[4:]) == Reply(7, 42)
-    assert Reply.decode(Reply(8, error="down").encode()[4:]).error == "down"
-    refused = Reply(9, refused=("rate", "over", 30))
-    assert Reply.decode(refused.encode()[4:]) == refused
-    assert Reply.decode(Reply(0, published=12).encode()[4:]).published == 12
+    for reply in (Reply(7, 42), Reply(8, error="down"), Reply(9, refused=("rate", "over", 30)),
+                  Reply(0, published=12), Reply(3, signed=("text", "w:1:0", 2)),
+                  Reply(4, unsigned=("queue", "full")), Reply(0, workers=[("w", "k", 7)]),
+                  Reply(5, view=[{"record": {}, "age": 0.5}], host={"queue": 1})):
+        assert Reply.decode(split(reply.encode())[0]) == reply
     call = Call("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
-    assert Call.decode(call.encode()[4:]) == call
-    for bad in (b"", b"\x00\x00\x00\x02[]", Reply(1).encode()[4:]):
+    assert Call.decode(*split(call.encode())) == call
+    for bad in (b"", b"\x00\x00\x00\x02[]", Reply(1).encode(), b"\x00\x00\x00\x07{\"t\":2}x"):
         with pytest.raises(ValueError):
-            Call.decode(bad)
+            Call.decode(*split(bad))
+    with pytest.raises(ValueError):
+        Reply.decode(split(Reply(4, unsigned=("lost", "x")).encode())[0])
     # Index rows whose sizes do not add up to what follows, or are not sizes.
     for keys, sizes in (([1], [31]), ([1], [33]), ([1, 2], [32]), ([1], ["32"]), ([1], [0])):
         with pytest.raises(ValueError):

@@ -1,7 +1,7 @@
 """The host's one dispatcher, in the coordinator (socket dispatch, several HTTP processes): every
-worker connects once, to it; each HTTP process hands it its jobs over its one connection to
-the coordinator (`HostDispatcher`) and gets their answers back on it. Real Unix sockets, the
-coordinator in its own thread; the workers are played by the test."""
+worker connects once, to it, on the socket where each HTTP process hands it its jobs over its
+one connection to the coordinator (`HostDispatcher`) and gets their answers back. Real Unix
+sockets, the coordinator in its own thread; the workers are played by the test."""
 
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ def with_host(run: Path, scenario: Callable[[Coordinator], Coroutine[Any, Any, N
               max_queue: int = 100) -> None:
     """``scenario`` against a started coordinator running the host's dispatcher (no journal),
     within 30 s; the coordinator stopped after it."""
-    host = Coordinator(run / "coordinator.sock", None,
+    host = Coordinator(run / "serve.sock", None,
                        HostBudgets(Settings(data_dir=run), lambda: 0.0),
-                       lambda: SocketDispatcher(run / "dispatch.sock", max_queue=max_queue,
+                       lambda: SocketDispatcher(None, max_queue=max_queue,
                                                 sign_timeout=60, max_attempts=1))
     host.start()
 
@@ -109,7 +109,7 @@ def test_every_http_process_gets_its_jobs_signed_by_the_hosts_workers(run: Path)
     async def scenario(host: Coordinator) -> None:
         (a, da), (b, db) = await linked(host), await linked(host)
         assert da.workers == {} and da.keys_served() == set()
-        worker = await FakeWorker.connect(run / "dispatch.sock", "w:1:0")
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
         # Every process hears of the worker (and of its going, below).
         await until(lambda: "w:1:0" in da.workers and "w:1:0" in db.workers)
         assert da.keys_served() == {PRIMARY} and da.workers["w:1:0"].pid == os.getpid()
@@ -145,7 +145,7 @@ def test_a_manifest_reaches_its_worker_byte_for_byte(run: Path) -> None:
 
     async def scenario(host: Coordinator) -> None:
         a, da = await linked(host)
-        worker = await FakeWorker.connect(run / "dispatch.sock", "w:1:0")
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
         job = ManifestJob("sha256", 1, "u", 1, "F" * 40, lines.encode())
         signing = asyncio.create_task(da.sign(job))
         message, got = await worker.next_job()
@@ -176,7 +176,7 @@ def test_a_job_whose_caller_gives_up_or_goes_is_never_sent(run: Path) -> None:
         await until(lambda: host.dispatcher is not None and host.dispatcher._outstanding == 0)
         # Only a job asked for now reaches the worker that comes.
         kept = asyncio.create_task(da.sign(receipt(3)))
-        worker = await FakeWorker.connect(run / "dispatch.sock", "w:1:0")
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
         message, _ = await worker.next_job()
         assert message["text"] == "statement 3"
         await worker.answer(message["id"], "signed")

@@ -82,7 +82,7 @@ def test_a_broken_primary_key_refuses_to_start(damage: str, tmp_path: Path, keys
     code, stderr = run_stampd(*serve_args(data))
     assert_one_line(code, stderr, "stampd serve: key primary cannot sign", str(secret),
                     "restore the key files from a backup")
-    assert not (data / "run" / "dispatch.sock").exists()
+    assert not (data / "run" / "serve.sock").exists()
 
 
 def test_a_broken_extra_ssh_key_refuses_to_start(tmp_path: Path, run_stampd: Started) -> None:

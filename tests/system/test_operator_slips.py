@@ -59,7 +59,7 @@ def test_a_second_server_on_the_same_data_dir_exits_and_the_first_serves_on(
     no_workers = stampd(server, "serve", "--no-workers", "--data-dir", data, "--port",
                         str(free_port()))
     assert no_workers.returncode == 1 and f"(pid {server.proc.pid})" in no_workers.stderr
-    assert sorted(p.name for p in run_dir.iterdir()) == before  # dispatch.sock is still there
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # serve.sock is still there
     assert (run_dir / "serve.lock").read_text() == f"{server.proc.pid} stampd serve\n"
     # The first serves on, and a worker that dies reconnects to it.
     assert "BEGIN PGP SIGNATURE" in stamp_tag(server, COMMIT)
