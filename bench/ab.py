@@ -17,7 +17,8 @@ in bench.run), the order of the two sides alternating from round to round so tha
 machine's drift hits both. The CPU of each server's whole process tree (HTTP processes,
 supervisor, workers, agents; wrk apart) is read from /proc around each cell.
 
-``--ref this`` runs this tree on both sides (no checkout), to compare settings: ``--ref-tlog``
+``--ref this`` runs this tree on both sides (no checkout), to compare settings
+(``--ref-api-processes`` too): ``--ref-tlog``
 gives the ref side's transparency log (by default ``--tlog``'s).
 
 The table: per side, the median over the rounds of stamps per second, p99 and CPU ms per
@@ -82,12 +83,12 @@ class AB(Measuring):
         super().__init__(args, root)
         self.servers: list[Stampd] = []
 
-    def server(self, label: str, tree: Path | None, tlog: str) -> Stampd:
+    def server(self, label: str, tree: Path | None, tlog: str, processes: int) -> Stampd:
         workdir = make_home(self.root / label)
         s = Stampd(label, workdir, self.root / f"{label}-data", KEY, self.args.workers)
         s.tlog = tlog == "on"
-        if self.args.api_processes:
-            s.serve_args = ["--api-processes", str(self.args.api_processes)]
+        if processes:
+            s.serve_args = ["--api-processes", str(processes)]
         if tree is not None:
             s.env["PYTHONPATH"] = str(tree)
         self.servers.append(s)
@@ -106,8 +107,12 @@ class AB(Measuring):
                 if not found.startswith(str(ref_tree)):
                     raise BenchError(f"the ref's server is not the one imported ({found})")
                 progress(f"ref {self.args.ref} = {commit[:12]}, run from {ref_tree}")
-            sides = {"ref": self.server("ref", ref_tree, self.args.ref_tlog or self.args.tlog),
-                     "this": self.server("this", None, self.args.tlog)}
+            ref_processes = self.args.api_processes if self.args.ref_api_processes is None \
+                else self.args.ref_api_processes
+            sides = {"ref": self.server("ref", ref_tree, self.args.ref_tlog or self.args.tlog,
+                                        ref_processes),
+                     "this": self.server("this", None, self.args.tlog,
+                                         self.args.api_processes)}
             cells: dict[str, list[Cell]] = {"ref": [], "this": []}
             for r in range(self.args.rounds):
                 order = ["ref", "this"] if r % 2 == 0 else ["this", "ref"]
@@ -131,7 +136,9 @@ def summary(cells: list[Cell]) -> dict[str, float]:
 def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -> str:
     ref, this = summary(cells["ref"]), summary(cells["this"])
     head = (f"ed25519 tag stamps, c={args.conns}, {args.workers} workers, "
-            f"{args.api_processes or 'default'} HTTP processes, transparency log {args.tlog}"
+            f"{args.api_processes or 'default'} HTTP processes"
+            f"{'' if args.ref_api_processes is None else f' (ref: {args.ref_api_processes})'}"
+            f", transparency log {args.tlog}"
             f"{f' (ref: {args.ref_tlog})' if args.ref_tlog else ''}; "
             f"{args.rounds} rounds of {args.duration} s, medians; idle load {load:.2f}")
     lines = [head, f"{'':22} {'ref ' + args.ref:>16} {'this tree':>12} {'this/ref':>9}"]
@@ -156,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="signing workers (2)")
     ap.add_argument("--api-processes", type=int, default=1,
                     help="HTTP processes of each server (1; 0: the server's default)")
+    ap.add_argument("--ref-api-processes", type=int,
+                    help="the ref side's HTTP processes (default: --api-processes')")
     ap.add_argument("--tlog", choices=("on", "off"), default="on",
                     help="the transparency log (on)")
     add_cell_args(ap, duration=10, budget=None)
