@@ -11,9 +11,12 @@ takes every descriptor, and then the event loop accepts and drops every new conn
 normal clients' too, and the database and the workers cannot open files either (`bench.slow`
 shows it). So a process holds at most `connection_limit` client connections, its soft
 ``RLIMIT_NOFILE`` less `FD_RESERVE` for everything else. A connection beyond it closes the
-oldest connection that has not delivered a whole request (idle keep-alive, headers or body
-still arriving), which costs no client an answer (nginx reuses idle connections the same way);
-only when every connection holds a request being served is the new one closed instead.
+oldest connection that has not delivered a whole request, which costs no client an answer
+(nginx reuses idle connections the same way): first one that has never delivered any (it sent
+nothing, or its first headers or body are still arriving), then an idle keep-alive one that
+has been answered before, so that a flood of connections that send nothing does not close a
+normal client's connection between two of its requests (`bench.slow` saw it); only when every
+connection holds a request being served is the new one closed instead.
 
 The hot path (`server.api.zeitgitter`) takes a body that has arrived whole and writes its answer
 in one piece, straight to the connection (`whole_body`, `respond`), instead of through ASGI's
@@ -24,6 +27,7 @@ scope (`CYCLE`). Outside this protocol (no cycle in the scope) both fall back to
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import resource
 import time
@@ -68,32 +72,38 @@ def connection_limit(nofile: int | None = None) -> int:
 
 class _Connections:
     """The connection limit of one server, and its connections that have not delivered a
-    whole request, oldest first (those may be closed to make room)."""
+    whole request, oldest first (those may be closed to make room): those never answered
+    (``fresh``) before those idle after an answer (``kept``)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.evictable: OrderedDict[StampdHttpProtocol, None] = OrderedDict()
+        self.fresh: OrderedDict[StampdHttpProtocol, None] = OrderedDict()
+        self.kept: OrderedDict[StampdHttpProtocol, None] = OrderedDict()
         self.evicted = 0
         self.refused = 0
         self._reported_at: float | None = None
 
-    def waiting(self, proto: StampdHttpProtocol) -> None:
-        self.evictable.pop(proto, None)
-        self.evictable[proto] = None
+    def waiting(self, proto: StampdHttpProtocol, answered: bool = False) -> None:
+        """``proto`` waits for a whole request: a new connection, or (``answered``) one idle
+        after an answer."""
+        self.busy(proto)
+        (self.kept if answered else self.fresh)[proto] = None
 
     def busy(self, proto: StampdHttpProtocol) -> None:
-        self.evictable.pop(proto, None)
+        self.fresh.pop(proto, None)
+        self.kept.pop(proto, None)
 
     def admit(self, proto: StampdHttpProtocol, open_connections: int) -> None:
         """Make room for ``proto`` if it is one too many (called once it is counted)."""
         if open_connections <= self.limit:
             return
-        victim = next((p for p in self.evictable if p is not proto), proto)
+        victim = next((p for p in itertools.chain(self.fresh, self.kept) if p is not proto),
+                      proto)
         if victim is proto:
             self.refused += 1
         else:
             self.evicted += 1
-        self.evictable.pop(victim, None)
+        self.busy(victim)
         victim.transport.close()
         now = proto.loop.time()
         if self._reported_at is None or now - self._reported_at >= REPORT_EVERY:
@@ -374,7 +384,7 @@ class StampdHttpProtocol(HttpToolsProtocol):
             return
         if not self._closing() and self.cycle.response_complete \
                 and not self.pipeline:
-            self._limit.waiting(self)  # idle until the next request
+            self._limit.waiting(self, answered=True)  # idle until the next request
 
     def _closing(self) -> bool:
         return self._lingering or self.transport.is_closing()

@@ -91,7 +91,7 @@ class Server:
         self.limits.busy(cast(Any, conn))  # a whole request, being answered
 
     def answered(self, conn: Conn) -> None:
-        self.limits.waiting(cast(Any, conn))  # idle until the next request
+        self.limits.waiting(cast(Any, conn), answered=True)  # idle until the next request
 
 
 def test_the_oldest_idle_connection_makes_room() -> None:
@@ -117,6 +117,29 @@ def test_a_connection_being_answered_is_never_closed_for_room() -> None:
     f = s.connect()
     assert d.transport.closed
     assert s.open == [a, e, f]
+
+
+def test_a_flood_of_silent_connections_closes_them_before_an_answered_clients() -> None:
+    """A normal client idle between two of its requests keeps its connection while connections
+    that never sent a request come and go (`bench.slow`'s flood closed it once); when only
+    answered ones are left, the oldest of those goes."""
+    s = Server(limit=3)
+    a = s.connect()
+    s.request(a)
+    s.answered(a)
+    b = s.connect()
+    for _ in range(20):
+        s.connect()
+    assert not a.transport.closed and b.transport.closed
+    c = s.open[-1]
+    s.request(c)
+    s.answered(c)  # (now two answered, one silent: the silent one goes first)
+    s.connect()
+    assert not a.transport.closed and not c.transport.closed
+    s.request(s.open[-1])
+    s.answered(s.open[-1])
+    s.connect()  # (only answered ones left to close: the oldest, a)
+    assert a.transport.closed and not c.transport.closed
 
 
 def test_when_every_connection_is_being_answered_the_new_one_is_refused() -> None:
