@@ -146,6 +146,13 @@ def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -
                            ("CPU ms per stamp", "cpu_ms", "{:.3f}")):
         lines.append(f"{name:22} {fmt.format(ref[key]):>16} {fmt.format(this[key]):>12} "
                      f"{this[key] / ref[key] if ref[key] else float('nan'):>8.3f}x")
+    for side, label in (("ref", "ref"), ("this", "this tree")):
+        good = [c for c in cells[side] if c.requests and c.seconds and "coordinator" in c.cpu]
+        if good:  # (stampd serve is the coordinator of several HTTP processes)
+            ms = statistics.median(1000 * c.cpu["coordinator"] / c.requests for c in good)
+            share = statistics.median(c.busiest["coordinator"] / c.seconds for c in good)
+            lines.append(f"coordinator ({label}): {ms:.3f} CPU ms per stamp, {share:.0%} of one "
+                         f"core; 60% of one core at this rate: {600 / ms:,.0f} stamps/s")
     lines.append("rounds (stamps/s, ref | this): "
                  + " ".join(f"{a.rate:.0f}|{b.rate:.0f}"
                             for a, b in zip(cells["ref"], cells["this"], strict=True)))

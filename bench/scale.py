@@ -105,7 +105,9 @@ def split(cell: Cell) -> dict[str, float]:
     if not n or not cell.seconds:
         return {}
     ms = {k: 1000 * v / n for k, v in cell.cpu.items()}
-    http = ms.pop("http", 0.0) + ms.pop("server", 0.0) + ms.pop("gpg", 0.0)
+    # (stampd serve as the coordinator of several HTTP processes counts among them here)
+    http = ms.pop("http", 0.0) + ms.pop("server", 0.0) + ms.pop("gpg", 0.0) \
+        + ms.pop("coordinator", 0.0)
     workers = ms.pop("workers", 0.0)
     agents = ms.pop("agents", 0.0)
     busiest = max(cell.busiest.get("http", 0.0), cell.busiest.get("server", 0.0))

@@ -238,11 +238,20 @@ class Stampd(Server):
                                                d / "allowed_signers", line.split()[0])
         return self.keys
 
+    @property
+    def coordinating(self) -> bool:
+        """Whether ``stampd serve`` runs several HTTP processes, and so is their coordinator
+        (the host's dispatcher and journal) rather than one of them."""
+        args = self.serve_args
+        return "--api-processes" in args and int(args[args.index("--api-processes") + 1]) > 1
+
     def role(self, p: ProcInfo) -> str:
         if p.comm == WORKER_NAME:  # (forked by the supervisor: its command line)
             return "workers"
         if p.comm == POOL_NAME:
             return "pool"
+        if self.proc is not None and p.pid == self.proc.pid and self.coordinating:
+            return "coordinator"
         if self.proc is not None and (p.pid == self.proc.pid or (
                 p.ppid == self.proc.pid and p.exe not in (b"gpg-agent", b"ssh-agent")
                 and b"multiprocessing.resource_tracker" not in p.cmdline)
