@@ -283,7 +283,8 @@ class Settings(BaseSettings):
         description="proof requests one client address (IPv6: its /64) may have waiting at "
         "once in each HTTP process; beyond them 503 with Retry-After",
     )
-    max_queue: int = Field(default=5000, gt=0, description="stamps waiting on the host before 503")
+    max_queue: int = Field(default=5000, gt=0,
+                           description="stamps waiting before 503 (socket dispatch: on the host)")
     sign_timeout: float = Field(default=10.0, gt=0, description="seconds per signing attempt")
     request_timeout: float = Field(
         default=20.0, gt=0, le=25, description="seconds before 503 (stamps must stay fresh)"
