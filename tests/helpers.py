@@ -1179,8 +1179,9 @@ class ThrowawayPostgres:
     the ``postgres`` user when we are root, since PostgreSQL refuses to run as root) and is
     stopped by its PID."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, max_connections: int = 200) -> None:
         self.bindir = bindir
+        self.max_connections = max_connections
         self.dir = Path(tempfile.mkdtemp(prefix="stampd-pg-"))
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -1206,7 +1207,7 @@ class ThrowawayPostgres:
         self.proc = subprocess.Popen(
             [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port),
              "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             "-c", "full_page_writes=off", "-c", f"max_connections={self.max_connections}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, user=self.user)
         log.close()
         import psycopg
