@@ -147,6 +147,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    shared = getattr(config, "workerinput", {}).get("stampd_shared_dir")
+    if shared:  # (a test process of pytest -n: the run's directory, see migrated_journal)
+        helpers.SHARED_DIR = Path(shared)
     if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "worksteal":
         config.stash[UNITS_DIR] = units_dir = Path(tempfile.mkdtemp(prefix="stampd-units-"))
         if FORKING:
