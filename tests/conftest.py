@@ -335,13 +335,21 @@ def _stop_shared_postgres(shared: Path) -> None:
         return
     found = json.loads(info.read_text())
     pid, home = int(found["pid"]), str(found["dir"])
+
+    def exited() -> bool:  # (a zombie has exited: its parent, a test process, may still run)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rpartition(b") ")[2][:1] == b"Z"
+        except OSError:
+            return pid_gone(pid)
+
     if home.encode() in proc_cmdline(pid):  # (the postmaster, not a PID used again)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGINT)
         deadline = time.monotonic() + 30
-        while not pid_gone(pid) and time.monotonic() < deadline:
+        while not exited() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not pid_gone(pid):
+        if not exited():
             kill_pids([pid])
     shutil.rmtree(home, ignore_errors=True)
 
