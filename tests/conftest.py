@@ -9,14 +9,17 @@ that uses the local PostgreSQL (the ``pg_url`` fixture) is marked ``postgres``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +40,7 @@ from tests.helpers import (
     pid_gone,
     pids_mentioning,
     postgres_bindir,
+    proc_cmdline,
     seed_data_dir,
     short_tmpdir,
     start_server,
@@ -143,6 +147,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    shared = getattr(config, "workerinput", {}).get("stampd_shared_dir")
+    if shared:  # (a test process of pytest -n: the run's directory, see migrated_journal)
+        helpers.SHARED_DIR = Path(shared)
     if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "worksteal":
         config.stash[UNITS_DIR] = units_dir = Path(tempfile.mkdtemp(prefix="stampd-units-"))
         if FORKING:
@@ -171,6 +178,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         terminate(server, 10)
     units_dir = config.stash.get(UNITS_DIR, None)
     if units_dir is not None:
+        _stop_shared_postgres(units_dir)
         shutil.rmtree(units_dir, ignore_errors=True)
 
 
@@ -181,6 +189,8 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput["stampd_units_file"] = str(units_dir / "units.json")
     if node.config.stash.get(FORK_SERVER, None) is not None:
         node.workerinput["stampd_fork_socket"] = str(units_dir / "fork.sock")
+    if units_dir is not None:
+        node.workerinput["stampd_shared_dir"] = str(units_dir)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -279,21 +289,87 @@ def other_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     shutil.rmtree(server.runtime_dir, ignore_errors=True)
 
 
+# Under ``pytest -n`` the test processes share one throwaway PostgreSQL (each has its own
+# template and databases on it): the first that needs it starts it and writes its URL, PID and
+# directory here, in the run's directory; the controlling process stops it by that PID after
+# the run. (One cluster per test process was initdb and a start, ~1.3 s and ~1.5 s of CPU,
+# in each of the six.) Room for the connections of six processes' tests at once.
+SHARED_PG = "postgres.json"
+SHARED_PG_CONNECTIONS = 600
+
+
+def _postgres_bindir() -> Path:
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.fail("PostgreSQL server binaries are required (apt-get install postgresql), "
+                    "or set STAMPD_TEST_PG_URL to a running server")
+    return bindir
+
+
+def _shared_postgres(shared: Path) -> str:
+    """The admin URL of the run's one throwaway PostgreSQL, started here (under a lock) if no
+    test process has started it yet."""
+    info = shared / SHARED_PG
+    with open(shared / "postgres.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        if not info.exists():
+            cluster = ThrowawayPostgres(_postgres_bindir(), SHARED_PG_CONNECTIONS)
+            try:
+                cluster.start()
+            except BaseException:
+                cluster.stop()
+                raise
+            assert cluster.proc is not None
+            tmp = shared / f"{SHARED_PG}.{os.getpid()}"
+            tmp.write_text(json.dumps({"url": cluster.admin_url, "pid": cluster.proc.pid,
+                                       "dir": str(cluster.dir)}))
+            os.replace(tmp, info)
+        return str(json.loads(info.read_text())["url"])
+
+
+def _stop_shared_postgres(shared: Path) -> None:
+    """Stop the run's shared PostgreSQL, if a test process started one, by its PID (fast
+    shutdown, SIGKILL after 30 s); then remove its directory."""
+    info = shared / SHARED_PG
+    if not info.exists():
+        return
+    found = json.loads(info.read_text())
+    pid, home = int(found["pid"]), str(found["dir"])
+
+    def exited() -> bool:  # (a zombie has exited: its parent, a test process, may still run)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rpartition(b") ")[2][:1] == b"Z"
+        except OSError:
+            return pid_gone(pid)
+
+    if home.encode() in proc_cmdline(pid):  # (the postmaster, not a PID used again)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not exited():
+            kill_pids([pid])
+    shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def pg_admin_url() -> Iterator[str]:
+def pg_admin_url(pytestconfig: pytest.Config) -> Iterator[str]:
     """A PostgreSQL server for the session: a throwaway cluster started from the installed
-    server binaries (stopped at the end), or the server that ``STAMPD_TEST_PG_URL`` names
+    server binaries (stopped at the end; under ``pytest -n`` one for the run's test
+    processes, `_shared_postgres`), or the server that ``STAMPD_TEST_PG_URL`` names
     (e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``). Fails, never skips, when
     neither can be had."""
     given = os.environ.get("STAMPD_TEST_PG_URL")
     if given:
         yield given
         return
-    bindir = postgres_bindir()
-    if bindir is None:
-        pytest.fail("PostgreSQL server binaries are required (apt-get install postgresql), "
-                    "or set STAMPD_TEST_PG_URL to a running server")
-    cluster = ThrowawayPostgres(bindir)
+    shared = getattr(pytestconfig, "workerinput", {}).get("stampd_shared_dir")
+    if shared:
+        yield _shared_postgres(Path(shared))
+        return
+    cluster = ThrowawayPostgres(_postgres_bindir())
     try:
         cluster.start()
         yield cluster.admin_url

@@ -106,16 +106,36 @@ def short_tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
+SHARED_DIR: Path | None = None  # the run's directory under pytest -n (tests/conftest.py)
+
+
 @functools.cache
 def migrated_journal() -> Path:
-    """An empty SQLite journal at the newest schema revision, made once per test process.
-    Seeded data directories start from a copy, so that their servers skip the migrations
-    (tests/integration/test_journal.py runs them; unseeded directories still do)."""
+    """An empty SQLite journal at the newest schema revision, made once per run under
+    ``pytest -n`` (by the first test process that needs it, under a lock, in the run's
+    directory `SHARED_DIR`, which the controlling process removes), else once per test
+    process. Seeded data directories start from a copy, so that their servers skip the
+    migrations (tests/integration/test_journal.py runs them; unseeded directories still do)."""
+    if SHARED_DIR is None:
+        home = tempfile.mkdtemp(prefix="stampd-journal-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        return _migrated(Path(home))
+    import fcntl
+
+    shared = SHARED_DIR / "stampd.sqlite3"
+    with open(SHARED_DIR / "journal.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        if not shared.exists():
+            with tempfile.TemporaryDirectory(prefix="journal-", dir=SHARED_DIR) as home:
+                os.replace(_migrated(Path(home)), shared)
+    return shared
+
+
+def _migrated(home: Path) -> Path:
+    """``home``/stampd.sqlite3, migrated to the newest revision."""
     from server import db
 
-    home = tempfile.mkdtemp(prefix="stampd-journal-")
-    atexit.register(shutil.rmtree, home, ignore_errors=True)
-    path = Path(home) / "stampd.sqlite3"
+    path = home / "stampd.sqlite3"
     engine = db.make_engine(f"sqlite:///{path}")
     try:
         db.upgrade(engine)
@@ -1178,8 +1198,9 @@ class ThrowawayPostgres:
     the ``postgres`` user when we are root, since PostgreSQL refuses to run as root) and is
     stopped by its PID."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, max_connections: int = 200) -> None:
         self.bindir = bindir
+        self.max_connections = max_connections
         self.dir = Path(tempfile.mkdtemp(prefix="stampd-pg-"))
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -1205,7 +1226,7 @@ class ThrowawayPostgres:
         self.proc = subprocess.Popen(
             [str(self.bindir / "postgres"), "-D", str(data), "-p", str(self.port),
              "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             "-c", "full_page_writes=off", "-c", f"max_connections={self.max_connections}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, user=self.user)
         log.close()
         import psycopg

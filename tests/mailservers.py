@@ -166,6 +166,16 @@ class MailUser:
     password: str
 
 
+def _write_settled(path: Path, text: str) -> None:
+    """Write a file Postfix reads (main.cf, a texthash map), its modification time set 10 s
+    back: Postfix re-reads a file changed less than 2 s before it began reading (one that
+    may still be being written), every 0.3 s until it is that old, so a fresh main.cf held
+    up each start of the master ~2 s, and a fresh map the first mail ~2 s more."""
+    path.write_text(text)
+    settled = time.time() - 10
+    os.utime(path, (settled, settled))
+
+
 def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], what: str, log: Path,
                timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
@@ -244,7 +254,7 @@ class MailServers:
         os.chmod(users, 0o640)
         os.chown(users, 0, grp.getgrnam("dovecot").gr_gid)
         (self.dir / "postfix" / "conf").mkdir(parents=True, exist_ok=True)
-        (self.dir / "postfix" / "conf" / "vmailbox").write_text("".join(vmail))
+        _write_settled(self.dir / "postfix" / "conf" / "vmailbox", "".join(vmail))
 
     def route(self, domain: str, host: str, port: int) -> None:
         """Relay mail for ``domain`` by SMTP to ``host``:``port`` (no MX look-up, no TLS);
@@ -450,9 +460,9 @@ tls_random_source = dev:/dev/urandom
         p = self.dir / "postfix"
         conf = p / "conf"
         conf.mkdir(parents=True, exist_ok=True)
-        (conf / "main.cf").write_text(self._postfix_main())
+        _write_settled(conf / "main.cf", self._postfix_main())
         (conf / "master.cf").write_text(self._postfix_master())
-        (conf / "transport").write_text("".join(
+        _write_settled(conf / "transport", "".join(
             f"{domain} smtp:[{host}]:{port}\n" for domain, (host, port) in self.routes.items()))
         owner = pwd.getpwnam("postfix")
         postdrop = grp.getgrnam("postdrop").gr_gid
