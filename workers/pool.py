@@ -271,6 +271,8 @@ class WorkerPool:
                 log.error("supervisor: %s", e)
                 return EXIT_CONFIG
         watched = WATCHED
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # (left to the parent: a
+            watched = WATCHED - {signal.SIGINT}                 # blocked one stays pending)
         signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         parent = os.getppid()
         try:
@@ -506,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="write one line to this descriptor before starting the workers: ok, "
                     "or why they do not start")
     args = ap.parse_args(argv)
+    _leave_sigint_to_the_parent()  # (started by ``stampd serve`` alone: `PoolProcess`)
     report = _Report(args.report_fd)
     try:
         config = PoolConfig.from_json(sys.stdin.buffer.read())
@@ -519,13 +522,22 @@ def main(argv: list[str] | None = None) -> int:
 def forked_pool(config: PoolConfig, env: Mapping[str, str], report_fd: int | None) -> int:
     """In a supervisor forked by ``stampd serve`` (`server.supervisor.PoolProcess`): what
     ``python -m workers.pool [--check-keys --report-fd N]`` would start with (``env``,
-    ``/dev/null`` on stdin, the default signal handlers, none of the parent's descriptors but
-    stdout, stderr and ``report_fd``: not its listening sockets, journal or data directory
+    ``/dev/null`` on stdin, the signal handlers of `main`, none of the parent's descriptors
+    but stdout, stderr and ``report_fd``: not its listening sockets, journal or data directory
     locks), then `run_pool`, the keys checked where ``report_fd`` is given."""
     start_fresh(env, keep=report_fd)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _leave_sigint_to_the_parent()
     return run_pool(config, report_fd is not None, _Report(report_fd))
+
+
+def _leave_sigint_to_the_parent() -> None:
+    """A terminal's Ctrl-C (SIGINT to its whole foreground process group) is for ``stampd
+    serve``, which then stops the supervisor and the supervisor its workers (SIGTERM), not
+    for them: the supervisor stopping on it at once was seen by ``stampd serve`` as a
+    supervisor that died (an ERROR, and a restart) before it had begun to stop. Its workers,
+    forked or started from it, inherit this (and the agents have sessions of their own)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_pool(config: PoolConfig, check_keys: bool, report: Callable[[str], bool]) -> int:

@@ -14,6 +14,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import (
     Server,
     logged_hashes,
@@ -148,6 +150,28 @@ def test_http_processes_are_forked_by_a_manager_that_comes_back(seeded_dir: Path
 
 def pids_alive(pids: set[int]) -> list[int]:
     return [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+@pytest.mark.parametrize("api_processes", [1, 2])
+def test_ctrl_c_in_a_terminal_is_a_quiet_stop(seeded_dir: Path, api_processes: int) -> None:
+    """A terminal's Ctrl-C sends SIGINT to every process of its foreground group at once:
+    ``stampd serve``, its worker supervisor and workers, its HTTP manager and HTTP processes.
+    ``stampd serve`` stops the rest in order, and nothing warns. (The worker supervisor
+    stopping on it by itself was taken for one that died: an ERROR, and a restart.)"""
+    server = start_server(seeded_dir, workers=2, api_processes=api_processes)
+    try:
+        stamp_tag(server, "c" * 40)
+        names = proc_names()
+        pools, workers = server.signing_tree(names)
+        assert pools and workers
+        for pid in [server.proc.pid, *server.http_tree(names), *pools, *workers]:
+            os.kill(pid, signal.SIGINT)
+        server.proc.wait(timeout=60)
+    finally:
+        server.stop()
+    loud = [line for line in server.log_path.read_text().splitlines()
+            if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line)]
+    assert not loud, "\n".join(loud)
 
 
 def _post(server: Server, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
