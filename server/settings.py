@@ -555,7 +555,6 @@ class Settings(BaseSettings):
         on one SQLite file. (PostgreSQL takes every process's commits itself.)"""
         return self.api_process_count > 1 and self.db_url.startswith("sqlite")
 
-
     @property
     def worker_homes_dir(self) -> Path:
         """Where the workers' private homes go: ``runtime_dir``, by default a private

@@ -16,7 +16,7 @@ from formats.keys import PRIMARY
 from formats.manifests import Text, utf8_pieces, utf8_size
 from server.budgets import once
 from server.coordinator.wire import LONG_FRAME, Call, Coalesced, Reply, read_frame
-from server.dispatch import Signed
+from server.dispatch import Signed, Worker
 from server.errors import JournalError, QueueFull, SigningFailed, Unavailable
 from server.stamping.journal import IndexRows, stamp_row
 from server.stamping.requests import Request
@@ -53,9 +53,9 @@ class CoordinatorLink:
     # processes writes the tiles): the process's proof waiters look again.
     on_published: Callable[[int], None] | None = None
     _stopping: bool = False
-    # The workers connected to the host's dispatcher (name: (key, pid)), as it last told, and
-    # its figures as its last answer to `view` gave them (socket dispatch).
-    workers: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # The workers connected to the host's dispatcher, by name, as it last told, and its
+    # figures as its last answer to `view` gave them (socket dispatch).
+    workers: dict[str, Worker] = field(default_factory=dict)
     host: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -97,7 +97,8 @@ class CoordinatorLink:
                         self.on_published(reply.published)
                     continue
                 if reply.workers is not None:
-                    self.workers = {name: (key, pid) for name, key, pid in reply.workers}
+                    self.workers = {name: Worker(name, key, pid)
+                                    for name, key, pid in reply.workers}
                     continue
                 fut = self._calls.pop(reply.call_id, None)
                 if fut is not None and not fut.done():
@@ -306,15 +307,6 @@ def _retrieved(task: asyncio.Future[None]) -> None:
         task.exception()
 
 
-@dataclass(frozen=True)
-class WorkerSeen:
-    """A worker connected to the host's dispatcher (`server.dispatch.WorkerView`)."""
-
-    name: str
-    key: str
-    pid: int
-
-
 class HostDispatcher:
     """The `Dispatcher` of an HTTP process when the host's coordinator runs the host's one
     (socket dispatch, several HTTP processes): each job goes over ``link``, one call, and its
@@ -339,13 +331,12 @@ class HostDispatcher:
         return signed
 
     @property
-    def workers(self) -> dict[str, WorkerSeen]:
-        return {name: WorkerSeen(name, key, pid)
-                for name, (key, pid) in self.link.workers.items()}
+    def workers(self) -> dict[str, Worker]:
+        return self.link.workers
 
     @property
     def queue_depth(self) -> int:
         return 0  # (the host's: `CoordinatorLink.host`)
 
     def keys_served(self) -> set[str]:
-        return {key for key, _ in self.link.workers.values()}
+        return {w.key for w in self.link.workers.values()}

@@ -247,25 +247,23 @@ def _tail(head: dict[str, Any]) -> int:
     return size
 
 
-async def read_frame(reader: asyncio.StreamReader, first: bytes | None = None
-                     ) -> Frame | None:
-    """The next frame; None at the end of the stream (ConnectionError inside a frame).
-    ``first``: its object's JSON, already read. A long tail (a manifest's text, its buckets,
+async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
+    """The next frame; None at the end of the stream (ConnectionError inside a frame). A long
+    tail (a manifest's text, its buckets,
     its lines) is read into one buffer of its size as it arrives: ``readexactly`` gathers it in
     the stream's own buffer and then copies that, and the host held three copies of a 105 MiB
     text at once (+275 MiB; one copy now)."""
-    if first is None:
-        try:
-            header = await reader.readexactly(HEADER.size)
-        except asyncio.IncompleteReadError as e:
-            if e.partial:
-                raise ConnectionError("the connection closed inside a frame") from None
-            return None
-        (length,) = HEADER.unpack(header)
-        if length > MAX_HEAD:
-            raise ValueError(f"a frame of {length} bytes")
     try:
-        head = _object(first if first is not None else await reader.readexactly(length))
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise ConnectionError("the connection closed inside a frame") from None
+        return None
+    (length,) = HEADER.unpack(header)
+    if length > MAX_HEAD:
+        raise ValueError(f"a frame of {length} bytes")
+    try:
+        head = _object(await reader.readexactly(length))
         size = _tail(head)
         if size <= LONG_FRAME:
             return head, memoryview(await reader.readexactly(size) if size else b"")

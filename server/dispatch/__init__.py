@@ -37,6 +37,16 @@ class WorkerView(Protocol):
     def pid(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class Worker:
+    """A live worker as a dispatcher knows it from afar: the database's heartbeats
+    (`DbDispatcher`), or the coordinator's news (`HostDispatcher`)."""
+
+    name: str
+    key: str
+    pid: int
+
+
 class Dispatcher(Protocol):
     """Hands jobs to workers and their answers back (`SocketDispatcher`, `DbDispatcher`,
     `HostDispatcher`)."""

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import URL, Connection, CursorResult, Engine, make_url
@@ -35,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from formats.jobs import Job, JobState, encode_job
 from formats.keys import PRIMARY
 from server import db
-from server.dispatch import Signed
+from server.dispatch import Signed, Worker
 from server.errors import QueueFull, SigningFailed, Unavailable
 from server.stats import Stats
 from workers import jobtable
@@ -59,13 +58,6 @@ def execute(conn: Connection, sql: jobtable.Sql) -> CursorResult[Any]:
     return conn.exec_driver_sql(sql.text, sql.params)
 
 
-@dataclass
-class WorkerView:
-    name: str
-    key: str
-    pid: int
-
-
 class DbDispatcher:
     def __init__(self, engine: Engine, *, max_queue: int = 5000, sign_timeout: float = 10.0,
                  max_attempts: int = 3, heartbeat_timeout: float = 10.0,
@@ -78,7 +70,7 @@ class DbDispatcher:
         self.heartbeat_timeout = heartbeat_timeout
         self.stats = stats or Stats()
         self.requeued = 0
-        self.workers: dict[str, WorkerView] = {}
+        self.workers: dict[str, Worker] = {}
         self._waiting: dict[int, asyncio.Future[Signed]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
@@ -223,7 +215,7 @@ class DbDispatcher:
 
         alive, requeued, failed = db.run_transaction(self.engine, work, what="reap jobs",
                                                      idempotent=True)
-        self.workers = {r.name: WorkerView(r.name, r.key_id, r.pid) for r in alive}
+        self.workers = {r.name: Worker(r.name, r.key_id, r.pid) for r in alive}
         if requeued:
             self.requeued += len(requeued)
             log.warning("requeued %d jobs of dead or late workers", len(requeued))
