@@ -247,8 +247,11 @@ def create_app(
             CommitterConfig.of(settings, served[0].public, log_key_files(served, tsa), clock),
             leader=leader, on_commit=on_commit, peer_keys=cross.pinned_keys,
             extra_files=lambda: {**checkpoint_file(tlog_reader), **mail_stampers.published_keys()})
+        # (the coordinator keeps both: a tag or branch stamp is one call to it)
+        at_once = link if journal is link and isinstance(dispatcher, HostDispatcher) else None
         stamper = Stamper(journal, dispatcher, served, public_url=settings.public_url,
-                          request_timeout=settings.request_timeout, clock=clock)
+                          request_timeout=settings.request_timeout, clock=clock,
+                          at_once=at_once)
         count = settings.api_process_count
 
         def witness_states() -> list[dict[str, Any]] | None:

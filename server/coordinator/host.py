@@ -21,7 +21,7 @@ from server.budgets import HostBudgets, ManifestsBusy, RateLimited
 from server.coordinator.wire import Call, Coalesced, Frame, Reply, read_frame
 from server.dispatch import Signed
 from server.dispatch.socket import SocketDispatcher
-from server.errors import CommandFailed, JournalError, QueueFull, SigningFailed
+from server.errors import CommandFailed, JournalError, QueueFull, SigningFailed, StampError
 from server.stamping.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ class Coordinator:
         out = self._links[link] = Coalesced(writer)
         waiting: set[asyncio.Future[Any]] = set()
         jobs: dict[int, asyncio.Future[Signed]] = {}  # its jobs with the dispatcher, by call
+        recording: dict[int, asyncio.Future[Any]] = {}  # its ``stamp`` calls' rows, by call
         owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
             while frame is not None:
@@ -150,12 +151,16 @@ class Coordinator:
                 # its frame) is the journal's until it is written. (The last frame of each
                 # connection stayed until the next came: +141 MiB after a 105 MiB manifest.)
                 del frame
-                if call.op == "sign":
+                if call.op == "stamp":
+                    self._stamp(call, out, jobs, waiting, recording)
+                elif call.op == "sign":
                     self._sign(call, out, jobs)
                 elif call.op == "drop":
                     dropped = call.fields.get("c")
-                    if isinstance(dropped, int) and dropped in jobs:
-                        jobs.pop(dropped).cancel()
+                    if isinstance(dropped, int):
+                        recording.pop(dropped, None)  # (its row is committed, not signed)
+                        if dropped in jobs:
+                            jobs.pop(dropped).cancel()
                 elif call.op == "hello":
                     if self.dispatcher is not None:  # (known before the hello is answered)
                         out.put(self._workers_news())
@@ -186,6 +191,7 @@ class Coordinator:
         except asyncio.CancelledError:
             pass  # (stopping: the rows already sent are in the journal's queue)
         finally:
+            recording.clear()  # (rows committed from now on are not signed: left pending)
             for job in list(jobs.values()):  # (nobody waits for them: a worker signs none
                 job.cancel()                 # of them that it has not been sent yet)
             self._reports.pop(owner, None)  # (it serves no more)
@@ -248,6 +254,105 @@ class Coordinator:
             else:
                 kind = "signing" if isinstance(e, SigningFailed) else "unavailable"
                 out.put(Reply(cid, unsigned=(kind, str(e))).encode())
+
+        fut.add_done_callback(done)
+
+    def _stamp(self, call: Call, out: Coalesced, jobs: dict[int, asyncio.Future[Signed]],
+               waiting: set[asyncio.Future[Any]], recording: dict[int, asyncio.Future[Any]]
+               ) -> None:
+        """Record ``call``'s row; once it is committed, hand its job to the dispatcher, to be
+        signed within the call's ``w`` seconds; a job that is not (refused, failed, timed
+        out) has its failure committed before the answer goes out (`Stamper._failed`). The
+        answer carries the stamp id either way, and the seconds the row took to commit."""
+        cid, f = call.call_id, call.fields
+        row, key, size, wait = f.get("row"), f.get("k"), f.get("m"), f.get("w")
+        text = call.text or b""
+        if (not isinstance(row, dict) or not isinstance(key, str) or not isinstance(size, int)
+                or not 0 < size <= len(text) or not isinstance(wait, (int, float))
+                or isinstance(wait, bool) or not wait > 0):
+            raise ValueError("a stamp call without its row, key, job or time")
+        if self.journal is None or self.dispatcher is None:
+            out.put(Reply(cid, error="journal unavailable: not kept here").encode())
+            return
+        try:
+            job = RelayedJob(text[:size], text[size:])
+        except MalformedMessage as e:
+            raise ValueError(f"a stamp call's job: {e}") from None
+        started = time.perf_counter()
+        fut = recording[cid] = self.journal.record_row_nowait(row, None)
+        waiting.add(fut)
+
+        def recorded(fut: asyncio.Future[Any]) -> None:
+            waiting.discard(fut)
+            wanted = recording.pop(cid, None) is not None  # (not dropped, nor its process gone)
+            if fut.cancelled():
+                if wanted:
+                    out.put(Reply(cid, error="journal unavailable: stopping").encode())
+            elif (e := fut.exception()) is not None:
+                if wanted:
+                    message = e.message if isinstance(e, JournalError) else "journal unavailable"
+                    out.put(Reply(cid, error=message).encode())
+            elif wanted:
+                self._stamp_signed(cid, fut.result(), job, key, float(wait),
+                                   time.perf_counter() - started, out, jobs, waiting)
+
+        fut.add_done_callback(recorded)
+
+    def _stamp_signed(self, cid: int, sid: int, job: RelayedJob, key: str, wait: float,
+                      took: float, out: Coalesced, jobs: dict[int, asyncio.Future[Signed]],
+                      waiting: set[asyncio.Future[Any]]) -> None:
+        """The second half of `_stamp`: stamp ``sid`` is committed; its job to a worker."""
+        assert self.dispatcher is not None
+        try:
+            signing = self.dispatcher.submit(job, key)
+        except QueueFull as e:
+            self._stamp_failed(cid, sid, "queue", e.message, e.message, took, out, waiting)
+            return
+        jobs[cid] = signing
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            signing.cancel()
+
+        timer = asyncio.get_running_loop().call_later(wait, expire)
+
+        def done(signing: asyncio.Future[Signed]) -> None:
+            timer.cancel()
+            jobs.pop(cid, None)
+            if signing.cancelled():
+                if expired:
+                    self._stamp_failed(cid, sid, "unavailable",
+                                       "no worker could sign in time; retry later", "timed out",
+                                       took, out, waiting)
+                return  # (else its caller gave up, or is gone)
+            e = signing.exception()
+            if e is None:
+                r = signing.result()
+                out.put(Reply(cid, sid, signed=(r.text, r.worker, r.attempts),
+                              took=took).encode())
+            elif isinstance(e, StampError):
+                kind = "signing" if isinstance(e, SigningFailed) else "unavailable"
+                self._stamp_failed(cid, sid, kind, e.message, e.message, took, out, waiting)
+            else:
+                self._stamp_failed(cid, sid, "unavailable", str(e),
+                                   f"{type(e).__name__}: {e}", took, out, waiting)
+
+        signing.add_done_callback(done)
+
+    def _stamp_failed(self, cid: int, sid: int, kind: str, message: str, error: str,
+                      took: float, out: Coalesced, waiting: set[asyncio.Future[Any]]) -> None:
+        """Commit stamp ``sid``'s failure (``error``), then answer (``kind``, ``message``)."""
+        assert self.journal is not None
+        fut = self.journal.failed_durably_nowait(sid, error)
+        waiting.add(fut)
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            waiting.discard(fut)
+            if not fut.cancelled() and fut.exception() is not None:
+                log.warning("failure of stamp %d not recorded: %s", sid, fut.exception(),
+                            extra={"stamp_id": sid})
+            out.put(Reply(cid, sid, unsigned=(kind, message), took=took).encode())
 
         fut.add_done_callback(done)
 

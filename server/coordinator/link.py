@@ -17,14 +17,17 @@ from formats.manifests import Text, utf8_pieces, utf8_size
 from server.budgets import once
 from server.coordinator.wire import LONG_FRAME, Call, Coalesced, Reply, read_frame
 from server.dispatch import Signed, Worker
-from server.errors import JournalError, QueueFull, SigningFailed, Unavailable
+from server.errors import JournalError, QueueFull, SigningFailed, StampError, Unavailable
 from server.stamping.journal import IndexRows, stamp_row
 from server.stamping.requests import Request
+from server.stamping.stamper import FAILURE_WRITE_TIMEOUT
 from server.stats import Stats
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 30.0  # seconds an HTTP process waits for the host at its start
+# Why the host's dispatcher did not sign a job (`Reply.unsigned`), as the error it was.
+_UNSIGNED: dict[str, type[StampError]] = {"queue": QueueFull, "signing": SigningFailed}
 
 
 @dataclass
@@ -150,7 +153,7 @@ class CoordinatorLink:
                 return None
             answer = await fut
         except asyncio.CancelledError:
-            if self._calls.pop(call_id, None) is not None and op == "sign":
+            if self._calls.pop(call_id, None) is not None and op in ("sign", "stamp"):
                 self._tell("drop", {"c": call_id})  # (the host forgets its job)
             raise
         if answer.error is not None:
@@ -267,7 +270,34 @@ class CoordinatorLink:
         if answer.signed is not None:
             return Signed(*answer.signed)
         kind, message_ = answer.unsigned or ("unavailable", "no answer")
-        raise {"queue": QueueFull, "signing": SigningFailed}.get(kind, Unavailable)(message_)
+        raise _UNSIGNED.get(kind, Unavailable)(message_)
+
+    async def record_and_sign(self, req: Request, t: int, key_id: str | None, job: Job,
+                              key: str, timeout: float) -> tuple[int, Signed]:
+        """`server.stamping.stamper.RecordAndSign`, one ``stamp`` call: the host commits the
+        row, has the job signed by a worker of ``key`` within ``timeout`` seconds of the
+        commit, or commits its failure, and answers once. A host that has not answered when
+        that failure had its time to commit too is given up on (`Unavailable`; the row may
+        have been committed, and is then left pending, as if this process had died)."""
+        started = time.perf_counter()
+        message = job_message(job)
+        fields = {"row": stamp_row(req, t, key_id), "k": key, "m": len(message), "w": timeout}
+        try:
+            async with asyncio.timeout(timeout + FAILURE_WRITE_TIMEOUT + 1):
+                answer = await self._call("stamp", fields, text=(message,))
+        except TimeoutError:
+            raise Unavailable("no worker could sign in time; retry later") from None
+        assert answer is not None
+        if answer.stamp_id is None:
+            raise JournalError("journal unavailable: no stamp id")
+        took = answer.took or 0.0
+        self.stats.journal_commit.observe(took)
+        if answer.signed is not None:
+            signed = Signed(*answer.signed)
+            self.stats.signing[signed.worker].observe(time.perf_counter() - started - took)
+            return answer.stamp_id, signed
+        kind, message_ = answer.unsigned or ("unavailable", "no answer")
+        raise _UNSIGNED.get(kind, Unavailable)(message_)
 
     def published(self, size: int) -> None:
         """Tell every HTTP process of the host (this one too) that a checkpoint of ``size``

@@ -63,7 +63,10 @@ class Call:
     every process's last report; of the host's dispatcher, ``sign`` a job (``k``: the key's
     id, ``m``: the length of the job's message, which is the start of ``text``, a manifest's
     lines the rest: `formats.jobs.RelayedJob`), or ``drop`` the job of call ``c`` (its
-    caller gave up). ``call_id`` 0: no reply
+    caller gave up); of both, ``stamp``: record the stamp ``row``, then, once it is
+    committed, sign its job (``k``, ``m`` and ``text`` as for ``sign``: a tag's or a branch's,
+    which does not name the row's serial) within ``w`` seconds, or record its failure (one
+    call for what ``record`` and ``sign`` do; ``drop`` drops it too). ``call_id`` 0: no reply
     wanted (an outcome that rides along with the next commit, `Journal.signed`; bytes given
     back; news)."""
 
@@ -74,8 +77,8 @@ class Call:
     text: bytes | memoryview | None = None
 
     OPS = ("hello", "record", "signed", "failed", "manifest", "charge", "take", "give",
-           "published", "report", "view", "sign", "drop")
-    TEXT_OPS = ("manifest", "sign")
+           "published", "report", "view", "sign", "drop", "stamp")
+    TEXT_OPS = ("manifest", "sign", "stamp")
 
     def head(self, tail: int = 0) -> bytes:
         """The frame up to its tail, whose length is ``tail`` (a text sent after it)."""
@@ -115,7 +118,8 @@ class Reply:
     and the seconds after which to retry; or the ``view`` asked for: every HTTP process's last
     report, with its age in seconds, and the ``host``'s dispatcher's figures (``queue``,
     ``requeued``, ``disconnects``); or a job ``signed`` (its text, worker and attempts) or
-    ``unsigned`` (why: ``queue`` full, ``signing`` failed, ``unavailable``; and the message).
+    ``unsigned`` (why: ``queue`` full, ``signing`` failed, ``unavailable``; and the message);
+    to a ``stamp``, its stamp id with either, and the seconds its row ``took`` to commit.
     Or, with ``call_id`` 0, news pushed to every HTTP process: the size of a checkpoint
     ``published`` on the host, or the ``workers`` connected to the host's dispatcher (name,
     key, pid), sent on ``hello`` and whenever one comes or goes."""
@@ -130,6 +134,7 @@ class Reply:
     signed: tuple[str, str, int] | None = None
     unsigned: tuple[str, str] | None = None
     workers: list[tuple[str, str, int]] | None = None
+    took: float | None = None
 
     REFUSALS = ("rate", "busy")
     UNSIGNED = ("queue", "signing", "unavailable")
@@ -159,7 +164,9 @@ class Reply:
                 raise ValueError("not a coordinator reply")
             refused = (no[0], no[1], no[2])
         host, sig, uns, wk = head.get("host"), head.get("sig"), head.get("uns"), head.get("wk")
-        if not ((host is None or (isinstance(host, dict)
+        took = head.get("ct")
+        if not ((took is None or (isinstance(took, (int, float)) and not isinstance(took, bool)))
+                and (host is None or (isinstance(host, dict)
                                   and all(isinstance(v, int) for v in host.values())))
                 and (sig is None or (isinstance(sig, list) and len(sig) == 3
                                      and isinstance(sig[0], str) and isinstance(sig[1], str)
@@ -173,7 +180,8 @@ class Reply:
         return cls(call_id, sid, error, refused, published, view, host,
                    None if sig is None else (sig[0], sig[1], sig[2]),
                    None if uns is None else (uns[0], uns[1]),
-                   None if wk is None else [(w[0], w[1], w[2]) for w in wk])
+                   None if wk is None else [(w[0], w[1], w[2]) for w in wk],
+                   None if took is None else float(took))
 
     def raise_refusal(self) -> None:
         """The refusal as the budget raised it, if this is one."""
@@ -189,7 +197,7 @@ class Reply:
 
 # A reply's optional fields, and their names on the wire (left out when None).
 _OPTIONAL = (("refused", "no"), ("published", "pub"), ("view", "view"), ("host", "host"),
-             ("signed", "sig"), ("unsigned", "uns"), ("workers", "wk"))
+             ("signed", "sig"), ("unsigned", "uns"), ("workers", "wk"), ("took", "ct"))
 
 
 class FrameBuckets(Sequence[tuple[int, bytes]]):

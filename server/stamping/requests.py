@@ -56,6 +56,9 @@ class Request(Protocol[J, A_co]):
 
     kind: ClassVar[str]  # the journal row's kind, and the metrics' label
     noun: ClassVar[str]  # what its answer is called (in errors)
+    # Its job does not name the row's serial (`StampContext.serial`): it can be built before
+    # the row is committed, and the two go to the coordinator in one call (`Stamper`).
+    serial_free: ClassVar[bool]
 
     def journal_fields(self) -> dict[str, Any]: ...
 
@@ -81,6 +84,7 @@ class TagRequest:
 
     kind: ClassVar[str] = "tag"
     noun: ClassVar[str] = "tag"
+    serial_free: ClassVar[bool] = True
     commit: str
     tagname: str
 
@@ -111,6 +115,7 @@ class BranchRequest:
 
     kind: ClassVar[str] = "branch"
     noun: ClassVar[str] = "commit"
+    serial_free: ClassVar[bool] = True
     commit: str
     tree: str
     parent: str | None = None
@@ -141,6 +146,7 @@ class DigestRequest:
 
     kind: ClassVar[str] = "digest"
     noun: ClassVar[str] = "receipt"
+    serial_free: ClassVar[bool] = False  # (its statement names the serial)
     algorithm: str
     digest: str
 
@@ -174,6 +180,7 @@ class ManifestRequest:
 
     kind: ClassVar[str] = "manifest"
     noun: ClassVar[str] = "manifest"
+    serial_free: ClassVar[bool] = False  # (its statement names the serial)
     manifest: Manifest
     # The index rows when they were built elsewhere (`workers.manifest_check`); else built
     # here from the manifest's digests.

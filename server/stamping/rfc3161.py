@@ -116,6 +116,7 @@ class TimestampRequest:
 
     kind: ClassVar[str] = "tsa"
     noun: ClassVar[str] = "token"
+    serial_free: ClassVar[bool] = False  # (the token's serial number is the row's)
     algorithm: str
     digest: str  # lowercase hex
     nonce: int | None

@@ -4,6 +4,11 @@ durably, then have a worker holding the chosen key sign its job, then record the
     request ──> Journal.record (committed) ──> Dispatcher.sign (a worker) ──> Journal.signed
                                  request.job(context)         request.outcome(context, job, text)
 
+Where the host's coordinator keeps both the journal and the dispatcher (SQLite, several HTTP
+processes) and the request's job does not name its serial (a tag or a branch stamp), the first
+two steps are one call to it (`RecordAndSign`): the job is built first, the coordinator commits
+the row and then has the job signed, and answers once.
+
 What differs between kinds (the job, the answer, whether the signed text is stored before the
 answer goes out) is each request's own (`server.stamping.requests.Request`).
 """
@@ -13,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any, Protocol, TypeVar
 
 from formats.jobs import Job
 from formats.keys import ServedKey
@@ -31,12 +37,24 @@ FAILURE_WRITE_TIMEOUT = 5.0
 A = TypeVar("A")
 
 
+class RecordAndSign(Protocol):
+    """Record a request and, once its row is committed, have ``job`` signed by a worker
+    holding ``key``, in one call (`server.coordinator.CoordinatorLink`). The stamp id and the
+    signature; else `JournalError` (nothing recorded), or the signing's `StampError` (the
+    row recorded and its failure committed), `Unavailable` when no worker signed within
+    ``timeout`` seconds of the commit."""
+
+    async def record_and_sign(self, req: Request[Any, Any], t: int, key_id: str | None,
+                              job: Job, key: str, timeout: float) -> tuple[int, Signed]: ...
+
+
 class Stamper:
     def __init__(self, journal: JournalApi, dispatcher: Dispatcher, keys: Sequence[ServedKey], *,
                  public_url: str, request_timeout: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], at_once: RecordAndSign | None = None) -> None:
         self.journal = journal
         self.dispatcher = dispatcher
+        self.at_once = at_once  # (where one call records and signs: `RecordAndSign`)
         self.keys = keys  # the primary key first
         self.public_url = public_url
         self.request_timeout = request_timeout
@@ -96,10 +114,18 @@ class Stamper:
         committed before it is returned."""
         key = key or self.keys[0]
         t = int(self.clock())
-        stamp_id = await self.journal.record(req, t, None if key.primary else key.id)
-        ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
-        job = req.job(ctx)
-        signed = await self._sign(stamp_id, job, key)
+        key_id = None if key.primary else key.id
+        if self.at_once is not None and req.serial_free:
+            ctx = StampContext(time=t, serial=0, key=key, url=self.public_url)
+            job = req.job(ctx)  # (serial free: built before the row has one)
+            stamp_id, signed = await self.at_once.record_and_sign(req, t, key_id, job, key.id,
+                                                                  self.request_timeout)
+            ctx = replace(ctx, serial=stamp_id)
+        else:
+            stamp_id = await self.journal.record(req, t, key_id)
+            ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
+            job = req.job(ctx)
+            signed = await self._sign(stamp_id, job, key)
         try:
             outcome = req.outcome(ctx, job, signed.text)
         except MalformedAnswer as e:

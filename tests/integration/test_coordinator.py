@@ -69,15 +69,22 @@ def test_the_wire_round_trips_calls_and_replies() -> None:
     for reply in (Reply(7, 42), Reply(8, error="down"), Reply(9, refused=("rate", "over", 30)),
                   Reply(0, published=12), Reply(3, signed=("text", "w:1:0", 2)),
                   Reply(4, unsigned=("queue", "full")), Reply(0, workers=[("w", "k", 7)]),
-                  Reply(5, view=[{"record": {}, "age": 0.5}], host={"queue": 1})):
+                  Reply(5, view=[{"record": {}, "age": 0.5}], host={"queue": 1}),
+                  Reply(6, 43, signed=("text", "w:1:0", 1), took=0.0125),
+                  Reply(6, 44, unsigned=("signing", "refused"), took=0.5)):
         assert Reply.decode(split(reply.encode())[0]) == reply
     call = Call("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
+    assert Call.decode(*split(call.encode())) == call
+    call = Call("stamp", 9, {"row": {"kind": "tag"}, "k": "key", "m": 3, "w": 2.5},
+                text=b"jobmanifest")
     assert Call.decode(*split(call.encode())) == call
     for bad in (b"", b"\x00\x00\x00\x02[]", Reply(1).encode(), b"\x00\x00\x00\x07{\"t\":2}x"):
         with pytest.raises(ValueError):
             Call.decode(*split(bad))
     with pytest.raises(ValueError):
         Reply.decode(split(Reply(4, unsigned=("lost", "x")).encode())[0])
+    with pytest.raises(ValueError):  # (a commit's seconds are a number)
+        Reply.decode(split(Reply(4, 1, took=True).encode())[0])  # type: ignore[arg-type]
     # Index rows whose sizes do not add up to what follows, or are not sizes.
     for keys, sizes in (([1], [31]), ([1], [33]), ([1, 2], [32]), ([1], ["32"]), ([1], [0])):
         with pytest.raises(ValueError):

@@ -6,6 +6,7 @@ sockets, the coordinator in its own thread; the workers are played by the test."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Coroutine, Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from formats.jobs import (
     HEADER,
@@ -23,12 +25,16 @@ from formats.jobs import (
     decode_frame,
     frame_size,
 )
-from formats.keys import PRIMARY
+from formats.keys import PRIMARY, ServedKey
+from server import db
 from server.budgets import HostBudgets
 from server.coordinator import Coordinator, CoordinatorLink, HostDispatcher
 from server.dispatch.socket import SocketDispatcher
-from server.errors import QueueFull, SigningFailed, Unavailable
+from server.errors import MalformedAnswer, QueueFull, SigningFailed, StampError, Unavailable
+from server.models import Stamp, StampState
 from server.settings import Settings
+from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
+from server.stamping.stamper import Stamper
 from tests.helpers import short_tmpdir
 
 
@@ -202,3 +208,163 @@ def test_the_hosts_queue_is_bounded_and_its_figures_reach_every_process(run: Pat
         await a.stop()
 
     with_host(run, scenario, max_queue=2)
+
+
+# -- a tag or branch stamp: one call records its row and has its job signed (`RecordAndSign`) --
+
+TAG_KEY = ServedKey(PRIMARY, "openpgp", "F" * 40, "eddsa (ed25519)", "pub", "T <t@x>",
+                    primary=True)
+NOW = 1_795_400_000.0
+
+
+def with_journal(run: Path, tmp_path: Path,
+                 scenario: Callable[[Coordinator, Callable[[], list[Any]]],
+                                    Coroutine[Any, Any, None]],
+                 max_queue: int = 100) -> list[Any]:
+    """``scenario`` against a coordinator keeping the host's journal (SQLite) and its
+    dispatcher, with a reader of the journal's rows (state, error, worker) as committed; the
+    rows once the coordinator stopped."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    host = Coordinator(run / "serve.sock", lambda: db.make_engine(url),
+                       HostBudgets(Settings(data_dir=run), lambda: 0.0),
+                       lambda: SocketDispatcher(None, max_queue=max_queue,
+                                                sign_timeout=60, max_attempts=1))
+    host.start()
+
+    def rows() -> list[Any]:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(
+                select(Stamp.state, Stamp.error, Stamp.worker).order_by(Stamp.id))]
+
+    async def main() -> None:
+        async with asyncio.timeout(30):
+            await scenario(host, rows)
+
+    try:
+        asyncio.run(main())
+    finally:
+        host.stop()
+    try:
+        return rows()
+    finally:
+        engine.dispose()
+
+
+async def stamper_of(host: Coordinator, request_timeout: float = 20.0
+                     ) -> tuple[CoordinatorLink, Stamper]:
+    """A link to ``host``, and a stamper as an HTTP process of a host on SQLite has it:
+    journal and dispatcher both the coordinator's, over that link."""
+    link = CoordinatorLink(host.socket_path)
+    await link.connect()
+    return link, Stamper(link, HostDispatcher(link), [TAG_KEY],
+                         public_url="http://stampd.invalid/", request_timeout=request_timeout,
+                         clock=lambda: NOW, at_once=link)
+
+
+def spy_ops(link: CoordinatorLink) -> list[str]:
+    """The ops of the calls ``link`` makes from now on."""
+    ops: list[str] = []
+    call = link._call
+
+    async def spied(op: str, *args: Any, **kwargs: Any) -> Any:
+        ops.append(op)
+        return await call(op, *args, **kwargs)
+
+    link._call = spied  # type: ignore[method-assign]
+    return ops
+
+
+def test_a_tag_stamp_is_one_call_its_row_committed_before_its_job_goes(
+        run: Path, tmp_path: Path) -> None:
+    async def scenario(host: Coordinator, rows: Callable[[], list[Any]]) -> None:
+        link, stamper = await stamper_of(host)
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
+        await until(lambda: "w:1:0" in link.workers)
+        ops = spy_ops(link)
+        stamping = asyncio.create_task(stamper.stamp(TagRequest("a" * 40, "v1")))
+        message, _ = await worker.next_job()
+        assert rows() == [(StampState.PENDING, None, None)]  # committed before it was sent
+        assert message["op"] == "tag" and message["commit"] == "a" * 40
+        await worker.answer(message["id"], "object signed\n")
+        assert await stamping == "object signed\n"
+        # A branch stamp goes the same way; a digest stamp (its statement names its serial)
+        # records first, then signs.
+        branch = asyncio.create_task(stamper.stamp(BranchRequest("b" * 40, "c" * 40)))
+        message, _ = await worker.next_job()
+        await worker.answer(message["id"], "commit signed\n")
+        await branch
+        digest = asyncio.create_task(stamper.stamp(DigestRequest("sha256", "d" * 64)))
+        message, _ = await worker.next_job()
+        assert message["op"] == "receipt" and "\nserial: 3\n" in message["text"]
+        await worker.answer(message["id"], "receipt signed\n")
+        with contextlib.suppress(MalformedAnswer):  # (the fake's answer is no receipt)
+            await digest
+        assert ops[:2] == ["stamp", "stamp"] and ops[2:4] == ["record", "sign"]
+        await link.stop()
+
+    rows = with_journal(run, tmp_path, scenario)
+    assert rows[:2] == [(StampState.SIGNED, None, "w:1:0")] * 2
+
+
+@pytest.mark.parametrize("fault", ["no worker in time", "queue full", "refused"])
+def test_a_tag_stamp_not_signed_has_its_failure_committed_before_the_answer(
+        run: Path, tmp_path: Path, fault: str) -> None:
+    caught: list[BaseException] = []
+    committed: list[Any] = []
+
+    async def scenario(host: Coordinator, rows: Callable[[], list[Any]]) -> None:
+        link, stamper = await stamper_of(
+            host, request_timeout=0.2 if fault == "no worker in time" else 20)
+        waiting = None
+        if fault == "queue full":  # (a stamp waits for a worker, and fills the queue)
+            waiting = asyncio.create_task(stamper.stamp(TagRequest("1" * 40, "v0")))
+            await until(lambda: host.dispatcher is not None
+                        and host.dispatcher.queue_depth == 1)
+        stamping = asyncio.create_task(stamper.stamp(TagRequest("a" * 40, "v1")))
+        if fault == "refused":
+            worker = await FakeWorker.connect(host.socket_path, "w:1:0")
+            message, _ = await worker.next_job()
+            await worker.answer(message["id"], error="malformed job: no")
+        try:
+            await stamping
+        except StampError as e:
+            committed.extend(rows())  # (read before anything else could commit)
+            caught.append(e)
+        if waiting is not None:
+            waiting.cancel()
+        await link.stop()
+
+    with_journal(run, tmp_path, scenario, max_queue=1)
+    (e,) = caught
+    failed = committed[-1]
+    assert failed[0] == StampState.FAILED
+    if fault == "no worker in time":
+        assert isinstance(e, Unavailable) and failed[1] == "timed out"
+    elif fault == "queue full":
+        assert isinstance(e, QueueFull) and failed[1] == e.message
+    else:
+        assert isinstance(e, SigningFailed) and "malformed job: no" in (failed[1] or "")
+
+
+def test_a_tag_stamp_whose_caller_gives_up_is_recorded_and_never_signed(
+        run: Path, tmp_path: Path) -> None:
+    async def scenario(host: Coordinator, rows: Callable[[], list[Any]]) -> None:
+        link, stamper = await stamper_of(host)
+        given_up = asyncio.create_task(stamper.stamp(TagRequest("a" * 40, "v1")))
+        await until(lambda: host.dispatcher is not None and host.dispatcher.queue_depth == 1)
+        given_up.cancel()
+        await until(lambda: host.dispatcher is not None and host.dispatcher._outstanding == 0)
+        kept = asyncio.create_task(stamper.stamp(TagRequest("b" * 40, "v2")))
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
+        message, _ = await worker.next_job()
+        assert message["commit"] == "b" * 40  # (the job given up on never went out)
+        await worker.answer(message["id"], "signed\n")
+        await kept
+        await link.stop()
+
+    rows = with_journal(run, tmp_path, scenario)
+    # The row given up on stays pending: the log committer publishes it after the request
+    # timeout, as it does a row whose process died (its signature may have gone out).
+    assert rows == [(StampState.PENDING, None, None), (StampState.SIGNED, None, "w:1:0")]

@@ -42,6 +42,7 @@ from server.stamping.requests import (
     StampContext,
     TagRequest,
 )
+from server.stamping.rfc3161 import TimestampRequest
 
 C, T, P = "c" * 40, "e" * 40, "a" * 40
 OPENPGP = ServedKey(PRIMARY, "openpgp", "F" * 40, "eddsa (ed25519)", "pub", "K <k@v>",
@@ -390,6 +391,19 @@ def test_each_request_knows_its_kind_row_and_job() -> None:
     assert digest.job(at) == ReceiptJob(statement.text(), 9)
     outcome = digest.outcome(at, digest.job(at), "signed")
     assert outcome.answer == (statement, "signed") and outcome.stored == "signed"
+
+
+def test_a_request_said_serial_free_builds_the_same_job_whatever_its_serial() -> None:
+    """What lets a tag or branch stamp be one call to the coordinator (`Stamper`): its job is
+    built before its row has a serial. One whose job names the serial does not say so."""
+    requests = [TagRequest(C, "v1"), BranchRequest(C, T, P), BranchRequest(C, T),
+                DigestRequest("sha256", "d" * 64),
+                ManifestRequest(parse_body(f"{'d' * 64}  f\n".encode()))]
+    for req in requests:
+        for key in (OPENPGP, SSH):
+            jobs = {req.job(ctx(t=9, url="http://s/", serial=n, key=key)) for n in (0, 1, 7)}
+            assert (len(jobs) == 1) == req.serial_free, req
+    assert TimestampRequest.serial_free is False  # (the token's serial number is the row's)
 
 
 def test_a_malformed_manifest_answer_is_a_signing_failure() -> None:
