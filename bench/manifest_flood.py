@@ -21,7 +21,7 @@ every ~50 ms: its latency is the loop-lag probe (measured from outside: a stall 
 process's event loop delays that answer by as long; it includes the round trip, ~1 ms idle).
 Each probe runs in a process of its own (`Prober`), so that the bench's own work never delays
 it. The loop lag is also read from the server itself (``stampd_event_loop_lag_seconds`` on
-``GET /metrics``, `server.api.looplag`: a timer due every 10 ms in the HTTP process), before and
+``GET /metrics``, `server.runtime.looplag`: a timer due every 10 ms in the HTTP process), before and
 after: how many of its turns came more than 50 ms late, and the longest since it started. The
 target is on that figure: an outside probe also waits for a core of its own on a host whose
 cores the load keeps busy. Idle RSS: the median of 2 s before; after: the median of 2 s once
@@ -286,7 +286,7 @@ def probes(server: Server) -> tuple[Prober, Prober]:
 
 
 def loop_lag(port: int) -> tuple[dict[float, float], float]:
-    """The server's own event-loop lag figures (`server.api.looplag`, from ``GET /metrics``):
+    """The server's own event-loop lag figures (`server.runtime.looplag`, from ``GET /metrics``):
     the histogram's cumulative counts by upper bound, and the longest lag since it started."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:

@@ -13,7 +13,7 @@ One ``stampd serve`` (SQLite, the fixed test key, ``--workers 2``, default timeo
    its own, so the attack is kept up throughout.
 3. **flood** (``--flood`` idle connections at once, ``--flood-duration`` s; 0 skips it): more
    connections than the server's connection limit (its RLIMIT_NOFILE less a reserve, see
-   ``server/api/httpproto.py``), which it must enforce by closing the oldest connections
+   ``server/runtime/httpproto.py``), which it must enforce by closing the oldest connections
    that have not delivered a request, rather than run out of descriptors.
 4. **after**: every attacker is gone; the server's descriptors after a few seconds.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 from bench.proof_client import normal_client
 from bench.proof_http import Latencies, open_fds, raise_nofile
 from bench.proof_server import ProofError, ProofServer, progress, run_proof, verdict
-from server.api.httpproto import connection_limit
+from server.runtime.httpproto import connection_limit
 
 P99_LIMIT_MS = 50.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -2,7 +2,7 @@
 `fork_child`), and what both have in common (`Child`, `stop_child`).
 
 Forking spares a child the interpreter's start and its imports (0.15-1 s of CPU each): the HTTP
-manager forks the HTTP processes (`server.api.processes`), the worker supervisor its workers
+manager forks the HTTP processes (`server.http_processes`), the worker supervisor its workers
 (`workers.pool`). Fork only from a single-threaded process: a lock another thread held at the
 fork stays locked in the child for ever.
 """

@@ -1,6 +1,6 @@
 """One restart policy for every process stampd supervises: the signing workers (`workers.pool`),
 the worker supervisor (`server.supervisor`), the HTTP processes and their manager
-(`server.api.processes`).
+(`server.http_processes`).
 
 A process that exited after it had lived `YOUNG` seconds or more is started again at once: it
 had been working, and what ended it (a signal, an agent that died) is not known to come back;

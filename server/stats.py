@@ -44,7 +44,7 @@ class Stats:
         default_factory=lambda: defaultdict(Histogram))  # worker -> seconds
     journal_commit: Histogram = field(default_factory=Histogram)
     worker_disconnects: int = 0
-    loop_lag: Histogram = field(default_factory=Histogram)  # server.api.looplag
+    loop_lag: Histogram = field(default_factory=Histogram)  # server.runtime.looplag
     loop_lag_max: float = 0.0  # seconds: the longest lag since the process started
     proof_waiters: int = 0  # GET /v1/proofs ?wait= requests waiting now (server.tlog.waiters)
     proof_waiters_refused: int = 0  # ... refused (503) for want of room
@@ -56,7 +56,7 @@ class Stats:
         self.loop_lag.observe(seconds)
         self.loop_lag_max = max(self.loop_lag_max, seconds)
 
-    # -- several HTTP processes (server.api.siblings) ---------------------------------------
+    # -- several HTTP processes (server.runtime.siblings) ---------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The counters as JSON-ready data, for the other HTTP processes to add up."""
         return {

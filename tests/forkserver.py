@@ -47,7 +47,7 @@ from procs.forked import Forked
 # What `stampd serve` imports before it serves (one HTTP process, SQLite or PostgreSQL).
 PRELOAD = (
     "stampd.cli", "server.commands", "server.supervisor", "server.api.app",
-    "server.api.processes", "server.api.httpproto", "workers.pool",
+    "server.http_processes", "server.runtime.httpproto", "workers.pool",
     "uvicorn", "uvicorn.protocols.http.httptools_impl", "uvicorn.lifespan.on", "uvloop",
     "sqlalchemy.dialects.sqlite", "sqlalchemy.dialects.postgresql", "pydantic.v1",
     "websockets.server", "uvicorn.protocols.websockets.websockets_sansio_impl",

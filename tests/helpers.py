@@ -431,7 +431,7 @@ def proc_names() -> dict[int, tuple[str, int]]:
     return found
 
 
-HTTP_MANAGER = "stampd-api"  # (server.api.processes: the names it gives)
+HTTP_MANAGER = "stampd-api"  # (server.http_processes: the names it gives)
 STARTED_WORKER = re.compile(r"started worker \d+ \(pid (\d+), key (\S+), home ")  # (workers.pool)
 HTTP_PROCESS = re.compile(r"stampd-http-\d+")
 

@@ -23,16 +23,12 @@ from fastapi import FastAPI
 
 from formats.keys import TLOG_KEY, ServedKey, allowed_signers, tlog_vkey, with_purposes
 from server import db
-from server.api import looplag
 from server.api.health import add_health_routes
-from server.api.httpproto import on_shutdown, open_connections
 from server.api.metrics import add_metrics_route
 from server.api.openapi import add_docs_routes
 from server.api.publish import add_log_routes
 from server.api.rfc3161 import add_timestamp_routes
 from server.api.services import Services
-from server.api.siblings import Siblings
-from server.api.threadpool import started_pool
 from server.api.tlog import add_tlog_routes
 from server.api.v1 import add_v1_routes
 from server.api.web import add_web_routes
@@ -50,6 +46,10 @@ from server.gitlog.peers import CrossStamper
 from server.gitlog.repository import LogRepository
 from server.leadership import AdvisoryLeader, FileLeader
 from server.mail.listener import mail_listener
+from server.runtime import looplag
+from server.runtime.httpproto import on_shutdown, open_connections
+from server.runtime.siblings import Siblings
+from server.runtime.threadpool import started_pool
 from server.settings import Settings
 from server.signing_keys import serving_keys
 from server.stamping.journal import Journal, JournalApi
@@ -188,7 +188,7 @@ def create_app(
     thread) when the server stops, after the last request and before the dispatcher closes:
     `stampd serve` stops its worker pool there, so that workers are stopped rather than cut
     off and respawned. ``process`` is the number of this HTTP process among those of
-    `stampd serve` (`server.api.processes`)."""
+    `stampd serve` (`server.http_processes`)."""
     cell: list[Services] = []  # filled when the app starts
 
     def services() -> Services:

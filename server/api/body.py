@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from starlette.types import Receive, Scope
 
-from server.api.httpproto import whole_body
 from server.errors import (
     BadRequest,
     BodyTooLarge,
@@ -17,6 +16,7 @@ from server.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
+from server.runtime.httpproto import whole_body
 from server.settings import Settings
 
 

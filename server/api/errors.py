@@ -23,7 +23,6 @@ from starlette.types import Scope, Send
 from typing_extensions import TypedDict
 
 from formats.tsp.response import rejection
-from server.api.httpproto import respond
 from server.errors import (
     BadManifest,
     BadRequest,
@@ -36,6 +35,7 @@ from server.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
+from server.runtime.httpproto import respond
 
 Dialect = Literal["zeitgitter", "v1"]
 # Every answer says: no browser may guess another type than the one sent (an error body that

@@ -16,7 +16,7 @@ from typing_extensions import TypedDict
 from server.api.deps import ServicesDep
 from server.api.openapi import text
 from server.api.services import Services
-from server.api.siblings import Sibling
+from server.runtime.siblings import Sibling
 from server.stamping.rfc3161 import clock_synchronised
 
 

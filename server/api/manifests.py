@@ -48,7 +48,6 @@ from server.api.openapi import (
     ref,
     request_body,
 )
-from server.api.threadpool import OneAtATime
 from server.budgets import MANIFEST_HOUR, RateLimited
 from server.errors import (
     BadManifest,
@@ -59,6 +58,7 @@ from server.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
+from server.runtime.threadpool import OneAtATime
 from server.settings import Settings
 from server.stamping.queries import manifest_piece, manifest_size
 from server.stamping.requests import ManifestRequest, choose_key, key_fields

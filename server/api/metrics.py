@@ -22,9 +22,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from server.api import looplag
 from server.api.services import Services
-from server.api.siblings import Overview
+from server.runtime import looplag
+from server.runtime.siblings import Overview
 from server.stats import Histogram
 from server.tlog.store import checkpoint_size
 

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from formats.keys import ServedKey
-from server.api.siblings import Overview, Sibling, Siblings, overview
 from server.budgets import Budgets
 from server.dispatch import Dispatcher
 from server.gitlog.committer import LogCommitter
 from server.gitlog.mailstampers import MailStamper
 from server.gitlog.peers import CrossStamper
+from server.runtime.siblings import Overview, Sibling, Siblings, overview
 from server.settings import Settings
 from server.stamping.journal import JournalApi
 from server.stamping.rfc3161 import Tsa, TsaSource

@@ -42,8 +42,8 @@ from server.api.openapi import (
     whole,
 )
 from server.api.services import Services
-from server.api.threadpool import OneAtATime
 from server.errors import BadRequest, NotFound
+from server.runtime.threadpool import OneAtATime
 from server.stamping.queries import digest_page
 from server.stamping.requests import DigestRequest, choose_key, key_fields
 

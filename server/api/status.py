@@ -19,11 +19,11 @@ from sqlalchemy import func, select
 from formats.keys import WITNESS_KEY, witness_vkey
 from server.api import templates
 from server.api.services import Services
-from server.api.siblings import Sibling
 from server.api.templates import TEMPLATE_DIR
 from server.gitlog.mailstampers import MailStamperStatus
 from server.gitlog.repository import LogRepository
 from server.models import CrossStamp, CrossStampState, Peer, Stamp
+from server.runtime.siblings import Sibling
 from server.setting_values import redact_userinfo
 from server.tlog.store import checkpoint_size
 from server.tlog.witness_client import WitnessState

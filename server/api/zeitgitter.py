@@ -28,7 +28,6 @@ from server.api import status
 from server.api.body import read_body
 from server.api.deps import ServicesDep
 from server.api.errors import NOSNIFF, plain, send_plain
-from server.api.httpproto import respond
 from server.api.openapi import (
     KEY_CHOICE,
     MULTIPART,
@@ -51,6 +50,7 @@ from server.errors import (
     StampError,
     UnknownRequest,
 )
+from server.runtime.httpproto import respond
 from server.settings import Settings
 from server.stamping.requests import BranchRequest, GitRequest, TagRequest, choose_key, key_fields
 

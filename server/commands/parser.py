@@ -17,7 +17,7 @@ from server.settings import Settings
 
 
 def setup_logging(level: str | None = None) -> None:
-    from server.api.processes import setup_logging
+    from server.http_processes import setup_logging
 
     setup_logging(level or os.environ.get("STAMPD_LOG_LEVEL", "INFO"))
 

@@ -49,10 +49,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     count = settings.api_process_count
     if count == 1:
         return _serve_one(args, settings)
-    from server.api.processes import ApiManager, listeners, serve_processes
+    from server.http_processes import ApiManager, listeners, serve_processes
 
     # The HTTP manager is forked first: while this process has one thread, and before it
-    # has read a key or a passphrase (server.api.processes).
+    # has read a key or a passphrase (server.http_processes).
     socks = listeners(settings.host, settings.port, count)
     manager = ApiManager(settings, socks, logging.getLevelName(
         logging.getLogger().getEffectiveLevel()), child_env())
@@ -132,7 +132,7 @@ def _start_signing(args: argparse.Namespace, settings: Settings,
 
 def _serve_one(args: argparse.Namespace, settings: Settings) -> int:
     """One HTTP process: this one."""
-    from server.api.processes import run_uvicorn
+    from server.http_processes import run_uvicorn
 
     keys, pool = _start_signing(args, settings, 1)
 

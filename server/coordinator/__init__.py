@@ -12,7 +12,7 @@ share, and each of them asks it over one Unix socket connection (`CoordinatorLin
   its connection closes.
 - **the processes' view**: each HTTP process reports its counters and its view of the workers
   four times a second; ``GET /metrics`` and ``GET /readyz``, in whichever process answers,
-  add up or check every process's last report (`server.api.siblings`);
+  add up or check every process's last report (`server.runtime.siblings`);
 - **the news** of each transparency log checkpoint published on the host: the HTTP process
   that writes the tiles tells it, and it tells every HTTP process (their proof waiters, which
   cost nothing until then, look again: `server.tlog.waiters`).

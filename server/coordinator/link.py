@@ -245,7 +245,7 @@ class CoordinatorLink:
 
     def report(self, record: dict[str, Any]) -> None:
         """This process's counters and view of the workers, for the others' ``/metrics`` and
-        ``/readyz`` (`server.api.siblings`)."""
+        ``/readyz`` (`server.runtime.siblings`)."""
         self._tell("report", {"r": record})
 
     async def view(self) -> list[dict[str, Any]]:

@@ -59,7 +59,7 @@ class Call:
     ``take`` or ``give`` back ``n`` manifest bytes in flight; of the news, that a checkpoint
     of size ``n`` was ``published`` (told to every HTTP process); ``hello``, answered once
     the connection is one the news go to (its first call); of the processes' view, ``report``
-    this process's counters (``r``, `server.api.siblings.Siblings.record`), and ``view``
+    this process's counters (``r``, `server.runtime.siblings.Siblings.record`), and ``view``
     every process's last report; of the host's dispatcher, ``sign`` a job (``k``: the key's
     id, ``m``: the length of the job's message, which is the start of ``text``, a manifest's
     lines the rest: `formats.jobs.RelayedJob`), or ``drop`` the job of call ``c`` (its

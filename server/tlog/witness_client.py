@@ -23,7 +23,7 @@ Each witness has a task of its own in the process that sequences (`server.tlog.s
 Nothing here holds the sequencer up: it only hands the newest checkpoint over (`offer`).
 
 The state of every witness (`WitnessState`) is kept in memory; the host's other HTTP processes
-see it in this process's reports to the host's coordinator (`server.api.siblings`), read back
+see it in this process's reports to the host's coordinator (`server.runtime.siblings`), read back
 with `states_of`. (It was a JSON file under ``run/`` before.)
 
 `policy_text` is the server's verification policy in c2sp tlog-policy form.
@@ -190,7 +190,7 @@ def policy_text(log_vkey: str, log_url: str, witnesses: Sequence[WitnessConfig],
 
 # -- the states as the other processes see them ------------------------------------------------
 def state_items(states: Sequence[WitnessState]) -> list[dict[str, Any]]:
-    """The states as JSON objects (what a process reports, `server.api.siblings`)."""
+    """The states as JSON objects (what a process reports, `server.runtime.siblings`)."""
     return [asdict(s) for s in states]
 
 
@@ -245,7 +245,7 @@ class WitnessSender:
         self.node_reader = node_reader
         self.on_cosigned = on_cosigned
         # Called after each change of a state (the HTTP process then reports them at once to
-        # the host's coordinator, for the other processes: `server.api.siblings`).
+        # the host's coordinator, for the other processes: `server.runtime.siblings`).
         self.on_change: Callable[[], None] = lambda: None
         self.timeout = timeout
         self.cosignature_skew = cosignature_skew

@@ -1,4 +1,4 @@
-"""The hot path's direct answers (`server.api.httpproto.whole_body` / `respond`) on a real
+"""The hot path's direct answers (`server.runtime.httpproto.whole_body` / `respond`) on a real
 uvicorn server with stampd's protocol: the protocol hands the request's cycle to the app, a
 body that arrived whole is taken without ``receive``, the answer goes out in one write with
 uvicorn's default headers, and keep-alive, ``Connection: close`` and a body still arriving
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from server.api import httpproto
-from server.api.httpproto import StampdHttpProtocol, respond, whole_body
+from server.runtime import httpproto
+from server.runtime.httpproto import StampdHttpProtocol, respond, whole_body
 
 
 async def app(scope: Any, receive: Any, send: Any) -> None:

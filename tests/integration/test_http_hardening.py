@@ -1,4 +1,4 @@
-"""The HTTP hardening of `server.api.httpproto` against a real `stampd serve`, and the stamper's
+"""The HTTP hardening of `server.runtime.httpproto` against a real `stampd serve`, and the stamper's
 durable failure (`server.stamping.stamper.Stamper._failed`) on a real SQLite journal.
 
 - Bytes the HTTP parser rejects, pipelined after valid requests, are answered in order: the
@@ -31,10 +31,10 @@ from sqlalchemy import select as sql_select
 from formats.jobs import Job
 from formats.keys import PRIMARY, ServedKey
 from server import db
-from server.api.httpproto import MAX_HEAD, InvalidRequestLog, connection_limit
 from server.dispatch import Signed, WorkerView
 from server.errors import SigningFailed, StampError, Unavailable
 from server.models import Stamp, StampState
+from server.runtime.httpproto import MAX_HEAD, InvalidRequestLog, connection_limit
 from server.stamping.journal import Journal
 from server.stamping.requests import DigestRequest, TagRequest
 from server.stamping.stamper import Stamper

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from formats.jobs import FrameBuffer, decode_frame, frame
-from server.api.processes import ApiManagerConfig, listeners
+from server.http_processes import ApiManagerConfig, listeners
 from server.leadership import FileLeader
 from server.stats import Stats
 from tests.helpers import short_tmpdir

@@ -1,4 +1,4 @@
-"""The connection limit of `server.api.httpproto`: how many client connections a process may
+"""The connection limit of `server.runtime.httpproto`: how many client connections a process may
 hold for its RLIMIT_NOFILE, and which connection is closed when one more arrives. (Against a
 real server: tests/integration/test_http_hardening.py.)"""
 
@@ -15,8 +15,8 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from server.api import httpproto
-from server.api.httpproto import FD_RESERVE, REPORT_EVERY, _Connections, connection_limit
+from server.runtime import httpproto
+from server.runtime.httpproto import FD_RESERVE, REPORT_EVERY, _Connections, connection_limit
 
 
 @pytest.mark.parametrize(("nofile", "limit"), [

@@ -1,4 +1,4 @@
-"""The event loop's lag probe (`server.api.looplag`): a callback that holds the loop shows as
+"""The event loop's lag probe (`server.runtime.looplag`): a callback that holds the loop shows as
 a lag at least as long as it held it, on both loops stampd runs on."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from server.api import looplag
+from server.runtime import looplag
 from server.stats import LATENCY_BUCKETS, Stats
 
 HOLD = 0.12  # seconds a callback holds the loop

@@ -98,7 +98,7 @@ def test_the_image_installs_the_server_lock_and_every_package() -> None:
 
 
 def test_uvicorn_and_rfc3161_client_are_pinned_exactly() -> None:
-    # server/api/httpproto.py subclasses uvicorn's private httptools protocol;
+    # server/runtime/httpproto.py subclasses uvicorn's private httptools protocol;
     # formats/tsp/request.py uses rfc3161-client's private DER parser.
     exact = {canonicalize_name(r.name): r for r in requirements("base", "server")}
     for name in ("uvicorn", "rfc3161-client"):

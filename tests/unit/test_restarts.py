@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from procs.restarts import FIRST, MAX_BACKOFF, YOUNG, Restarts
-from server.api.processes import ApiProcesses
+from server.http_processes import ApiProcesses
 from server.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""The HTTP process's thread pool is started whole before it serves (`server.api.threadpool`):
+"""The HTTP process's thread pool is started whole before it serves (`server.runtime.threadpool`):
 no thread is started from the event loop later."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 
-from server.api.threadpool import OneAtATime, started_pool
+from server.runtime.threadpool import OneAtATime, started_pool
 
 
 def test_every_thread_of_the_pool_runs_before_it_is_used() -> None:

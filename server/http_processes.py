@@ -16,7 +16,7 @@
   key or a passphrase (`ApiManager`); it takes the listening sockets and the settings with it
   and drops the data directory's locks. It stays single-threaded, as forking needs. Where the
   supervisor cannot fork safely (another thread runs) and when the manager died, it is started
-  as ``python -m server.api.processes`` instead, its `ApiManagerConfig` as JSON on stdin (the
+  as ``python -m server.http_processes`` instead, its `ApiManagerConfig` as JSON on stdin (the
   settings may hold secrets: a pipe keeps them out of command lines and environments) and the
   sockets inherited.
 - **Names.** The manager is called ``stampd-api`` and HTTP process *n* ``stampd-http-n``
@@ -33,7 +33,7 @@
   writer and one cross-stamper: the process that holds the log lock
   (`server.leadership.FileLeader`; with database dispatch the PostgreSQL advisory lock), which
   another takes over when it dies.
-- **Metrics and /readyz** add up, or check, every process (`server.api.siblings`).
+- **Metrics and /readyz** add up, or check, every process (`server.runtime.siblings`).
 
 Each process dies with its parent (SIGKILL, ``PR_SET_PDEATHSIG``): an HTTP process as the one
 HTTP process of a server killed with SIGKILL would (its pending stamps are settled as after
@@ -89,7 +89,7 @@ def run_uvicorn(app: Any, settings: Settings, sock: socket.socket | None = None)
     import anyio._backends._asyncio  # noqa: F401
     import uvicorn
 
-    from server.api.httpproto import InvalidRequestLog, StampdHttpProtocol
+    from server.runtime.httpproto import InvalidRequestLog, StampdHttpProtocol
 
     logging.getLogger("uvicorn.error").addFilter(InvalidRequestLog())
     # A thread that holds the GIL (a manifest's million lines checked, its index built) gives
@@ -271,7 +271,7 @@ def manage(settings: Settings, socks: list[socket.socket], go_fd: int | None = N
 class ApiManager:
     """The supervisor's side: the HTTP manager, forked from `stampd serve` (`start`, before
     anything secret is read or a thread started), started again as ``python -m
-    server.api.processes`` when it exits while the server runs, and stopped at the end."""
+    server.http_processes`` when it exits while the server runs, and stopped at the end."""
 
     def __init__(self, settings: Settings, socks: list[socket.socket], log_level: str,
                  env: dict[str, str]) -> None:
@@ -320,7 +320,7 @@ class ApiManager:
     def _exec(self) -> None:
         config = ApiManagerConfig(tuple(s.fileno() for s in self.socks), self.log_level,
                                   self.settings.model_dump(mode="json"))
-        proc = subprocess.Popen([sys.executable, "-m", "server.api.processes"],
+        proc = subprocess.Popen([sys.executable, "-m", "server.http_processes"],
                                 stdin=subprocess.PIPE, env=self.env,
                                 pass_fds=config.listen_fds, preexec_fn=die_with_parent())
         assert proc.stdin is not None
@@ -392,9 +392,9 @@ def serve_processes(manager: ApiManager, settings: Settings) -> None:
 # -- a started HTTP manager -------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m server.api.processes < config.json``: the HTTP manager, started (not
+    """``python -m server.http_processes < config.json``: the HTTP manager, started (not
     forked) by `ApiManager`."""
-    argparse.ArgumentParser(prog="server.api.processes",
+    argparse.ArgumentParser(prog="server.http_processes",
                             description="the HTTP manager of stampd serve: forks its HTTP "
                             "processes; its configuration (JSON) comes on stdin"
                             ).parse_args(argv)
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         config = ApiManagerConfig.from_json(sys.stdin.buffer.read())
         settings = Settings.model_validate(config.settings)
     except ValueError as e:
-        print(f"server.api.processes: bad configuration on stdin: {e}".splitlines()[0],
+        print(f"server.http_processes: bad configuration on stdin: {e}".splitlines()[0],
               file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.log_level)
