@@ -26,19 +26,16 @@ import argparse
 import time
 from collections.abc import Callable
 
+from formats.frames import HEADER, FrameBuffer, decode_frame, frame_size
 from formats.jobs import (
-    HEADER,
-    FrameBuffer,
     Job,
     ManifestJob,
     ReceiptJob,
     Result,
     TagJob,
-    decode_frame,
     decode_job,
     decode_job_frame,
     encode_job,
-    frame_size,
     job_frame,
     job_from_dict,
 )

@@ -242,7 +242,7 @@ class Settings(BaseSettings):
     max_body: int = Field(default=1000, gt=0, description="largest accepted request body, bytes")
     body_timeout: float = Field(default=10.0, gt=0, description="seconds to receive a body")
     # POST /v1/manifests (docs/manifests.md): its body has its own limits. At most 256 MiB,
-    # the most a manifest job may carry (formats.jobs.MAX_MANIFEST_TEXT).
+    # the most a manifest job may carry (formats.frames.MAX_MANIFEST_TEXT).
     max_manifest_bytes: int = Field(
         default=128 << 20, gt=0, le=256 << 20,
         description="largest manifest body (POST /v1/manifests), bytes",

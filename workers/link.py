@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from formats.jobs import FrameBuffer
+from formats.frames import FrameBuffer
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from formats.jobs import Job, MalformedMessage, ManifestJob, Result, decode_frame, job_from_dict
+from formats.frames import decode_frame
+from formats.jobs import Job, MalformedMessage, ManifestJob, Result, job_from_dict
 from procs import memory
 from workers import jobtable
 from workers.agents.gpg import GpgAgent

@@ -17,7 +17,7 @@ from typing import Any, overload
 
 import msgspec
 
-from formats.jobs import HEADER
+from formats.frames import HEADER
 from server.budgets import ManifestsBusy, RateLimited
 from server.stamping.journal import IndexRows
 

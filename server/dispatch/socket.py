@@ -24,16 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from formats.frames import HEADER, decode_frame, frame_size
 from formats.jobs import (
-    HEADER,
     Hello,
     Job,
     MalformedMessage,
     ManifestJob,
     RelayedJob,
     Result,
-    decode_frame,
-    frame_size,
     is_manifest,
     job_frame_parts,
 )

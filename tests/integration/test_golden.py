@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from formats.jobs import FrameBuffer, job_frame
+from formats.frames import FrameBuffer
+from formats.jobs import job_frame
 from formats.keys import PRIMARY, ServedKey
 from server.stamping.requests import BranchRequest, StampContext, TagRequest
 from tests.helpers import (

@@ -16,15 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from formats.jobs import (
-    HEADER,
-    Hello,
-    ManifestJob,
-    ReceiptJob,
-    Result,
-    decode_frame,
-    frame_size,
-)
+from formats.frames import HEADER, decode_frame, frame_size
+from formats.jobs import Hello, ManifestJob, ReceiptJob, Result
 from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.budgets import HostBudgets

@@ -10,7 +10,8 @@ import socket
 import threading
 from pathlib import Path
 
-from formats.jobs import HEADER, Hello, decode_frame, frame_size
+from formats.frames import HEADER, decode_frame, frame_size
+from formats.jobs import Hello
 from tests.helpers import proc_cmdline, seed_data_dir, short_tmpdir
 from workers.config import DispatchConfig, PoolConfig
 from workers.pool import WorkerPool

@@ -147,7 +147,7 @@ def test_the_bytes_in_flight_are_held_until_the_answer_is_sent(narrow: Server) -
     assert post(narrow, body(7))[0] == 200  # sent: its bytes are given back
 
 
-BIG = len(body(0, 20_000))  # about 1.5 MiB: more than a frame may hold (formats.jobs.MAX_FRAME)
+BIG = len(body(0, 20_000))  # about 1.5 MiB: more than a frame may hold (formats.frames.MAX_FRAME)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import uvloop
 
-from formats.jobs import HEADER, Hello, ManifestJob, Result, decode_frame, frame_size
+from formats.frames import HEADER, decode_frame, frame_size
+from formats.jobs import Hello, ManifestJob, Result
 from formats.keys import PRIMARY
 from formats.manifests import PIECE
 from server.dispatch.socket import SocketDispatcher

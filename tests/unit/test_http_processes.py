@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from formats.jobs import FrameBuffer, decode_frame, frame
+from formats.frames import FrameBuffer, decode_frame, frame
 from server.http_processes import ApiManagerConfig, listeners
 from server.leadership import FileLeader
 from server.stats import Stats

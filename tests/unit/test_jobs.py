@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
+from formats.frames import MAX_FRAME, FrameBuffer, frame
 from formats.jobs import (
-    MAX_FRAME,
     CommitJob,
     CosignJob,
-    FrameBuffer,
     Hello,
     MalformedMessage,
     ManifestJob,
@@ -26,7 +25,6 @@ from formats.jobs import (
     decode_job,
     decode_job_frame,
     encode_job,
-    frame,
     job_frame,
     job_frame_parts,
     job_message,
