@@ -22,7 +22,9 @@ supervisor, workers, agents; wrk apart) is read from /proc around each cell.
 gives the ref side's transparency log (by default ``--tlog``'s).
 
 The table: per side, the median over the rounds of stamps per second, p99 and CPU ms per
-stamp, and the ratios this/ref. Exit status: 0 when every answer was right, 1 when one was not,
+stamp, and the ratios this/ref; then each side's CPU ms per stamp by kind of process (the HTTP
+processes, the coordinator where there are several, the workers, their agents) and the
+coordinator's share of one core. Exit status: 0 when every answer was right, 1 when one was not,
 2 when the bench could not run, 130 when interrupted.
 """
 
@@ -50,6 +52,8 @@ from bench.servers import Stampd
 
 KEY = "ed25519"
 MODE = "tag"
+# The order the CPU of each kind of process is printed in (`Stampd.role`).
+ROLES = ("http", "coordinator", "workers", "agents", "pool", "other")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -133,6 +137,11 @@ def summary(cells: list[Cell]) -> dict[str, float]:
             "cpu_ms": statistics.median(split(c)["total_ms"] for c in good)}
 
 
+def per_stamp_ms(cells: list[Cell], role: str) -> float:
+    """The median over ``cells`` of the CPU milliseconds per stamp of ``role``'s processes."""
+    return statistics.median(1000 * c.cpu.get(role, 0.0) / c.requests for c in cells)
+
+
 def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -> str:
     ref, this = summary(cells["ref"]), summary(cells["this"])
     head = (f"ed25519 tag stamps, c={args.conns}, {args.workers} workers, "
@@ -147,9 +156,15 @@ def table(args: argparse.Namespace, cells: dict[str, list[Cell]], load: float) -
         lines.append(f"{name:22} {fmt.format(ref[key]):>16} {fmt.format(this[key]):>12} "
                      f"{this[key] / ref[key] if ref[key] else float('nan'):>8.3f}x")
     for side, label in (("ref", "ref"), ("this", "this tree")):
-        good = [c for c in cells[side] if c.requests and c.seconds and "coordinator" in c.cpu]
+        good = [c for c in cells[side] if c.requests and c.seconds]
+        roles = sorted({role for c in good for role in c.cpu},
+                       key=lambda r: (ROLES.index(r) if r in ROLES else len(ROLES), r))
+        if good:  # (where the CPU goes: which processes the other side saves or spends)
+            lines.append(f"CPU ms per stamp by process ({label}): " + ", ".join(
+                f"{role} {per_stamp_ms(good, role):.3f}" for role in roles))
+        good = [c for c in good if "coordinator" in c.cpu]
         if good:  # (stampd serve is the coordinator of several HTTP processes)
-            ms = statistics.median(1000 * c.cpu["coordinator"] / c.requests for c in good)
+            ms = per_stamp_ms(good, "coordinator")
             share = statistics.median(c.busiest["coordinator"] / c.seconds for c in good)
             lines.append(f"coordinator ({label}): {ms:.3f} CPU ms per stamp, {share:.0%} of one "
                          f"core; 60% of one core at this rate: {600 / ms:,.0f} stamps/s")
