@@ -1,5 +1,5 @@
 """The Makefile as a newcomer meets it: `make help` (and plain `make`) lists every target with
-what it does, and `make serve` builds only what serving needs, with pip's progress shown,
+what it does, and `make serve` builds only what serving needs, with uv's progress shown,
 before the test tools that `make test` adds to the same venv (docs/development.md)."""
 
 from __future__ import annotations
@@ -58,18 +58,25 @@ def test_make_help_lists_every_target_with_its_note() -> None:
     assert all(len(line) <= 100 for line in listed.stdout.splitlines()), listed.stdout
 
 
-def test_make_serve_builds_the_server_alone_with_pips_progress(tmp_path: Path) -> None:
-    """A fresh clone's `make serve` installs requirements/server.lock (hash-checked) and not
-    the test tools; pip says what it does (no -q). The whole venv (`make venv`, which `make
-    test` needs) is the same one, with requirements/test.lock installed over it after."""
+def test_make_serve_builds_the_server_alone_with_uvs_progress(tmp_path: Path) -> None:
+    """A fresh clone's `make serve` installs requirements/server.lock (hash-checked, with the uv
+    that requirements/test.lock pins) and not the test tools; uv says what it does (no
+    --quiet). The whole venv (`make venv`, which `make test` needs) is the same one, with
+    requirements/test.lock installed over it after."""
     venv = tmp_path / "venv"
     served = make("-n", "serve", f"VENV={venv}")
     assert served.returncode == 0, served.stderr
-    installs = re.findall(r"^\S*/pip install .*$", served.stdout, re.M)
+    installs = re.findall(r"^\S*/(?:uv )?pip (?:--quiet )?install .*$", served.stdout, re.M)
     assert [i for i in installs if "-r " in i] == [
-        f"{venv}/bin/pip install --require-hashes -r requirements/server.lock"], served.stdout
+        f"{venv}/bin/uv pip install --python {venv}/bin/python --require-hashes "
+        "-r requirements/server.lock"], served.stdout
+    assert "grep -o '^uv==[^ ]*' requirements/test.lock" in served.stdout  # (uv's own pin)
     assert f"{venv}/bin/stampd serve" in served.stdout
     whole = make("-n", "venv", f"VENV={venv}")
     assert whole.returncode == 0, whole.stderr
-    locks = re.findall(r"^\S*/pip install --require-hashes -r (\S+)$", whole.stdout, re.M)
+    locks = re.findall(r"^\S*/uv pip install --python \S+ --require-hashes -r (\S+)$",
+                       whole.stdout, re.M)
     assert locks == ["requirements/server.lock", "requirements/test.lock"], whole.stdout
+    # (not uv's own lock file: uv takes .venv/.lock while it installs, and would wait forever
+    # for a make that held it)
+    assert "flock $(VENV)/.make-lock " in MAKEFILE.read_text()
