@@ -139,6 +139,39 @@ def test_every_http_process_gets_its_jobs_signed_by_the_hosts_workers(run: Path)
     with_host(run, scenario)
 
 
+def test_answers_written_together_each_reach_their_caller_and_half_an_answer_is_none(
+        run: Path) -> None:
+    """A worker answers the jobs it signed together in one write (`workers.loop.serve`): the
+    dispatcher takes every answer of that write, each to its caller, in whatever order; one
+    answered by half when the worker goes is no answer (its job fails: one attempt here)."""
+    async def scenario(host: Coordinator) -> None:
+        link, d = await linked(host)
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
+        await until(lambda: "w:1:0" in d.workers)
+        jobs = [asyncio.create_task(d.sign(receipt(i))) for i in range(3)]
+        ids = {}
+        for _ in jobs:
+            message, _ = await worker.next_job()
+            ids[message["text"]] = message["id"]
+        worker.writer.write(b"".join(Result(ids[f"statement {i}"], f"signed {i}").frame()
+                                     for i in (2, 0, 1)))
+        await worker.writer.drain()
+        assert [s.text for s in await asyncio.gather(*jobs)] == ["signed 0", "signed 1",
+                                                                  "signed 2"]
+        cut = asyncio.create_task(d.sign(receipt(3)))
+        message, _ = await worker.next_job()
+        whole = Result(message["id"], "signed 3").frame()
+        worker.writer.write(whole[:len(whole) // 2])
+        await worker.writer.drain()
+        worker.writer.close()
+        with pytest.raises(SigningFailed, match="signing failed 1 times"):
+            await cut
+        await until(lambda: not d.workers)
+        await link.stop()
+
+    with_host(run, scenario)
+
+
 def test_a_manifest_reaches_its_worker_byte_for_byte(run: Path) -> None:
     lines = "".join(f"{i:064x}  f\u00e9{i}\n" for i in range(40_000))  # ~2.9 MB: a long frame
 
