@@ -1,6 +1,13 @@
 """Keys and signatures of the log: temporary single-key keyrings (`Keyrings`) and
 `verify_commit`, the real ``git verify-commit --raw`` with ``gpg`` in one of them (no agent is
-started; the repository's config cannot choose the verifying program)."""
+started; the repository's config cannot choose the verifying program).
+
+A key that is revoked or expired *now* does not make every signature it ever made a bad one
+(docs/signatures.md, the rule `stampd verify --signers` applies): git fails anything but
+GOODSIG, so where gpg's only complaint is that the key has ended (EXPKEYSIG, REVKEYSIG beside
+a VALIDSIG), the key's state when it signed decides (`formats.gpgkeys`): valid before its
+expiry or a soft revocation (superseded, no longer used), never after a hard one (compromised,
+or no reason)."""
 
 from __future__ import annotations
 
@@ -13,16 +20,23 @@ from pathlib import Path
 
 from client.audit.errors import AuditError, KeyFileError
 from client.gpg import GpgError, SignatureStatus, TempGpgHome
+from formats.gpgkeys import GpgKey, parse_key_listing
 
 GIT_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
 class Keyring:
-    """A GNUPGHOME holding exactly one public key."""
+    """A GNUPGHOME holding exactly one public key, and that key as gpg lists it (its expiry
+    and revocations; None where the listing did not name it)."""
 
     home: Path
     fingerprint: str
+    key: GpgKey | None = None
+
+
+# gpg's complaints that the signing key has ended by now, which say nothing of when it signed.
+ENDED_NOW = frozenset({"EXPKEYSIG", "REVKEYSIG"})
 
 
 @dataclass(frozen=True)
@@ -75,11 +89,12 @@ class Keyrings:
             if not home.import_keys(armored).ok:
                 raise KeyFileError("is not an armored OpenPGP public key")
             keys = home.list_keys()
+            listed = {k.primary.fingerprint: k for k in parse_key_listing(home.key_listing())}
         except GpgError as e:
             raise AuditError(e.message) from None
         if len(keys) != 1:
             raise KeyFileError(f"holds {len(keys)} public keys, expected exactly one")
-        return Keyring(home.path, keys[0].fingerprint)
+        return Keyring(home.path, keys[0].fingerprint, listed.get(keys[0].fingerprint))
 
 
 def _gpg_problem(status: SignatureStatus, fingerprint: str) -> str:
@@ -116,14 +131,23 @@ def verify_commit(git_dir: Path, commit: str, keyring: Keyring) -> SignatureChec
         capture_output=True, env=env, timeout=GIT_TIMEOUT, check=False,
     )
     status = SignatureStatus.parse(r.stderr.decode("utf-8", "replace"))
-    if r.returncode != 0 or not status.validsig:
+    # (git exits 1 for a good signature by a key that has ended since: judged below)
+    ended = r.returncode != 0 and bool(status.errors) and set(status.errors) <= ENDED_NOW
+    if (r.returncode != 0 and not ended) or not status.validsig:
         return SignatureCheck(False, None, None, _gpg_problem(status, keyring.fingerprint))
-    if status.validsig != 1 or status.goodsig != 1:
-        return SignatureCheck(False, None, None, f"holds {max(status.validsig, status.goodsig)} "
+    good = status.validsig if ended else status.goodsig  # (no GOODSIG beside REVKEYSIG...)
+    if status.validsig != 1 or good != 1:
+        return SignatureCheck(False, None, None, f"holds {max(status.validsig, good)} "
                               "signatures, expected one")
     if not status.valid_sigs:  # a VALIDSIG line gpg would not write
         return SignatureCheck(False, None, None, "gpg's VALIDSIG status line is malformed")
     sig = status.valid_sigs[0]
+    if ended:
+        refusal = "the key's listing is missing" if keyring.key is None \
+            else keyring.key.refusal_at(sig.fingerprint, sig.created)
+        if refusal is not None:
+            return SignatureCheck(False, None, None,
+                                  f"{_gpg_problem(status, keyring.fingerprint)}: {refusal}")
     return SignatureCheck(True, sig.primary, sig.created, None)
 
 

@@ -267,16 +267,17 @@ def test_bad_answers_are_rejected(proxy: Proxy, tmp_path: Path,
 def test_a_stamp_by_the_pinned_key_once_revoked_is_rejected(
         live_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """gpg says VALIDSIG and exits 0 for a signature by a revoked key (REVKEYSIG beside it):
-    once the pinned key's revocation (tests/data/test-key-revocation.asc, "key is superseded")
-    is in the pinned keyring, the server's new stamps are refused and nothing is stored; a
+    once the pinned key's revocation (tests/data/test-key-revoked-superseded.asc) is in the
+    pinned keyring, the server's new stamps are refused and nothing is stored; a
     stamp made now by a key that has ended proves nothing."""
     repo = make_repo(tmp_path / "repo")
     assert install(capsys, repo, live_server.url)[0] == 0
     commit(repo, "first")
     before = branch_head(repo)
     assert before
+    revocation = DATA / "test-key-revoked-superseded.asc"
     r = subprocess.run(["gpg", "--homedir", str(repo / ".git" / "stampd" / "gnupg"), "--batch",
-                        "--no-autostart", "--import", str(DATA / "test-key-revocation.asc")],
+                        "--no-autostart", "--import", str(revocation)],
                        capture_output=True, timeout=60, check=False)
     assert r.returncode == 0 and b"new key revocations: 1" in r.stderr, r.stderr
     _, lines = commit(repo, "second")
