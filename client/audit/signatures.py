@@ -1,13 +1,14 @@
 """Keys and signatures of the log: temporary single-key keyrings (`Keyrings`) and
 `verify_commit`, the real ``git verify-commit --raw`` with ``gpg`` in one of them (no agent is
-started; the repository's config cannot choose the verifying program).
+started; the repository's config cannot choose the verifying program), and `verify_cleartext`
+(an email timestamper's reply).
 
 A key that is revoked or expired *now* does not make every signature it ever made a bad one
-(docs/signatures.md, the rule `stampd verify --signers` applies): git fails anything but
-GOODSIG, so where gpg's only complaint is that the key has ended (EXPKEYSIG, REVKEYSIG beside
-a VALIDSIG), the key's state when it signed decides (`formats.gpgkeys`): valid before its
-expiry or a soft revocation (superseded, no longer used), never after a hard one (compromised,
-or no reason)."""
+(docs/signatures.md, the rule `stampd verify --signers` applies). git fails anything but
+GOODSIG, and gpg counts EXPKEYSIG and REVKEYSIG among its failures; where they are gpg's only
+complaint beside a VALIDSIG, the key's state when it signed decides (`formats.gpgkeys`): valid
+before its expiry or a soft revocation (superseded, no longer used), never after a hard one
+(compromised, or no reason)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from client.audit.errors import AuditError, KeyFileError
 from client.gpg import GpgError, SignatureStatus, TempGpgHome
 from formats.gpgkeys import GpgKey, parse_key_listing
+from formats.gpgstatus import ValidSig
 
 GIT_TIMEOUT = 120.0
 
@@ -142,13 +144,17 @@ def verify_commit(git_dir: Path, commit: str, keyring: Keyring) -> SignatureChec
     if not status.valid_sigs:  # a VALIDSIG line gpg would not write
         return SignatureCheck(False, None, None, "gpg's VALIDSIG status line is malformed")
     sig = status.valid_sigs[0]
-    if ended:
-        refusal = "the key's listing is missing" if keyring.key is None \
-            else keyring.key.refusal_at(sig.fingerprint, sig.created)
-        if refusal is not None:
-            return SignatureCheck(False, None, None,
-                                  f"{_gpg_problem(status, keyring.fingerprint)}: {refusal}")
+    if ended and (refusal := _ended_then(status, sig, keyring)) is not None:
+        return SignatureCheck(False, None, None, refusal)
     return SignatureCheck(True, sig.primary, sig.created, None)
+
+
+def _ended_then(status: SignatureStatus, sig: ValidSig, keyring: Keyring) -> str | None:
+    """Why ``sig``, good but by a key that has ended by now (`ENDED_NOW`), was not made while
+    the key was valid (None: it was)."""
+    refusal = "the key's listing is missing" if keyring.key is None \
+        else keyring.key.refusal_at(sig.fingerprint, sig.created)
+    return None if refusal is None else f"{_gpg_problem(status, keyring.fingerprint)}: {refusal}"
 
 
 
@@ -182,7 +188,10 @@ def verify_cleartext(block: bytes, keyring: Keyring) -> ClearCheck:
         os.unlink(name)
     status = SignatureStatus.parse(r.stdout.decode("utf-8", "replace"))
     sigs = status.valid_sigs
-    if r.returncode != 0 or len(sigs) != 1 or status.newsig > 1 or status.errors:
+    ended = bool(status.errors) and set(status.errors) <= ENDED_NOW
+    if r.returncode != 0 or len(sigs) != 1 or status.newsig > 1 or (status.errors and not ended):
         return ClearCheck(False, None, None, text, _gpg_problem(status, keyring.fingerprint)
                           if status.errors or not sigs else "more than one signature")
+    if ended and (refusal := _ended_then(status, sigs[0], keyring)) is not None:
+        return ClearCheck(False, None, None, text, refusal)
     return ClearCheck(True, sigs[0].primary, sigs[0].created, text, None)
