@@ -21,6 +21,9 @@ PREFIX = "[GNUPG:] "
 # Keywords of a signature that did not verify (or of input that held none).
 FAILED = frozenset({"BADSIG", "ERRSIG", "EXPSIG", "EXPKEYSIG", "REVKEYSIG", "NO_PUBKEY",
                     "NODATA", "BADARMOR"})
+# Of those, gpg's complaints that the signing key has ended (expired, revoked) by now: they say
+# nothing of when it signed, which the key's listing decides (`formats.gpgkeys`).
+KEY_ENDED = frozenset({"EXPKEYSIG", "REVKEYSIG"})
 
 
 def status_time(value: str) -> int | None:
@@ -56,6 +59,11 @@ class SignatureTally:
     validsig: int = 0  # VALIDSIG lines, well-formed or not
     valid_sigs: list[ValidSig] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # FAILED keywords, in order
+
+    @property
+    def only_key_ended(self) -> bool:
+        """Whether gpg's only complaints are that the key has ended by now (`KEY_ENDED`)."""
+        return bool(self.errors) and set(self.errors) <= KEY_ENDED
 
     def add(self, keyword: str, args: Sequence[str]) -> None:
         """One status line: its keyword and the words after it."""

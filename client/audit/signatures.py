@@ -37,9 +37,6 @@ class Keyring:
     key: GpgKey | None = None
 
 
-# gpg's complaints that the signing key has ended by now, which say nothing of when it signed.
-ENDED_NOW = frozenset({"EXPKEYSIG", "REVKEYSIG"})
-
 
 @dataclass(frozen=True)
 class SignatureCheck:
@@ -134,7 +131,7 @@ def verify_commit(git_dir: Path, commit: str, keyring: Keyring) -> SignatureChec
     )
     status = SignatureStatus.parse(r.stderr.decode("utf-8", "replace"))
     # (git exits 1 for a good signature by a key that has ended since: judged below)
-    ended = r.returncode != 0 and bool(status.errors) and set(status.errors) <= ENDED_NOW
+    ended = r.returncode != 0 and status.only_key_ended
     if (r.returncode != 0 and not ended) or not status.validsig:
         return SignatureCheck(False, None, None, _gpg_problem(status, keyring.fingerprint))
     good = status.validsig if ended else status.goodsig  # (no GOODSIG beside REVKEYSIG...)
@@ -150,8 +147,8 @@ def verify_commit(git_dir: Path, commit: str, keyring: Keyring) -> SignatureChec
 
 
 def _ended_then(status: SignatureStatus, sig: ValidSig, keyring: Keyring) -> str | None:
-    """Why ``sig``, good but by a key that has ended by now (`ENDED_NOW`), was not made while
-    the key was valid (None: it was)."""
+    """Why ``sig``, good but by a key that has ended by now (`formats.gpgstatus.KEY_ENDED`),
+    was not made while the key was valid (None: it was)."""
     refusal = "the key's listing is missing" if keyring.key is None \
         else keyring.key.refusal_at(sig.fingerprint, sig.created)
     return None if refusal is None else f"{_gpg_problem(status, keyring.fingerprint)}: {refusal}"
@@ -188,7 +185,7 @@ def verify_cleartext(block: bytes, keyring: Keyring) -> ClearCheck:
         os.unlink(name)
     status = SignatureStatus.parse(r.stdout.decode("utf-8", "replace"))
     sigs = status.valid_sigs
-    ended = bool(status.errors) and set(status.errors) <= ENDED_NOW
+    ended = status.only_key_ended
     if r.returncode != 0 or len(sigs) != 1 or status.newsig > 1 or (status.errors and not ended):
         return ClearCheck(False, None, None, text, _gpg_problem(status, keyring.fingerprint)
                           if status.errors or not sigs else "more than one signature")

@@ -32,7 +32,7 @@ from client.verify.keys import KEYRING_PREFIX, MAX_KEY
 from formats.allowed_signers import AllowedSigner, parse_allowed_signers, ssh_time
 from formats.gitobjects import split_signed
 from formats.gpgkeys import GpgKey, describe, parse_key_listing
-from formats.gpgstatus import SignatureTally
+from formats.gpgstatus import KEY_ENDED, SignatureTally
 from formats.sshsig import SshSigError, SshSignature
 
 NAMESPACE = "git"
@@ -282,13 +282,12 @@ def identify_openpgp(objects: Sequence[Signed], signers: Signers
             tallies = gpg_verify_many(home, [(o.payload, o.signature) for o in objects])
     except GpgError as e:
         raise CannotCheck(e.message) from None
-    now_only = {"EXPKEYSIG", "REVKEYSIG"}
     out: list[Identified | str] = []
     for tally in tallies:
         if tally is None or tally.newsig != 1:
             out.append("not exactly one OpenPGP signature")
             continue
-        errors = [e for e in tally.errors if e not in now_only]
+        errors = [e for e in tally.errors if e not in KEY_ENDED]
         if len(tally.valid_sigs) != 1 or errors:
             reason = ", ".join(sorted(set(errors))) or "no valid signature"
             if "NO_PUBKEY" in errors or "ERRSIG" in errors:
