@@ -30,6 +30,15 @@ CONNECT_TIMEOUT = 30.0  # seconds an HTTP process waits for the host at its star
 _UNSIGNED: dict[str, type[StampError]] = {"queue": QueueFull, "signing": SigningFailed}
 
 
+def _signed(answer: Reply) -> Signed:
+    """The job signed, as the host answered a ``sign`` or ``stamp`` call; else the error it
+    says (`_UNSIGNED`)."""
+    if answer.signed is not None:
+        return Signed(*answer.signed)
+    kind, message = answer.unsigned or ("unavailable", "no answer")
+    raise _UNSIGNED.get(kind, Unavailable)(message)
+
+
 @dataclass
 class CoordinatorLink:
     """An HTTP process's one connection to its host's coordinator (`Coordinator`): the
@@ -267,10 +276,7 @@ class CoordinatorLink:
         except JournalError as e:  # (the link is down: this process is about to end)
             raise Unavailable(e.message) from None
         assert answer is not None
-        if answer.signed is not None:
-            return Signed(*answer.signed)
-        kind, message_ = answer.unsigned or ("unavailable", "no answer")
-        raise _UNSIGNED.get(kind, Unavailable)(message_)
+        return _signed(answer)
 
     async def record_and_sign(self, req: Request, t: int, key_id: str | None, job: Job,
                               key: str, timeout: float) -> tuple[int, Signed]:
@@ -292,12 +298,9 @@ class CoordinatorLink:
             raise JournalError("journal unavailable: no stamp id")
         took = answer.took or 0.0
         self.stats.journal_commit.observe(took)
-        if answer.signed is not None:
-            signed = Signed(*answer.signed)
-            self.stats.signing[signed.worker].observe(time.perf_counter() - started - took)
-            return answer.stamp_id, signed
-        kind, message_ = answer.unsigned or ("unavailable", "no answer")
-        raise _UNSIGNED.get(kind, Unavailable)(message_)
+        signed = _signed(answer)
+        self.stats.signing[signed.worker].observe(time.perf_counter() - started - took)
+        return answer.stamp_id, signed
 
     def published(self, size: int) -> None:
         """Tell every HTTP process of the host (this one too) that a checkpoint of ``size``
