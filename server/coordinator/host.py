@@ -142,7 +142,7 @@ class Coordinator:
         out = self._links[link] = Coalesced(writer)
         waiting: set[asyncio.Future[Any]] = set()
         jobs: dict[int, asyncio.Future[Signed]] = {}  # its jobs with the dispatcher, by call
-        recording: dict[int, asyncio.Future[Any]] = {}  # its ``stamp`` calls' rows, by call
+        recording: set[int] = set()  # its ``stamp`` calls whose rows are being committed
         owner = id(link)  # (what the process holds in the budgets is under this name)
         try:
             while frame is not None:
@@ -158,7 +158,7 @@ class Coordinator:
                 elif call.op == "drop":
                     dropped = call.fields.get("c")
                     if isinstance(dropped, int):
-                        recording.pop(dropped, None)  # (its row is committed, not signed)
+                        recording.discard(dropped)  # (its row is committed, not signed)
                         if dropped in jobs:
                             jobs.pop(dropped).cancel()
                 elif call.op == "hello":
@@ -258,8 +258,7 @@ class Coordinator:
         fut.add_done_callback(done)
 
     def _stamp(self, call: Call, out: Coalesced, jobs: dict[int, asyncio.Future[Signed]],
-               waiting: set[asyncio.Future[Any]], recording: dict[int, asyncio.Future[Any]]
-               ) -> None:
+               waiting: set[asyncio.Future[Any]], recording: set[int]) -> None:
         """Record ``call``'s row; once it is committed, hand its job to the dispatcher, to be
         signed within the call's ``w`` seconds; a job that is not (refused, failed, timed
         out) has its failure committed before the answer goes out (`Stamper._failed`). The
@@ -279,12 +278,14 @@ class Coordinator:
         except MalformedMessage as e:
             raise ValueError(f"a stamp call's job: {e}") from None
         started = time.perf_counter()
-        fut = recording[cid] = self.journal.record_row_nowait(row, None)
+        fut = self.journal.record_row_nowait(row, None)
+        recording.add(cid)
         waiting.add(fut)
 
         def recorded(fut: asyncio.Future[Any]) -> None:
             waiting.discard(fut)
-            wanted = recording.pop(cid, None) is not None  # (not dropped, nor its process gone)
+            wanted = cid in recording  # (not dropped, nor its process gone)
+            recording.discard(cid)
             if fut.cancelled():
                 if wanted:
                     out.put(Reply(cid, error="journal unavailable: stopping").encode())
