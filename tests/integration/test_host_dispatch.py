@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from formats.frames import HEADER, decode_frame, frame_size
 from formats.jobs import Hello, ManifestJob, ReceiptJob, Result
@@ -70,10 +70,11 @@ def run() -> Iterator[Path]:
 
 
 def with_host(run: Path, scenario: Callable[[Coordinator], Coroutine[Any, Any, None]],
-              max_queue: int = 100) -> None:
-    """``scenario`` against a started coordinator running the host's dispatcher (no journal),
-    within 30 s; the coordinator stopped after it."""
-    host = Coordinator(run / "serve.sock", None,
+              max_queue: int = 100, make_engine: Callable[[], Engine] | None = None) -> None:
+    """``scenario`` against a started coordinator running the host's dispatcher (and the
+    journal on ``make_engine``'s database, if given), within 30 s; the coordinator stopped
+    after it."""
+    host = Coordinator(run / "serve.sock", make_engine,
                        HostBudgets(Settings(data_dir=run), lambda: 0.0),
                        lambda: SocketDispatcher(None, max_queue=max_queue,
                                                 sign_timeout=60, max_attempts=1))
@@ -253,26 +254,15 @@ def with_journal(run: Path, tmp_path: Path,
     url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
     engine = db.make_engine(url)
     db.upgrade(engine)
-    host = Coordinator(run / "serve.sock", lambda: db.make_engine(url),
-                       HostBudgets(Settings(data_dir=run), lambda: 0.0),
-                       lambda: SocketDispatcher(None, max_queue=max_queue,
-                                                sign_timeout=60, max_attempts=1))
-    host.start()
 
     def rows() -> list[Any]:
         with engine.connect() as conn:
             return [tuple(r) for r in conn.execute(
                 select(Stamp.state, Stamp.error, Stamp.worker).order_by(Stamp.id))]
 
-    async def main() -> None:
-        async with asyncio.timeout(30):
-            await scenario(host, rows)
-
     try:
-        asyncio.run(main())
-    finally:
-        host.stop()
-    try:
+        with_host(run, lambda host: scenario(host, rows), max_queue,
+                  lambda: db.make_engine(url))
         return rows()
     finally:
         engine.dispose()
