@@ -17,6 +17,7 @@ realistic 10^7-row random index would only make the set-up slower, not the proof
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import http.client
 import json
@@ -82,8 +83,12 @@ def sequencing(n: int) -> dict[str, float]:
         tlog = Tlog(engine, _NoSigner(), config, lambda: True, lambda: True)  # type: ignore
         tlog._open()
         t = time.perf_counter()
-        while tlog._sequence():
-            pass
+
+        async def drain() -> None:  # (`Tlog._sequence` is a coroutine: it was awaited nowhere)
+            while await tlog._sequence():
+                pass
+
+        asyncio.run(drain())
         total = time.perf_counter() - t
         assert tlog.writer.size == n
         engine.dispose()
