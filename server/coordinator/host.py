@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from formats import gitobjects
 from formats.jobs import MalformedMessage, RelayedJob
 from procs import memory
 from server.budgets import HostBudgets, ManifestsBusy, RateLimited
@@ -261,15 +262,20 @@ class Coordinator:
                waiting: set[asyncio.Future[Any]], recording: set[int]) -> None:
         """Record ``call``'s row; once it is committed, hand its job to the dispatcher, to be
         signed within the call's ``w`` seconds; a job that is not (refused, failed, timed
-        out) has its failure committed before the answer goes out (`Stamper._failed`). The
-        answer carries the stamp id either way, and the seconds the row took to commit."""
+        out) has its failure committed before the answer goes out (`Stamper._failed`). A
+        signed one is journalled signed here, with the id of the git object (``g``: its type
+        and format) the signed text is, as the answer goes out. The answer carries the stamp
+        id either way, and the seconds the row took to commit."""
         cid, f = call.call_id, call.fields
-        row, key, size, wait = f.get("row"), f.get("k"), f.get("m"), f.get("w")
+        row, key, size, wait, obj = f.get("row"), f.get("k"), f.get("m"), f.get("w"), f.get("g")
         text = call.text or b""
         if (not isinstance(row, dict) or not isinstance(key, str) or not isinstance(size, int)
                 or not 0 < size <= len(text) or not isinstance(wait, (int, float))
                 or isinstance(wait, bool) or not wait > 0):
             raise ValueError("a stamp call without its row, key, job or time")
+        if (not isinstance(obj, list) or len(obj) != 2 or obj[0] not in ("tag", "commit")
+                or obj[1] not in gitobjects.OBJECT_FORMATS):
+            raise ValueError("a stamp call without its git object's type and format")
         if self.journal is None or self.dispatcher is None:
             out.put(Reply(cid, error="journal unavailable: not kept here").encode())
             return
@@ -294,16 +300,20 @@ class Coordinator:
                     message = e.message if isinstance(e, JournalError) else "journal unavailable"
                     out.put(Reply(cid, error=message).encode())
             elif wanted:
-                self._stamp_signed(cid, fut.result(), job, key, float(wait),
+                self._stamp_signed(cid, fut.result(), job, (obj[0], obj[1]), key, float(wait),
                                    time.perf_counter() - started, out, jobs, waiting)
 
         fut.add_done_callback(recorded)
 
-    def _stamp_signed(self, cid: int, sid: int, job: RelayedJob, key: str, wait: float,
-                      took: float, out: Coalesced, jobs: dict[int, asyncio.Future[Signed]],
+    def _stamp_signed(self, cid: int, sid: int, job: RelayedJob, obj: tuple[str, str],
+                      key: str, wait: float, took: float, out: Coalesced,
+                      jobs: dict[int, asyncio.Future[Signed]],
                       waiting: set[asyncio.Future[Any]]) -> None:
-        """The second half of `_stamp`: stamp ``sid`` is committed; its job to a worker."""
-        assert self.dispatcher is not None
+        """The second half of `_stamp`: stamp ``sid`` is committed; its job to a worker, and
+        its outcome to the journal (the signed text is the git object ``obj``, type and
+        format, whose id is journalled)."""
+        assert self.dispatcher is not None and self.journal is not None
+        journal = self.journal
         try:
             signing = self.dispatcher.submit(job, key)
         except QueueFull as e:
@@ -330,6 +340,15 @@ class Coordinator:
             e = signing.exception()
             if e is None:
                 r = signing.result()
+                try:
+                    object_id = gitobjects.git_object_id(obj[0], r.text.encode("ascii"), obj[1])
+                except UnicodeEncodeError:  # (no git object a worker builds)
+                    self._stamp_failed(cid, sid, "signing", "malformed answer: not ASCII",
+                                       "malformed answer: not ASCII", took, out, waiting)
+                    return
+                # (with the next group commit, not awaited, as `Stamper` journals a tag's
+                # outcome: a stamp left pending is published all the same, `server.gitlog`)
+                journal.signed(sid, r.worker, r.attempts, object_id)
                 out.put(Reply(cid, sid, signed=(r.text, r.worker, r.attempts),
                               took=took).encode())
             elif isinstance(e, StampError):

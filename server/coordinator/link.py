@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from formats.jobs import Job, ManifestJob, job_message
+from formats.jobs import GitJob, Job, ManifestJob, job_message
 from formats.keys import PRIMARY
 from formats.manifests import Text, utf8_pieces, utf8_size
 from server.budgets import once
@@ -278,16 +278,18 @@ class CoordinatorLink:
         assert answer is not None
         return _signed(answer)
 
-    async def record_and_sign(self, req: Request, t: int, key_id: str | None, job: Job,
+    async def record_and_sign(self, req: Request, t: int, key_id: str | None, job: GitJob,
                               key: str, timeout: float) -> tuple[int, Signed]:
         """`server.stamping.stamper.RecordAndSign`, one ``stamp`` call: the host commits the
         row, has the job signed by a worker of ``key`` within ``timeout`` seconds of the
-        commit, or commits its failure, and answers once. A host that has not answered when
-        that failure had its time to commit too is given up on (`Unavailable`; the row may
-        have been committed, and is then left pending, as if this process had died)."""
+        commit, or commits its failure, and answers once; a signed one it journals signed
+        (with the signed object's id) itself. A host that has not answered when that failure
+        had its time to commit too is given up on (`Unavailable`; the row may have been
+        committed, and is then left pending, as if this process had died)."""
         started = time.perf_counter()
         message = job_message(job)
-        fields = {"row": stamp_row(req, t, key_id), "k": key, "m": len(message), "w": timeout}
+        fields = {"row": stamp_row(req, t, key_id), "k": key, "m": len(message), "w": timeout,
+                  "g": [job.object_type, job.object_format]}
         try:
             async with asyncio.timeout(timeout + FAILURE_WRITE_TIMEOUT + 1):
                 answer = await self._call("stamp", fields, text=(message,))

@@ -65,10 +65,11 @@ class Call:
     lines the rest: `formats.jobs.RelayedJob`), or ``drop`` the job of call ``c`` (its
     caller gave up); of both, ``stamp``: record the stamp ``row``, then, once it is
     committed, sign its job (``k``, ``m`` and ``text`` as for ``sign``: a tag's or a branch's,
-    which does not name the row's serial) within ``w`` seconds, or record its failure (one
-    call for what ``record`` and ``sign`` do; ``drop`` drops it too). ``call_id`` 0: no reply
-    wanted (an outcome that rides along with the next commit, `Journal.signed`; bytes given
-    back; news)."""
+    which does not name the row's serial) within ``w`` seconds and record it signed with the
+    id of the git object ``g`` (its type and format) the signed text is, or record its
+    failure (one call for what ``record``, ``sign`` and ``signed`` do; ``drop`` drops it
+    too). ``call_id`` 0: no reply wanted (an outcome that rides along with the next commit,
+    `Journal.signed`; bytes given back; news)."""
 
     op: str
     call_id: int

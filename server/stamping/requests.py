@@ -56,8 +56,10 @@ class Request(Protocol[J, A_co]):
 
     kind: ClassVar[str]  # the journal row's kind, and the metrics' label
     noun: ClassVar[str]  # what its answer is called (in errors)
-    # Its job does not name the row's serial (`StampContext.serial`): it can be built before
-    # the row is committed, and the two go to the coordinator in one call (`Stamper`).
+    # Its job does not name the row's serial (`StampContext.serial`) and is a git object's
+    # (`formats.jobs.GitJob`), whose outcome is that object's id and nothing stored: the job
+    # can be built before the row is committed, and the row, the job and the outcome are one
+    # call to the coordinator (`Stamper`), which journals the outcome itself.
     serial_free: ClassVar[bool]
 
     def journal_fields(self) -> dict[str, Any]: ...

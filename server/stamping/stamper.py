@@ -5,9 +5,9 @@ durably, then have a worker holding the chosen key sign its job, then record the
                                  request.job(context)         request.outcome(context, job, text)
 
 Where the host's coordinator keeps both the journal and the dispatcher (SQLite, several HTTP
-processes) and the request's job does not name its serial (a tag or a branch stamp), the first
-two steps are one call to it (`RecordAndSign`): the job is built first, the coordinator commits
-the row and then has the job signed, and answers once.
+processes) and the request's job does not name its serial (a tag or a branch stamp), the three
+steps are one call to it (`RecordAndSign`): the job is built first, the coordinator commits
+the row, has the job signed, journals the outcome, and answers once.
 
 What differs between kinds (the job, the answer, whether the signed text is stored before the
 answer goes out) is each request's own (`server.stamping.requests.Request`).
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from formats.jobs import Job
+from formats.jobs import GitJob, Job
 from formats.keys import ServedKey
 from formats.manifests import Text
 from server.dispatch import Dispatcher, Signed
@@ -38,14 +38,15 @@ A = TypeVar("A")
 
 
 class RecordAndSign(Protocol):
-    """Record a request and, once its row is committed, have ``job`` signed by a worker
-    holding ``key``, in one call (`server.coordinator.CoordinatorLink`). The stamp id and the
-    signature; else `JournalError` (nothing recorded), or the signing's `StampError` (the
-    row recorded and its failure committed), `Unavailable` when no worker signed within
-    ``timeout`` seconds of the commit."""
+    """Record a request and, once its row is committed, have ``job`` (a git object's) signed
+    by a worker holding ``key`` and journal it signed with the signed object's id, in one
+    call (`server.coordinator.CoordinatorLink`). The stamp id and the signature; else
+    `JournalError` (nothing recorded), or the signing's `StampError` (the row recorded and
+    its failure committed), `Unavailable` when no worker signed within ``timeout`` seconds
+    of the commit."""
 
     async def record_and_sign(self, req: Request[Any, Any], t: int, key_id: str | None,
-                              job: Job, key: str, timeout: float) -> tuple[int, Signed]: ...
+                              job: GitJob, key: str, timeout: float) -> tuple[int, Signed]: ...
 
 
 class Stamper:
@@ -120,12 +121,12 @@ class Stamper:
             job = req.job(ctx)  # (serial free: built before the row has one)
             stamp_id, signed = await self.at_once.record_and_sign(req, t, key_id, job, key.id,
                                                                   self.request_timeout)
-            ctx = replace(ctx, serial=stamp_id)
-        else:
-            stamp_id = await self.journal.record(req, t, key_id)
-            ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
-            job = req.job(ctx)
-            signed = await self._sign(stamp_id, job, key)
+            # (journalled signed by the host: a tag's or branch's outcome is its object id)
+            return req.outcome(replace(ctx, serial=stamp_id), job, signed.text).answer
+        stamp_id = await self.journal.record(req, t, key_id)
+        ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
+        job = req.job(ctx)
+        signed = await self._sign(stamp_id, job, key)
         try:
             outcome = req.outcome(ctx, job, signed.text)
         except MalformedAnswer as e:

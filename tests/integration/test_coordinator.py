@@ -75,8 +75,8 @@ def test_the_wire_round_trips_calls_and_replies() -> None:
         assert Reply.decode(split(reply.encode())[0]) == reply
     call = Call("manifest", 8, {"sid": 3}, text="\u00e9t\u00e9\n".encode())
     assert Call.decode(*split(call.encode())) == call
-    call = Call("stamp", 9, {"row": {"kind": "tag"}, "k": "key", "m": 3, "w": 2.5},
-                text=b"jobmanifest")
+    call = Call("stamp", 9, {"row": {"kind": "tag"}, "k": "key", "m": 3, "w": 2.5,
+                             "g": ["tag", "sha1"]}, text=b"jobmanifest")
     assert Call.decode(*split(call.encode())) == call
     for bad in (b"", b"\x00\x00\x00\x02[]", Reply(1).encode(), b"\x00\x00\x00\x07{\"t\":2}x"):
         with pytest.raises(ValueError):

@@ -17,15 +17,18 @@ import pytest
 from sqlalchemy import Engine, select
 
 from formats.frames import HEADER, decode_frame, frame_size
+from formats.gitobjects import git_object_id
 from formats.jobs import Hello, ManifestJob, ReceiptJob, Result
 from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.budgets import HostBudgets
 from server.coordinator import Coordinator, CoordinatorLink, HostDispatcher
+from server.coordinator.wire import Call
 from server.dispatch.socket import SocketDispatcher
 from server.errors import MalformedAnswer, QueueFull, SigningFailed, StampError, Unavailable
 from server.models import Stamp, StampState
 from server.settings import Settings
+from server.stamping.journal import stamp_row
 from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
 from server.stamping.stamper import Stamper
 from tests.helpers import short_tmpdir
@@ -249,8 +252,8 @@ def with_journal(run: Path, tmp_path: Path,
                                     Coroutine[Any, Any, None]],
                  max_queue: int = 100) -> list[Any]:
     """``scenario`` against a coordinator keeping the host's journal (SQLite) and its
-    dispatcher, with a reader of the journal's rows (state, error, worker) as committed; the
-    rows once the coordinator stopped."""
+    dispatcher, with a reader of the journal's rows (state, error, worker, object id) as
+    committed; the rows once the coordinator stopped."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
     engine = db.make_engine(url)
     db.upgrade(engine)
@@ -258,7 +261,8 @@ def with_journal(run: Path, tmp_path: Path,
     def rows() -> list[Any]:
         with engine.connect() as conn:
             return [tuple(r) for r in conn.execute(
-                select(Stamp.state, Stamp.error, Stamp.worker).order_by(Stamp.id))]
+                select(Stamp.state, Stamp.error, Stamp.worker, Stamp.object_id)
+                .order_by(Stamp.id))]
 
     try:
         with_host(run, lambda host: scenario(host, rows), max_queue,
@@ -280,15 +284,21 @@ async def stamper_of(host: Coordinator, request_timeout: float = 20.0
 
 
 def spy_ops(link: CoordinatorLink) -> list[str]:
-    """The ops of the calls ``link`` makes from now on."""
+    """The ops of the calls ``link`` makes from now on, those that want a reply and those
+    that do not (an outcome)."""
     ops: list[str] = []
-    call = link._call
+    call, tell = link._call, link._tell
 
     async def spied(op: str, *args: Any, **kwargs: Any) -> Any:
         ops.append(op)
         return await call(op, *args, **kwargs)
 
+    def told(op: str, fields: dict[str, Any]) -> bool:
+        ops.append(op)
+        return tell(op, fields)
+
     link._call = spied  # type: ignore[method-assign]
+    link._tell = told  # type: ignore[method-assign]
     return ops
 
 
@@ -301,7 +311,7 @@ def test_a_tag_stamp_is_one_call_its_row_committed_before_its_job_goes(
         ops = spy_ops(link)
         stamping = asyncio.create_task(stamper.stamp(TagRequest("a" * 40, "v1")))
         message, _ = await worker.next_job()
-        assert rows() == [(StampState.PENDING, None, None)]  # committed before it was sent
+        assert rows() == [(StampState.PENDING, None, None, None)]  # committed before it went
         assert message["op"] == "tag" and message["commit"] == "a" * 40
         await worker.answer(message["id"], "object signed\n")
         assert await stamping == "object signed\n"
@@ -317,11 +327,41 @@ def test_a_tag_stamp_is_one_call_its_row_committed_before_its_job_goes(
         await worker.answer(message["id"], "receipt signed\n")
         with contextlib.suppress(MalformedAnswer):  # (the fake's answer is no receipt)
             await digest
-        assert ops[:2] == ["stamp", "stamp"] and ops[2:4] == ["record", "sign"]
+        # The tag's and the branch's outcomes were journalled by the host: no ``signed``
+        # call for them (the last call is the digest's, its signed text stored with it).
+        assert ops == ["stamp", "stamp", "record", "sign", "signed"]
         await link.stop()
 
     rows = with_journal(run, tmp_path, scenario)
-    assert rows[:2] == [(StampState.SIGNED, None, "w:1:0")] * 2
+    assert rows[:2] == [
+        (StampState.SIGNED, None, "w:1:0", git_object_id("tag", b"object signed\n")),
+        (StampState.SIGNED, None, "w:1:0", git_object_id("commit", b"commit signed\n"))]
+
+
+@pytest.mark.parametrize("fields", [{"g": ["blob", "sha1"]}, {"g": ["tag", "md5"]}, {"g": "tag"},
+                                    {"g": None}, {"w": 0}, {"m": 99}])
+def test_a_malformed_stamp_call_loses_its_connection_and_records_nothing(
+        run: Path, tmp_path: Path, fields: dict[str, Any]) -> None:
+    """A ``stamp`` call whose git object (``g``: its type and format), time, or job is not one
+    the host can journal is a broken HTTP process: its connection is dropped, nothing is
+    committed, and the other processes are served on."""
+    async def scenario(host: Coordinator, rows: Callable[[], list[Any]]) -> None:
+        link, stamper = await stamper_of(host)
+        reader, writer = await asyncio.open_unix_connection(str(host.socket_path))
+        call = {"row": stamp_row(TagRequest("a" * 40, "v1"), int(NOW)), "k": PRIMARY, "m": 3,
+                "w": 5.0, "g": ["tag", "sha1"], **fields}
+        writer.write(Call("stamp", 1, call, text=b"job").encode())
+        assert await reader.read() == b""  # (dropped, unanswered)
+        writer.close()
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
+        stamping = asyncio.create_task(stamper.stamp(TagRequest("b" * 40, "v2")))
+        message, _ = await worker.next_job()
+        await worker.answer(message["id"], "signed\n")
+        await stamping
+        await link.stop()
+
+    rows = with_journal(run, tmp_path, scenario)
+    assert rows == [(StampState.SIGNED, None, "w:1:0", git_object_id("tag", b"signed\n"))]
 
 
 @pytest.mark.parametrize("fault", ["no worker in time", "queue full", "refused"])
@@ -383,4 +423,5 @@ def test_a_tag_stamp_whose_caller_gives_up_is_recorded_and_never_signed(
     rows = with_journal(run, tmp_path, scenario)
     # The row given up on stays pending: the log committer publishes it after the request
     # timeout, as it does a row whose process died (its signature may have gone out).
-    assert rows == [(StampState.PENDING, None, None), (StampState.SIGNED, None, "w:1:0")]
+    assert rows == [(StampState.PENDING, None, None, None),
+                    (StampState.SIGNED, None, "w:1:0", git_object_id("tag", b"signed\n"))]
