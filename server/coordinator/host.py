@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from formats import gitobjects
-from formats.jobs import MalformedMessage, RelayedJob
+from formats.jobs import CommitJob, MalformedMessage, RelayedJob, TagJob
 from procs import memory
 from server.budgets import HostBudgets, ManifestsBusy, RateLimited
 from server.coordinator.wire import Call, Coalesced, Frame, Reply, read_frame
@@ -26,6 +26,9 @@ from server.errors import CommandFailed, JournalError, QueueFull, SigningFailed,
 from server.stamping.journal import Journal
 
 log = logging.getLogger(__name__)
+
+# The git objects a one-call stamp's job builds (`formats.jobs.GitJob`), by type.
+GIT_OBJECTS = (TagJob.object_type, CommitJob.object_type)
 
 
 class Coordinator:
@@ -273,7 +276,7 @@ class Coordinator:
                 or not 0 < size <= len(text) or not isinstance(wait, (int, float))
                 or isinstance(wait, bool) or not wait > 0):
             raise ValueError("a stamp call without its row, key, job or time")
-        if (not isinstance(obj, list) or len(obj) != 2 or obj[0] not in ("tag", "commit")
+        if (not isinstance(obj, list) or len(obj) != 2 or obj[0] not in GIT_OBJECTS
                 or obj[1] not in gitobjects.OBJECT_FORMATS):
             raise ValueError("a stamp call without its git object's type and format")
         if self.journal is None or self.dispatcher is None:
