@@ -229,7 +229,8 @@ class Settings(BaseSettings):
     mail_sessions: int = Field(
         default=50, gt=0, description="SMTP sessions at once; beyond them 421")
     mail_timeout: float = Field(
-        default=60.0, gt=0, description="seconds an SMTP session may stay idle")
+        default=60.0, gt=0, description="seconds an SMTP session may stay idle (the sender's "
+        "time: not while a message is being answered)")
     mail_relay_timeout: float = Field(
         default=30.0, gt=0, description="seconds to hand a reply to the relay")
     mail_authserv_id: str = Field(

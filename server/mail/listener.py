@@ -133,18 +133,47 @@ COMMAND_LIMITS = {"*": 1000, "NOOP": 20, "HELO": 5, "EHLO": 5, "HELP": 5, "VRFY"
 
 class _Counted(SMTP):
     """aiosmtpd's session, counted in its listener's open sessions, closed after
-    `SESSION_SECONDS`."""
+    `SESSION_SECONDS`.
+
+    Neither its idle timeout nor its deadline closes it while a message is being answered
+    (stamped, its reply handed to the relay): the stamps and the reply would be made and the
+    sender, seeing the connection close without a ``250``, would send the message again (a
+    second stamp, a second reply). The idle time is the sender's: it starts again when the
+    answer has been given; a deadline that passed meanwhile closes the session once the
+    answer has been written."""
 
     def __init__(self, listener: MailListener, handler: Handler, **options: Any) -> None:
         super().__init__(handler, command_call_limit=COMMAND_LIMITS, **options)
         self.listener = listener
         self._deadline: asyncio.TimerHandle | None = None
+        self._answering = False
+        self._expired = False
 
     def connection_made(self, transport: Any) -> None:
         self.listener.open += 1
-        self._deadline = asyncio.get_running_loop().call_later(SESSION_SECONDS,
-                                                               transport.close)
+        self._deadline = asyncio.get_running_loop().call_later(SESSION_SECONDS, self._expire)
         super().connection_made(transport)
+
+    def _expire(self) -> None:
+        self._expired = True
+        if not self._answering and self.transport is not None:
+            self.transport.close()
+
+    async def _call_handler_hook(self, command: str, *args: Any) -> Any:
+        if command != "DATA":
+            return await super()._call_handler_hook(command, *args)
+        if self._timeout_handle is not None:  # (aiosmtpd's idle timer, 1.4)
+            self._timeout_handle.cancel()
+        self._answering = True
+        try:
+            return await super()._call_handler_hook(command, *args)
+        finally:
+            self._answering = False
+            if self._expired and self.transport is not None:
+                # (after the answer: it is written before the transport closes)
+                asyncio.get_running_loop().call_soon(self.transport.close)
+            else:
+                self._reset_timeout()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.open -= 1

@@ -6,6 +6,7 @@ checked to record nothing and answer nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import email
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import smtplib
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -44,6 +46,7 @@ OWN = ("stamp@stampd.test", "ts@stampd.test")
 SESSIONS = 4
 PER_DOMAIN = 5
 MAX_SIZE = 64 * 1024
+HOLD = 3.0  # seconds the relay holds its answer to a reply for a ``held-`` address
 BEGIN = "-----BEGIN PGP SIGNED MESSAGE-----"
 END = "-----END PGP SIGNATURE-----"
 
@@ -74,6 +77,8 @@ class Store:
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if any(r.startswith("held-") for r in envelope.rcpt_tos):  # a slow relay
+            await asyncio.sleep(HOLD)
         with self.arrived:
             self.messages.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
                                           envelope.original_content))
@@ -547,3 +552,34 @@ def test_a_session_looping_on_noop_is_closed(server: Server) -> None:
         codes = [s.noop()[0] for _ in range(20)]
         assert codes == [250] * 20
         assert s.noop()[0] == 421
+
+
+def test_an_answer_slower_than_the_idle_timeout_is_given_once(tmp_path: Path,
+                                                              relay: Relay) -> None:
+    """STAMPD_MAIL_TIMEOUT is the sender's idle time, not the server's: a message whose answer
+    takes longer (the relay holds its reply HOLD seconds, past a 1 s timeout) is answered 250
+    on its connection and replied to once; the session then idles out as before. (Closed
+    while answering, the sender would have sent it again: a second stamp, a second reply.)
+    The session is sent in one write, so that no pause of this client counts against it."""
+    mail_port = free_port()
+    s = start_server(seed_data_dir(tmp_path / "data"), workers=1, extra_env={
+        "STAMPD_MAIL_LISTEN": f"127.0.0.1:{mail_port}",
+        "STAMPD_MAIL_RELAY": f"127.0.0.1:{relay.port}",
+        "STAMPD_MAIL_ADDRESSES": OWN[0], "STAMPD_MAIL_TIMEOUT": "1"})
+    try:
+        sender = "held-h@slow.example"
+        session = (b"EHLO client.test\r\nMAIL FROM:<" + sender.encode() + b">\r\n"
+                   b"RCPT TO:<" + OWN[0].encode() + b">\r\nDATA\r\n"
+                   + message(sender, body="held by the relay\r\n") + b".\r\nNOOP\r\n")
+        with socket.create_connection(("127.0.0.1", mail_port), timeout=60) as sock:
+            sock.sendall(session)
+            received = b""
+            while chunk := sock.recv(65536):  # (until the server closes: the idle timeout)
+                received += chunk
+        codes = [int(line[:3]) for line in received.split(b"\r\n")
+                 if line and line[3:4] != b"-"]
+        assert codes == [220, 250, 250, 250, 354, 250, 250], received
+        assert b"250 2.0.0 stamped, serial" in received, received
+        assert len(relay.store.to(sender)) == 1
+    finally:
+        s.stop()
