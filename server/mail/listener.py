@@ -169,7 +169,9 @@ class _Counted(SMTP):
             return await super()._call_handler_hook(command, *args)
         finally:
             self._answering = False
-            if self._expired and self.transport is not None:
+            if self.transport is None:
+                pass  # (the sender went away meanwhile: nothing to time, nothing to close)
+            elif self._expired:
                 # (after the answer: it is written before the transport closes)
                 asyncio.get_running_loop().call_soon(self.transport.close)
             else:
