@@ -46,7 +46,7 @@ OWN = ("stamp@stampd.test", "ts@stampd.test")
 SESSIONS = 4
 PER_DOMAIN = 5
 MAX_SIZE = 64 * 1024
-HOLD = 3.0  # seconds the relay holds its answer to a reply for a ``held-`` address
+HOLD = 5.0  # seconds the relay holds its answer to a reply for a ``held-`` address
 BEGIN = "-----BEGIN PGP SIGNED MESSAGE-----"
 END = "-----END PGP SIGNATURE-----"
 
@@ -557,7 +557,7 @@ def test_a_session_looping_on_noop_is_closed(server: Server) -> None:
 def test_an_answer_slower_than_the_idle_timeout_is_given_once(tmp_path: Path,
                                                               relay: Relay) -> None:
     """STAMPD_MAIL_TIMEOUT is the sender's idle time, not the server's: a message whose answer
-    takes longer (the relay holds its reply HOLD seconds, past a 1 s timeout) is answered 250
+    takes longer (the relay holds its reply HOLD seconds, past a 2 s timeout) is answered 250
     on its connection and replied to once; the session then idles out as before. (Closed
     while answering, the sender would have sent it again: a second stamp, a second reply.)
     The session is sent in one write, so that no pause of this client counts against it."""
@@ -565,7 +565,7 @@ def test_an_answer_slower_than_the_idle_timeout_is_given_once(tmp_path: Path,
     s = start_server(seed_data_dir(tmp_path / "data"), workers=1, extra_env={
         "STAMPD_MAIL_LISTEN": f"127.0.0.1:{mail_port}",
         "STAMPD_MAIL_RELAY": f"127.0.0.1:{relay.port}",
-        "STAMPD_MAIL_ADDRESSES": OWN[0], "STAMPD_MAIL_TIMEOUT": "1"})
+        "STAMPD_MAIL_ADDRESSES": OWN[0], "STAMPD_MAIL_TIMEOUT": "2"})
     try:
         sender = "held-h@slow.example"
         session = (b"EHLO client.test\r\nMAIL FROM:<" + sender.encode() + b">\r\n"
