@@ -144,6 +144,15 @@ def _migrated(home: Path) -> Path:
     return path
 
 
+def migrated_sqlite(path: Path) -> str:
+    """The URL of a SQLite journal at ``path`` at the newest schema revision: a copy of
+    `migrated_journal` (a test that needs a migrated journal, not the migrations themselves,
+    spares their 0.1 s of CPU; the integration tests ran them some 400 times a run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(migrated_journal(), path)
+    return f"sqlite:///{path}"
+
+
 def seed_data_dir(data_dir: Path, secret: Path = TEST_SECRET_KEY,
                   public: Path = TEST_PUBLIC_KEY) -> Path:
     """A data directory holding a primary key (by default the fixed test key), so that no key

@@ -31,7 +31,7 @@ from server.settings import Settings
 from server.stamping.journal import BULK_BYTES
 from server.stamping.journal import PIECE as STORE_PIECE
 from server.stamping.requests import DigestRequest, ManifestRequest, TagRequest
-from tests.helpers import short_tmpdir
+from tests.helpers import migrated_sqlite, short_tmpdir
 
 HOUR = 1_795_399_200  # a whole hour, Unix seconds
 
@@ -43,10 +43,7 @@ def budgets(tmp_path: Path, now: list[float]) -> HostBudgets:
 
 @pytest.fixture
 def host(tmp_path: Path):  # type: ignore[no-untyped-def]
-    url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
+    url = migrated_sqlite(tmp_path / "journal.sqlite3")
     run = short_tmpdir("jh")
     h = Coordinator(run / "coordinator.sock", lambda: db.make_engine(url),
                     budgets(tmp_path, [HOUR]))

@@ -37,6 +37,7 @@ from tests.helpers import (
     Server,
     free_port,
     keyring,
+    migrated_sqlite,
 )
 
 T0 = 1_795_400_000  # after the test key was made; used where no peer is involved
@@ -62,9 +63,7 @@ class Node:
                  dispatcher: InProcessDispatcher) -> None:
         self.settings = Settings(data_dir=data_dir, peers=peers, peer_retry_base=10,
                                  peer_retry_max=600, peer_stale_after=7200, peer_timeout=10)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.engine = db.make_engine(self.settings.db_url)
-        db.upgrade(self.engine)
+        self.engine = db.make_engine(migrated_sqlite(data_dir / "stampd.sqlite3"))
         self.clock = clock
         self.cross = CrossStamper(self.engine, self.settings, clock)
         self.cross._sync_peer_rows()  # what start() does before it starts the loop

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from formats.jobs import JobState
 from server import db
 from server.models import Base, CrossStampState, LogCommitState, MailStampState, StampState
+from tests.helpers import migrated_sqlite
 
 BEFORE = "0009"  # the revision before the state checks
 
@@ -43,12 +44,11 @@ MACHINES: dict[str, tuple[type[enum.StrEnum], str]] = {
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 's.sqlite3'}"
+        url = migrated_sqlite(tmp_path / "s.sqlite3")
     else:
         url = request.getfixturevalue("pg_url")  # (migrated, and this test's own)
     # One pooled connection: the migrations' and the test's are the same one.
     eng = db.make_engine(url, pool_size=1, max_overflow=0)
-    db.upgrade(eng)
     yield eng
     eng.dispose()
 

@@ -31,7 +31,7 @@ from server.settings import Settings
 from server.stamping.journal import stamp_row
 from server.stamping.requests import BranchRequest, DigestRequest, TagRequest
 from server.stamping.stamper import Stamper
-from tests.helpers import short_tmpdir
+from tests.helpers import migrated_sqlite, short_tmpdir
 
 
 class FakeWorker:
@@ -254,9 +254,8 @@ def with_journal(run: Path, tmp_path: Path,
     """``scenario`` against a coordinator keeping the host's journal (SQLite) and its
     dispatcher, with a reader of the journal's rows (state, error, worker, object id) as
     committed; the rows once the coordinator stopped."""
-    url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
+    url = migrated_sqlite(tmp_path / "journal.sqlite3")
     engine = db.make_engine(url)
-    db.upgrade(engine)
 
     def rows() -> list[Any]:
         with engine.connect() as conn:

@@ -38,7 +38,7 @@ from server.runtime.httpproto import MAX_HEAD, InvalidRequestLog, connection_lim
 from server.stamping.journal import Journal
 from server.stamping.requests import DigestRequest, TagRequest
 from server.stamping.stamper import Stamper
-from tests.helpers import TEST_FPR, TEST_UID, Server, seed_data_dir, start_server
+from tests.helpers import TEST_FPR, TEST_UID, Server, migrated_sqlite, seed_data_dir, start_server
 
 IO_TIMEOUT = 15.0  # seconds a socket read may take before the server is taken to hang
 GET_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -412,9 +412,8 @@ def test_a_failed_stamp_is_committed_as_failed_before_the_error_is_raised(
         tmp_path: Path, kind: str,
         failure: tuple[BaseException | None, type[BaseException], str]) -> None:
     error, raised, recorded = failure
-    url = f"sqlite:///{tmp_path / 'journal.sqlite3'}"
+    url = migrated_sqlite(tmp_path / "journal.sqlite3")
     engine = db.make_engine(url)
-    db.upgrade(engine)
     observer = db.make_engine(url)  # another engine: its own connection, nothing shared
 
     def row_now() -> list[tuple[str, str | None]]:

@@ -22,16 +22,16 @@ from server.stamping import journal as journal_module
 from server.stamping import journal_writers
 from server.stamping.journal import Journal, stamp_row
 from server.stamping.requests import BranchRequest, DigestRequest, ManifestRequest, TagRequest
+from tests.helpers import migrated_sqlite
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'j.sqlite3'}"
+        url = migrated_sqlite(tmp_path / "j.sqlite3")
     else:
-        url = request.getfixturevalue("pg_url")
+        url = request.getfixturevalue("pg_url")  # (migrated, and this test's own)
     eng = db.make_engine(url)
-    db.upgrade(eng)
     yield eng  # (a PostgreSQL database of this test's own: dropped after it)
     eng.dispose()
 

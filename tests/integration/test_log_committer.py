@@ -27,7 +27,14 @@ from server.gitlog.repository import LogRepository
 from server.models import LogCommit, LogCommitState, Stamp, StampState
 from server.stamping.journal import Journal
 from server.stamping.requests import BranchRequest, DigestRequest, Request, TagRequest
-from tests.helpers import TEST_FPR, TEST_PUBLIC_KEY, TEST_UID, InProcessDispatcher, keyring
+from tests.helpers import (
+    TEST_FPR,
+    TEST_PUBLIC_KEY,
+    TEST_UID,
+    InProcessDispatcher,
+    keyring,
+    migrated_sqlite,
+)
 
 # The injected clock starts here: after the test key was made (gpg refuses signatures older
 # than their key), and fixed, so that commit times and messages are known exactly.
@@ -55,8 +62,7 @@ class Clock:
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = db.make_engine(f"sqlite:///{tmp_path / 'stampd.sqlite3'}")
-    db.upgrade(eng)
+    eng = db.make_engine(migrated_sqlite(tmp_path / "stampd.sqlite3"))
     yield eng
     eng.dispose()
 

@@ -40,7 +40,7 @@ from server.models import MailStamp, MailStampState
 from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.requests import TagRequest
-from tests.helpers import TEST_PUBLIC_KEY, InProcessDispatcher
+from tests.helpers import TEST_PUBLIC_KEY, InProcessDispatcher, migrated_sqlite
 from tests.mailservers import IMPOSTOR_KEY, STAMPER_KEY, MailServers, Responder, key_fpr
 
 PUBKEY = TEST_PUBLIC_KEY.read_text()
@@ -78,8 +78,7 @@ class Node:
             mail_stamper_timeout=20, mail_stamper_retry_base=60, mail_stamper_retry_max=3600,
             mail_stamper_overdue_after=6 * 3600,
             **{"mail_stamper_poll_interval": 5, **extra})
-        self.engine = db.make_engine(self.settings.db_url)
-        db.upgrade(self.engine)
+        self.engine = db.make_engine(migrated_sqlite(self.settings.data_dir / "stampd.sqlite3"))
         self.clock = clock
         self.mail = MailStamper(self.engine, self.settings, clock)
         self.mail.load_keys()  # (what start() does before it starts its loops)

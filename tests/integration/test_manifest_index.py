@@ -15,6 +15,7 @@ from formats.manifests import BUCKET_DIGESTS, buckets, key_prefix, pack
 from server import db
 from server.stamping import queries
 from server.stamping.journal import Journal
+from tests.helpers import migrated_sqlite
 
 POISON = 5000  # digests per poisoning manifest, all starting with abcd (today's rows: 160 KB)
 
@@ -22,11 +23,10 @@ POISON = 5000  # digests per poisoning manifest, all starting with abcd (today's
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'i.sqlite3'}"
+        url = migrated_sqlite(tmp_path / "i.sqlite3")
     else:
-        url = request.getfixturevalue("pg_url")
+        url = request.getfixturevalue("pg_url")  # (migrated, and this test's own)
     eng = db.make_engine(url, pool_size=1, max_overflow=0)
-    db.upgrade(eng)
     yield eng
     eng.dispose()
 

@@ -17,7 +17,7 @@ from server.settings import Settings
 from server.stamping.journal import Journal
 from server.stamping.stamper import Stamper
 from server.stats import Stats
-from tests.helpers import TEST_FPR, TEST_UID, InProcessDispatcher
+from tests.helpers import TEST_FPR, TEST_UID, InProcessDispatcher, migrated_sqlite
 from workers.signer import OpenPgpSigner
 
 PRIMARY_KEY = ServedKey(PRIMARY, "openpgp", TEST_FPR, "eddsa (ed25519)", "pub", TEST_UID,
@@ -28,8 +28,7 @@ EXTRA_KEY = ServedKey("ssh-ed25519", "ssh", "SHA256:" + "A" * 43, "ssh-ed25519",
 
 def services(tmp_path: Path, dispatcher: InProcessDispatcher) -> Services:
     settings = Settings(data_dir=tmp_path)
-    engine = db.make_engine(settings.db_url)
-    db.upgrade(engine)
+    engine = db.make_engine(migrated_sqlite(tmp_path / "stampd.sqlite3"))
     stats = Stats()
     journal = Journal(engine, stats)
     keys = [PRIMARY_KEY, EXTRA_KEY]

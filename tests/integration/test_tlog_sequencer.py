@@ -32,7 +32,7 @@ from server.tlog import sequencer as sequencer_module
 from server.tlog.proofs import prove
 from server.tlog.sequencer import LogKey, OriginMismatch, Tlog, TlogConfig
 from server.tlog.store import TileReader
-from tests.helpers import InProcessDispatcher, agent_home
+from tests.helpers import InProcessDispatcher, agent_home, migrated_sqlite
 from workers.agents.ssh import SshAgent
 from workers.signer import NoteSigner
 
@@ -53,8 +53,7 @@ class Clock:
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = db.make_engine(f"sqlite:///{tmp_path / 'stampd.sqlite3'}")
-    db.upgrade(eng)
+    eng = db.make_engine(migrated_sqlite(tmp_path / "stampd.sqlite3"))
     yield eng
     eng.dispose()
 

@@ -21,6 +21,7 @@ from server.errors import KeyRegistryError
 from server.models import SigningKey
 from server.signing_keys import register_certificates, registered_certificates
 from server.stamping.rfc3161 import RETRY_EVERY, TsaSource
+from tests.helpers import migrated_sqlite
 
 KEY_ID = "openpgp-nistp256"
 
@@ -47,8 +48,7 @@ class Clock:
 
 @pytest.fixture
 def engine(tmp_path: Path):  # type: ignore[no-untyped-def]
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'stampd.sqlite3'}")
-    db.upgrade(engine)
+    engine = db.make_engine(migrated_sqlite(tmp_path / "stampd.sqlite3"))
     yield engine
     engine.dispose()
 

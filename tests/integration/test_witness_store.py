@@ -40,7 +40,7 @@ from server import db
 from server.dispatch import Signed
 from server.errors import SigningFailed
 from server.witness.service import REPLAY_REUSE, CosignUnavailable, Witness, read_record
-from tests.helpers import WitnessedLog
+from tests.helpers import WitnessedLog, migrated_sqlite
 
 LOG = WitnessedLog("example.org/stored", leaves=4096, seed=bytes(range(32)))
 NAME = "witness.example/store"
@@ -69,11 +69,7 @@ def witness(url: str) -> Witness:
 
 
 def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'witness.db'}"
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
-    return url
+    return migrated_sqlite(tmp_path / "witness.db")
 
 
 def compare_and_set(url: str) -> None:
