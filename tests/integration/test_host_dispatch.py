@@ -23,6 +23,7 @@ from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.budgets import HostBudgets
 from server.coordinator import Coordinator, CoordinatorLink, HostDispatcher
+from server.coordinator.host import _Deadlines
 from server.coordinator.wire import Call
 from server.dispatch.socket import SocketDispatcher
 from server.errors import MalformedAnswer, QueueFull, SigningFailed, StampError, Unavailable
@@ -424,3 +425,34 @@ def test_a_tag_stamp_whose_caller_gives_up_is_recorded_and_never_signed(
     # timeout, as it does a row whose process died (its signature may have gone out).
     assert rows == [(StampState.PENDING, None, None, None),
                     (StampState.SIGNED, None, "w:1:0", git_object_id("tag", b"signed\n"))]
+
+
+# -- the stamps' signing deadlines: one timer a connection (`_Deadlines`) ---------------------
+
+def test_a_deadline_expires_its_job_alone_whatever_the_order_of_the_others() -> None:
+    """A job past its deadline is cancelled and said to have expired; one done before is not;
+    a shorter deadline added after a longer one is not held behind it (one timer is armed
+    at a time, at the earliest deadline); jobs of the longer one stay."""
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        futures = {cid: loop.create_future() for cid in (1, 2, 3, 4)}
+        jobs: dict[int, asyncio.Future[Any]] = dict(futures)
+        deadlines = _Deadlines(jobs)
+        try:
+            deadlines.add(1, 3600.0)
+            deadlines.add(2, 0.05)
+            deadlines.add(3, 0.05)
+            deadlines.add(4, 0.2)
+            futures[3].set_result("signed")
+            assert deadlines.done(3, 0.05) is False  # (done in time)
+            async with asyncio.timeout(20):  # (not the hour of job 1)
+                while not (futures[2].cancelled() and futures[4].cancelled()):
+                    await asyncio.sleep(0.01)
+            assert deadlines.done(2, 0.05) is True and deadlines.done(4, 0.2) is True
+            assert not futures[1].done()
+            futures[1].cancel()  # (cancelled by its caller, not expired)
+            assert deadlines.done(1, 3600.0) is False
+        finally:
+            deadlines.close()
+
+    asyncio.run(scenario())
