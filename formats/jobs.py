@@ -32,6 +32,7 @@ import enum
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -445,8 +446,10 @@ class RelayedJob:
         if self.is_manifest != bool(len(self.lines)):
             raise MalformedMessage("a manifest job, and only one, has lines")
 
-    @property
+    @cached_property
     def is_manifest(self) -> bool:
+        # (read once: the dispatcher asks it of every job several times, 0.7 us each when
+        # it sliced and copied the message's head every time)
         return bytes(self.message[:17]) == b'{"op":"manifest",'
 
     def lines_size(self) -> int:
