@@ -47,7 +47,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         url = migrated_sqlite(tmp_path / "s.sqlite3")
     else:
         url = request.getfixturevalue("pg_url")  # (migrated, and this test's own)
-    # One pooled connection: the migrations' and the test's are the same one.
+    # One pooled connection: the migrations a test runs and its statements share it.
     eng = db.make_engine(url, pool_size=1, max_overflow=0)
     yield eng
     eng.dispose()
