@@ -4,6 +4,8 @@ Run from the repository root::
 
     python -m bench.coordinator                  # 4 client processes, c=16, 64, 256
     python -m bench.coordinator --conns 64 --seconds 10
+    python -m bench.coordinator --cores 0 --client-cores 1-15 --clients 12 --workers 32 \
+        --conns 256 --conns 1024                 # many cores: the coordinator on a core of its own
 
 Issue 39 asks how far the coordinator (`server.coordinator.Coordinator`: the host's journal on
 SQLite, its dispatcher, its budgets) would scale before it is the bottleneck. In a whole
@@ -136,6 +138,21 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_set(text: str) -> set[int]:
+    """CPUs ``0-3,8``: a set of CPU numbers (`os.sched_setaffinity`)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _pin(cores: str | None) -> None:
+    """This process (and what it starts afterwards) on ``cores``, if given."""
+    if cores:
+        os.sched_setaffinity(0, cpu_set(cores))
+
+
 def _cell(root: Path, args: argparse.Namespace, conns: int) -> dict[str, Any]:
     from server import db
     from server.budgets import HostBudgets
@@ -155,7 +172,8 @@ def _cell(root: Path, args: argparse.Namespace, conns: int) -> dict[str, Any]:
                                                 sign_timeout=settings.sign_timeout,
                                                 max_attempts=settings.max_attempts))
     host.start()
-    me = [sys.executable, "-m", "bench.coordinator"]
+    me = [sys.executable, "-m", "bench.coordinator",
+          *(["--client-cores", args.client_cores] if args.client_cores else [])]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen([*me, "--role", "workers", "--socket", str(host.socket_path),
@@ -206,7 +224,9 @@ def _cell(root: Path, args: argparse.Namespace, conns: int) -> dict[str, Any]:
 def _table(cells: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"the coordinator alone: {args.clients} client processes (HTTP processes without "
              f"HTTP), {args.workers} fake workers (answers at once), a SQLite journal; "
-             f"{args.seconds} s a cell, {os.cpu_count()} CPUs",
+             f"{args.seconds} s a cell, {os.cpu_count()} CPUs"
+             + (f"; the coordinator on CPUs {args.cores}" if args.cores else "")
+             + (f", the rest on {args.client_cores}" if args.client_cores else ""),
              "    c  stamps/s  p50 ms  p99 ms | coordinator CPU ms/stamp: loop  journal  both"
              "  loop busy  60%-of-a-core rate | clients ms/stamp  workers ms/stamp"]
     for c in cells:
@@ -229,11 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=8, help="fake workers (8)")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds measured a cell (5)")
     ap.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds a cell (1)")
+    ap.add_argument("--cores", help="CPUs of the coordinator (this process), e.g. 0 or 0-1; "
+                    "default: every CPU")
+    ap.add_argument("--client-cores", help="CPUs of the clients and the fake workers, e.g. "
+                    "1-15; default: every CPU")
     ap.add_argument("--role", choices=("workers", "client"), help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--end", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    try:
+        _pin(args.client_cores if args.role else args.cores)
+    except (ValueError, OSError) as e:
+        print(f"bench.coordinator: cannot pin to those CPUs: {e}", file=sys.stderr)
+        return 2
     if args.role == "workers":
         asyncio.run(_workers_main(args.socket, args.workers))
         return 0
