@@ -93,8 +93,9 @@ async def _client_main(path: str, conns: int, start: float, end: float) -> dict[
                     primary=True)
     link = CoordinatorLink(Path(path))
     await link.connect()
-    while not link.workers:  # (the coordinator tells every process which workers it has)
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(30):  # (the coordinator tells every process its workers)
+        while not link.workers:
+            await asyncio.sleep(0.01)
     stamper = Stamper(link, HostDispatcher(link), [key], public_url="http://bench.invalid/",
                       request_timeout=20.0, clock=time.time, at_once=link)
     latencies: list[float] = []
