@@ -154,6 +154,30 @@ def _pin(cores: str | None) -> None:
         os.sched_setaffinity(0, cpu_set(cores))
 
 
+def _prefill(path: Path, rows: int) -> None:
+    """``rows`` signed tag stamps already in the journal at ``path`` (random commits and
+    object ids, as the indexes of a journal in service hold them), all in the transparency
+    log, so that the cell measures a journal of that size."""
+    import sqlite3
+
+    started = time.monotonic()
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+            'INSERT INTO stamps (kind, "commit", tagname, stamped_at, state, attempts, worker, '
+            "object_id, tlog_index) SELECT 'tag', lower(hex(randomblob(20))), 'v1', "
+            "1800000000 + i, 'signed', 1, 'bench', lower(hex(randomblob(20))), i FROM n",
+            (rows,))
+        conn.commit()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    progress(f"journal prefilled with {rows:,} stamps in {time.monotonic() - started:.0f} s "
+             f"({path.stat().st_size >> 20} MiB)")
+
+
 def _cell(root: Path, args: argparse.Namespace, conns: int) -> dict[str, Any]:
     from server import db
     from server.budgets import HostBudgets
@@ -166,6 +190,8 @@ def _cell(root: Path, args: argparse.Namespace, conns: int) -> dict[str, Any]:
     engine = db.make_engine(url)
     db.upgrade(engine)
     engine.dispose()
+    if args.rows:
+        _prefill(run / "stampd.sqlite3", args.rows)
     settings = Settings(data_dir=run)
     host = Coordinator(run / "serve.sock", lambda: db.make_engine(url),
                        HostBudgets(settings, time.time),
@@ -226,6 +252,7 @@ def _table(cells: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"the coordinator alone: {args.clients} client processes (HTTP processes without "
              f"HTTP), {args.workers} fake workers (answers at once), a SQLite journal; "
              f"{args.seconds} s a cell, {os.cpu_count()} CPUs"
+             + (f"; {args.rows:,} stamps in the journal before each" if args.rows else "")
              + (f"; the coordinator on CPUs {args.cores}" if args.cores else "")
              + (f", the rest on {args.client_cores}" if args.client_cores else ""),
              "    c  stamps/s  p50 ms  p99 ms | coordinator CPU ms/stamp: loop  journal  both"
@@ -250,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=8, help="fake workers (8)")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds measured a cell (5)")
     ap.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds a cell (1)")
+    ap.add_argument("--rows", type=int, default=0,
+                    help="signed stamps in the journal before a cell (0: an empty journal)")
     ap.add_argument("--cores", help="CPUs of the coordinator (this process), e.g. 0 or 0-1; "
                     "default: every CPU")
     ap.add_argument("--client-cores", help="CPUs of the clients and the fake workers, e.g. "
