@@ -48,14 +48,13 @@ class _Deadlines:
         # By the seconds a call may wait (one value per HTTP process, its request timeout):
         # call id -> deadline, in the order added, so the deadlines of each only grow.
         self._by_wait: dict[float, dict[int, float]] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._at = math.inf
+        self._timer: asyncio.TimerHandle | None = None  # (armed at the earliest deadline)
         self._expired: set[int] = set()
 
     def add(self, cid: int, wait: float) -> None:
         deadline = self._loop.time() + wait
         self._by_wait.setdefault(wait, {})[cid] = deadline
-        if deadline < self._at:
+        if self._timer is None or deadline < self._timer.when():
             self._arm(deadline)
 
     def done(self, cid: int, wait: float) -> bool:
@@ -76,11 +75,10 @@ class _Deadlines:
 
     def _arm(self, at: float) -> None:
         self.close()
-        self._at = at
         self._timer = self._loop.call_at(at, self._fire)
 
     def _fire(self) -> None:
-        self._timer, self._at = None, math.inf
+        self._timer = None
         due_by = self._loop.time() + DUE_WITHIN
         due: list[int] = []
         following = math.inf
