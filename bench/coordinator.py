@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procs import CLK_TCK, BenchError, interrupt_on_signals, kill_pids, progress
+from bench.procs import BenchError, interrupt_on_signals, kill_pids, own_cpu, progress
 
 ANSWER = "object signed\n"  # what every fake worker answers (the journal takes any object)
 
@@ -123,20 +123,17 @@ def _threads_cpu() -> dict[str, float]:
     ``coordinator``; the journal's: its executor's and ``journal-checkpoint``)."""
     by_name: dict[str, float] = {}
     for thread in threading.enumerate():
-        try:
-            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
-        by_name[thread.name] = by_name.get(thread.name, 0.0) + cpu
+        cpu = own_cpu(f"/proc/self/task/{thread.native_id}/stat")
+        if cpu is not None:
+            by_name[thread.name] = by_name.get(thread.name, 0.0) + cpu
     return by_name
 
 
 def _proc_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    cpu = own_cpu(f"/proc/{pid}/stat")
+    if cpu is None:
+        raise BenchError(f"process {pid} of the bench ended before its CPU was read")
+    return cpu
 
 
 def cpu_set(text: str) -> set[int]:

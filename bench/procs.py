@@ -107,6 +107,16 @@ def descendants(pid: int) -> list[int]:
     return sorted(tree)
 
 
+def own_cpu(stat: str) -> float | None:
+    """Seconds of CPU (user and system) of the process or thread whose stat file is ``stat``
+    (``/proc/PID/stat``, ``/proc/self/task/TID/stat``); None when it is gone."""
+    data = _read(stat)
+    if not data:
+        return None
+    rest = data[data.rindex(b")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+
+
 def cpu_busy() -> float:
     """Seconds of CPU time the whole machine has spent busy (all cores), from /proc/stat."""
     f = [int(x) for x in _read("/proc/stat").split(b"\n", 1)[0].split()[1:9]]
