@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procs import BenchError, interrupt_on_signals, kill_pids, own_cpu, progress
+from bench.procs import BenchError, keep_or_remove, kill_pids, own_cpu, progress, start_bench
 
 ANSWER = "object signed\n"  # what every fake worker answers (the journal takes any object)
 
@@ -297,8 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(_client_main(args.socket, args.conns[0], args.start, args.end))
         print(json.dumps(out))
         return 0
-    interrupt_on_signals()
-    root = Path(tempfile.mkdtemp(prefix="stampd-coordinator-", dir="/tmp"))
+    root = start_bench("stampd-coordinator-")
     try:
         cells = []
         for conns in args.conns or [16, 64, 256]:
@@ -309,9 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.coordinator: {e}", file=sys.stderr)
         return 2
     finally:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
+        keep_or_remove(root, keep=False)
     return 0
 
 
