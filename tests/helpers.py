@@ -1155,7 +1155,8 @@ class InProcessWorker:
 
 class InProcessDispatcher:
     """`Dispatcher` over a real signer in this process; the blocking signature runs in a
-    thread, as it would in a worker. ``jobs`` records every job signed, in order."""
+    thread, as it would in a worker. ``jobs`` records every job signed, in order, and
+    ``internal`` whether each was the service's own (`Dispatcher.sign`)."""
 
     requeued: int = 0
 
@@ -1163,6 +1164,7 @@ class InProcessDispatcher:
         self.signer = signer
         self.key = key
         self.jobs: list[Job] = []
+        self.internal: list[bool] = []
 
     async def start(self) -> None:
         return None
@@ -1170,11 +1172,12 @@ class InProcessDispatcher:
     async def stop(self) -> None:
         return None
 
-    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+    async def sign(self, job: Job, key: str = PRIMARY, *, internal: bool = False) -> Signed:
         if key != self.key:
             raise Unavailable(f"no worker holds key {key}")
         text = await asyncio.to_thread(self.signer.build, job)
         self.jobs.append(job)
+        self.internal.append(internal)
         return Signed(text, WORKER, 1)
 
     @property

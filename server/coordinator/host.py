@@ -306,14 +306,17 @@ class Coordinator:
         """Hand ``call``'s job to the host's dispatcher; the answer goes out when a worker
         gives it (no task per job, as for the journal's calls)."""
         cid, f = call.call_id, call.fields
-        key, size, text = f.get("k"), f.get("m"), call.text or b""
+        key, size, text, internal = f.get("k"), f.get("m"), call.text or b"", f.get("i", False)
         if not isinstance(key, str) or not isinstance(size, int) or not 0 < size <= len(text):
             raise ValueError("a sign call without its key or job")
+        if not isinstance(internal, bool):
+            raise ValueError("a sign call's internal flag is not a boolean")
         if self.dispatcher is None:
             out.put(Reply(cid, unsigned=("unavailable", "no dispatcher here")).encode())
             return
         try:
-            fut = self.dispatcher.submit(RelayedJob(text[:size], text[size:]), key)
+            fut = self.dispatcher.submit(RelayedJob(text[:size], text[size:]), key,
+                                         internal=internal)
         except MalformedMessage as e:
             raise ValueError(f"a sign call's job: {e}") from None
         except QueueFull as e:

@@ -265,14 +265,16 @@ class CoordinatorLink:
         self.host = answer.host or {}
         return answer.view or []
 
-    async def sign(self, job: Job, key: str) -> Signed:
+    async def sign(self, job: Job, key: str, *, internal: bool = False) -> Signed:
         """Have the host's dispatcher get ``job`` signed by a worker holding ``key``
-        (`HostDispatcher`)."""
+        (`HostDispatcher`; ``internal``: `Dispatcher.sign`)."""
         message = job_message(job)
         lines = (job.lines,) if isinstance(job, ManifestJob) else ()
+        fields: dict[str, Any] = {"k": key, "m": len(message)}
+        if internal:
+            fields["i"] = True
         try:
-            answer = await self._call("sign", {"k": key, "m": len(message)},
-                                      text=(message, *lines))
+            answer = await self._call("sign", fields, text=(message, *lines))
         except JournalError as e:  # (the link is down: this process is about to end)
             raise Unavailable(e.message) from None
         assert answer is not None
@@ -359,9 +361,9 @@ class HostDispatcher:
     async def stop(self) -> None:
         pass
 
-    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+    async def sign(self, job: Job, key: str = PRIMARY, *, internal: bool = False) -> Signed:
         started = time.perf_counter()
-        signed = await self.link.sign(job, key)
+        signed = await self.link.sign(job, key, internal=internal)
         self.link.stats.signing[signed.worker].observe(time.perf_counter() - started)
         return signed
 

@@ -57,9 +57,12 @@ class Dispatcher(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+    async def sign(self, job: Job, key: str = PRIMARY, *, internal: bool = False) -> Signed:
         """Have a worker holding ``key`` build and sign ``job``; raises `QueueFull`,
-        `SigningFailed` or `Unavailable`."""
+        `SigningFailed` or `Unavailable`. An ``internal`` job is the service's own (a
+        transparency log checkpoint, a git log commit): the queue's bound, which refuses
+        clients' jobs under overload, never refuses it, so that an overloaded server still
+        publishes the proofs of the stamps it has signed."""
         ...
 
     @property

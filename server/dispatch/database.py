@@ -104,8 +104,8 @@ class DbDispatcher:
         return {w.key for w in self.workers.values()}
 
     # -- the API for the HTTP side ---------------------------------------------------------
-    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
-        if len(self._waiting) >= self.max_queue:
+    async def sign(self, job: Job, key: str = PRIMARY, *, internal: bool = False) -> Signed:
+        if len(self._waiting) >= self.max_queue and not internal:
             raise QueueFull("too many stamps waiting; retry shortly")
         try:
             job_id = await asyncio.to_thread(self._insert, encode_job(job), key)

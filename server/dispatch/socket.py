@@ -43,7 +43,8 @@ from server.stats import Stats
 
 log = logging.getLogger(__name__)
 
-RETRY, NEW = 0, 1  # queue priorities: retried jobs first
+# Queue priorities: retried jobs first, then the service's own (``internal``), then new ones.
+RETRY, INTERNAL, NEW = 0, 1, 2
 
 
 @dataclass
@@ -151,19 +152,22 @@ class SocketDispatcher:
         return {w.key for w in self.workers.values()}
 
     # -- the API for the HTTP side -------------------------------------------------------
-    async def sign(self, job: Job | RelayedJob, key: str = PRIMARY) -> Signed:
-        """Have a worker holding ``key`` build and sign ``job``."""
-        return await self.submit(job, key)
+    async def sign(self, job: Job | RelayedJob, key: str = PRIMARY, *,
+                   internal: bool = False) -> Signed:
+        """Have a worker holding ``key`` build and sign ``job`` (`Dispatcher.sign`)."""
+        return await self.submit(job, key, internal=internal)
 
-    def submit(self, job: Job | RelayedJob, key: str = PRIMARY) -> asyncio.Future[Signed]:
+    def submit(self, job: Job | RelayedJob, key: str = PRIMARY, *,
+               internal: bool = False) -> asyncio.Future[Signed]:
         """`sign` without a task: the future of ``job``'s answer (`QueueFull` at once when too
-        many wait). Cancelling it drops the job, unless a worker has it already."""
-        if self._outstanding >= self.max_queue:
+        many wait, unless the job is ``internal``: the service's own, which also goes ahead
+        of new clients' jobs). Cancelling it drops the job, unless a worker has it already."""
+        if self._outstanding >= self.max_queue and not internal:
             raise QueueFull("too many stamps waiting; retry shortly")
         pending = Pending(job=job, future=asyncio.get_running_loop().create_future(), key=key)
         self._outstanding += 1
         pending.future.add_done_callback(self._done)
-        self.queue(key).put_nowait((NEW, next(self._seq), pending))
+        self.queue(key).put_nowait((INTERNAL if internal else NEW, next(self._seq), pending))
         return pending.future
 
     def _done(self, _future: asyncio.Future[Signed]) -> None:

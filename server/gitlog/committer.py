@@ -76,6 +76,11 @@ MAX_REQUEST_TIMEOUT = 25.0
 SETTLE = 1.0
 
 
+class CommitNotSigned(RuntimeError):
+    """No worker signed a log commit (none serves the key, or none in time): the commit is
+    tried again at the next interval."""
+
+
 def _locked(where: ColumnElement[bool]) -> Select[int]:
     """The ids of the stamps matching ``where``, locked in id order (``FOR UPDATE``)."""
     return select(Stamp.id).where(where).order_by(Stamp.id).with_for_update()
@@ -166,6 +171,9 @@ class LogCommitter:
                 await self.commit_now()
                 self.last_ok_at = self.config.clock()
                 self.last_error = None
+            except CommitNotSigned as e:  # (expected while no worker can sign: one line)
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("%s; retrying at the next interval", e)
             except Exception as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.exception("log commit failed; retrying at the next interval")
@@ -343,11 +351,12 @@ class LogCommitter:
         try:
             async with asyncio.timeout(SIGN_TIMEOUT):
                 signed = await self.dispatcher.sign(CommitJob(
-                    tree, (head,) if head else (), t, log_message(lc_id, count, t)))
+                    tree, (head,) if head else (), t, log_message(lc_id, count, t)),
+                    internal=True)
         except TimeoutError:
-            raise RuntimeError(f"no worker signed log commit {lc_id} in time") from None
+            raise CommitNotSigned(f"no worker signed log commit {lc_id} in time") from None
         except StampError as e:
-            raise RuntimeError(f"could not sign log commit {lc_id}: {e.message}") from e
+            raise CommitNotSigned(f"could not sign log commit {lc_id}: {e.message}") from e
         commit_id = await asyncio.to_thread(
             self.repo.store_commit, signed.text.encode("ascii"), head
         )

@@ -58,6 +58,7 @@ from formats.tlog.entry import encode_entry
 from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
+from server.errors import StampError, Unavailable
 from server.gitlog.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.settings import Settings
@@ -250,6 +251,11 @@ class Tlog:
             try:
                 await self.step()
                 self.last_error = None
+            except StampError as e:  # (the checkpoint not signed: no worker, or none in time)
+                if self.last_error != f"{type(e).__name__}: {e}":
+                    log.warning("transparency log: checkpoint not signed: %s; retrying",
+                                e.message)
+                self.last_error = f"{type(e).__name__}: {e}"
             except Exception as e:
                 if self.last_error != f"{type(e).__name__}: {e}":
                     log.exception("transparency log step failed; retrying")
@@ -434,8 +440,12 @@ class Tlog:
         """Sign the head of the tiles, store the checkpoint and publish it."""
         size, root = self.writer.size, self.writer.root_hash()
         text = Checkpoint(self.config.key.origin, size, root, ()).body()
-        async with asyncio.timeout(SIGN_TIMEOUT):
-            signed = await self.dispatcher.sign(NoteJob(text), key=self.config.key_id)
+        try:
+            async with asyncio.timeout(SIGN_TIMEOUT):
+                signed = await self.dispatcher.sign(NoteJob(text), key=self.config.key_id,
+                                                     internal=True)
+        except TimeoutError:
+            raise Unavailable(f"no worker signed it within {SIGN_TIMEOUT:g} s") from None
         signature = base64.b64decode(signed.text, validate=True)
         vk = self.config.key.verifier
         signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)

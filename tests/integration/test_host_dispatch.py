@@ -18,13 +18,14 @@ from sqlalchemy import Engine, select
 
 from formats.frames import HEADER, decode_frame, frame_size
 from formats.gitobjects import git_object_id
-from formats.jobs import Hello, ManifestJob, ReceiptJob, Result
+from formats.jobs import Hello, ManifestJob, NoteJob, ReceiptJob, Result
 from formats.keys import PRIMARY, ServedKey
 from server import db
 from server.budgets import HostBudgets
 from server.coordinator import Coordinator, CoordinatorLink, HostDispatcher
 from server.coordinator.host import _Deadlines
 from server.coordinator.wire import Call
+from server.dispatch import Signed
 from server.dispatch.socket import SocketDispatcher
 from server.errors import MalformedAnswer, QueueFull, SigningFailed, StampError, Unavailable
 from server.models import Stamp, StampState
@@ -224,18 +225,54 @@ def test_a_job_whose_caller_gives_up_or_goes_is_never_sent(run: Path) -> None:
     with_host(run, scenario)
 
 
+async def fill_the_queue(host: Coordinator, d: HostDispatcher, size: int
+                         ) -> list[asyncio.Task[Signed]]:
+    """``size`` clients' jobs waiting in the host's queue (bounded at ``size``, no worker yet),
+    which then refuses the next."""
+    waiting = [asyncio.create_task(d.sign(receipt(i))) for i in range(size)]
+    await until(lambda: host.dispatcher is not None and host.dispatcher.queue_depth == size)
+    with pytest.raises(QueueFull):
+        await d.sign(receipt(size + 1))
+    return waiting
+
+
 def test_the_hosts_queue_is_bounded_and_its_figures_reach_every_process(run: Path) -> None:
     async def scenario(host: Coordinator) -> None:
         a, da = await linked(host)
-        waiting = [asyncio.create_task(da.sign(receipt(i))) for i in range(2)]
-        await until(lambda: host.dispatcher is not None and host.dispatcher.queue_depth == 2)
-        with pytest.raises(QueueFull):
-            await da.sign(receipt(3))
+        waiting = await fill_the_queue(host, da, 2)
         await a.view()
         assert a.host["queue"] == 2
         for task in waiting:
             task.cancel()
         await asyncio.gather(*waiting, return_exceptions=True)
+        await a.stop()
+
+    with_host(run, scenario, max_queue=2)
+
+
+def test_the_services_own_jobs_pass_a_full_queue_and_go_ahead_of_clients_jobs(
+        run: Path) -> None:
+    """Under overload the transparency log's checkpoint (an internal job) is neither refused
+    by the queue's bound nor kept behind the clients' jobs: the proofs of stamps signed
+    before go on being published."""
+    async def scenario(host: Coordinator) -> None:
+        a, da = await linked(host)
+        waiting = await fill_the_queue(host, da, 2)
+        checkpoint = asyncio.create_task(da.sign(NoteJob("origin\n3\nroot\n"),
+                                                 internal=True))
+        await until(lambda: host.dispatcher is not None and host.dispatcher.queue_depth == 3)
+        with pytest.raises(QueueFull):  # (the bound still holds for clients)
+            await da.sign(receipt(4))
+        worker = await FakeWorker.connect(host.socket_path, "w:1:0")
+        first, _ = await worker.next_job()
+        assert first["op"] == "note" and first["text"] == "origin\n3\nroot\n"
+        await worker.answer(first["id"], "c2lnbmF0dXJl")
+        assert (await checkpoint).text == "c2lnbmF0dXJl"
+        for _ in waiting:  # (the clients' jobs, in the order they came)
+            job, _ = await worker.next_job()
+            await worker.answer(job["id"], f"signed {job['text']}")
+        assert [t.text for t in await asyncio.gather(*waiting)] == [
+            "signed statement 0", "signed statement 1"]
         await a.stop()
 
     with_host(run, scenario, max_queue=2)

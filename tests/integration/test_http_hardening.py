@@ -388,7 +388,7 @@ class FailingDispatcher:
     def keys_served(self) -> set[str]:
         return {PRIMARY}
 
-    async def sign(self, job: Job, key: str = PRIMARY) -> Signed:
+    async def sign(self, job: Job, key: str = PRIMARY, *, internal: bool = False) -> Signed:
         self.calls += 1
         if self.error is None:
             await asyncio.Event().wait()

@@ -35,6 +35,7 @@ from tests.helpers import (
     keyring,
     migrated_sqlite,
 )
+from workers.signer import OpenPgpSigner
 
 # The injected clock starts here: after the test key was made (gpg refuses signatures older
 # than their key), and fixed, so that commit times and messages are known exactly.
@@ -241,6 +242,7 @@ def test_first_log_commit_is_signed_sorted_and_clocked(
     assert c.message == ("stampd log commit 1\n\n"
                          "5 hashes stamped until 2026-11-23 02:15:00 UTC\n")
     assert inproc_dispatcher.jobs == [CommitJob(str(c.tree_id), (), T0 + 100, c.message)]
+    assert inproc_dispatcher.internal == [True]  # (the service's own: not refused when busy)
 
     # The real git accepts the signature, made by the test key at the injected time.
     assert verify_commit(repo.path, head, gnupg_home) == (TEST_FPR, T0 + 100)
@@ -293,6 +295,17 @@ def test_nothing_new_commits_nothing_then_next_commit_chains(
     assert Counter(assigned(engine).values()) == {1: 2, 2: 2}
 
 
+async def run_loop(committer: LogCommitter, until: Callable[[], bool]) -> None:
+    """The committer's own loop, until ``until`` holds (within 60 s)."""
+    committer.start()
+    try:
+        async with asyncio.timeout(60):  # a guard against a hang, not a measurement
+            while not until():
+                await asyncio.sleep(0)
+    finally:
+        await committer.stop()
+
+
 def test_overdue_follows_the_injected_clock(
     engine: Engine, repo: LogRepository, inproc_dispatcher: InProcessDispatcher,
 ) -> None:
@@ -310,22 +323,36 @@ def test_overdue_follows_the_injected_clock(
     clock.advance(31)
     assert loop_committer.overdue()
 
-    async def one_pass() -> None:
-        loop_committer.start()
-        try:
-            async with asyncio.timeout(60):  # a guard against a hang, not a measurement
-                while loop_committer.last_ok_at is None:
-                    await asyncio.sleep(0)
-        finally:
-            await loop_committer.stop()
-
-    asyncio.run(one_pass())
+    asyncio.run(run_loop(loop_committer, lambda: loop_committer.last_ok_at is not None))
     assert loop_committer.last_ok_at == clock()
     assert loop_committer.last_error is None
     assert not loop_committer.overdue()
     clock.advance(31)
     assert loop_committer.overdue()
     assert repo.head() is None  # nothing was stamped, so nothing was committed
+
+
+def test_a_log_commit_no_worker_signs_is_a_warning_line_and_tried_again(
+    engine: Engine, repo: LogRepository, openpgp_signer: OpenPgpSigner,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No worker holds the key (the workers restarting): each interval says so in one line,
+    no traceback, and commits nothing; the stamps wait for the next interval."""
+    clock = Clock()
+    dispatcher = InProcessDispatcher(openpgp_signer, key="no such key")
+    committer = make_committer(engine, repo, dispatcher, clock, interval=0)
+
+    asyncio.run(record(engine, [tag(1)], T0))
+    with caplog.at_level("WARNING", logger="server.gitlog.committer"):
+        asyncio.run(run_loop(committer, lambda: committer.last_error is not None))
+    assert committer.last_error is not None
+    assert committer.last_error.startswith("CommitNotSigned: could not sign log commit 1: ")
+    records = [r for r in caplog.records if r.name == "server.gitlog.committer"]
+    assert records and all(r.levelname == "WARNING" and r.exc_info is None for r in records)
+    assert records[0].getMessage() == (
+        "could not sign log commit 1: no worker holds key primary; "
+        "retrying at the next interval")
+    assert repo.head() is None and committer.last_ok_at is None
 
 
 def test_pending_row_is_finished_after_a_crash(

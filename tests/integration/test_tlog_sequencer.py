@@ -8,6 +8,7 @@ pymerkle (the roots), which are not stampd's code; the tree survives restarts an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,8 +225,56 @@ def test_a_checkpoint_for_the_empty_log_and_none_while_idle(
     note = (tmp_path / "tlog" / "checkpoint").read_bytes()
     opened = open_note(note, [Ed25519Verifier.from_vkey(log_key[0].vkey)])
     assert Checkpoint.parse(opened.text).size == 0
+    # (the service's own job: an overloaded queue neither refuses it nor keeps it waiting)
+    assert isinstance(tlog.dispatcher, InProcessDispatcher)
+    assert tlog.dispatcher.internal == [True]
     assert run(tlog.step()) == 0
     assert (tmp_path / "tlog" / "checkpoint").read_bytes() == note  # not signed again
+
+
+class _NoCheckpointSigned(InProcessDispatcher):
+    """A dispatcher that cannot sign the checkpoint: no worker holds the log key, or the
+    job waits past the sequencer's timeout."""
+
+    def __init__(self, hang: bool) -> None:
+        super().__init__(None, key="no such key")  # type: ignore[arg-type]
+        self.hang, self.calls = hang, 0
+
+    async def sign(self, *a: Any, **k: Any) -> Any:
+        self.calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        return await super().sign(*a, **k)
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["no worker", "none in time"])
+def test_a_checkpoint_no_worker_signs_is_one_warning_and_tried_again(
+        engine: Engine, tmp_path: Path, log_key: tuple[LogKey, NoteSigner], hang: bool,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Expected while the workers restart or the queue is long: a line, not a traceback, and
+    not repeated while the failure stays the same; nothing is published meanwhile."""
+    monkeypatch.setattr(sequencer_module, "SIGN_TIMEOUT", 0.01)
+    tlog = make_tlog(engine, tmp_path / "tlog", log_key, Clock())
+    tlog.dispatcher = dispatcher = _NoCheckpointSigned(hang)
+    tlog.config = dataclasses.replace(tlog.config, interval=0.01)
+
+    async def scenario() -> None:
+        tlog.start()
+        try:
+            async with asyncio.timeout(20):
+                while dispatcher.calls < 3:
+                    await asyncio.sleep(0.01)
+        finally:
+            await tlog.stop()
+
+    with caplog.at_level("WARNING", logger="server.tlog.sequencer"):
+        run(scenario())
+    assert tlog.last_error is not None and tlog.last_error.startswith("Unavailable: ")
+    records = [r for r in caplog.records if r.name == "server.tlog.sequencer"]
+    assert len(records) == 1 and records[0].levelname == "WARNING"
+    assert records[0].exc_info is None
+    assert records[0].getMessage().startswith("transparency log: checkpoint not signed: ")
+    assert not (tmp_path / "tlog" / "checkpoint").exists()
 
 
 def test_restart_and_lost_tiles_continue_the_same_tree(
