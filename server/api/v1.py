@@ -36,5 +36,8 @@ def add_v1_routes(app: FastAPI, services: Callable[[], Services]) -> None:
     add_manifest_routes(router)
     add_key_routes(router)
     add_proof_routes(router)
-    app.include_router(router)
+    # Its routes go on the app's own router as they are: `include_router` would wrap them
+    # (FastAPI 0.165), and the first request to each HTTP process would build every route
+    # again (34 ms of CPU). Nothing is to be added to them: no prefix, no dependencies.
+    app.router.routes.extend(router.routes)
     app.add_exception_handler(HTTPException, routing_problem)
