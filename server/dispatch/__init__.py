@@ -17,9 +17,10 @@ from formats.jobs import Job
 from formats.keys import PRIMARY
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Signed:
-    """A worker's answer to one job."""
+    """A worker's answer to one job. (Not frozen, as none is changed once made: a frozen
+    dataclass sets each field with object.__setattr__, and one is made for every stamp.)"""
 
     text: str  # the signed git object or receipt
     worker: str  # name of the worker that signed it
