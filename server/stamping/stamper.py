@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from formats.jobs import GitJob, Job
@@ -122,7 +121,8 @@ class Stamper:
             stamp_id, signed = await self.at_once.record_and_sign(req, t, key_id, job, key.id,
                                                                   self.request_timeout)
             # (journalled signed by the host: a tag's or branch's outcome is its object id)
-            return req.outcome(replace(ctx, serial=stamp_id), job, signed.text).answer
+            ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
+            return req.outcome(ctx, job, signed.text).answer  # (not `replace`: 2 us more)
         stamp_id = await self.journal.record(req, t, key_id)
         ctx = StampContext(time=t, serial=stamp_id, key=key, url=self.public_url)
         job = req.job(ctx)
