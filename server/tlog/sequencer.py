@@ -58,7 +58,7 @@ from formats.tlog.entry import encode_entry
 from server import db
 from server.db import reading
 from server.dispatch import Dispatcher
-from server.errors import StampError, Unavailable
+from server.errors import StampError
 from server.gitlog.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.settings import Settings
@@ -147,6 +147,11 @@ def entry_of(row: Any, fingerprints: Mapping[str | None, str],
     if kind == "manifest":
         return encode_entry(sid, kind, t, key, signed=signed_sha256)
     return encode_entry(sid, kind, t, key, algorithm=algorithm, digest=digest)
+
+
+class CheckpointNotSigned(RuntimeError):
+    """No worker signed a checkpoint (none serves the log key, or none in time): the step is
+    run again at the next interval."""
 
 
 @dataclass(frozen=True)
@@ -251,10 +256,9 @@ class Tlog:
             try:
                 await self.step()
                 self.last_error = None
-            except StampError as e:  # (the checkpoint not signed: no worker, or none in time)
+            except CheckpointNotSigned as e:  # (expected while no worker can sign: one line)
                 if self.last_error != f"{type(e).__name__}: {e}":
-                    log.warning("transparency log: checkpoint not signed: %s; retrying",
-                                e.message)
+                    log.warning("transparency log: %s; retrying", e)
                 self.last_error = f"{type(e).__name__}: {e}"
             except Exception as e:
                 if self.last_error != f"{type(e).__name__}: {e}":
@@ -445,7 +449,11 @@ class Tlog:
                 signed = await self.dispatcher.sign(NoteJob(text), key=self.config.key_id,
                                                      internal=True)
         except TimeoutError:
-            raise Unavailable(f"no worker signed it within {SIGN_TIMEOUT:g} s") from None
+            raise CheckpointNotSigned(f"no worker signed the checkpoint of size {size} "
+                                      f"within {SIGN_TIMEOUT:g} s") from None
+        except StampError as e:
+            raise CheckpointNotSigned(f"the checkpoint of size {size} not signed: "
+                                      f"{e.message}") from e
         signature = base64.b64decode(signed.text, validate=True)
         vk = self.config.key.verifier
         signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)
