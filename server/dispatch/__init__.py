@@ -9,12 +9,14 @@ on socket dispatch, each hands its jobs to the host's coordinator, which runs th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from formats.jobs import Job
 from formats.keys import PRIMARY
+from server.errors import StampError
 
 
 @dataclass(slots=True)
@@ -77,3 +79,21 @@ class Dispatcher(Protocol):
     def keys_served(self) -> set[str]:
         """The ids of the keys that some live worker holds."""
         ...
+
+
+class NotSigned(RuntimeError):
+    """The service's own job (`sign_own`) was not signed: no worker serves its key, or none
+    signed it in time. Its caller tries again later, and says so in one line."""
+
+
+async def sign_own(dispatcher: Dispatcher, job: Job, key: str = PRIMARY, *, within: float,
+                   what: str) -> Signed:
+    """Have ``dispatcher`` sign the service's own ``job`` (``internal``: the queue's bound never
+    refuses it) within ``within`` seconds; `NotSigned`, naming ``what``, if it is not."""
+    try:
+        async with asyncio.timeout(within):
+            return await dispatcher.sign(job, key, internal=True)
+    except TimeoutError:
+        raise NotSigned(f"no worker signed {what} within {within:g} s") from None
+    except StampError as e:
+        raise NotSigned(f"could not sign {what}: {e.message}") from e

@@ -53,8 +53,7 @@ from formats.jobs import CommitJob
 from formats.manifests import ALGORITHMS, unpack
 from server import db
 from server.db import reading
-from server.dispatch import Dispatcher
-from server.errors import StampError
+from server.dispatch import Dispatcher, NotSigned, sign_own
 from server.gitlog.repository import LogRepository
 from server.models import LogCommit, LogCommitState, ManifestDigests, Stamp, StampState
 from server.settings import Settings
@@ -74,11 +73,6 @@ MAX_REQUEST_TIMEOUT = 25.0
 # but not yet written (the journal writes them within UPDATE_DELAY): stamps answered before
 # the log commit began are then in it rather than in the next one.
 SETTLE = 1.0
-
-
-class CommitNotSigned(RuntimeError):
-    """No worker signed a log commit (none serves the key, or none in time): the commit is
-    tried again at the next interval."""
 
 
 def _locked(where: ColumnElement[bool]) -> Select[int]:
@@ -171,7 +165,7 @@ class LogCommitter:
                 await self.commit_now()
                 self.last_ok_at = self.config.clock()
                 self.last_error = None
-            except CommitNotSigned as e:  # (expected while no worker can sign: one line)
+            except NotSigned as e:  # (expected while no worker can sign: one line)
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("%s; retrying at the next interval", e)
             except Exception as e:
@@ -348,15 +342,10 @@ class LogCommitter:
         tree = await asyncio.to_thread(self.repo.tree, hashes, pubkey, digests, peer_keys, others)
         files = {"pubkey.asc": pubkey, **others,
                  **{f"peers/{n}.asc": k for n, k in peer_keys.items()}}
-        try:
-            async with asyncio.timeout(SIGN_TIMEOUT):
-                signed = await self.dispatcher.sign(CommitJob(
-                    tree, (head,) if head else (), t, log_message(lc_id, count, t)),
-                    internal=True)
-        except TimeoutError:
-            raise CommitNotSigned(f"no worker signed log commit {lc_id} in time") from None
-        except StampError as e:
-            raise CommitNotSigned(f"could not sign log commit {lc_id}: {e.message}") from e
+        signed = await sign_own(
+            self.dispatcher, CommitJob(tree, (head,) if head else (), t,
+                                       log_message(lc_id, count, t)),
+            within=SIGN_TIMEOUT, what=f"log commit {lc_id}")
         commit_id = await asyncio.to_thread(
             self.repo.store_commit, signed.text.encode("ascii"), head
         )

@@ -57,8 +57,7 @@ from formats.tlog.checkpoint import Checkpoint
 from formats.tlog.entry import encode_entry
 from server import db
 from server.db import reading
-from server.dispatch import Dispatcher
-from server.errors import StampError
+from server.dispatch import Dispatcher, NotSigned, sign_own
 from server.gitlog.committer import MAX_REQUEST_TIMEOUT, OUTCOME_GRACE
 from server.models import ManifestText, Stamp, StampState, TlogCheckpoint, TlogEntry
 from server.settings import Settings
@@ -147,11 +146,6 @@ def entry_of(row: Any, fingerprints: Mapping[str | None, str],
     if kind == "manifest":
         return encode_entry(sid, kind, t, key, signed=signed_sha256)
     return encode_entry(sid, kind, t, key, algorithm=algorithm, digest=digest)
-
-
-class CheckpointNotSigned(RuntimeError):
-    """No worker signed a checkpoint (none serves the log key, or none in time): the step is
-    run again at the next interval."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +250,7 @@ class Tlog:
             try:
                 await self.step()
                 self.last_error = None
-            except CheckpointNotSigned as e:  # (expected while no worker can sign: one line)
+            except NotSigned as e:  # (expected while no worker can sign: one line)
                 if self.last_error != f"{type(e).__name__}: {e}":
                     log.warning("transparency log: %s; retrying", e)
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -444,16 +438,8 @@ class Tlog:
         """Sign the head of the tiles, store the checkpoint and publish it."""
         size, root = self.writer.size, self.writer.root_hash()
         text = Checkpoint(self.config.key.origin, size, root, ()).body()
-        try:
-            async with asyncio.timeout(SIGN_TIMEOUT):
-                signed = await self.dispatcher.sign(NoteJob(text), key=self.config.key_id,
-                                                     internal=True)
-        except TimeoutError:
-            raise CheckpointNotSigned(f"no worker signed the checkpoint of size {size} "
-                                      f"within {SIGN_TIMEOUT:g} s") from None
-        except StampError as e:
-            raise CheckpointNotSigned(f"the checkpoint of size {size} not signed: "
-                                      f"{e.message}") from e
+        signed = await sign_own(self.dispatcher, NoteJob(text), self.config.key_id,
+                                within=SIGN_TIMEOUT, what=f"the checkpoint of size {size}")
         signature = base64.b64decode(signed.text, validate=True)
         vk = self.config.key.verifier
         signer = ed25519_signer(vk.name, vk.public_key, lambda _m: signature)

@@ -346,7 +346,7 @@ def test_a_log_commit_no_worker_signs_is_a_warning_line_and_tried_again(
     with caplog.at_level("WARNING", logger="server.gitlog.committer"):
         asyncio.run(run_loop(committer, lambda: committer.last_error is not None))
     assert committer.last_error is not None
-    assert committer.last_error.startswith("CommitNotSigned: could not sign log commit 1: ")
+    assert committer.last_error.startswith("NotSigned: could not sign log commit 1: ")
     records = [r for r in caplog.records if r.name == "server.gitlog.committer"]
     assert records and all(r.levelname == "WARNING" and r.exc_info is None for r in records)
     assert records[0].getMessage() == (
